@@ -1,0 +1,159 @@
+//! The command line: parses arguments, loads the config, and calls into the library.
+//!
+//! Exit status: 0 success, 1 a runtime failure (daemon unreachable, port taken), 2 bad usage or config.
+
+mod status;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::{self, Config, LogFormat, LogLevel};
+
+#[derive(Parser)]
+#[command(name = "memwatch", version, about = "Keeps training jobs alive on tight machines", long_about = None)]
+struct Cli {
+    /// Config file [default: /etc/memwatch/memwatch.toml; a missing default file means defaults]
+    #[arg(long, global = true, value_name = "PATH")]
+    config: Option<PathBuf>,
+    /// Log level (RUST_LOG, when set, takes precedence)
+    #[arg(long, global = true, value_enum)]
+    log_level: Option<LogLevel>,
+    /// Log format
+    #[arg(long, global = true, value_enum)]
+    log_format: Option<LogFormat>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the daemon in the foreground (systemd runs it this way)
+    Run {
+        /// Listen address, overriding the config's `listen`
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<std::net::SocketAddr>,
+    },
+    /// Show memory, swap, pressure and GPUs as the running daemon sees them
+    Status {
+        /// Print the daemon's snapshot as JSON instead of a table
+        #[arg(long)]
+        json: bool,
+        /// The daemon's base URL [default: from the config's `listen`]
+        #[arg(long, value_name = "URL")]
+        url: Option<String>,
+    },
+    /// Configuration helpers
+    Config {
+        #[command(subcommand)]
+        what: ConfigCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Print the documented example configuration (all defaults)
+    Example,
+    /// Check a config file and print the settings in force
+    Check,
+}
+
+/// An error with the exit status it deserves.
+struct Failure {
+    code: u8,
+    error: anyhow::Error,
+}
+
+impl<E: Into<anyhow::Error>> From<E> for Failure {
+    fn from(e: E) -> Self {
+        Failure {
+            code: 1,
+            error: e.into(),
+        }
+    }
+}
+
+fn usage(error: impl Into<anyhow::Error>) -> Failure {
+    Failure {
+        code: 2,
+        error: error.into(),
+    }
+}
+
+/// Entry point of the binary.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match dispatch(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("memwatch: {:#}", f.error);
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+fn load_config(cli: &Cli) -> Result<Config, Failure> {
+    config::load(cli.config.as_deref()).map_err(usage)
+}
+
+/// The URL of the daemon a client command talks to.
+fn daemon_url(config: &Config) -> String {
+    let mut addr = config.listen;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    format!("http://{addr}")
+}
+
+fn dispatch(cli: Cli) -> Result<(), Failure> {
+    match &cli.command {
+        Command::Run { listen } => {
+            let mut config = load_config(&cli)?;
+            if let Some(l) = listen {
+                config.listen = *l;
+            }
+            crate::logging::init(
+                cli.log_level.unwrap_or(config.log.level),
+                cli.log_format.unwrap_or(config.log.format),
+            );
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .max_blocking_threads(4)
+                .build()?;
+            runtime.block_on(crate::daemon::run(config))?;
+            Ok(())
+        }
+        Command::Status { json, url } => {
+            let config = load_config(&cli)?;
+            let url = url.clone().unwrap_or_else(|| daemon_url(&config));
+            let client = crate::client::Client::new(&url);
+            let snapshot = client.snapshot()?;
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&snapshot)?);
+            } else {
+                let sample: crate::sample::Sample = serde_json::from_value(snapshot)?;
+                print!("{}", status::render(&sample, &url, now_ms()));
+            }
+            Ok(())
+        }
+        Command::Config { what } => match what {
+            ConfigCommand::Example => {
+                print!("{}", config::example_toml().map_err(anyhow::Error::msg)?);
+                Ok(())
+            }
+            ConfigCommand::Check => {
+                let config = load_config(&cli)?;
+                print!("{}", toml::to_string(&config)?);
+                Ok(())
+            }
+        },
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,468 @@
+//! The daemon's TOML configuration: defaults, validation and the documented example file.
+//!
+//! Every setting has a default, so a missing default file means "all defaults". Unknown keys, wrong types
+//! and out-of-range values are rejected while parsing, so the error carries the key, the line and the
+//! column (toml attaches the span of the offending value to every serde error, ours included).
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// Where the daemon looks when no `--config` is given.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/memwatch/memwatch.toml";
+
+/// The whole configuration file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Address of the HTTP server (metrics, JSON API, dashboard).
+    pub listen: SocketAddr,
+    pub sampling: Sampling,
+    pub host: Host,
+    pub gpu: Gpu,
+    pub http: Http,
+    pub log: Log,
+}
+
+/// How often and how much is sampled and kept.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Sampling {
+    pub interval_ms: IntervalMs,
+    pub history_seconds: HistorySeconds,
+}
+
+/// Where host data is read from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Host {
+    pub root: PathBuf,
+}
+
+/// GPU sampling through NVML.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Gpu {
+    pub enabled: bool,
+    pub library: PathBuf,
+}
+
+/// Limits of the HTTP server.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Http {
+    pub max_connections: Positive,
+    pub max_body_bytes: Positive,
+}
+
+/// Logging defaults (the command line and `RUST_LOG` override them).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Log {
+    pub level: LogLevel,
+    pub format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl LogLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+            LogLevel::Trace => "trace",
+        }
+    }
+}
+
+/// A sampling interval in milliseconds, 10 ms to 1 h.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct IntervalMs(pub u64);
+
+/// How many seconds of history to keep in memory, 60 s to 7 days.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct HistorySeconds(pub u64);
+
+/// A count that must be at least 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Positive(pub u64);
+
+fn ranged<'de, D: Deserializer<'de>>(
+    d: D,
+    min: u64,
+    max: u64,
+    what: &str,
+) -> Result<u64, D::Error> {
+    let v = i64::deserialize(d)?;
+    if v < min as i64 || v > max as i64 {
+        return Err(serde::de::Error::custom(format!(
+            "{what} must be between {min} and {max}, got {v}"
+        )));
+    }
+    Ok(v as u64)
+}
+
+impl<'de> Deserialize<'de> for IntervalMs {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        ranged(d, 10, 3_600_000, "the sampling interval (ms)").map(IntervalMs)
+    }
+}
+
+impl<'de> Deserialize<'de> for HistorySeconds {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        ranged(d, 60, 7 * 86_400, "the history length (s)").map(HistorySeconds)
+    }
+}
+
+impl<'de> Deserialize<'de> for Positive {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        ranged(d, 1, i64::MAX as u64, "this value").map(Positive)
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9300)),
+            sampling: Sampling::default(),
+            host: Host::default(),
+            gpu: Gpu::default(),
+            http: Http::default(),
+            log: Log::default(),
+        }
+    }
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Sampling {
+            interval_ms: IntervalMs(1000),
+            history_seconds: HistorySeconds(3600),
+        }
+    }
+}
+
+impl Default for Host {
+    fn default() -> Self {
+        Host {
+            root: PathBuf::from("/"),
+        }
+    }
+}
+
+impl Default for Gpu {
+    fn default() -> Self {
+        Gpu {
+            enabled: true,
+            library: PathBuf::from("libnvidia-ml.so.1"),
+        }
+    }
+}
+
+impl Default for Http {
+    fn default() -> Self {
+        Http {
+            max_connections: Positive(256),
+            max_body_bytes: Positive(64 * 1024),
+        }
+    }
+}
+
+impl Default for Log {
+    fn default() -> Self {
+        Log {
+            level: LogLevel::Info,
+            format: LogFormat::Text,
+        }
+    }
+}
+
+impl Sampling {
+    /// How many samples the history holds.
+    pub fn history_len(&self) -> usize {
+        let n = self.history_seconds.0.saturating_mul(1000) / self.interval_ms.0.max(1);
+        usize::try_from(n).unwrap_or(usize::MAX).max(1)
+    }
+}
+
+/// Why a configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+/// Loads the configuration. `explicit` is the `--config` argument: a missing explicit file is an error,
+/// a missing default file means defaults.
+pub fn load(explicit: Option<&Path>) -> Result<Config, ConfigError> {
+    let path = explicit.unwrap_or(Path::new(DEFAULT_CONFIG_PATH));
+    match std::fs::read_to_string(path) {
+        Ok(text) => parse(&text).map_err(|message| ConfigError::Invalid {
+            path: path.to_owned(),
+            message,
+        }),
+        Err(e) if explicit.is_none() && e.kind() == std::io::ErrorKind::NotFound => {
+            Ok(Config::default())
+        }
+        Err(source) => Err(ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        }),
+    }
+}
+
+/// Parses configuration text; the error names the key and line.
+pub fn parse(text: &str) -> Result<Config, String> {
+    toml::from_str(text).map_err(|e| describe(text, &e))
+}
+
+/// Turns a toml error into one line: "line L, column C, key `a.b`: message".
+fn describe(text: &str, e: &toml::de::Error) -> String {
+    let message = e.message().trim().to_owned();
+    let Some(span) = e.span() else {
+        return message;
+    };
+    let before = &text[..span.start.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+    match key_at(text, line) {
+        Some(key) => format!("line {line}, column {column}, key `{key}`: {message}"),
+        None => format!("line {line}, column {column}: {message}"),
+    }
+}
+
+/// The dotted key defined on `line` (1-based), using the last `[table]` header above it.
+fn key_at(text: &str, line: usize) -> Option<String> {
+    let mut table = String::new();
+    for (i, l) in text.lines().enumerate() {
+        let t = l.trim();
+        if t.starts_with('[') {
+            table = t.trim_matches(|c| c == '[' || c == ']').trim().to_owned();
+        }
+        if i + 1 == line {
+            let (key, _) = t.split_once('=')?;
+            let key = key.trim();
+            return Some(if table.is_empty() {
+                key.to_owned()
+            } else {
+                format!("{table}.{key}")
+            });
+        }
+    }
+    None
+}
+
+/// One line of documentation for every setting, by dotted key, in file order.
+pub const DOCS: &[(&str, &str)] = &[
+    (
+        "listen",
+        "Address of the HTTP server: /metrics, the JSON API and the dashboard. It has no authentication:\n\
+         keep it on loopback unless a proxy in front of it authenticates.",
+    ),
+    (
+        "sampling",
+        "How often memwatch samples and how much history it keeps in memory.",
+    ),
+    (
+        "sampling.interval_ms",
+        "Sampling interval in milliseconds (10 to 3600000). 1000 costs well under 1 % of a core.",
+    ),
+    (
+        "sampling.history_seconds",
+        "Seconds of history kept in memory for /api/v1/history and the dashboard (60 to 604800).",
+    ),
+    ("host", "Where host data is read from."),
+    (
+        "host.root",
+        "Root under which /proc and /sys are read. \"/\" on a real machine; a fixture tree in tests.",
+    ),
+    ("gpu", "GPU sampling through NVIDIA's NVML."),
+    (
+        "gpu.enabled",
+        "Sample GPUs. Without a driver or a GPU the GPU section stays empty and the daemon runs on.",
+    ),
+    (
+        "gpu.library",
+        "The NVML library to load: a file name searched on the library path, or an absolute path.",
+    ),
+    ("http", "Limits of the HTTP server."),
+    (
+        "http.max_connections",
+        "Most connections served at once; more wait to be accepted.",
+    ),
+    (
+        "http.max_body_bytes",
+        "Largest request body accepted, in bytes.",
+    ),
+    (
+        "log",
+        "Logging. RUST_LOG, --log-level and --log-format override these.",
+    ),
+    ("log.level", "One of error, warn, info, debug, trace."),
+    (
+        "log.format",
+        "text (for people) or json (one object per line, for log shippers).",
+    ),
+];
+
+fn doc(key: &str) -> Result<&'static str, String> {
+    DOCS.iter()
+        .find(|(k, _)| *k == key)
+        .map(|(_, d)| *d)
+        .ok_or_else(|| format!("setting `{key}` has no documentation in config::DOCS"))
+}
+
+fn comment(out: &mut String, text: &str) {
+    for line in text.lines() {
+        let _ = writeln!(out, "# {line}");
+    }
+}
+
+/// Renders the example configuration from the defaults and [`DOCS`]. Fails if a setting is undocumented
+/// or a documented key no longer exists.
+pub fn example_toml() -> Result<String, String> {
+    let table = toml::Table::try_from(Config::default()).map_err(|e| e.to_string())?;
+    let mut out = String::from(
+        "# memwatch configuration. Every setting is shown with its default value.\n\
+         # Default location: /etc/memwatch/memwatch.toml (or pass --config PATH).\n\
+         # This file is generated from the defaults by `memwatch config example`.\n",
+    );
+    let mut seen = Vec::new();
+    for (key, value) in table.iter().filter(|(_, v)| !v.is_table()) {
+        out.push('\n');
+        comment(&mut out, doc(key)?);
+        let _ = writeln!(out, "{key} = {value}");
+        seen.push(key.clone());
+    }
+    for (section, value) in table.iter().filter(|(_, v)| v.is_table()) {
+        out.push('\n');
+        comment(&mut out, doc(section)?);
+        let _ = writeln!(out, "[{section}]");
+        seen.push(section.clone());
+        if let Some(inner) = value.as_table() {
+            for (key, v) in inner {
+                let dotted = format!("{section}.{key}");
+                comment(&mut out, doc(&dotted)?);
+                let _ = writeln!(out, "{key} = {v}");
+                seen.push(dotted);
+            }
+        }
+    }
+    if let Some((stale, _)) = DOCS.iter().find(|(k, _)| !seen.iter().any(|s| s == k)) {
+        return Err(format!(
+            "config::DOCS documents `{stale}`, which is not a setting"
+        ));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_is_defaults() {
+        assert_eq!(parse("").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn example_file_matches_defaults() {
+        let example = example_toml().unwrap();
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("memwatch.example.toml");
+        if std::env::var_os("MEMWATCH_BLESS").is_some() {
+            std::fs::write(&path, &example).unwrap();
+        }
+        let on_disk = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(
+            on_disk, example,
+            "memwatch.example.toml drifted from the defaults: run `MEMWATCH_BLESS=1 cargo test -p memwatch example_file`"
+        );
+        assert_eq!(parse(&on_disk).unwrap(), Config::default());
+    }
+
+    fn error(text: &str) -> String {
+        parse(text).unwrap_err()
+    }
+
+    #[test]
+    fn bad_configs_name_key_and_line() {
+        let cases = [
+            (
+                "\n[sampling]\nintervall_ms = 5\n",
+                "line 3",
+                "unknown field `intervall_ms`",
+            ),
+            (
+                "[sampling]\ninterval_ms = -1\n",
+                "key `sampling.interval_ms`",
+                "between 10 and",
+            ),
+            (
+                "[sampling]\ninterval_ms = \"fast\"\n",
+                "line 2",
+                "sampling.interval_ms",
+            ),
+            ("listen = \"127.0.0.1:70000\"\n", "key `listen`", "line 1"),
+            (
+                "[http]\nmax_connections = 0\n",
+                "key `http.max_connections`",
+                "between 1",
+            ),
+            (
+                "[log]\nlevel = \"loud\"\n",
+                "key `log.level`",
+                "unknown variant",
+            ),
+            ("[gpu]\nenabled = 1\n", "key `gpu.enabled`", "line 2"),
+            ("nonsense", "line 1", ""),
+        ];
+        for (text, a, b) in cases {
+            let e = error(text);
+            assert!(e.contains(a) && e.contains(b), "for {text:?} got {e:?}");
+        }
+    }
+
+    #[test]
+    fn missing_explicit_file_is_an_error_but_missing_default_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nope.toml");
+        assert!(matches!(
+            load(Some(&missing)),
+            Err(ConfigError::Read { .. })
+        ));
+    }
+
+    #[test]
+    fn history_len_follows_interval() {
+        let s = Sampling {
+            interval_ms: IntervalMs(100),
+            history_seconds: HistorySeconds(3600),
+        };
+        assert_eq!(s.history_len(), 36_000);
+    }
+}

@@ -1,0 +1,12 @@
+//! memwatch keeps training jobs alive on machines with too little RAM, swap, GPU memory or cooling.
+//!
+//! The library holds every part; `src/main.rs` is thin glue over [`cli`].
+
+pub mod cli;
+pub mod client;
+pub mod config;
+pub mod daemon;
+pub mod history;
+pub mod http;
+pub mod logging;
+pub mod sample;

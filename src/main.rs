@@ -1,0 +1,5 @@
+//! The `memwatch` command.
+
+fn main() -> std::process::ExitCode {
+    memwatch::cli::main()
+}

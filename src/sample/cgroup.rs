@@ -1,0 +1,246 @@
+//! The memory cgroup that bounds the daemon's own view of the host (cgroup v1 and v2).
+//!
+//! On a machine where memwatch runs inside a container or a systemd slice, the limit that matters may be
+//! the cgroup's, not MemTotal. The reader finds the process's memory cgroup from `/proc/self/cgroup`,
+//! then the tightest limit on the path from that cgroup up to the hierarchy's root.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::error::{ReadError, parse_u64, read_text};
+
+/// Usage and limit of a memory cgroup.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CgroupMemory {
+    /// 1 or 2.
+    pub version: u8,
+    /// The cgroup's path inside its hierarchy, e.g. `/system.slice/memwatch.service`.
+    pub path: String,
+    pub usage_bytes: u64,
+    /// The tightest limit on the path to the root; `None` when nothing limits it.
+    pub limit_bytes: Option<u64>,
+    /// OOM kills inside the cgroup, where the kernel reports them.
+    pub oom_kills: Option<u64>,
+}
+
+/// v1 reports "no limit" as PAGE_COUNTER_MAX rounded to pages; anything this large is no limit.
+const V1_UNLIMITED: u64 = 1 << 60;
+
+/// Where a process's memory cgroup lives, from `/proc/<pid>/cgroup`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Membership {
+    pub v1_memory: Option<String>,
+    pub v2: Option<String>,
+}
+
+pub fn parse_membership(path: &Path, text: &str) -> Result<Membership, ReadError> {
+    let mut m = Membership {
+        v1_memory: None,
+        v2: None,
+    };
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let mut parts = line.splitn(3, ':');
+        let (Some(id), Some(controllers), Some(cg)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return Err(ReadError::parse(path, format!("malformed line {line:?}")));
+        };
+        if !cg.starts_with('/') {
+            return Err(ReadError::parse(
+                path,
+                format!("cgroup path {cg:?} is not absolute"),
+            ));
+        }
+        if id == "0" && controllers.is_empty() {
+            m.v2 = Some(cg.to_owned());
+        } else if controllers.split(',').any(|c| c == "memory") {
+            m.v1_memory = Some(cg.to_owned());
+        }
+    }
+    Ok(m)
+}
+
+/// Reads the memory cgroup of the process that `<root>/proc/self` names. `Ok(None)` when there is none
+/// (no memory controller mounted).
+pub fn read_self(root: &Path) -> Result<Option<CgroupMemory>, ReadError> {
+    let path = root.join("proc/self/cgroup");
+    let membership = parse_membership(&path, &read_text(&path)?)?;
+    read_membership(root, &membership)
+}
+
+/// Reads the memory cgroup described by `membership` under `root`.
+pub fn read_membership(
+    root: &Path,
+    membership: &Membership,
+) -> Result<Option<CgroupMemory>, ReadError> {
+    let cgroup_fs = root.join("sys/fs/cgroup");
+    if let Some(cg) = &membership.v1_memory {
+        let mount = cgroup_fs.join("memory");
+        if mount.is_dir() {
+            return read_v1(&mount, cg).map(Some);
+        }
+    }
+    if let Some(cg) = &membership.v2 {
+        if cgroup_fs.join("cgroup.controllers").is_file() {
+            return read_v2(&cgroup_fs, cg).map(Some);
+        }
+    }
+    Ok(None)
+}
+
+/// The directory of `cg` under `mount`. Inside a cgroup namespace the path in /proc/self/cgroup may
+/// not exist under the mount; the mount itself is then the process's cgroup.
+fn dir_of(mount: &Path, cg: &str) -> PathBuf {
+    let dir = mount.join(cg.trim_start_matches('/'));
+    if dir.is_dir() { dir } else { mount.to_owned() }
+}
+
+/// The directories from `dir` up to `mount`, innermost first.
+fn ancestors<'a>(mount: &'a Path, dir: &'a Path) -> impl Iterator<Item = &'a Path> {
+    dir.ancestors().take_while(move |d| d.starts_with(mount))
+}
+
+fn read_v1(mount: &Path, cg: &str) -> Result<CgroupMemory, ReadError> {
+    let dir = dir_of(mount, cg);
+    let usage = read_u64(&dir.join("memory.usage_in_bytes"))?;
+    let mut limit: Option<u64> = None;
+    for d in ancestors(mount, &dir) {
+        if let Ok(l) = read_u64(&d.join("memory.limit_in_bytes")) {
+            if l < V1_UNLIMITED {
+                limit = Some(limit.map_or(l, |cur| cur.min(l)));
+            }
+        }
+    }
+    let oom_kills = key_value(&dir.join("memory.oom_control"), "oom_kill")
+        .ok()
+        .flatten();
+    Ok(CgroupMemory {
+        version: 1,
+        path: cg.to_owned(),
+        usage_bytes: usage,
+        limit_bytes: limit,
+        oom_kills,
+    })
+}
+
+fn read_v2(mount: &Path, cg: &str) -> Result<CgroupMemory, ReadError> {
+    let dir = dir_of(mount, cg);
+    // The root cgroup has no memory.current; fall back to the host figure by reporting nothing.
+    let usage = read_u64(&dir.join("memory.current"))?;
+    let mut limit: Option<u64> = None;
+    for d in ancestors(mount, &dir) {
+        let file = d.join("memory.max");
+        let Ok(text) = read_text(&file) else {
+            continue;
+        };
+        if text.trim() != "max" {
+            let l = parse_u64(&file, "memory.max", &text)?;
+            limit = Some(limit.map_or(l, |cur| cur.min(l)));
+        }
+    }
+    let oom_kills = key_value(&dir.join("memory.events"), "oom_kill")
+        .ok()
+        .flatten();
+    Ok(CgroupMemory {
+        version: 2,
+        path: cg.to_owned(),
+        usage_bytes: usage,
+        limit_bytes: limit,
+        oom_kills,
+    })
+}
+
+fn read_u64(path: &Path) -> Result<u64, ReadError> {
+    let text = read_text(path)?;
+    parse_u64(path, "value", &text)
+}
+
+/// Reads `key value` lines (memory.events, memory.oom_control, memory.stat) and returns `key`'s value.
+pub fn key_value(path: &Path, key: &str) -> Result<Option<u64>, ReadError> {
+    let text = read_text(path)?;
+    for line in text.lines() {
+        if let Some((k, v)) = line.split_once(' ') {
+            if k == key {
+                return parse_u64(path, key, v).map(Some);
+            }
+        }
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    fn write(root: &Path, rel: &str, text: &str) {
+        let p = root.join(rel);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(p, text).unwrap();
+    }
+
+    #[test]
+    fn membership_hybrid_and_hostile() {
+        let p = Path::new("cgroup");
+        let m = parse_membership(p, "4:memory:/job\n1:cpu,cpuacct:/\n0::/user.slice\n").unwrap();
+        assert_eq!(m.v1_memory.as_deref(), Some("/job"));
+        assert_eq!(m.v2.as_deref(), Some("/user.slice"));
+        assert!(parse_membership(p, "garbage").is_err());
+        assert!(parse_membership(p, "0::relative").is_err());
+    }
+
+    #[test]
+    fn v2_takes_tightest_ancestor_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path();
+        write(r, "proc/self/cgroup", "0::/a/b\n");
+        write(r, "sys/fs/cgroup/cgroup.controllers", "cpu memory\n");
+        write(r, "sys/fs/cgroup/a/memory.max", "1000\n");
+        write(r, "sys/fs/cgroup/a/b/memory.max", "max\n");
+        write(r, "sys/fs/cgroup/a/b/memory.current", "600\n");
+        write(
+            r,
+            "sys/fs/cgroup/a/b/memory.events",
+            "low 0\nhigh 0\nmax 2\noom 1\noom_kill 1\n",
+        );
+        let cg = read_self(r).unwrap().unwrap();
+        assert_eq!(
+            (cg.version, cg.usage_bytes, cg.limit_bytes, cg.oom_kills),
+            (2, 600, Some(1000), Some(1))
+        );
+    }
+
+    #[test]
+    fn v1_unlimited_is_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path();
+        write(r, "proc/self/cgroup", "4:memory:/job\n0::/\n");
+        write(
+            r,
+            "sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "9223372036854771712\n",
+        );
+        write(
+            r,
+            "sys/fs/cgroup/memory/job/memory.limit_in_bytes",
+            "9223372036854771712\n",
+        );
+        write(
+            r,
+            "sys/fs/cgroup/memory/job/memory.usage_in_bytes",
+            "4096\n",
+        );
+        let cg = read_self(r).unwrap().unwrap();
+        assert_eq!(
+            (cg.version, cg.usage_bytes, cg.limit_bytes),
+            (1, 4096, None)
+        );
+    }
+
+    #[test]
+    fn no_memory_controller_is_none() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "proc/self/cgroup", "0::/\n");
+        assert_eq!(read_self(dir.path()).unwrap(), None);
+    }
+}

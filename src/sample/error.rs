@@ -1,0 +1,59 @@
+//! The error every reader returns: what went wrong and with which file.
+
+use std::path::{Path, PathBuf};
+
+/// A reader's failure, always naming the file.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+}
+
+impl ReadError {
+    pub fn parse(path: &Path, message: impl Into<String>) -> Self {
+        ReadError::Parse {
+            path: path.to_owned(),
+            message: message.into(),
+        }
+    }
+
+    /// True when the file does not exist (a feature the kernel lacks, not a fault).
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, ReadError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+    }
+
+    /// A short, stable label for counting and log-once bookkeeping.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ReadError::Io { .. } => "io",
+            ReadError::Parse { .. } => "parse",
+        }
+    }
+}
+
+/// Reads a small text file; kernel files are read whole. Anything over 1 MiB is refused.
+pub fn read_text(path: &Path) -> Result<String, ReadError> {
+    use std::io::Read;
+    let io = |source| ReadError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let mut text = String::new();
+    file.take(1 << 20).read_to_string(&mut text).map_err(io)?;
+    Ok(text)
+}
+
+/// Parses a decimal u64, naming the file and the field on failure.
+pub fn parse_u64(path: &Path, field: &str, value: &str) -> Result<u64, ReadError> {
+    value
+        .trim()
+        .parse()
+        .map_err(|_| ReadError::parse(path, format!("{field}: {value:?} is not a whole number")))
+}

@@ -1,0 +1,63 @@
+//! GPUs: what memwatch knows of each one, and the trait a GPU source implements.
+//!
+//! A field the driver reports as not supported is `None`, never a sentinel value.
+
+use serde::{Deserialize, Serialize};
+
+/// One GPU at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuSample {
+    /// NVML's index.
+    pub index: u32,
+    pub name: Option<String>,
+    pub uuid: Option<String>,
+    pub pci_bus_id: Option<String>,
+    pub memory_total_bytes: Option<u64>,
+    pub memory_used_bytes: Option<u64>,
+    pub memory_free_bytes: Option<u64>,
+    pub temperature_celsius: Option<f64>,
+    /// The temperature at which the GPU starts to slow itself down.
+    pub temperature_slowdown_celsius: Option<f64>,
+    /// The temperature at which the GPU shuts down.
+    pub temperature_shutdown_celsius: Option<f64>,
+    /// The highest temperature the GPU is meant to run at.
+    pub temperature_max_operating_celsius: Option<f64>,
+    pub power_watts: Option<f64>,
+    pub power_limit_watts: Option<f64>,
+    /// Share of time a kernel ran, 0–1.
+    pub utilization_gpu_ratio: Option<f64>,
+    /// Share of time memory was read or written, 0–1.
+    pub utilization_memory_ratio: Option<f64>,
+    /// Names of the active clock throttle reasons (NVML's flag names, e.g. `SW_THERMAL_SLOWDOWN`).
+    pub throttle_reasons: Option<Vec<String>>,
+    /// Processes with a compute context on this GPU.
+    pub processes: Option<Vec<GpuProcess>>,
+}
+
+/// A process holding memory on a GPU. `pid` is as NVML reports it: a host pid.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuProcess {
+    pub pid: u32,
+    pub used_bytes: Option<u64>,
+}
+
+impl GpuSample {
+    /// The label value that identifies this GPU in metrics: its index.
+    pub fn label(&self) -> String {
+        self.index.to_string()
+    }
+}
+
+/// What one GPU collection produced: the GPUs, and the fields that failed for a reason other than
+/// "not supported" (logged and counted, but the rest of the sample stands).
+#[derive(Debug, Default)]
+pub struct GpuReport {
+    pub gpus: Vec<GpuSample>,
+    pub field_errors: Vec<String>,
+}
+
+/// A source of GPU samples. NVML in production; tests use NVML too, through a fake library.
+pub trait GpuSource: Send {
+    /// Samples every GPU. An `Err` means no GPU could be read at all.
+    fn sample(&mut self) -> Result<GpuReport, String>;
+}

@@ -1,0 +1,179 @@
+//! Readers: one per source, each taking a root path so tests run on fixture trees. No decisions here.
+//!
+//! [`Sampler`] runs every reader once per tick and assembles a [`Sample`]. It is the only place that
+//! keeps reader state (error bookkeeping, the NVML handle) and reads the clock.
+
+pub mod cgroup;
+pub mod error;
+pub mod gpu;
+pub mod meminfo;
+pub mod nvml;
+pub mod psi;
+pub mod thermal;
+pub mod vmstat;
+
+use std::path::PathBuf;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+pub use error::ReadError;
+use gpu::{GpuSample, GpuSource};
+
+/// Everything memwatch knows about the host at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HostSample {
+    pub memory: Option<meminfo::MemInfo>,
+    pub vmstat: Option<vmstat::VmStat>,
+    pub pressure: psi::Pressure,
+    pub cgroup: Option<cgroup::CgroupMemory>,
+    pub temperatures: Vec<thermal::TempSensor>,
+    /// The page size, to turn vmstat's page counts into bytes.
+    pub page_size_bytes: u64,
+}
+
+/// How one collector fared in this sample.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CollectorStatus {
+    pub name: String,
+    pub success: bool,
+    pub duration_seconds: f64,
+    /// Failures since the daemon started.
+    pub errors_total: u64,
+}
+
+/// One timestamped sample: host, GPUs, and how each collector did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Sample {
+    /// Milliseconds since the Unix epoch when the sample was taken.
+    pub timestamp_ms: u64,
+    pub host: HostSample,
+    pub gpus: Vec<GpuSample>,
+    pub collectors: Vec<CollectorStatus>,
+}
+
+/// The collectors, in the order they run and are reported.
+pub const COLLECTORS: [&str; 6] = ["meminfo", "vmstat", "pressure", "cgroup", "thermal", "gpu"];
+
+#[derive(Default)]
+struct Bookkeeping {
+    errors_total: u64,
+    /// Error kinds already logged at warn; cleared when the collector recovers.
+    logged: Vec<&'static str>,
+}
+
+/// Runs the readers. Owns the GPU source and the per-collector error counts.
+pub struct Sampler {
+    root: PathBuf,
+    gpu: Option<Box<dyn GpuSource>>,
+    books: [Bookkeeping; COLLECTORS.len()],
+    page_size: u64,
+}
+
+impl Sampler {
+    pub fn new(root: PathBuf, gpu: Option<Box<dyn GpuSource>>) -> Self {
+        let page_size = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+            .ok()
+            .flatten()
+            .and_then(|v| u64::try_from(v).ok())
+            .unwrap_or(4096);
+        Sampler {
+            root,
+            gpu,
+            books: Default::default(),
+            page_size,
+        }
+    }
+
+    /// Runs `f` as collector `i`, timing it and recording the outcome; errors are logged once per kind.
+    fn run<T>(
+        &mut self,
+        i: usize,
+        statuses: &mut Vec<CollectorStatus>,
+        f: impl FnOnce(&mut Self) -> Result<T, (&'static str, String)>,
+    ) -> Option<T> {
+        let start = Instant::now();
+        let result = f(self);
+        let duration_seconds = start.elapsed().as_secs_f64();
+        let name = COLLECTORS[i];
+        let book = &mut self.books[i];
+        let value = match result {
+            Ok(v) => {
+                if !book.logged.is_empty() {
+                    tracing::info!(collector = name, "collector recovered");
+                    book.logged.clear();
+                }
+                Some(v)
+            }
+            Err((kind, message)) => {
+                book.errors_total += 1;
+                if book.logged.contains(&kind) {
+                    tracing::debug!(collector = name, error = %message, "collector failed again");
+                } else {
+                    tracing::warn!(collector = name, error = %message, "collector failed; further errors of this kind are logged at debug level");
+                    book.logged.push(kind);
+                }
+                None
+            }
+        };
+        statuses.push(CollectorStatus {
+            name: name.to_owned(),
+            success: value.is_some(),
+            duration_seconds,
+            errors_total: book.errors_total,
+        });
+        value
+    }
+
+    /// Takes one sample.
+    pub fn sample(&mut self) -> Sample {
+        let timestamp_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let mut st = Vec::with_capacity(COLLECTORS.len());
+        let fail = |e: ReadError| (e.kind(), e.to_string());
+        let memory = self.run(0, &mut st, |s| meminfo::read(&s.root).map_err(fail));
+        let vmstat = self.run(1, &mut st, |s| vmstat::read(&s.root).map_err(fail));
+        let pressure = self
+            .run(2, &mut st, |s| {
+                Ok(psi::Pressure {
+                    memory: psi::read(&s.root, "memory").map_err(fail)?,
+                    cpu: psi::read(&s.root, "cpu").map_err(fail)?,
+                    io: psi::read(&s.root, "io").map_err(fail)?,
+                })
+            })
+            .unwrap_or_default();
+        let cgroup = self
+            .run(3, &mut st, |s| cgroup::read_self(&s.root).map_err(fail))
+            .flatten();
+        let temperatures = self
+            .run(4, &mut st, |s| thermal::read(&s.root).map_err(fail))
+            .unwrap_or_default();
+        let gpus = self
+            .run(5, &mut st, |s| {
+                let Some(src) = s.gpu.as_mut() else {
+                    return Ok(Vec::new());
+                };
+                let report = src.sample().map_err(|e| ("nvml", e))?;
+                for e in &report.field_errors {
+                    tracing::debug!(error = %e, "GPU field unavailable");
+                }
+                Ok(report.gpus)
+            })
+            .unwrap_or_default();
+        Sample {
+            timestamp_ms,
+            host: HostSample {
+                memory,
+                vmstat,
+                pressure,
+                cgroup,
+                temperatures,
+                page_size_bytes: self.page_size,
+            },
+            gpus,
+            collectors: st,
+        }
+    }
+}

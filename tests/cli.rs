@@ -1,0 +1,186 @@
+//! The `memwatch` command: status against a running daemon, config errors, and HTTP edge cases.
+
+mod common;
+
+use common::{Daemon, Opts, memwatch};
+
+#[test]
+fn status_shows_memory_pressure_and_gpus() {
+    let d = Daemon::start(Opts::default());
+    let url = d.url();
+    let (code, out, err) = memwatch(&[
+        "--config",
+        "/nonexistent/ok-not-read",
+        "status",
+        "--url",
+        &url,
+    ]);
+    // An explicit config that does not exist is an error even for status.
+    assert_eq!(code, 2, "{out}{err}");
+    let (code, out, err) = memwatch(&["status", "--url", &url]);
+    assert_eq!(code, 0, "{err}");
+    for want in [
+        "Mem:",
+        "31Gi",
+        "1.4Gi",
+        "Swap:",
+        "4.0Gi",
+        "2.0Gi",
+        "memory some",
+        "12.50%",
+        "memory full",
+        "cgroup v1 /job: usage 6.0Gi, limit 8.0Gi",
+        "NVIDIA RTX A4500",
+        "9.6Gi / 20Gi (48%)",
+        "57°C",
+        "93°C",
+        "150 / 200 W",
+        "97%",
+        "throttled: SW_POWER_CAP",
+        "pid 4242",
+        "coretemp/Package id 0: 71°C (crit 100°C)",
+    ] {
+        assert!(out.contains(want), "missing {want:?} in:\n{out}");
+    }
+    let (code, out, _) = memwatch(&["status", "--json", "--url", &url]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["host"]["memory"]["total_bytes"], 33_084_669_952u64);
+    assert_eq!(v["gpus"][1]["power_watts"], serde_json::Value::Null);
+}
+
+#[test]
+fn status_without_a_daemon_says_so() {
+    let (code, _, err) = memwatch(&["status", "--url", "http://127.0.0.1:1"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("cannot reach the memwatch daemon at http://127.0.0.1:1"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_config_exits_2_naming_key_and_line_and_starts_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "listen = \"127.0.0.1:0\"\n[sampling]\ninterval_ms = -5\n",
+            "line 3",
+            "sampling.interval_ms",
+        ),
+        (
+            "listen = \"127.0.0.1:0\"\nport = 9300\n",
+            "line 2",
+            "unknown field `port`",
+        ),
+        ("listen = \"127.0.0.1:99999\"\n", "line 1", "listen"),
+        (
+            "[http]\nmax_connections = \"many\"\n",
+            "line 2",
+            "http.max_connections",
+        ),
+    ];
+    for (i, (text, a, b)) in cases.iter().enumerate() {
+        let path = dir.path().join(format!("c{i}.toml"));
+        std::fs::write(&path, text).unwrap();
+        let (code, out, err) = memwatch(&["--config", path.to_str().unwrap(), "run"]);
+        assert_eq!(code, 2, "{text}: {out}{err}");
+        assert!(
+            err.contains(a) && err.contains(b) && err.contains(path.to_str().unwrap()),
+            "{text}: {err}"
+        );
+        assert!(!err.contains("listening"), "{err}");
+    }
+    let (code, _, err) = memwatch(&["--config", "/nonexistent/memwatch.toml", "run"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("cannot read config file /nonexistent/memwatch.toml"),
+        "{err}"
+    );
+}
+
+#[test]
+fn config_example_is_the_shipped_file() {
+    let (code, out, _) = memwatch(&["config", "example"]);
+    assert_eq!(code, 0);
+    assert_eq!(
+        out,
+        std::fs::read_to_string(common::repo().join("memwatch.example.toml")).unwrap()
+    );
+}
+
+#[test]
+fn port_in_use_is_a_clear_error() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let (code, _, err) = memwatch(&["--config", "/dev/null", "run", "--listen", &addr]);
+    assert_eq!(code, 1);
+    assert!(err.contains(&format!("cannot listen on {addr}")), "{err}");
+}
+
+#[test]
+fn http_errors_are_clear() {
+    let d = Daemon::start(Opts::default());
+    assert_eq!(d.get("/nope").0, 404);
+    for q in [
+        "seconds=0",
+        "seconds=-1",
+        "seconds=abc",
+        "seconds=99999999999999999999",
+        "bogus=1",
+    ] {
+        let (status, body) = d.get(&format!("/api/v1/history?{q}"));
+        assert_eq!(status, 400, "{q}");
+        assert!(body.contains("\"error\""), "{q}: {body}");
+    }
+    let (status, body) = d.get("/api/v1/history?seconds=60");
+    assert_eq!(status, 200);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(!v["points"].as_array().unwrap().is_empty());
+    assert_eq!(v["points"][0]["gpus"][0]["temperature_celsius"], 57.0);
+    assert_eq!(
+        d.request(
+            "POST /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 3\r\n\r\nabc"
+        )
+        .0,
+        405
+    );
+    // Garbage is not HTTP: 400 or a closed connection, and the daemon serves on.
+    let (status, _) = d.request("\u{1}\u{2}garbage\r\n\r\n");
+    assert!(status == 400 || status == 0);
+    assert_eq!(d.get("/-/healthy"), (200, "OK\n".into()));
+    let (status, body) = d.get("/api/v1/snapshot");
+    assert_eq!(status, 200);
+    assert!(body.contains("\"collectors\""));
+}
+
+#[test]
+fn connections_beyond_the_limit_wait() {
+    use std::io::Write;
+    let d = Daemon::start(Opts {
+        extra_config: "[http]\nmax_connections = 2",
+        ..Opts::default()
+    });
+    // Two idle connections take both slots.
+    let a = std::net::TcpStream::connect(d.addr).unwrap();
+    let mut b = std::net::TcpStream::connect(d.addr).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let mut c = std::net::TcpStream::connect(d.addr).unwrap();
+    c.set_read_timeout(Some(std::time::Duration::from_millis(700)))
+        .unwrap();
+    c.write_all(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let waited = std::io::Read::read(&mut c, &mut buf);
+    assert!(
+        waited.is_err(),
+        "a third connection was served while two were open"
+    );
+    drop(a);
+    b.write_all(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    c.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    let n = std::io::Read::read(&mut c, &mut buf).unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+}

@@ -1,0 +1,289 @@
+//! Test helpers: run the real `memwatch` binary against fixture roots and the fake NVML.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_memwatch"))
+}
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn fixture_root() -> PathBuf {
+    repo().join("tests/fixtures/root")
+}
+
+/// Builds the fake NVML once per test binary and returns the library's path.
+pub fn fake_nvml() -> PathBuf {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "--quiet", "-p", "memwatch-fake-nvml"])
+            .current_dir(repo())
+            .status()
+            .expect("run cargo build for the fake NVML");
+        assert!(status.success(), "building the fake NVML failed");
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| repo().join("target"));
+        let lib = target.join("debug/libmemwatch_fake_nvml.so");
+        assert!(lib.is_file(), "no fake NVML at {}", lib.display());
+        lib
+    })
+    .clone()
+}
+
+/// A running daemon; killed on drop.
+pub struct Daemon {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub dir: tempfile::TempDir,
+    pub gpu_state: PathBuf,
+    pub log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+/// Options for [`Daemon::start`].
+pub struct Opts<'a> {
+    pub root: PathBuf,
+    pub gpu_state: Option<&'a str>,
+    pub extra_config: &'a str,
+    pub interval_ms: u64,
+}
+
+impl Default for Opts<'_> {
+    fn default() -> Self {
+        Opts {
+            root: fixture_root(),
+            gpu_state: Some(include_str!("../fixtures/nvml/two-gpus.json")),
+            extra_config: "",
+            interval_ms: 100,
+        }
+    }
+}
+
+impl Daemon {
+    pub fn start(o: Opts) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let gpu_state = dir.path().join("gpu.json");
+        if let Some(s) = o.gpu_state {
+            std::fs::write(&gpu_state, s).unwrap();
+        }
+        let config = dir.path().join("memwatch.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "listen = \"127.0.0.1:0\"\n{}\n[sampling]\ninterval_ms = {}\n[host]\nroot = {:?}\n[gpu]\nlibrary = {:?}\n",
+                o.extra_config,
+                o.interval_ms,
+                o.root,
+                fake_nvml()
+            ),
+        )
+        .unwrap();
+        let mut child = Command::new(bin())
+            .args(["--config"])
+            .arg(&config)
+            .args(["--log-format", "json", "--log-level", "debug", "run"])
+            .env("MEMWATCH_FAKE_NVML_STATE", &gpu_state)
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start memwatch");
+        let stderr = child.stderr.take().unwrap();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (tx, rx) = mpsc::channel();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
+                    if v["fields"]["message"] == "listening" {
+                        let _ =
+                            tx.send(v["fields"]["addr"].as_str().unwrap_or_default().to_owned());
+                    }
+                }
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let addr: SocketAddr = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("daemon did not say where it listens")
+            .parse()
+            .unwrap();
+        let d = Daemon {
+            child,
+            addr,
+            dir,
+            gpu_state,
+            log,
+        };
+        d.wait_until(
+            |d| d.get("/-/ready").0 == 200,
+            "the daemon never became ready",
+        );
+        d
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A plain HTTP/1.1 GET; returns (status, body).
+    pub fn get(&self, path: &str) -> (u16, String) {
+        self.request(&format!(
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        ))
+    }
+
+    pub fn request(&self, raw: &str) -> (u16, String) {
+        http(self.addr, raw.as_bytes())
+    }
+
+    pub fn metrics(&self) -> String {
+        let (status, body) = self.get("/metrics");
+        assert_eq!(status, 200);
+        body
+    }
+
+    pub fn set_gpu_state(&self, json: &str) {
+        let tmp = self.gpu_state.with_extension("tmp");
+        std::fs::write(&tmp, json).unwrap();
+        std::fs::rename(&tmp, &self.gpu_state).unwrap();
+    }
+
+    /// Polls `cond` for up to 10 s.
+    pub fn wait_until(&self, cond: impl Fn(&Daemon) -> bool, what: &str) {
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(10) {
+            if cond(self) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("{what}; log:\n{}", self.log.lock().unwrap().join("\n"));
+    }
+
+    pub fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sends raw bytes and reads the whole reply (the request asks the server to close).
+pub fn http(addr: SocketAddr, raw: &[u8]) -> (u16, String) {
+    let mut s = match TcpStream::connect_timeout(&addr, Duration::from_secs(5)) {
+        Ok(s) => s,
+        Err(_) => return (0, String::new()),
+    };
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    if s.write_all(raw).is_err() {
+        return (0, String::new());
+    }
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, dechunk(&body))
+}
+
+/// Undoes chunked transfer encoding when the body looks chunked.
+fn dechunk(body: &str) -> String {
+    let mut out = String::new();
+    let mut rest = body;
+    loop {
+        let Some((size, after)) = rest.split_once("\r\n") else {
+            return body.to_owned();
+        };
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            return body.to_owned();
+        };
+        if n == 0 {
+            return out;
+        }
+        if after.len() < n {
+            return body.to_owned();
+        }
+        out.push_str(&after[..n]);
+        rest = after[n..].trim_start_matches("\r\n");
+    }
+}
+
+/// Runs `memwatch` with arguments; returns (exit code, stdout, stderr).
+pub fn memwatch(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(bin())
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Copies a fixture tree so a test can change it.
+pub fn copy_tree(from: &Path, to: &Path) {
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let dst = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            std::fs::create_dir_all(&dst).unwrap();
+            copy_tree(&entry.path(), &dst);
+        } else {
+            std::fs::copy(entry.path(), dst).unwrap();
+        }
+    }
+}
+
+/// `promtool check metrics` on `text`: returns its findings (empty when clean).
+pub fn promtool_check_metrics(text: &str) -> String {
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect(
+            "promtool not found: install Debian's `prometheus` package (./scripts/test.sh does)",
+        );
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let findings = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if out.status.success() {
+        findings
+    } else {
+        format!("exit {:?}: {findings}", out.status.code())
+    }
+}

@@ -25,7 +25,11 @@ fn measure(name: &str, runs: usize, mut f: impl FnMut()) {
     times.sort();
     let median = times[times.len() / 2];
     let p90 = times[times.len() * 9 / 10];
-    println!("{name:<44} median {:>9.1} µs   p90 {:>9.1} µs   ({runs} runs)", us(median), us(p90));
+    println!(
+        "{name:<44} median {:>9.1} µs   p90 {:>9.1} µs   ({runs} runs)",
+        us(median),
+        us(p90)
+    );
 }
 
 fn us(d: Duration) -> f64 {
@@ -71,9 +75,13 @@ fn main() {
         samples_total: 12345,
     };
     let bytes = render(Some(&sample), &info).len();
-    measure(&format!("render /metrics, fixture host + 8 GPUs ({bytes} B)"), 20_000, || {
-        black_box(render(Some(&sample), &info));
-    });
+    measure(
+        &format!("render /metrics, fixture host + 8 GPUs ({bytes} B)"),
+        20_000,
+        || {
+            black_box(render(Some(&sample), &info));
+        },
+    );
     sample.gpus.truncate(1);
     measure("render /metrics, fixture host + 1 GPU", 20_000, || {
         black_box(render(Some(&sample), &info));

@@ -1,5 +1,6 @@
-//! The daemon: one task owns the sampler and publishes each sample; the HTTP server reads what it
-//! published. tick → sample → publish.
+//! The daemon: one task owns the sampler and the engine (jobs, policy, actions). It selects over the
+//! full-sample tick, the adaptive probe tick, control requests and the stop signal, and publishes what
+//! the HTTP side reads. tick → sample → decide → act → publish.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -7,20 +8,39 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::config::Config;
+use crate::control::server::{self, Envelope};
+use crate::engine::{Engine, View};
 use crate::history::{History, Point};
-use crate::sample::Sampler;
+use crate::job::JobSample;
 use crate::sample::gpu::GpuSource;
 use crate::sample::nvml::NvmlSource;
+use crate::sample::{Sample, Sampler, cgroup, meminfo};
 
-/// What the sampling task publishes for readers (HTTP handlers). Written by that task alone.
+/// What the owner task publishes for readers (HTTP handlers). Written by that task alone.
 pub struct Shared {
-    latest: RwLock<Option<Arc<crate::sample::Sample>>>,
+    latest: RwLock<Option<Arc<Sample>>>,
     history: RwLock<History>,
+    view: RwLock<Arc<View>>,
     samples_total: AtomicU64,
     pub history_seconds: u64,
+}
+
+fn read<T: Clone>(l: &RwLock<T>) -> T {
+    l.read()
+        .map(|g| g.clone())
+        .unwrap_or_else(|p| p.into_inner().clone())
+}
+
+fn write<T>(l: &RwLock<T>, f: impl FnOnce(&mut T)) {
+    match l.write() {
+        Ok(mut g) => f(&mut g),
+        Err(p) => f(&mut p.into_inner()),
+    }
 }
 
 impl Shared {
@@ -28,17 +48,20 @@ impl Shared {
         Shared {
             latest: RwLock::new(None),
             history: RwLock::new(History::new(config.sampling.history_len())),
+            view: RwLock::new(Arc::new(View::default())),
             samples_total: AtomicU64::new(0),
             history_seconds: config.sampling.history_seconds.0,
         }
     }
 
     /// The latest sample, if one was taken.
-    pub fn latest(&self) -> Option<Arc<crate::sample::Sample>> {
-        self.latest
-            .read()
-            .map(|g| g.clone())
-            .unwrap_or_else(|p| p.into_inner().clone())
+    pub fn latest(&self) -> Option<Arc<Sample>> {
+        read(&self.latest)
+    }
+
+    /// Jobs, levels, events and intervention counts as last published.
+    pub fn view(&self) -> Arc<View> {
+        read(&self.view)
     }
 
     /// History points no older than `seconds`.
@@ -53,18 +76,15 @@ impl Shared {
         self.samples_total.load(Ordering::Relaxed)
     }
 
-    fn publish(&self, sample: crate::sample::Sample) {
+    fn publish_sample(&self, sample: Arc<Sample>) {
         let point = Point::of(&sample);
-        match self.history.write() {
-            Ok(mut h) => h.push(point),
-            Err(p) => p.into_inner().push(point),
-        }
-        let sample = Some(Arc::new(sample));
-        match self.latest.write() {
-            Ok(mut l) => *l = sample,
-            Err(p) => *p.into_inner() = sample,
-        }
+        write(&self.history, |h| h.push(point));
+        write(&self.latest, |l| *l = Some(sample));
         self.samples_total.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn publish_view(&self, view: View) {
+        write(&self.view, |v| *v = Arc::new(view));
     }
 }
 
@@ -80,37 +100,11 @@ pub fn sampler(config: &Config) -> Sampler {
     Sampler::new(config.host.root.clone(), gpu)
 }
 
-/// The sampling loop. Runs until `stop` changes. Sampling is blocking I/O, so it runs on the blocking pool;
-/// the sampler moves there and back each tick.
-async fn sample_loop(
-    mut sampler: Sampler,
-    shared: Arc<Shared>,
-    every: Duration,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stop.changed() => return,
-        }
-        let joined = tokio::task::spawn_blocking(move || {
-            let s = sampler.sample();
-            (sampler, s)
-        })
-        .await;
-        match joined {
-            Ok((back, sample)) => {
-                sampler = back;
-                shared.publish(sample);
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "the sampler panicked; sampling stops, the server keeps serving");
-                return;
-            }
-        }
-    }
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// Resolves when SIGTERM or SIGINT arrives.
@@ -132,7 +126,62 @@ async fn shutdown_signal() {
     }
 }
 
-/// Runs the daemon until SIGTERM or SIGINT.
+type FullResult = (Sampler, Sample, Vec<(String, Option<JobSample>)>);
+
+/// Awaits the in-flight full sample, or never when there is none.
+async fn in_flight(
+    h: &mut Option<JoinHandle<FullResult>>,
+) -> Result<FullResult, tokio::task::JoinError> {
+    match h {
+        Some(h) => h.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Takes a full sample and measures every job, on the blocking pool.
+fn spawn_full(
+    mut sampler: Sampler,
+    engine: &Engine,
+    process_root: std::path::PathBuf,
+) -> JoinHandle<FullResult> {
+    let plan = engine.measure_plan();
+    tokio::task::spawn_blocking(move || {
+        let sample = sampler.sample();
+        let now = sample.timestamp_ms;
+        let jobs = plan
+            .into_iter()
+            .map(|(name, root, cg)| {
+                let m = crate::job::measure::measure(
+                    &process_root,
+                    root,
+                    cg.as_ref(),
+                    &sample.gpus,
+                    now,
+                );
+                (name, m)
+            })
+            .collect();
+        (sampler, sample, jobs)
+    })
+}
+
+/// What a probe saw: (MemAvailable, MemTotal), and each job's cgroup.
+type Probe = (Option<(u64, u64)>, Vec<(String, cgroup::CgroupMemory)>);
+
+/// The cheap probe: MemAvailable and every job's cgroup. Small reads, done inline.
+fn probe(config: &Config, engine: &Engine) -> Probe {
+    let host = meminfo::read(&config.host.root)
+        .ok()
+        .map(|m| (m.available_bytes, m.total_bytes));
+    let cgroups = engine
+        .measure_plan()
+        .into_iter()
+        .filter_map(|(name, _, cg)| Some((name, cgroup::read_dir(cg.as_ref()?).ok()?)))
+        .collect();
+    (host, cgroups)
+}
+
+/// Runs the daemon until SIGTERM or SIGINT. Before returning it continues every job it paused.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let listener = TcpListener::bind(config.listen)
         .await
@@ -140,23 +189,103 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let addr = listener
         .local_addr()
         .context("listening socket has no address")?;
-    tracing::info!(%addr, "listening");
+    let control = server::bind(&config.control.socket)?;
+    tracing::info!(%addr, socket = %config.control.socket.display(), "listening");
 
     let shared = Arc::new(Shared::new(&config));
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let sampler = sampler(&config);
-    let every = Duration::from_millis(config.sampling.interval_ms.0);
-    let sampling = tokio::spawn(sample_loop(sampler, shared.clone(), every, stop_rx));
+    let mut engine = Engine::new(config.clone());
+    engine.recover(now_ms());
+    shared.publish_view(engine.view());
 
-    let app = crate::http::router(shared, &config.http);
+    let (to_owner, mut requests) = mpsc::channel::<Envelope>(64);
+    let control_task = tokio::spawn(server::serve(
+        control,
+        to_owner,
+        config.control.socket.clone(),
+    ));
+
+    let (stop_http, mut http_stopped) = watch::channel(false);
+    let app = crate::http::router(shared.clone(), &config.http);
     let listener =
         crate::http::LimitedListener::new(listener, config.http.max_connections.0 as usize);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .context("HTTP server failed")?;
-    let _ = stop_tx.send(true);
-    let _ = sampling.await;
+    let http = tokio::spawn(async move {
+        let stop = async move {
+            let _ = http_stopped.changed().await;
+        };
+        axum::serve(listener, app)
+            .with_graceful_shutdown(stop)
+            .await
+    });
+
+    let every = Duration::from_millis(config.sampling.interval_ms.0);
+    let mut next_full = Instant::now();
+    let mut next_probe = Instant::now();
+    let mut sampler = Some(sampler(&config));
+    let mut full: Option<JoinHandle<FullResult>> = None;
+    let mut stop = std::pin::pin!(shutdown_signal());
+
+    loop {
+        let probing = engine.probe_interval_ms(now_ms());
+        tokio::select! {
+            biased;
+            _ = stop.as_mut() => break,
+            Some(env) = requests.recv() => {
+                let reply = engine.handle(env.request, env.caller, now_ms());
+                let _ = env.reply.send(reply);
+                shared.publish_view(engine.view());
+                let _ = engine.take_dirty();
+                // A new job is probed at once.
+                next_probe = Instant::now();
+            }
+            done = in_flight(&mut full) => {
+                full = None;
+                match done {
+                    Ok((s, sample, jobs)) => {
+                        sampler = Some(s);
+                        let sample = Arc::new(sample);
+                        shared.publish_sample(sample.clone());
+                        engine.on_sample(sample, jobs, now_ms());
+                        if engine.take_dirty() {
+                            shared.publish_view(engine.view());
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "the sampler panicked; sampling stops, jobs stay protected by probes");
+                    }
+                }
+            }
+            _ = tokio::time::sleep_until(next_full), if full.is_none() && sampler.is_some() => {
+                next_full += every;
+                if next_full < Instant::now() {
+                    next_full = Instant::now() + every;
+                }
+                if let Some(s) = sampler.take() {
+                    full = Some(spawn_full(s, &engine, config.host.process_root.clone()));
+                }
+            }
+            _ = tokio::time::sleep_until(next_probe), if probing.is_some() => {
+                let (host, cgroups) = probe(&config, &engine);
+                let now = now_ms();
+                engine.on_probe(host, cgroups, now);
+                if engine.take_dirty() {
+                    shared.publish_view(engine.view());
+                }
+                let wait = engine.probe_interval_ms(now).unwrap_or(config.sampling.probe_interval_ms.0);
+                next_probe = Instant::now() + Duration::from_millis(wait);
+            }
+        }
+    }
+
+    engine.shutdown(now_ms());
+    shared.publish_view(engine.view());
+    control_task.abort();
+    let _ = std::fs::remove_file(&config.control.socket);
+    let _ = stop_http.send(true);
+    match tokio::time::timeout(Duration::from_secs(5), http).await {
+        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "HTTP server ended with an error"),
+        Err(_) => tracing::warn!("HTTP connections still open after 5 s; closing them"),
+        _ => {}
+    }
     tracing::info!("stopped");
     Ok(())
 }

@@ -2,11 +2,17 @@
 //!
 //! The library holds every part; `src/main.rs` is thin glue over [`cli`].
 
+pub mod act;
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod control;
 pub mod daemon;
+pub mod engine;
 pub mod history;
 pub mod http;
+pub mod job;
 pub mod logging;
+pub mod policy;
+pub mod proc;
 pub mod sample;

@@ -2,6 +2,7 @@
 //!
 //! Exit status: 0 success, 1 a runtime failure (daemon unreachable, port taken), 2 bad usage or config.
 
+mod jobs;
 mod status;
 
 use std::path::PathBuf;
@@ -10,6 +11,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use crate::config::{self, Config, LogFormat, LogLevel};
+use crate::control::Request;
 
 #[derive(Parser)]
 #[command(name = "memwatch", version, about = "Keeps training jobs alive on tight machines", long_about = None)]
@@ -44,11 +46,53 @@ enum Command {
         #[arg(long, value_name = "URL")]
         url: Option<String>,
     },
+    /// Follow a training job: the process and all its descendants, and protect it
+    Attach {
+        pid: u32,
+        /// A name for the job [default: <command>-<pid>]
+        #[arg(long)]
+        name: Option<String>,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// Stop following a job (a paused job is resumed first)
+    Detach {
+        /// Job name or pid
+        target: String,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// Pause a job's whole process tree now (memwatch will not resume it by itself)
+    Pause {
+        target: String,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// Resume a paused job
+    Resume {
+        target: String,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// List attached jobs
+    Jobs {
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
     /// Configuration helpers
     Config {
         #[command(subcommand)]
         what: ConfigCommand,
     },
+}
+
+#[derive(clap::Args)]
+struct SocketArg {
+    /// The daemon's control socket [default: the config's `control.socket`]
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -137,6 +181,58 @@ fn dispatch(cli: Cli) -> Result<(), Failure> {
             }
             Ok(())
         }
+        Command::Attach { pid, name, socket } => {
+            let r = control_call(
+                &cli,
+                socket,
+                Request::Attach {
+                    pid: *pid,
+                    name: name.clone(),
+                },
+            )?;
+            print_job("attached", r)
+        }
+        Command::Detach { target, socket } => {
+            control_call(
+                &cli,
+                socket,
+                Request::Detach {
+                    target: target.clone(),
+                },
+            )?;
+            println!("detached {target}");
+            Ok(())
+        }
+        Command::Pause { target, socket } => {
+            let r = control_call(
+                &cli,
+                socket,
+                Request::Pause {
+                    target: target.clone(),
+                },
+            )?;
+            print_job("paused", r)
+        }
+        Command::Resume { target, socket } => {
+            let r = control_call(
+                &cli,
+                socket,
+                Request::Resume {
+                    target: target.clone(),
+                },
+            )?;
+            print_job("resumed", r)
+        }
+        Command::Jobs { json, socket } => {
+            let r = control_call(&cli, socket, Request::Jobs {})?;
+            let jobs = r.jobs.unwrap_or_default();
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&jobs)?);
+            } else {
+                print!("{}", jobs::render(&jobs, now_ms()));
+            }
+            Ok(())
+        }
         Command::Config { what } => match what {
             ConfigCommand::Example => {
                 print!("{}", config::example_toml().map_err(anyhow::Error::msg)?);
@@ -149,6 +245,26 @@ fn dispatch(cli: Cli) -> Result<(), Failure> {
             }
         },
     }
+}
+
+fn control_call(
+    cli: &Cli,
+    socket: &SocketArg,
+    request: Request,
+) -> Result<crate::control::Response, Failure> {
+    let path = match &socket.socket {
+        Some(p) => p.clone(),
+        None => load_config(cli)?.control.socket,
+    };
+    Ok(crate::control::client::call(&path, &request)?)
+}
+
+fn print_job(verb: &str, r: crate::control::Response) -> Result<(), Failure> {
+    match r.job {
+        Some(j) => println!("{verb} {} (pid {})", j.name, j.pid),
+        None => println!("{verb}"),
+    }
+    Ok(())
 }
 
 fn now_ms() -> u64 {

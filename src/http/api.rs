@@ -70,3 +70,39 @@ pub async fn not_found(uri: Uri) -> Response {
         format!("no such endpoint: {}", uri.path()),
     )
 }
+
+/// `GET /api/v1/jobs`: attached jobs with their processes, cgroup, GPU memory and limits, and the
+/// current level of every resource.
+pub async fn jobs(State(shared): State<Arc<Shared>>) -> Response {
+    let v = shared.view();
+    Json(json!({ "dry_run": v.dry_run, "jobs": v.jobs, "levels": v.levels })).into_response()
+}
+
+/// `GET /api/v1/events?limit=N`: the newest interventions and level changes, newest last.
+pub async fn events(
+    State(shared): State<Arc<Shared>>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    if let Some(k) = q.keys().find(|k| k.as_str() != "limit") {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("unknown query parameter `{k}`; only `limit` is accepted"),
+        );
+    }
+    let limit = match q.get("limit").map(|v| v.parse::<usize>()) {
+        None => 100,
+        Some(Ok(n)) if (1..=crate::act::audit::RECENT).contains(&n) => n,
+        Some(_) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "`limit` must be a whole number from 1 to {}",
+                    crate::act::audit::RECENT
+                ),
+            );
+        }
+    };
+    let v = shared.view();
+    let skip = v.events.len().saturating_sub(limit);
+    Json(json!({ "events": v.events[skip..], "interventions": v.interventions })).into_response()
+}

@@ -2,6 +2,7 @@
 //! Only this module knows HTTP and the wire formats it serves. Every endpoint is read-only.
 
 mod api;
+mod jobs_metrics;
 mod listener;
 pub mod metrics;
 
@@ -24,6 +25,8 @@ pub fn router(shared: Arc<Shared>, limits: &Http) -> Router {
         .route("/metrics", get(metrics_handler))
         .route("/api/v1/snapshot", get(api::snapshot))
         .route("/api/v1/history", get(api::history))
+        .route("/api/v1/jobs", get(api::jobs))
+        .route("/api/v1/events", get(api::events))
         .route("/-/healthy", get(|| async { "OK\n" }))
         .route("/-/ready", get(api::ready))
         .fallback(api::not_found)
@@ -41,7 +44,8 @@ async fn metrics_handler(
         version: env!("CARGO_PKG_VERSION"),
         samples_total: shared.samples_total(),
     };
-    let body = metrics::render(latest.as_deref(), &info);
+    let mut body = metrics::render(latest.as_deref(), &info);
+    jobs_metrics::render(&mut body, &shared.view());
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],

@@ -22,6 +22,27 @@ pub struct CgroupMemory {
     pub limit_bytes: Option<u64>,
     /// OOM kills inside the cgroup, where the kernel reports them.
     pub oom_kills: Option<u64>,
+    /// Inactive page cache, which the kernel drops before it OOM-kills; usage less this is the
+    /// working set (as kubelet counts it).
+    pub inactive_file_bytes: Option<u64>,
+}
+
+impl CgroupMemory {
+    /// Usage less inactive file cache.
+    pub fn working_set_bytes(&self) -> u64 {
+        self.usage_bytes
+            .saturating_sub(self.inactive_file_bytes.unwrap_or(0))
+    }
+}
+
+/// Where a memory cgroup's files are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CgroupDir {
+    pub version: u8,
+    /// The path inside the hierarchy, as /proc/PID/cgroup gives it.
+    pub path: String,
+    pub mount: PathBuf,
+    pub dir: PathBuf,
 }
 
 /// v1 reports "no limit" as PAGE_COUNTER_MAX rounded to pages; anything this large is no limit.
@@ -73,19 +94,46 @@ pub fn read_membership(
     root: &Path,
     membership: &Membership,
 ) -> Result<Option<CgroupMemory>, ReadError> {
+    match locate(root, membership) {
+        Some(d) => read_dir(&d).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Finds the memory cgroup's directory: the v1 memory controller if mounted, else cgroup v2.
+pub fn locate(root: &Path, membership: &Membership) -> Option<CgroupDir> {
     let cgroup_fs = root.join("sys/fs/cgroup");
     if let Some(cg) = &membership.v1_memory {
         let mount = cgroup_fs.join("memory");
         if mount.is_dir() {
-            return read_v1(&mount, cg).map(Some);
+            return Some(CgroupDir {
+                version: 1,
+                path: cg.clone(),
+                dir: dir_of(&mount, cg),
+                mount,
+            });
         }
     }
     if let Some(cg) = &membership.v2 {
         if cgroup_fs.join("cgroup.controllers").is_file() {
-            return read_v2(&cgroup_fs, cg).map(Some);
+            return Some(CgroupDir {
+                version: 2,
+                path: cg.clone(),
+                dir: dir_of(&cgroup_fs, cg),
+                mount: cgroup_fs,
+            });
         }
     }
-    Ok(None)
+    None
+}
+
+/// Reads usage, the tightest limit up to the root, OOM kills and inactive file cache.
+pub fn read_dir(d: &CgroupDir) -> Result<CgroupMemory, ReadError> {
+    if d.version == 1 {
+        read_v1(&d.mount, &d.dir, &d.path)
+    } else {
+        read_v2(&d.mount, &d.dir, &d.path)
+    }
 }
 
 /// The directory of `cg` under `mount`. Inside a cgroup namespace the path in /proc/self/cgroup may
@@ -100,11 +148,10 @@ fn ancestors<'a>(mount: &'a Path, dir: &'a Path) -> impl Iterator<Item = &'a Pat
     dir.ancestors().take_while(move |d| d.starts_with(mount))
 }
 
-fn read_v1(mount: &Path, cg: &str) -> Result<CgroupMemory, ReadError> {
-    let dir = dir_of(mount, cg);
+fn read_v1(mount: &Path, dir: &Path, cg: &str) -> Result<CgroupMemory, ReadError> {
     let usage = read_u64(&dir.join("memory.usage_in_bytes"))?;
     let mut limit: Option<u64> = None;
-    for d in ancestors(mount, &dir) {
+    for d in ancestors(mount, dir) {
         if let Ok(l) = read_u64(&d.join("memory.limit_in_bytes")) {
             if l < V1_UNLIMITED {
                 limit = Some(limit.map_or(l, |cur| cur.min(l)));
@@ -114,21 +161,23 @@ fn read_v1(mount: &Path, cg: &str) -> Result<CgroupMemory, ReadError> {
     let oom_kills = key_value(&dir.join("memory.oom_control"), "oom_kill")
         .ok()
         .flatten();
+    let inactive_file_bytes = key_value(&dir.join("memory.stat"), "total_inactive_file")
+        .ok()
+        .flatten();
     Ok(CgroupMemory {
         version: 1,
         path: cg.to_owned(),
         usage_bytes: usage,
         limit_bytes: limit,
         oom_kills,
+        inactive_file_bytes,
     })
 }
 
-fn read_v2(mount: &Path, cg: &str) -> Result<CgroupMemory, ReadError> {
-    let dir = dir_of(mount, cg);
-    // The root cgroup has no memory.current; fall back to the host figure by reporting nothing.
+fn read_v2(mount: &Path, dir: &Path, cg: &str) -> Result<CgroupMemory, ReadError> {
     let usage = read_u64(&dir.join("memory.current"))?;
     let mut limit: Option<u64> = None;
-    for d in ancestors(mount, &dir) {
+    for d in ancestors(mount, dir) {
         let file = d.join("memory.max");
         let Ok(text) = read_text(&file) else {
             continue;
@@ -141,12 +190,16 @@ fn read_v2(mount: &Path, cg: &str) -> Result<CgroupMemory, ReadError> {
     let oom_kills = key_value(&dir.join("memory.events"), "oom_kill")
         .ok()
         .flatten();
+    let inactive_file_bytes = key_value(&dir.join("memory.stat"), "inactive_file")
+        .ok()
+        .flatten();
     Ok(CgroupMemory {
         version: 2,
         path: cg.to_owned(),
         usage_bytes: usage,
         limit_bytes: limit,
         oom_kills,
+        inactive_file_bytes,
     })
 }
 

@@ -1,6 +1,8 @@
 //! Test helpers: run the real `memwatch` binary against fixture roots and the fake NVML.
 #![allow(dead_code)]
 
+pub mod cgroup;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -47,6 +49,9 @@ pub struct Daemon {
     pub addr: SocketAddr,
     pub dir: tempfile::TempDir,
     pub gpu_state: PathBuf,
+    /// The control socket and state directory (kept across restarts when `Opts::state` is given).
+    pub socket: PathBuf,
+    pub state: PathBuf,
     pub log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
@@ -56,6 +61,8 @@ pub struct Opts<'a> {
     pub gpu_state: Option<&'a str>,
     pub extra_config: &'a str,
     pub interval_ms: u64,
+    /// Control socket and state live here; a fresh temp dir when `None`.
+    pub state: Option<PathBuf>,
 }
 
 impl Default for Opts<'_> {
@@ -65,6 +72,7 @@ impl Default for Opts<'_> {
             gpu_state: Some(include_str!("../fixtures/nvml/two-gpus.json")),
             extra_config: "",
             interval_ms: 100,
+            state: None,
         }
     }
 }
@@ -76,15 +84,20 @@ impl Daemon {
         if let Some(s) = o.gpu_state {
             std::fs::write(&gpu_state, s).unwrap();
         }
+        let state = o.state.clone().unwrap_or_else(|| dir.path().join("state"));
+        let socket = state.join("control.sock");
         let config = dir.path().join("memwatch.toml");
         std::fs::write(
             &config,
             format!(
-                "listen = \"127.0.0.1:0\"\n{}\n[sampling]\ninterval_ms = {}\n[host]\nroot = {:?}\n[gpu]\nlibrary = {:?}\n",
+                "listen = \"127.0.0.1:0\"\n{}\n[sampling]\ninterval_ms = {}\n[host]\nroot = {:?}\n[gpu]\nlibrary = {:?}\n\
+                 [control]\nsocket = {:?}\nstate_dir = {:?}\n",
                 o.extra_config,
                 o.interval_ms,
                 o.root,
-                fake_nvml()
+                fake_nvml(),
+                socket,
+                state
             ),
         )
         .unwrap();
@@ -123,6 +136,8 @@ impl Daemon {
             addr,
             dir,
             gpu_state,
+            socket,
+            state,
             log,
         };
         d.wait_until(
@@ -130,6 +145,46 @@ impl Daemon {
             "the daemon never became ready",
         );
         d
+    }
+
+    /// Runs `memwatch <args> --socket <this daemon's socket>`.
+    pub fn ctl(&self, args: &[&str]) -> (i32, String, String) {
+        let mut all: Vec<&str> = args.to_vec();
+        let socket = self.socket.to_str().unwrap().to_owned();
+        all.push("--socket");
+        all.push(&socket);
+        memwatch(&all)
+    }
+
+    /// The attached jobs, from the control socket.
+    pub fn jobs(&self) -> Vec<serde_json::Value> {
+        let (code, out, err) = self.ctl(&["jobs", "--json"]);
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str::<Vec<serde_json::Value>>(&out).unwrap()
+    }
+
+    /// The job's state ("running" / "paused"), or None when it is not attached.
+    pub fn job_state(&self, name: &str) -> Option<String> {
+        self.jobs()
+            .iter()
+            .find(|j| j["name"] == name)
+            .map(|j| j["state"].as_str().unwrap_or_default().to_owned())
+    }
+
+    /// Events from /api/v1/events.
+    pub fn events(&self) -> Vec<serde_json::Value> {
+        let (status, body) = self.get("/api/v1/events?limit=500");
+        assert_eq!(status, 200);
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v["events"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Sends SIGTERM and waits for the daemon to exit; returns its exit code.
+    pub fn terminate(&mut self) -> Option<i32> {
+        let _ = Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status();
+        self.child.wait().ok().and_then(|s| s.code())
     }
 
     pub fn url(&self) -> String {
@@ -242,6 +297,42 @@ pub fn memwatch(args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// The memhog test program, built once per test binary.
+pub fn memhog() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "--quiet", "-p", "memwatch-memhog"])
+            .current_dir(repo())
+            .status()
+            .expect("run cargo build for memhog");
+        assert!(status.success(), "building memhog failed");
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| repo().join("target"));
+        target.join("debug/memhog")
+    })
+    .clone()
+}
+
+/// A process's state letter (R, S, T …) from /proc, or None when it is gone.
+pub fn proc_state(pid: u32) -> Option<char> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    text[text.rfind(')')? + 1..].trim_start().chars().next()
+}
+
+/// Polls `cond` every 5 ms for up to `secs`; true if it held.
+pub fn eventually(secs: f64, cond: impl Fn() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed().as_secs_f64() < secs {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    cond()
 }
 
 /// Copies a fixture tree so a test can change it.

@@ -10,6 +10,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Deserializer, Serialize};
 
+mod policy;
+
+pub use policy::{Action, OnMaxPause, Policy, Ratio, RatioPolicy, TempPolicy};
+
 /// Where the daemon looks when no `--config` is given.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/memwatch/memwatch.toml";
 
@@ -24,6 +28,27 @@ pub struct Config {
     pub gpu: Gpu,
     pub http: Http,
     pub log: Log,
+    pub control: Control,
+    pub policy: Policy,
+}
+
+/// The control socket and the daemon's persistent state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Control {
+    pub socket: PathBuf,
+    pub state_dir: PathBuf,
+    pub audit_max_bytes: Positive,
+}
+
+impl Default for Control {
+    fn default() -> Self {
+        Control {
+            socket: PathBuf::from("/run/memwatch/control.sock"),
+            state_dir: PathBuf::from("/var/lib/memwatch"),
+            audit_max_bytes: Positive(4 * 1024 * 1024),
+        }
+    }
 }
 
 /// How often and how much is sampled and kept.
@@ -32,6 +57,9 @@ pub struct Config {
 pub struct Sampling {
     pub interval_ms: IntervalMs,
     pub history_seconds: HistorySeconds,
+    pub probe_interval_ms: IntervalMs,
+    pub fast_interval_ms: IntervalMs,
+    pub growth_window_ms: IntervalMs,
 }
 
 /// Where host data is read from.
@@ -39,6 +67,7 @@ pub struct Sampling {
 #[serde(deny_unknown_fields, default)]
 pub struct Host {
     pub root: PathBuf,
+    pub process_root: PathBuf,
 }
 
 /// GPU sampling through NVML.
@@ -148,6 +177,8 @@ impl Default for Config {
             gpu: Gpu::default(),
             http: Http::default(),
             log: Log::default(),
+            control: Control::default(),
+            policy: Policy::default(),
         }
     }
 }
@@ -157,6 +188,9 @@ impl Default for Sampling {
         Sampling {
             interval_ms: IntervalMs(1000),
             history_seconds: HistorySeconds(3600),
+            probe_interval_ms: IntervalMs(100),
+            fast_interval_ms: IntervalMs(10),
+            growth_window_ms: IntervalMs(1000),
         }
     }
 }
@@ -165,6 +199,7 @@ impl Default for Host {
     fn default() -> Self {
         Host {
             root: PathBuf::from("/"),
+            process_root: PathBuf::from("/"),
         }
     }
 }
@@ -238,7 +273,32 @@ pub fn load(explicit: Option<&Path>) -> Result<Config, ConfigError> {
 
 /// Parses configuration text; the error names the key and line.
 pub fn parse(text: &str) -> Result<Config, String> {
-    toml::from_str(text).map_err(|e| describe(text, &e))
+    let config: Config = toml::from_str(text).map_err(|e| describe(text, &e))?;
+    let checks = [
+        config.policy.validate(),
+        (config.sampling.fast_interval_ms.0 > config.sampling.probe_interval_ms.0)
+            .then(|| {
+                (
+                    "sampling.fast_interval_ms".to_owned(),
+                    "must not be above `probe_interval_ms`".to_owned(),
+                )
+            })
+            .map_or(Ok(()), Err),
+    ];
+    for check in checks {
+        if let Err((key, why)) = check {
+            return Err(match line_of(text, &key) {
+                Some(line) => format!("line {line}, key `{key}`: {why}"),
+                None => format!("key `{key}`: {why}"),
+            });
+        }
+    }
+    Ok(config)
+}
+
+/// The line (1-based) where dotted `key` is set, if it is set in `text`.
+fn line_of(text: &str, key: &str) -> Option<usize> {
+    (1..=text.lines().count()).find(|&l| key_at(text, l).as_deref() == Some(key))
 }
 
 /// Turns a toml error into one line: "line L, column C, key `a.b`: message".
@@ -328,11 +388,162 @@ pub const DOCS: &[(&str, &str)] = &[
         "log.format",
         "text (for people) or json (one object per line, for log shippers).",
     ),
+    (
+        "sampling.probe_interval_ms",
+        "While a job is attached, its memory cgroup and the host's MemAvailable are probed this often\n\
+         (cheap reads) between full samples, so fast growth is seen within this time.",
+    ),
+    (
+        "sampling.fast_interval_ms",
+        "Probe interval while any level is warn or worse, or a job is projected to run out of memory\n\
+         within a few seconds. Must not be above probe_interval_ms.",
+    ),
+    (
+        "sampling.growth_window_ms",
+        "Growth rates (and so the time to exhaustion) are fitted over this window of recent probes.",
+    ),
+    (
+        "host.process_root",
+        "Root under which attached jobs' /proc/PID and their cgroups are read. \"/\" outside tests.",
+    ),
+    (
+        "control",
+        "The control socket (attach, pause, resume…) and the daemon's persistent state.",
+    ),
+    (
+        "control.socket",
+        "Unix socket for memwatch's commands. Any user may connect; the daemon checks the caller's uid\n\
+         (SO_PEERCRED): root may act on any process, others only on their own.",
+    ),
+    (
+        "control.state_dir",
+        "Where the attached jobs, the paused set (so a restarted daemon resumes what it paused) and the\n\
+         audit log (events.jsonl) are kept.",
+    ),
+    (
+        "control.audit_max_bytes",
+        "The audit log is trimmed to its newer half when it grows past this size.",
+    ),
+    (
+        "policy",
+        "When memwatch pauses a job and when it resumes it. Levels per resource are ok / warn / critical,\n\
+         with enter and leave thresholds and hold times so they do not flap.",
+    ),
+    ("policy.dry_run", "Decide and record, but send no signal."),
+    (
+        "policy.reaction_ms",
+        "Pause when a job's memory is projected to hit its tightest limit (the host's MemAvailable, its\n\
+         cgroup limit) sooner than this, whatever the levels say. It covers a probe interval plus the\n\
+         signalling, with room to spare.",
+    ),
+    (
+        "policy.resume_headroom_ms",
+        "A job paused for fast growth is resumed only when the room left would last this long at the rate\n\
+         it was growing when paused.",
+    ),
+    (
+        "policy.max_pause_seconds",
+        "Longest pause. The default stays under PyTorch's 10-minute NCCL watchdog, which kills\n\
+         distributed jobs whose ranks stop answering.",
+    ),
+    (
+        "policy.on_max_pause",
+        "What to do when a pause reaches max_pause_seconds: resume, stay or terminate.",
+    ),
+    (
+        "policy.checkpoint_signal",
+        "Signal sent to a job's root process before pausing it, so it can save a checkpoint\n\
+         (e.g. \"SIGUSR1\"). Empty: none. Sent only when there is time for it.",
+    ),
+    (
+        "policy.checkpoint_grace_ms",
+        "Time the job gets to checkpoint before it is paused.",
+    ),
+    (
+        "policy.host_memory",
+        "Host RAM in use: 1 - MemAvailable / MemTotal. Critical at 90 % used pauses the jobs before\n\
+         earlyoom's default kill line (10 % available with swap also under 10 %) and well before the\n\
+         kernel's OOM killer; warn at 80 %.",
+    ),
+    (
+        "policy.swap",
+        "Swap in use: (SwapTotal - SwapFree) / SwapTotal; absent without swap. Warn only by default:\n\
+         swap is slow, not fatal, and host_memory covers the OOM risk.",
+    ),
+    (
+        "policy.pressure",
+        "PSI memory \"full\" over 10 s: the share of time every task waited for memory (thrashing).\n\
+         Critical at 40 % for 2 s, before systemd-oomd's default kill at 60 % for 30 s.",
+    ),
+    (
+        "policy.job_cgroup",
+        "An attached job's memory cgroup: working set (usage less inactive file cache) / limit, absent\n\
+         when unlimited. Critical at 95 %: the cgroup's OOM killer fires at 100 %.",
+    ),
+    (
+        "policy.gpu_memory",
+        "GPU memory used / total. Warn only by default: pausing frees no GPU memory; memwatch advises and\n\
+         rewrites the batch instead.",
+    ),
+    (
+        "policy.gpu_temperature",
+        "GPU core temperature against NVML's slowdown and shutdown points (fallbacks when NVML reports\n\
+         none): pause 5 °C before shutdown, resume only 5 °C under slowdown after 10 s, so a GPU hovering\n\
+         at a threshold does not flap.",
+    ),
+    (
+        "policy.cpu_temperature",
+        "The hottest hwmon / thermal-zone sensor against its max (slowdown) and crit (shutdown) points.",
+    ),
+    (
+        "policy.*.action",
+        "pause: pause the jobs the resource concerns; warn: record and report only.",
+    ),
+    ("policy.*.warn", "Enter warn at this ratio (0-1)."),
+    ("policy.*.warn_leave", "Leave warn below this ratio."),
+    ("policy.*.critical", "Enter critical at this ratio."),
+    (
+        "policy.*.critical_leave",
+        "Leave critical below this ratio.",
+    ),
+    (
+        "policy.*.enter_hold_ms",
+        "How long a value must stay past an enter threshold before the level rises.",
+    ),
+    (
+        "policy.*.leave_hold_ms",
+        "How long a value must stay under a leave threshold before the level falls.",
+    ),
+    (
+        "policy.*.warn_below_slowdown",
+        "Warn this many °C below the slowdown point.",
+    ),
+    (
+        "policy.*.critical_below_shutdown",
+        "Critical (pause) this many °C below the shutdown point.",
+    ),
+    (
+        "policy.*.resume_below_slowdown",
+        "Leave critical (resume) this many °C below the slowdown point.",
+    ),
+    (
+        "policy.*.fallback_slowdown_celsius",
+        "Slowdown point when the device reports none.",
+    ),
+    (
+        "policy.*.fallback_shutdown_celsius",
+        "Shutdown point when the device reports none.",
+    ),
 ];
 
 fn doc(key: &str) -> Result<&'static str, String> {
+    let generic = match key.split('.').collect::<Vec<_>>().as_slice() {
+        ["policy", _, field] => format!("policy.*.{field}"),
+        _ => String::new(),
+    };
     DOCS.iter()
         .find(|(k, _)| *k == key)
+        .or_else(|| DOCS.iter().find(|(k, _)| *k == generic))
         .map(|(_, d)| *d)
         .ok_or_else(|| format!("setting `{key}` has no documentation in config::DOCS"))
 }
@@ -353,32 +564,54 @@ pub fn example_toml() -> Result<String, String> {
          # This file is generated from the defaults by `memwatch config example`.\n",
     );
     let mut seen = Vec::new();
-    for (key, value) in table.iter().filter(|(_, v)| !v.is_table()) {
-        out.push('\n');
-        comment(&mut out, doc(key)?);
-        let _ = writeln!(out, "{key} = {value}");
-        seen.push(key.clone());
-    }
-    for (section, value) in table.iter().filter(|(_, v)| v.is_table()) {
-        out.push('\n');
-        comment(&mut out, doc(section)?);
-        let _ = writeln!(out, "[{section}]");
-        seen.push(section.clone());
-        if let Some(inner) = value.as_table() {
-            for (key, v) in inner {
-                let dotted = format!("{section}.{key}");
-                comment(&mut out, doc(&dotted)?);
-                let _ = writeln!(out, "{key} = {v}");
-                seen.push(dotted);
-            }
-        }
-    }
-    if let Some((stale, _)) = DOCS.iter().find(|(k, _)| !seen.iter().any(|s| s == k)) {
+    emit(&mut out, "", &table, &mut seen)?;
+    let used = |k: &str| {
+        seen.iter()
+            .any(|s| s == k || (k.starts_with("policy.*.") && s.ends_with(&k[8..])))
+    };
+    if let Some((stale, _)) = DOCS.iter().find(|(k, _)| !used(k)) {
         return Err(format!(
             "config::DOCS documents `{stale}`, which is not a setting"
         ));
     }
     Ok(out)
+}
+
+/// Writes `table`'s plain keys, then each sub-table under its `[header]`, recursively.
+fn emit(
+    out: &mut String,
+    prefix: &str,
+    table: &toml::Table,
+    seen: &mut Vec<String>,
+) -> Result<(), String> {
+    let dotted = |k: &str| {
+        if prefix.is_empty() {
+            k.to_owned()
+        } else {
+            format!("{prefix}.{k}")
+        }
+    };
+    for (key, value) in table.iter().filter(|(_, v)| !v.is_table()) {
+        let name = dotted(key);
+        if prefix.is_empty() {
+            out.push('\n');
+        }
+        comment(out, doc(&name)?);
+        let _ = writeln!(out, "{key} = {value}");
+        seen.push(name);
+    }
+    for (key, value) in table.iter() {
+        let Some(inner) = value.as_table() else {
+            continue;
+        };
+        let name = dotted(key);
+        out.push('\n');
+        comment(out, doc(&name)?);
+        let _ = writeln!(out, "[{name}]");
+        seen.push(name.clone());
+        emit(out, &name, inner, seen)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -462,6 +695,7 @@ mod tests {
         let s = Sampling {
             interval_ms: IntervalMs(100),
             history_seconds: HistorySeconds(3600),
+            ..Sampling::default()
         };
         assert_eq!(s.history_len(), 36_000);
     }

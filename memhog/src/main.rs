@@ -1,0 +1,131 @@
+//! memhog: allocates and touches memory at a set rate, for memwatch's tests and benchmarks.
+//!
+//! `memhog --rate-mib 1024 --total-mib 1536 [--chunk-mib 4] [--workers N] [--hold-ms MS] [--ready-file F]
+//!  [--wait-file F]` (with `--wait-file`, allocation starts once file F exists)
+//!
+//! It prints `ready` once workers are started and `done <MiB>` when it has touched `--total-mib`, then
+//! holds the memory for `--hold-ms` and exits 0. `--workers N` starts N child processes (sleeping, 8 MiB
+//! each) before allocating, like DataLoader workers. Pages are touched one byte per 4 KiB so they are
+//! really resident.
+
+use std::io::Write;
+use std::process::{Child, Command, ExitCode};
+use std::time::{Duration, Instant};
+
+struct Args {
+    rate_mib: f64,
+    total_mib: u64,
+    chunk_mib: u64,
+    workers: u32,
+    hold_ms: u64,
+    worker: bool,
+    ready_file: Option<String>,
+    wait_file: Option<String>,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut a = Args {
+        rate_mib: 256.0,
+        total_mib: 256,
+        chunk_mib: 4,
+        workers: 0,
+        hold_ms: 0,
+        worker: false,
+        ready_file: None,
+        wait_file: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--rate-mib" => {
+                a.rate_mib = value()?.parse().map_err(|e| format!("--rate-mib: {e}"))?
+            }
+            "--total-mib" => {
+                a.total_mib = value()?.parse().map_err(|e| format!("--total-mib: {e}"))?
+            }
+            "--chunk-mib" => {
+                a.chunk_mib = value()?.parse().map_err(|e| format!("--chunk-mib: {e}"))?
+            }
+            "--workers" => a.workers = value()?.parse().map_err(|e| format!("--workers: {e}"))?,
+            "--hold-ms" => a.hold_ms = value()?.parse().map_err(|e| format!("--hold-ms: {e}"))?,
+            "--ready-file" => a.ready_file = Some(value()?),
+            "--wait-file" => a.wait_file = Some(value()?),
+            "--worker" => a.worker = true,
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    if a.rate_mib <= 0.0 || a.chunk_mib == 0 {
+        return Err("--rate-mib and --chunk-mib must be positive".into());
+    }
+    Ok(a)
+}
+
+fn touch(mib: u64) -> Vec<u8> {
+    let len = (mib as usize) << 20;
+    // Zeroed large allocations come straight from mmap and stay unbacked until each page is written.
+    let mut v = vec![0u8; len];
+    for i in (0..len).step_by(4096) {
+        v[i] = 1;
+    }
+    v
+}
+
+fn main() -> ExitCode {
+    let a = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("memhog: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if a.worker {
+        let _keep = touch(8);
+        loop {
+            std::thread::sleep(Duration::from_secs(3600));
+        }
+    }
+    let me = std::env::current_exe().expect("own path");
+    let mut workers: Vec<Child> = Vec::new();
+    for _ in 0..a.workers {
+        match Command::new(&me).arg("--worker").spawn() {
+            Ok(c) => workers.push(c),
+            Err(e) => {
+                eprintln!("memhog: cannot start a worker: {e}");
+                return ExitCode::from(1);
+            }
+        }
+    }
+    let mut out = std::io::stdout();
+    let _ = writeln!(out, "ready");
+    let _ = out.flush();
+    if let Some(f) = &a.ready_file {
+        let _ = std::fs::write(f, "ready\n");
+    }
+    if let Some(f) = &a.wait_file {
+        while !std::path::Path::new(f).exists() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    let start = Instant::now();
+    let mut held: Vec<Vec<u8>> = Vec::new();
+    let mut done = 0u64;
+    while done < a.total_mib {
+        let n = a.chunk_mib.min(a.total_mib - done);
+        held.push(touch(n));
+        done += n;
+        let due = Duration::from_secs_f64(done as f64 / a.rate_mib);
+        if let Some(wait) = due.checked_sub(start.elapsed()) {
+            std::thread::sleep(wait);
+        }
+    }
+    let _ = writeln!(out, "done {done}");
+    let _ = out.flush();
+    std::thread::sleep(Duration::from_millis(a.hold_ms));
+    for mut w in workers {
+        let _ = w.kill();
+        let _ = w.wait();
+    }
+    drop(held);
+    ExitCode::SUCCESS
+}

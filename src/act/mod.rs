@@ -1,0 +1,8 @@
+//! Effects: the only code that sends signals or writes memwatch's state files.
+
+pub mod audit;
+pub mod pause;
+pub mod persist;
+pub mod signal;
+
+pub use signal::signal_by_name;

@@ -1,0 +1,131 @@
+//! Signals that cannot hit the wrong process: `pidfd_open`, a check through /proc that the process is
+//! still the one attached (its start time), then `pidfd_send_signal` on that descriptor.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+
+use nix::sys::signal::Signal;
+
+use crate::proc::{ProcRef, read_stat};
+
+/// Why a signal was not delivered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SignalError {
+    #[error("process {0} is gone (exited, or its pid now belongs to another process)")]
+    Gone(u32),
+    #[error("not permitted to signal process {0}")]
+    Denied(u32),
+    #[error("signalling process {pid} failed: {reason}")]
+    Other { pid: u32, reason: String },
+}
+
+/// Parses "SIGUSR1", "USR1" or a number.
+pub fn signal_by_name(name: &str) -> Option<Signal> {
+    if let Ok(n) = name.parse::<i32>() {
+        return Signal::try_from(n).ok();
+    }
+    let upper = name.trim().to_ascii_uppercase();
+    let full = if upper.starts_with("SIG") {
+        upper
+    } else {
+        format!("SIG{upper}")
+    };
+    full.parse::<Signal>().ok()
+}
+
+fn errno() -> nix::errno::Errno {
+    nix::errno::Errno::last()
+}
+
+/// Opens a pidfd for `pid`; `None` where the kernel has no pidfd_open (before 5.3).
+fn pidfd_open(pid: u32) -> Result<Option<OwnedFd>, SignalError> {
+    // SAFETY: plain syscall with integer arguments; a non-negative return is a new fd we own.
+    let fd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid as nix::libc::pid_t, 0) };
+    if fd >= 0 {
+        // SAFETY: the kernel just returned this descriptor to us.
+        return Ok(Some(unsafe { OwnedFd::from_raw_fd(fd as i32) }));
+    }
+    match errno() {
+        nix::errno::Errno::ENOSYS => Ok(None),
+        nix::errno::Errno::ESRCH => Err(SignalError::Gone(pid)),
+        e => Err(SignalError::Other {
+            pid,
+            reason: e.to_string(),
+        }),
+    }
+}
+
+/// Sends `sig` to exactly the process `target` names, or to nobody.
+pub fn send(root: &Path, target: ProcRef, sig: Signal) -> Result<(), SignalError> {
+    let pid = target.pid;
+    let fd = pidfd_open(pid)?;
+    // The descriptor now pins whichever process had the pid when it was opened; that process is ours
+    // only if the pid still shows our start time (ours started before the descriptor was opened).
+    match read_stat(root, pid) {
+        Ok(s) if s.start_time == target.start_time && s.state != 'Z' => {}
+        _ => return Err(SignalError::Gone(pid)),
+    }
+    let rc = match &fd {
+        // SAFETY: a valid pidfd, a valid signal number, no siginfo.
+        Some(fd) => unsafe {
+            nix::libc::syscall(
+                nix::libc::SYS_pidfd_send_signal,
+                fd.as_raw_fd(),
+                sig as i32,
+                std::ptr::null::<nix::libc::siginfo_t>(),
+                0u32,
+            )
+        },
+        // Kernels before 5.3: the start-time check above narrows the race to microseconds.
+        None => unsafe {
+            nix::libc::kill(pid as nix::libc::pid_t, sig as i32) as nix::libc::c_long
+        },
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    match errno() {
+        nix::errno::Errno::ESRCH => Err(SignalError::Gone(pid)),
+        nix::errno::Errno::EPERM => Err(SignalError::Denied(pid)),
+        e => Err(SignalError::Other {
+            pid,
+            reason: e.to_string(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    #[test]
+    fn names() {
+        assert_eq!(signal_by_name("SIGUSR1"), Some(Signal::SIGUSR1));
+        assert_eq!(signal_by_name("usr2"), Some(Signal::SIGUSR2));
+        assert_eq!(signal_by_name("10"), Some(Signal::SIGUSR1));
+        assert_eq!(signal_by_name("SIGNOPE"), None);
+    }
+
+    #[test]
+    fn a_wrong_start_time_is_never_signalled() {
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id();
+        let real = read_stat(Path::new("/"), pid).unwrap().proc_ref();
+        let impostor = ProcRef {
+            pid,
+            start_time: real.start_time + 1,
+        };
+        assert_eq!(
+            send(Path::new("/"), impostor, Signal::SIGKILL),
+            Err(SignalError::Gone(pid))
+        );
+        assert_eq!(child.try_wait().unwrap(), None, "the process was signalled");
+        send(Path::new("/"), real, Signal::SIGKILL).unwrap();
+        child.wait().unwrap();
+        assert_eq!(
+            send(Path::new("/"), real, Signal::SIGKILL),
+            Err(SignalError::Gone(pid))
+        );
+    }
+}

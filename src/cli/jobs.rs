@@ -1,0 +1,70 @@
+//! `memwatch jobs`: attached jobs, whether they run, and how close each is to its tightest limit.
+
+use std::fmt::Write as _;
+
+use super::status::human;
+use crate::job::JobView;
+
+fn opt(v: Option<u64>) -> String {
+    v.map(human).unwrap_or_else(|| "-".into())
+}
+
+pub fn render(jobs: &[JobView], now_ms: u64) -> String {
+    if jobs.is_empty() {
+        return "no jobs attached (memwatch attach <pid>)\n".into();
+    }
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "{:<20}{:>8}  {:<18}{:>6}{:>9}{:>9}{:>8}{:>9}{:>18}  TIGHTEST LIMIT",
+        "JOB", "PID", "STATE", "PROCS", "PSS", "RSS", "SWAP", "GPU", "CGROUP WS/LIMIT",
+    );
+    for j in jobs {
+        let state = match &j.pause {
+            Some(p) => {
+                let secs = now_ms.saturating_sub(p.since_ms) / 1000;
+                let dry = if p.dry_run { " (dry)" } else { "" };
+                format!("paused {secs}s{dry}")
+            }
+            None => "running".into(),
+        };
+        let s = j.sample.as_ref();
+        let cg = s.and_then(|s| s.cgroup.as_ref()).map(|c| {
+            format!(
+                "{}/{}",
+                human(c.working_set_bytes()),
+                c.limit_bytes.map(human).unwrap_or_else(|| "none".into())
+            )
+        });
+        let tight = j
+            .tightest
+            .as_ref()
+            .map(|l| match l.time_to_exhaustion_seconds {
+                Some(t) => format!(
+                    "{}: {} left, full in {t:.1}s",
+                    l.limit,
+                    human(l.headroom_bytes)
+                ),
+                None => format!("{}: {} left, not growing", l.limit, human(l.headroom_bytes)),
+            });
+        let _ = writeln!(
+            o,
+            "{:<20}{:>8}  {:<18}{:>6}{:>9}{:>9}{:>8}{:>9}{:>18}  {}",
+            j.name,
+            j.pid,
+            state,
+            s.map(|s| s.processes.len().to_string())
+                .unwrap_or_else(|| "-".into()),
+            opt(s.map(|s| s.pss_bytes)),
+            opt(s.map(|s| s.rss_bytes)),
+            opt(s.map(|s| s.swap_bytes)),
+            opt(s.and_then(|s| s.gpu_bytes)),
+            cg.unwrap_or_else(|| "-".into()),
+            tight.unwrap_or_else(|| "-".into()),
+        );
+        if let Some(p) = &j.pause {
+            let _ = writeln!(o, "    paused by {:?}: {}", p.by, p.reason);
+        }
+    }
+    o
+}

@@ -1,0 +1,214 @@
+//! The engine: everything the daemon task owns besides the sampler. It turns samples and probes into
+//! policy observations, runs the policy, carries out its decisions through `act`, answers control
+//! commands, and renders the views the HTTP side publishes. Synchronous; the daemon task drives it.
+
+mod commands;
+mod effects;
+mod observe;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::act::audit::{Audit, Event};
+use crate::config::Config;
+use crate::job::{Growth, Job, JobView};
+use crate::policy;
+use crate::sample::Sample;
+
+/// What the HTTP side shows of jobs, levels and interventions.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct View {
+    pub dry_run: bool,
+    pub jobs: Vec<JobView>,
+    pub levels: Vec<LevelView>,
+    pub events: Vec<Event>,
+    pub interventions: Vec<InterventionCount>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LevelView {
+    pub resource: String,
+    pub level: policy::Level,
+    pub value: Option<f64>,
+    pub since_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct InterventionCount {
+    pub action: String,
+    pub reason: String,
+    pub count: u64,
+    pub last_timestamp_ms: u64,
+}
+
+pub struct Engine {
+    cfg: Config,
+    process_root: PathBuf,
+    jobs: BTreeMap<String, Job>,
+    policy: policy::State,
+    audit: Audit,
+    /// MemAvailable over time (its decline is the host's growth).
+    host_available: Growth,
+    /// The freshest MemAvailable and MemTotal (probe or full sample).
+    host_memory: Option<(u64, u64)>,
+    latest: Option<Arc<Sample>>,
+    counts: BTreeMap<(String, String), (u64, u64)>,
+    /// The policy wants fast probing until this time (ms).
+    fast_until_ms: u64,
+    /// Something the view shows changed since the last `take_dirty`.
+    dirty: bool,
+}
+
+impl Engine {
+    pub fn new(cfg: Config) -> Self {
+        let audit = Audit::open(&cfg.control.state_dir, cfg.control.audit_max_bytes.0);
+        Engine {
+            process_root: cfg.host.process_root.clone(),
+            host_available: Growth::new(cfg.sampling.growth_window_ms.0),
+            cfg,
+            jobs: BTreeMap::new(),
+            policy: policy::State::default(),
+            audit,
+            host_memory: None,
+            latest: None,
+            counts: BTreeMap::new(),
+            fast_until_ms: 0,
+            dirty: true,
+        }
+    }
+
+    pub fn has_jobs(&self) -> bool {
+        !self.jobs.is_empty()
+    }
+
+    /// The jobs' roots and cgroups, for the blocking full measurement.
+    pub fn measure_plan(
+        &self,
+    ) -> Vec<(
+        String,
+        crate::proc::ProcRef,
+        Option<crate::sample::cgroup::CgroupDir>,
+    )> {
+        self.jobs
+            .values()
+            .map(|j| (j.name.clone(), j.root, j.cgroup_dir.clone()))
+            .collect()
+    }
+
+    /// How long until the next probe: fast near trouble, slower when calm, none without jobs.
+    pub fn probe_interval_ms(&self, now_ms: u64) -> Option<u64> {
+        if self.jobs.is_empty() {
+            return None;
+        }
+        let s = &self.cfg.sampling;
+        Some(if now_ms < self.fast_until_ms {
+            s.fast_interval_ms.0
+        } else {
+            s.probe_interval_ms.0
+        })
+    }
+
+    /// Whether the view changed since the last call.
+    pub fn take_dirty(&mut self) -> bool {
+        std::mem::take(&mut self.dirty)
+    }
+
+    fn record(
+        &mut self,
+        now_ms: u64,
+        action: &str,
+        job: &str,
+        reason: &str,
+        detail: String,
+        dry_run: bool,
+    ) {
+        self.dirty = true;
+        match action {
+            "level" | "attach" | "detach" | "error" => {}
+            _ => {
+                let c = self
+                    .counts
+                    .entry((action.to_owned(), reason.to_owned()))
+                    .or_insert((0, 0));
+                c.0 += 1;
+                c.1 = now_ms;
+            }
+        }
+        let level = if action == "level" || action == "error" {
+            tracing::Level::INFO
+        } else {
+            tracing::Level::WARN
+        };
+        if level == tracing::Level::WARN {
+            tracing::warn!(action, job, reason, detail = %detail, dry_run, "intervention");
+        } else {
+            tracing::info!(action, job, reason, detail = %detail, "event");
+        }
+        self.audit.record(Event {
+            timestamp_ms: now_ms,
+            action: action.to_owned(),
+            job: job.to_owned(),
+            reason: reason.to_owned(),
+            detail,
+            dry_run,
+        });
+    }
+
+    /// The view the HTTP side publishes.
+    pub fn view(&self) -> View {
+        View {
+            dry_run: self.cfg.policy.dry_run,
+            jobs: self.jobs.values().map(|j| self.job_view(j)).collect(),
+            levels: self
+                .policy
+                .levels
+                .iter()
+                .map(|(k, l)| LevelView {
+                    resource: k.clone(),
+                    level: l.level,
+                    value: l.value,
+                    since_ms: l.since_ms,
+                })
+                .collect(),
+            events: self.audit.recent().cloned().collect(),
+            interventions: self
+                .counts
+                .iter()
+                .map(|((action, reason), (count, last))| InterventionCount {
+                    action: action.clone(),
+                    reason: reason.clone(),
+                    count: *count,
+                    last_timestamp_ms: *last,
+                })
+                .collect(),
+        }
+    }
+
+    fn job_view(&self, j: &Job) -> JobView {
+        let limits = self.limits(j);
+        JobView {
+            name: j.name.clone(),
+            pid: j.root.pid,
+            start_time: j.root.start_time,
+            owner_uid: j.owner_uid,
+            attached_at_ms: j.attached_at_ms,
+            state: if j.pause.is_some() {
+                "paused".into()
+            } else {
+                "running".into()
+            },
+            pause: j.pause.clone(),
+            sample: j.last.clone().map(|mut s| {
+                if let Some(p) = &j.probe {
+                    s.cgroup = Some(p.clone());
+                }
+                s
+            }),
+            tightest: crate::job::tightest(&limits).cloned(),
+            limits,
+        }
+    }
+}

@@ -1,0 +1,254 @@
+//! From samples and probes to a policy observation, and one policy step.
+
+use std::sync::Arc;
+
+use super::Engine;
+use crate::config::Action;
+use crate::job::{JobSample, Limit};
+use crate::policy::{
+    self, GpuObservation, JobObservation, Observation, Projection, Reading, Temperature,
+};
+use crate::sample::Sample;
+use crate::sample::cgroup::CgroupMemory;
+
+/// Time to exhaustion under which probing goes fast.
+const FAST_BELOW_MS: u64 = 5000;
+/// How long fast probing lasts once asked for.
+const FAST_FOR_MS: u64 = 3000;
+
+impl Engine {
+    /// A full sample arrived, with a fresh measurement of each job (`None`: the job is gone).
+    pub fn on_sample(
+        &mut self,
+        sample: Arc<Sample>,
+        jobs: Vec<(String, Option<JobSample>)>,
+        now_ms: u64,
+    ) {
+        if let Some(m) = &sample.host.memory {
+            self.note_host(m.available_bytes, m.total_bytes, now_ms);
+        }
+        for (name, measured) in jobs {
+            match measured {
+                Some(s) => {
+                    if let Some(j) = self.jobs.get_mut(&name) {
+                        if let Some(g) = s.gpu_bytes {
+                            j.gpu_growth.push(now_ms, g as f64);
+                        }
+                        if let Some(cg) = &s.cgroup {
+                            if j.probe.is_none() {
+                                j.cgroup_growth.push(now_ms, cg.working_set_bytes() as f64);
+                            }
+                        }
+                        j.last = Some(s);
+                    }
+                }
+                None => self.job_gone(&name, now_ms),
+            }
+        }
+        self.latest = Some(sample);
+        self.dirty = true;
+        self.step(now_ms);
+    }
+
+    /// A cheap probe: MemAvailable and each job's cgroup.
+    pub fn on_probe(
+        &mut self,
+        host: Option<(u64, u64)>,
+        cgroups: Vec<(String, CgroupMemory)>,
+        now_ms: u64,
+    ) {
+        if let Some((available, total)) = host {
+            self.note_host(available, total, now_ms);
+        }
+        for (name, cg) in cgroups {
+            if let Some(j) = self.jobs.get_mut(&name) {
+                j.cgroup_growth.push(now_ms, cg.working_set_bytes() as f64);
+                j.probe = Some(cg);
+            }
+        }
+        self.step(now_ms);
+    }
+
+    fn note_host(&mut self, available: u64, total: u64, now_ms: u64) {
+        self.host_memory = Some((available, total));
+        self.host_available.push(now_ms, available as f64);
+    }
+
+    /// Every limit a job's memory runs against, with its headroom and growth.
+    pub(super) fn limits(&self, j: &crate::job::Job) -> Vec<Limit> {
+        let mut v = Vec::new();
+        if let Some(cg) = j.cgroup() {
+            if let Some(limit) = cg.limit_bytes {
+                v.push(Limit::new(
+                    "cgroup".into(),
+                    limit.saturating_sub(cg.working_set_bytes()),
+                    j.cgroup_growth.rate_per_second(),
+                ));
+            }
+        }
+        if let Some((available, _)) = self.host_memory {
+            v.push(Limit::new(
+                "host".into(),
+                available,
+                -self.host_available.rate_per_second(),
+            ));
+        }
+        if let (Some(sample), Some(last)) = (&self.latest, &j.last) {
+            for idx in last.gpus.iter().flatten() {
+                let Some(g) = sample.gpus.iter().find(|g| g.index == *idx) else {
+                    continue;
+                };
+                if let (Some(total), Some(used)) = (g.memory_total_bytes, g.memory_used_bytes) {
+                    v.push(Limit::new(
+                        format!("gpu {idx}"),
+                        total.saturating_sub(used),
+                        j.gpu_growth.rate_per_second(),
+                    ));
+                }
+            }
+        }
+        v
+    }
+
+    fn action_of(&self, limit: &str) -> Action {
+        let p = &self.cfg.policy;
+        match limit {
+            "cgroup" => p.job_cgroup.action,
+            "host" => p.host_memory.action,
+            _ => p.gpu_memory.action,
+        }
+    }
+
+    fn observation(&self, now_ms: u64) -> Observation {
+        let s = self.latest.as_deref();
+        let host_memory = match self.host_memory {
+            Some((available, total)) if total > 0 => {
+                Reading::Value(1.0 - available as f64 / total as f64)
+            }
+            _ => Reading::Unknown,
+        };
+        let swap = match s.and_then(|s| s.host.memory.as_ref()) {
+            Some(m) if m.swap_total_bytes == 0 => Reading::Absent,
+            Some(m) => Reading::Value(m.swap_used_bytes() as f64 / m.swap_total_bytes as f64),
+            None => Reading::Unknown,
+        };
+        let pressure = match s {
+            None => Reading::Unknown,
+            Some(s)
+                if !s
+                    .collectors
+                    .iter()
+                    .any(|c| c.name == "pressure" && c.success) =>
+            {
+                Reading::Unknown
+            }
+            Some(s) => match s.host.pressure.memory.as_ref().and_then(|p| p.full) {
+                Some(full) => Reading::Value(full.avg10),
+                None => Reading::Absent,
+            },
+        };
+        let cpu_temperature = s.and_then(|s| {
+            s.host
+                .temperatures
+                .iter()
+                .map(|t| Temperature {
+                    celsius: t.celsius,
+                    slowdown: t.max_celsius,
+                    shutdown: t.crit_celsius,
+                })
+                .max_by(|a, b| {
+                    let margin = |t: &Temperature| {
+                        t.celsius
+                            - t.shutdown.unwrap_or(
+                                self.cfg.policy.cpu_temperature.fallback_shutdown_celsius,
+                            )
+                    };
+                    margin(a).total_cmp(&margin(b))
+                })
+        });
+        let gpus = s
+            .map(|s| {
+                s.gpus
+                    .iter()
+                    .map(|g| GpuObservation {
+                        index: g.index,
+                        memory: match (g.memory_used_bytes, g.memory_total_bytes) {
+                            (Some(u), Some(t)) if t > 0 => Reading::Value(u as f64 / t as f64),
+                            _ => Reading::Absent,
+                        },
+                        temperature: g.temperature_celsius.map(|c| Temperature {
+                            celsius: c,
+                            slowdown: g.temperature_slowdown_celsius,
+                            shutdown: g.temperature_shutdown_celsius,
+                        }),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let jobs = self
+            .jobs
+            .values()
+            .map(|j| {
+                let cgroup = match j.cgroup() {
+                    Some(cg) => match cg.limit_bytes {
+                        Some(l) if l > 0 => {
+                            Reading::Value(cg.working_set_bytes() as f64 / l as f64)
+                        }
+                        _ => Reading::Absent,
+                    },
+                    None if j.cgroup_dir.is_some() => Reading::Unknown,
+                    None => Reading::Absent,
+                };
+                // Only limits whose resource may pause count for prediction.
+                let limits: Vec<Limit> = self
+                    .limits(j)
+                    .into_iter()
+                    .filter(|l| self.action_of(&l.limit) == Action::Pause)
+                    .collect();
+                let projections = limits
+                    .iter()
+                    .map(|l| Projection {
+                        limit: l.limit.clone(),
+                        headroom_bytes: l.headroom_bytes,
+                        growth_bytes_per_second: l.growth_bytes_per_second,
+                    })
+                    .collect();
+                JobObservation {
+                    name: j.name.clone(),
+                    cgroup,
+                    gpus: j.last.as_ref().and_then(|l| l.gpus.clone()),
+                    projections,
+                }
+            })
+            .collect();
+        Observation {
+            now_ms,
+            host_memory,
+            swap,
+            pressure,
+            cpu_temperature,
+            gpus,
+            jobs,
+        }
+    }
+
+    /// One policy step and its effects.
+    pub fn step(&mut self, now_ms: u64) {
+        let obs = self.observation(now_ms);
+        let near = obs
+            .jobs
+            .iter()
+            .any(|j| j.soonest().is_some_and(|(_, t)| t < FAST_BELOW_MS));
+        let (next, decisions) = policy::evaluate(&self.policy, &obs, &self.cfg.policy);
+        self.policy = next;
+        let troubled = self.policy.levels.iter().any(|(k, l)| {
+            l.level >= policy::Level::Warn && !k.starts_with("swap") && !k.contains("temperature")
+        });
+        if near || troubled {
+            self.fast_until_ms = now_ms + FAST_FOR_MS;
+        }
+        for d in decisions {
+            self.apply(d, now_ms);
+        }
+    }
+}

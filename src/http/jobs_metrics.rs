@@ -1,0 +1,215 @@
+//! `memwatch_job_*`, `memwatch_level` and `memwatch_interventions_*` series, from the engine's view.
+
+use std::fmt::Write as _;
+
+use crate::engine::View;
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str, lines: &str) {
+    if lines.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    out.push_str(lines);
+}
+
+fn esc(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Appends the job and intervention series to `out`.
+pub fn render(out: &mut String, v: &View) {
+    type Get = fn(&crate::job::JobView) -> Option<f64>;
+    let series: [(&str, &str, Get); 13] = [
+        (
+            "memwatch_job_paused",
+            "1 while memwatch holds the job paused.",
+            |j| Some(if j.pause.is_some() { 1.0 } else { 0.0 }),
+        ),
+        (
+            "memwatch_job_processes",
+            "Processes in the job's tree.",
+            |j| j.sample.as_ref().map(|s| s.processes.len() as f64),
+        ),
+        (
+            "memwatch_job_rss_bytes",
+            "Resident memory summed over the job's processes (counts shared pages more than once).",
+            |j| j.sample.as_ref().map(|s| s.rss_bytes as f64),
+        ),
+        (
+            "memwatch_job_pss_bytes",
+            "Proportional set size summed over the job's processes: its real share of RAM.",
+            |j| j.sample.as_ref().map(|s| s.pss_bytes as f64),
+        ),
+        (
+            "memwatch_job_swap_bytes",
+            "Swap used by the job's processes.",
+            |j| j.sample.as_ref().map(|s| s.swap_bytes as f64),
+        ),
+        (
+            "memwatch_job_gpu_memory_bytes",
+            "GPU memory held by the job's processes.",
+            |j| {
+                j.sample
+                    .as_ref()
+                    .and_then(|s| s.gpu_bytes)
+                    .map(|b| b as f64)
+            },
+        ),
+        (
+            "memwatch_job_cgroup_memory_usage_bytes",
+            "Memory charged to the job's memory cgroup.",
+            |j| {
+                j.sample
+                    .as_ref()
+                    .and_then(|s| s.cgroup.as_ref())
+                    .map(|c| c.usage_bytes as f64)
+            },
+        ),
+        (
+            "memwatch_job_cgroup_memory_working_set_bytes",
+            "The job cgroup's usage less inactive file cache.",
+            |j| {
+                j.sample
+                    .as_ref()
+                    .and_then(|s| s.cgroup.as_ref())
+                    .map(|c| c.working_set_bytes() as f64)
+            },
+        ),
+        (
+            "memwatch_job_cgroup_memory_limit_bytes",
+            "The job cgroup's tightest memory limit; absent when unlimited.",
+            |j| {
+                j.sample
+                    .as_ref()
+                    .and_then(|s| s.cgroup.as_ref())
+                    .and_then(|c| c.limit_bytes)
+                    .map(|b| b as f64)
+            },
+        ),
+        (
+            "memwatch_job_cgroup_oom_kills_total",
+            "OOM kills inside the job's memory cgroup.",
+            |j| {
+                j.sample
+                    .as_ref()
+                    .and_then(|s| s.cgroup.as_ref())
+                    .and_then(|c| c.oom_kills)
+                    .map(|n| n as f64)
+            },
+        ),
+        (
+            "memwatch_job_memory_growth_bytes_per_second",
+            "Growth of the job's memory against its tightest limit.",
+            |j| j.tightest.as_ref().map(|l| l.growth_bytes_per_second),
+        ),
+        (
+            "memwatch_job_memory_headroom_bytes",
+            "Room left under the job's tightest limit.",
+            |j| j.tightest.as_ref().map(|l| l.headroom_bytes as f64),
+        ),
+        (
+            "memwatch_job_time_to_exhaustion_seconds",
+            "Time until the tightest limit is reached at the current growth; absent when not growing.",
+            |j| {
+                j.tightest
+                    .as_ref()
+                    .and_then(|l| l.time_to_exhaustion_seconds)
+            },
+        ),
+    ];
+    for (name, help, get) in series {
+        let mut lines = String::new();
+        for j in &v.jobs {
+            if let Some(val) = get(j) {
+                let _ = writeln!(lines, "{name}{{job=\"{}\"}} {val}", esc(&j.name));
+            }
+        }
+        let kind = if name.ends_with("_total") {
+            "counter"
+        } else {
+            "gauge"
+        };
+        family(out, name, kind, help, &lines);
+    }
+    let mut lines = String::new();
+    for j in &v.jobs {
+        let limit = j.tightest.as_ref().map(|l| l.limit.as_str()).unwrap_or("");
+        let _ = writeln!(
+            lines,
+            "memwatch_job_info{{job=\"{}\",pid=\"{}\",uid=\"{}\",tightest_limit=\"{}\"}} 1",
+            esc(&j.name),
+            j.pid,
+            j.owner_uid,
+            esc(limit)
+        );
+    }
+    family(
+        out,
+        "memwatch_job_info",
+        "gauge",
+        "Attached job identity; the value is always 1.",
+        &lines,
+    );
+    let mut lines = String::new();
+    for l in &v.levels {
+        let level = match l.level {
+            crate::policy::Level::Ok => 0,
+            crate::policy::Level::Warn => 1,
+            crate::policy::Level::Critical => 2,
+        };
+        let _ = writeln!(
+            lines,
+            "memwatch_level{{resource=\"{}\"}} {level}",
+            esc(&l.resource)
+        );
+    }
+    family(
+        out,
+        "memwatch_level",
+        "gauge",
+        "Policy level per resource: 0 ok, 1 warn, 2 critical.",
+        &lines,
+    );
+    let mut totals = String::new();
+    let mut last = String::new();
+    for c in &v.interventions {
+        let labels = format!(
+            "action=\"{}\",reason=\"{}\"",
+            esc(&c.action),
+            esc(&c.reason)
+        );
+        let _ = writeln!(
+            totals,
+            "memwatch_interventions_total{{{labels}}} {}",
+            c.count
+        );
+        let _ = writeln!(
+            last,
+            "memwatch_last_intervention_timestamp_seconds{{{labels}}} {}",
+            c.last_timestamp_ms as f64 / 1000.0
+        );
+    }
+    family(
+        out,
+        "memwatch_interventions_total",
+        "counter",
+        "Interventions (pause, resume, checkpoint, terminate) since the daemon started.",
+        &totals,
+    );
+    family(
+        out,
+        "memwatch_last_intervention_timestamp_seconds",
+        "gauge",
+        "When the last intervention of this kind happened, Unix time.",
+        &last,
+    );
+    let _ = writeln!(
+        out,
+        "# HELP memwatch_dry_run 1 when the policy decides but sends no signal."
+    );
+    let _ = writeln!(out, "# TYPE memwatch_dry_run gauge");
+    let _ = writeln!(out, "memwatch_dry_run {}", if v.dry_run { 1 } else { 0 });
+}

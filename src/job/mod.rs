@@ -1,0 +1,129 @@
+//! Attached jobs: who they are (root process, owner), what was measured, how fast they grow, and
+//! whether memwatch holds them paused.
+
+mod growth;
+pub mod measure;
+
+use serde::{Deserialize, Serialize};
+
+pub use growth::Growth;
+pub use measure::{JobSample, ProcessSample};
+
+use crate::policy::By;
+use crate::proc::ProcRef;
+use crate::sample::cgroup::{CgroupDir, CgroupMemory};
+
+/// A pause memwatch is holding.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Pause {
+    pub since_ms: u64,
+    pub by: By,
+    pub reason: String,
+    /// What was stopped, root first (empty in dry-run mode).
+    pub stopped: Vec<ProcRef>,
+    pub dry_run: bool,
+}
+
+/// One attached job.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub name: String,
+    pub root: ProcRef,
+    pub owner_uid: u32,
+    pub attached_at_ms: u64,
+    pub cgroup_dir: Option<CgroupDir>,
+    /// The latest full measurement.
+    pub last: Option<JobSample>,
+    /// The latest cheap cgroup probe.
+    pub probe: Option<CgroupMemory>,
+    /// Working set of the job's cgroup over time.
+    pub cgroup_growth: Growth,
+    /// The tree's GPU memory over time.
+    pub gpu_growth: Growth,
+    pub pause: Option<Pause>,
+}
+
+impl Job {
+    pub fn new(
+        name: String,
+        root: ProcRef,
+        owner_uid: u32,
+        now_ms: u64,
+        cgroup_dir: Option<CgroupDir>,
+        window_ms: u64,
+    ) -> Self {
+        Job {
+            name,
+            root,
+            owner_uid,
+            attached_at_ms: now_ms,
+            cgroup_dir,
+            last: None,
+            probe: None,
+            cgroup_growth: Growth::new(window_ms),
+            gpu_growth: Growth::new(window_ms.max(5000)),
+            pause: None,
+        }
+    }
+
+    /// The freshest view of the job's cgroup.
+    pub fn cgroup(&self) -> Option<&CgroupMemory> {
+        self.probe
+            .as_ref()
+            .or(self.last.as_ref().and_then(|l| l.cgroup.as_ref()))
+    }
+}
+
+/// Growth below this (bytes per second) is measurement noise, not growth.
+pub const MIN_GROWTH: f64 = 4096.0;
+
+/// Where a job's memory is heading against one limit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Limit {
+    /// "cgroup", "host" or "gpu N".
+    pub limit: String,
+    pub headroom_bytes: u64,
+    pub growth_bytes_per_second: f64,
+    /// `None` when not growing.
+    pub time_to_exhaustion_seconds: Option<f64>,
+}
+
+impl Limit {
+    pub fn new(limit: String, headroom_bytes: u64, growth_bytes_per_second: f64) -> Self {
+        let tte = (growth_bytes_per_second >= MIN_GROWTH)
+            .then(|| headroom_bytes as f64 / growth_bytes_per_second);
+        Limit {
+            limit,
+            headroom_bytes,
+            growth_bytes_per_second,
+            time_to_exhaustion_seconds: tte,
+        }
+    }
+}
+
+/// The tightest of `limits`: the soonest exhausted, or when nothing grows, the least headroom.
+pub fn tightest(limits: &[Limit]) -> Option<&Limit> {
+    let growing = limits
+        .iter()
+        .filter_map(|l| l.time_to_exhaustion_seconds.map(|t| (t, l)))
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, l)| l);
+    growing.or_else(|| limits.iter().min_by_key(|l| l.headroom_bytes))
+}
+
+/// What the API, the metrics and `memwatch jobs` show of a job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobView {
+    pub name: String,
+    pub pid: u32,
+    pub start_time: u64,
+    pub owner_uid: u32,
+    pub attached_at_ms: u64,
+    /// "running" or "paused".
+    pub state: String,
+    pub pause: Option<Pause>,
+    pub sample: Option<JobSample>,
+    /// Every known limit, and the tightest.
+    pub limits: Vec<Limit>,
+    pub tightest: Option<Limit>,
+}

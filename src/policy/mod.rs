@@ -1,0 +1,458 @@
+//! The policy: a pure function from (previous state, observation, config) to (new state, decisions).
+//!
+//! No I/O, no clock, no tokio: the time is the observation's. The daemon turns samples into an
+//! [`Observation`], calls [`evaluate`], and hands the decisions to `act`. Table-driven tests in
+//! `tests.rs` run scenarios (sequences of observations) and check the decisions after each.
+
+mod level;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{Action, OnMaxPause, Policy, RatioPolicy, TempPolicy};
+pub use level::{Level, LevelState, Reading, Thresholds};
+
+/// A temperature with the device's own slowdown and shutdown points, where it reports them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Temperature {
+    pub celsius: f64,
+    pub slowdown: Option<f64>,
+    pub shutdown: Option<f64>,
+}
+
+/// One GPU as the policy sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuObservation {
+    pub index: u32,
+    /// Memory used / total.
+    pub memory: Reading,
+    pub temperature: Option<Temperature>,
+}
+
+/// Where a job's memory is heading: the tightest limit, the room left under it and the growth rate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Projection {
+    /// Which limit: "cgroup", "host" or "gpu N".
+    pub limit: String,
+    pub headroom_bytes: u64,
+    pub growth_bytes_per_second: f64,
+}
+
+impl Projection {
+    /// Milliseconds until the limit is reached at the current rate; `None` when not growing.
+    pub fn time_to_exhaustion_ms(&self) -> Option<u64> {
+        (self.growth_bytes_per_second >= crate::job::MIN_GROWTH)
+            .then(|| (self.headroom_bytes as f64 / self.growth_bytes_per_second * 1000.0) as u64)
+    }
+}
+
+/// One attached job as the policy sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobObservation {
+    pub name: String,
+    /// Working set / limit of the job's memory cgroup; `Absent` when it has no limit.
+    pub cgroup: Reading,
+    /// GPUs the job holds memory on; `None` when NVML does not say.
+    pub gpus: Option<Vec<u32>>,
+    /// One projection per limit whose resource may pause the job.
+    pub projections: Vec<Projection>,
+}
+
+impl JobObservation {
+    /// The projection that runs out first, if any is growing.
+    pub fn soonest(&self) -> Option<(&Projection, u64)> {
+        self.projections
+            .iter()
+            .filter_map(|p| p.time_to_exhaustion_ms().map(|t| (p, t)))
+            .min_by_key(|(_, t)| *t)
+    }
+}
+
+/// Everything the policy looks at, at one moment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Observation {
+    pub now_ms: u64,
+    /// 1 - MemAvailable / MemTotal.
+    pub host_memory: Reading,
+    /// Swap used / total; `Absent` without swap.
+    pub swap: Reading,
+    /// PSI memory full avg10, 0–1; `Absent` without PSI.
+    pub pressure: Reading,
+    /// The hottest CPU sensor relative to its own thresholds.
+    pub cpu_temperature: Option<Temperature>,
+    pub gpus: Vec<GpuObservation>,
+    pub jobs: Vec<JobObservation>,
+}
+
+/// Who paused a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum By {
+    Policy,
+    User,
+}
+
+/// A paused job, as the policy remembers it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PauseState {
+    pub since_ms: u64,
+    pub by: By,
+    /// The resource keys (or `predicted`) that caused it.
+    pub reasons: Vec<String>,
+    /// The limit and growth rate when a projection caused the pause.
+    pub projected: Option<(String, f64)>,
+    /// Set once the maximum pause was reached and the job stays paused.
+    pub expired: bool,
+}
+
+/// The policy's memory of one job.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobState {
+    pub pause: Option<PauseState>,
+    /// Critical resources whose current episode the user chose to run through (a manual resume).
+    pub overridden: BTreeSet<String>,
+    /// A checkpoint was requested; pause at this time (ms).
+    pub checkpoint_deadline_ms: Option<u64>,
+}
+
+/// The policy's whole state.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct State {
+    pub levels: BTreeMap<String, LevelState>,
+    pub jobs: BTreeMap<String, JobState>,
+}
+
+/// What the policy wants done or recorded.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    LevelChanged {
+        key: String,
+        from: Level,
+        to: Level,
+        value: Option<f64>,
+    },
+    Checkpoint {
+        job: String,
+        reason: String,
+    },
+    Pause {
+        job: String,
+        reason: String,
+    },
+    Resume {
+        job: String,
+        reason: String,
+    },
+    Terminate {
+        job: String,
+        reason: String,
+    },
+    /// The maximum pause was reached and the configuration says to stay paused.
+    StayPaused {
+        job: String,
+        reason: String,
+    },
+}
+
+fn ratio_thresholds(p: &RatioPolicy) -> Thresholds {
+    Thresholds {
+        warn_enter: p.warn.0,
+        warn_leave: p.warn_leave.0,
+        critical_enter: p.critical.0,
+        critical_leave: p.critical_leave.0,
+        enter_hold_ms: p.enter_hold_ms,
+        leave_hold_ms: p.leave_hold_ms,
+    }
+}
+
+/// Temperature thresholds from the device's own points, or the configured fallbacks.
+pub fn temp_thresholds(t: &Temperature, p: &TempPolicy) -> Thresholds {
+    let slowdown = t.slowdown.unwrap_or(p.fallback_slowdown_celsius);
+    let shutdown = t
+        .shutdown
+        .unwrap_or(p.fallback_shutdown_celsius)
+        .max(slowdown);
+    let warn_enter = slowdown - p.warn_below_slowdown;
+    let critical_enter = (shutdown - p.critical_below_shutdown).max(warn_enter);
+    Thresholds {
+        warn_enter,
+        warn_leave: warn_enter - 5.0,
+        critical_enter,
+        critical_leave: (slowdown - p.resume_below_slowdown).min(critical_enter - 1.0),
+        enter_hold_ms: p.enter_hold_ms,
+        leave_hold_ms: p.leave_hold_ms,
+    }
+}
+
+/// The level keys, with their reading, thresholds and action, for one observation.
+fn resources(obs: &Observation, cfg: &Policy) -> Vec<(String, Reading, Thresholds, Action)> {
+    let mut v = vec![
+        (
+            "host_memory".to_owned(),
+            obs.host_memory,
+            ratio_thresholds(&cfg.host_memory),
+            cfg.host_memory.action,
+        ),
+        (
+            "swap".to_owned(),
+            obs.swap,
+            ratio_thresholds(&cfg.swap),
+            cfg.swap.action,
+        ),
+        (
+            "pressure".to_owned(),
+            obs.pressure,
+            ratio_thresholds(&cfg.pressure),
+            cfg.pressure.action,
+        ),
+    ];
+    let temp = |t: &Option<Temperature>, p: &TempPolicy| match t {
+        Some(t) => (Reading::Value(t.celsius), temp_thresholds(t, p)),
+        None => (
+            Reading::Absent,
+            temp_thresholds(
+                &Temperature {
+                    celsius: 0.0,
+                    slowdown: None,
+                    shutdown: None,
+                },
+                p,
+            ),
+        ),
+    };
+    let (r, t) = temp(&obs.cpu_temperature, &cfg.cpu_temperature);
+    v.push((
+        "cpu_temperature".to_owned(),
+        r,
+        t,
+        cfg.cpu_temperature.action,
+    ));
+    for g in &obs.gpus {
+        v.push((
+            format!("gpu_memory:{}", g.index),
+            g.memory,
+            ratio_thresholds(&cfg.gpu_memory),
+            cfg.gpu_memory.action,
+        ));
+        let (r, t) = temp(&g.temperature, &cfg.gpu_temperature);
+        v.push((
+            format!("gpu_temperature:{}", g.index),
+            r,
+            t,
+            cfg.gpu_temperature.action,
+        ));
+    }
+    for j in &obs.jobs {
+        v.push((
+            format!("job_cgroup:{}", j.name),
+            j.cgroup,
+            ratio_thresholds(&cfg.job_cgroup),
+            cfg.job_cgroup.action,
+        ));
+    }
+    v
+}
+
+/// Whether resource `key` concerns job `job`.
+fn concerns(key: &str, job: &JobObservation) -> bool {
+    match key.split_once(':') {
+        None => true,
+        Some(("job_cgroup", name)) => name == job.name,
+        Some((_, gpu)) => match &job.gpus {
+            None => true,
+            Some(gpus) => gpus.iter().any(|g| g.to_string() == gpu),
+        },
+    }
+}
+
+fn describe(key: &str, l: &LevelState) -> String {
+    match l.value {
+        Some(v) if key.contains("temperature") => format!("{key} at {v:.0} °C"),
+        Some(v) => format!("{key} at {:.1} %", v * 100.0),
+        None => key.to_owned(),
+    }
+}
+
+/// Advances the policy by one observation.
+pub fn evaluate(prev: &State, obs: &Observation, cfg: &Policy) -> (State, Vec<Decision>) {
+    let now = obs.now_ms;
+    let mut out = Vec::new();
+    let mut state = State::default();
+    let mut pausing = BTreeSet::new();
+
+    for (key, reading, thresholds, action) in resources(obs, cfg) {
+        let before = prev
+            .levels
+            .get(&key)
+            .copied()
+            .unwrap_or_else(|| LevelState::new(now));
+        let after = level::step(before, reading, &thresholds, now);
+        if after.level != before.level {
+            out.push(Decision::LevelChanged {
+                key: key.clone(),
+                from: before.level,
+                to: after.level,
+                value: after.value,
+            });
+        }
+        if after.level == Level::Critical && action == Action::Pause {
+            pausing.insert(key.clone());
+        }
+        state.levels.insert(key, after);
+    }
+
+    for job in &obs.jobs {
+        let mut js = prev.jobs.get(&job.name).cloned().unwrap_or_default();
+        // An override lasts while its resource stays critical.
+        js.overridden.retain(|k| pausing.contains(k));
+        let critical: Vec<&String> = pausing
+            .iter()
+            .filter(|k| concerns(k, job) && !js.overridden.contains(*k))
+            .collect();
+        let soonest = job.soonest();
+        let tte = soonest.map(|(_, t)| t);
+        let predicted = tte.is_some_and(|t| t < cfg.reaction_ms);
+
+        match js.pause.clone() {
+            None => {
+                if critical.is_empty() && !predicted {
+                    js.checkpoint_deadline_ms = None;
+                } else {
+                    let mut reasons: Vec<String> = critical
+                        .iter()
+                        .map(|k| describe(k, &state.levels[*k]))
+                        .collect();
+                    if let (true, Some((p, t))) = (predicted, soonest) {
+                        reasons.push(format!(
+                            "{} limit projected to be reached in {t} ms at {:.0} MiB/s",
+                            p.limit,
+                            p.growth_bytes_per_second / 1048576.0
+                        ));
+                    }
+                    let reason = reasons.join("; ");
+                    let time_to_checkpoint = tte.is_none_or(|t| t > 2 * cfg.checkpoint_grace_ms);
+                    match js.checkpoint_deadline_ms {
+                        None if !cfg.checkpoint_signal.is_empty()
+                            && time_to_checkpoint
+                            && !predicted =>
+                        {
+                            js.checkpoint_deadline_ms = Some(now + cfg.checkpoint_grace_ms);
+                            out.push(Decision::Checkpoint {
+                                job: job.name.clone(),
+                                reason,
+                            });
+                        }
+                        Some(deadline) if now < deadline && !predicted => {}
+                        _ => {
+                            js.checkpoint_deadline_ms = None;
+                            let mut keys: Vec<String> =
+                                critical.iter().map(|k| (*k).clone()).collect();
+                            if predicted {
+                                keys.push("predicted".into());
+                            }
+                            js.pause = Some(PauseState {
+                                since_ms: now,
+                                by: By::Policy,
+                                reasons: keys,
+                                projected: soonest
+                                    .filter(|_| predicted)
+                                    .map(|(p, _)| (p.limit.clone(), p.growth_bytes_per_second)),
+                                expired: false,
+                            });
+                            out.push(Decision::Pause {
+                                job: job.name.clone(),
+                                reason,
+                            });
+                        }
+                    }
+                }
+            }
+            Some(p) if p.by == By::Policy && !p.expired => {
+                let paused_ms = now.saturating_sub(p.since_ms);
+                // After a pause for fast growth: room for `resume_headroom_ms` more of it under the
+                // limit that was running out (unknown headroom is no room).
+                let room_ok = match &p.projected {
+                    Some((limit, rate)) => job
+                        .projections
+                        .iter()
+                        .find(|x| &x.limit == limit)
+                        .is_some_and(|x| {
+                            x.headroom_bytes as f64 >= rate * cfg.resume_headroom_ms as f64 / 1000.0
+                        }),
+                    None => true,
+                };
+                if paused_ms >= cfg.max_pause_seconds.saturating_mul(1000) {
+                    let reason = format!("paused for the maximum of {} s", cfg.max_pause_seconds);
+                    match cfg.on_max_pause {
+                        OnMaxPause::Resume => {
+                            js.pause = None;
+                            out.push(Decision::Resume {
+                                job: job.name.clone(),
+                                reason,
+                            });
+                        }
+                        OnMaxPause::Terminate => {
+                            js.pause = None;
+                            out.push(Decision::Terminate {
+                                job: job.name.clone(),
+                                reason,
+                            });
+                        }
+                        OnMaxPause::Stay => {
+                            js.pause = Some(PauseState { expired: true, ..p });
+                            out.push(Decision::StayPaused {
+                                job: job.name.clone(),
+                                reason,
+                            });
+                        }
+                    }
+                } else if critical.is_empty() && room_ok {
+                    js.pause = None;
+                    out.push(Decision::Resume {
+                        job: job.name.clone(),
+                        reason: format!("recovered from {}", p.reasons.join(", ")),
+                    });
+                }
+            }
+            Some(_) => {}
+        }
+        state.jobs.insert(job.name.clone(), js);
+    }
+    (state, out)
+}
+
+/// The user paused a job: the policy will not resume it.
+pub fn user_pause(state: &mut State, job: &str, now_ms: u64) {
+    let js = state.jobs.entry(job.to_owned()).or_default();
+    js.checkpoint_deadline_ms = None;
+    js.pause = Some(PauseState {
+        since_ms: now_ms,
+        by: By::User,
+        reasons: vec!["user".into()],
+        projected: None,
+        expired: false,
+    });
+}
+
+/// The user resumed a job: resources critical now will not pause it again until they recover.
+pub fn user_resume(state: &mut State, job: &str) {
+    let critical: BTreeSet<String> = state
+        .levels
+        .iter()
+        .filter(|(_, l)| l.level == Level::Critical)
+        .map(|(k, _)| k.clone())
+        .collect();
+    let js = state.jobs.entry(job.to_owned()).or_default();
+    js.pause = None;
+    js.checkpoint_deadline_ms = None;
+    js.overridden = critical;
+}
+
+/// The job is gone or detached.
+pub fn forget(state: &mut State, job: &str) {
+    state.jobs.remove(job);
+    state.levels.remove(&format!("job_cgroup:{job}"));
+}

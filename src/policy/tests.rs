@@ -1,0 +1,367 @@
+//! Scenarios: a sequence of observations and the decisions expected after each.
+
+use super::*;
+
+fn obs(now_ms: u64) -> Observation {
+    Observation {
+        now_ms,
+        host_memory: Reading::Value(0.30),
+        swap: Reading::Absent,
+        pressure: Reading::Value(0.0),
+        cpu_temperature: None,
+        gpus: vec![GpuObservation {
+            index: 0,
+            memory: Reading::Value(0.5),
+            temperature: Some(Temperature {
+                celsius: 60.0,
+                slowdown: Some(90.0),
+                shutdown: Some(98.0),
+            }),
+        }],
+        jobs: vec![JobObservation {
+            name: "train".into(),
+            cgroup: Reading::Value(0.2),
+            gpus: Some(vec![0]),
+            projections: Vec::new(),
+        }],
+    }
+}
+
+/// What a step changes from the calm baseline.
+type Step = (u64, fn(&mut Observation));
+
+/// The decisions after each step, as short strings ("pause", "resume", "level host_memory critical" …).
+fn run(cfg: &Policy, steps: &[Step]) -> Vec<Vec<String>> {
+    let mut state = State::default();
+    steps
+        .iter()
+        .map(|(now, change)| {
+            let mut o = obs(*now);
+            change(&mut o);
+            let (next, decisions) = evaluate(&state, &o, cfg);
+            state = next;
+            decisions
+                .into_iter()
+                .map(|d| match d {
+                    Decision::LevelChanged { key, to, .. } => {
+                        format!("level {key} {}", to.as_str())
+                    }
+                    Decision::Checkpoint { .. } => "checkpoint".into(),
+                    Decision::Pause { .. } => "pause".into(),
+                    Decision::Resume { .. } => "resume".into(),
+                    Decision::Terminate { .. } => "terminate".into(),
+                    Decision::StayPaused { .. } => "stay".into(),
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn calm(_: &mut Observation) {}
+fn host_critical(o: &mut Observation) {
+    o.host_memory = Reading::Value(0.93);
+}
+fn host_recovering(o: &mut Observation) {
+    o.host_memory = Reading::Value(0.80);
+}
+fn host_unknown(o: &mut Observation) {
+    o.host_memory = Reading::Unknown;
+}
+fn cgroup_critical(o: &mut Observation) {
+    o.jobs[0].cgroup = Reading::Value(0.96);
+}
+fn growing_fast(o: &mut Observation) {
+    o.jobs[0].cgroup = Reading::Value(0.5);
+    o.jobs[0].projections = vec![Projection {
+        limit: "cgroup".into(),
+        headroom_bytes: 200 << 20,
+        growth_bytes_per_second: (1u64 << 30) as f64,
+    }];
+}
+fn paused_little_room(o: &mut Observation) {
+    o.jobs[0].cgroup = Reading::Value(0.6);
+    o.jobs[0].projections = vec![Projection {
+        limit: "cgroup".into(),
+        headroom_bytes: 200 << 20,
+        growth_bytes_per_second: 0.0,
+    }];
+}
+fn limit_raised(o: &mut Observation) {
+    o.jobs[0].cgroup = Reading::Value(0.2);
+    o.jobs[0].projections = vec![Projection {
+        limit: "cgroup".into(),
+        headroom_bytes: 4 << 30,
+        growth_bytes_per_second: 0.0,
+    }];
+}
+fn paused_host_has_room(o: &mut Observation) {
+    paused_little_room(o);
+    o.jobs[0].projections.push(Projection {
+        limit: "host".into(),
+        headroom_bytes: 20 << 30,
+        growth_bytes_per_second: 0.0,
+    });
+}
+fn gpu_hot(o: &mut Observation) {
+    o.gpus[0].temperature.as_mut().unwrap().celsius = 94.0;
+}
+fn gpu_hovering(o: &mut Observation) {
+    o.gpus[0].temperature.as_mut().unwrap().celsius = 92.0;
+}
+fn gpu_cool(o: &mut Observation) {
+    o.gpus[0].temperature.as_mut().unwrap().celsius = 80.0;
+}
+fn gpu1_hot_job_on_gpu0(o: &mut Observation) {
+    o.gpus.push(GpuObservation {
+        index: 1,
+        memory: Reading::Value(0.1),
+        temperature: Some(Temperature {
+            celsius: 97.0,
+            slowdown: Some(90.0),
+            shutdown: Some(98.0),
+        }),
+    });
+}
+fn gpu_memory_full(o: &mut Observation) {
+    o.gpus[0].memory = Reading::Value(0.99);
+}
+
+fn s(v: &[&str]) -> Vec<String> {
+    v.iter().map(|x| x.to_string()).collect()
+}
+
+#[test]
+fn scenarios() {
+    let cfg = Policy::default();
+    type Case = (&'static str, Vec<Step>, Vec<Vec<String>>);
+    let cases: Vec<Case> = vec![
+        (
+            "calm stays quiet",
+            vec![(0, calm), (1000, calm)],
+            vec![s(&[]), s(&[])],
+        ),
+        (
+            "host memory critical pauses, recovery resumes after the leave hold",
+            vec![
+                (0, host_critical),
+                (1000, host_recovering),
+                (5000, host_recovering),
+                (6000, host_recovering),
+                (7000, calm),
+            ],
+            vec![
+                s(&["level host_memory critical", "pause"]),
+                s(&[]),
+                s(&[]),
+                s(&["level host_memory warn", "resume"]),
+                s(&[]),
+            ],
+        ),
+        (
+            "missing data never resumes",
+            vec![
+                (0, host_critical),
+                (1000, host_unknown),
+                (60_000, host_unknown),
+            ],
+            vec![s(&["level host_memory critical", "pause"]), s(&[]), s(&[])],
+        ),
+        (
+            "the job's own cgroup near its limit pauses it",
+            vec![(0, cgroup_critical), (100, cgroup_critical)],
+            vec![s(&["level job_cgroup:train critical", "pause"]), s(&[])],
+        ),
+        (
+            "fast growth pauses before any level is crossed; resumes only once there is room",
+            vec![
+                (0, growing_fast),
+                (10, paused_little_room),
+                (5000, paused_little_room),
+                (6000, limit_raised),
+            ],
+            vec![s(&["pause"]), s(&[]), s(&[]), s(&["resume"])],
+        ),
+        (
+            "resuming looks at the limit that ran out, not at another with room",
+            vec![
+                (0, growing_fast),
+                (5000, paused_host_has_room),
+                (6000, limit_raised),
+            ],
+            vec![s(&["pause"]), s(&[]), s(&["resume"])],
+        ),
+        (
+            "GPU too hot pauses; hovering does not resume; cooling resumes after the hold",
+            vec![
+                (0, gpu_hot),
+                (1000, gpu_hovering),
+                (2000, gpu_hot),
+                (3000, gpu_hovering),
+                (4000, gpu_cool),
+                (14_000, gpu_cool),
+            ],
+            vec![
+                s(&["level gpu_temperature:0 critical", "pause"]),
+                s(&[]),
+                s(&[]),
+                s(&[]),
+                s(&[]),
+                s(&["level gpu_temperature:0 ok", "resume"]),
+            ],
+        ),
+        (
+            "a hot GPU the job does not use leaves it alone",
+            vec![(0, gpu1_hot_job_on_gpu0)],
+            vec![s(&["level gpu_temperature:1 critical"])],
+        ),
+        (
+            "full GPU memory only warns by default",
+            vec![(0, gpu_memory_full)],
+            vec![s(&["level gpu_memory:0 critical"])],
+        ),
+        (
+            "the maximum pause resumes by default",
+            vec![
+                (0, host_critical),
+                (299_999, host_critical),
+                (300_000, host_critical),
+                (300_100, host_critical),
+            ],
+            vec![
+                s(&["level host_memory critical", "pause"]),
+                s(&[]),
+                s(&["resume"]),
+                s(&["pause"]),
+            ],
+        ),
+    ];
+    for (name, steps, want) in cases {
+        assert_eq!(run(&cfg, &steps), want, "{name}");
+    }
+}
+
+#[test]
+fn max_pause_can_stay_or_terminate() {
+    let steps: Vec<Step> = vec![
+        (0, host_critical),
+        (300_000, host_critical),
+        (400_000, host_critical),
+    ];
+    let stay = Policy {
+        on_max_pause: OnMaxPause::Stay,
+        ..Policy::default()
+    };
+    assert_eq!(
+        run(&stay, &steps),
+        vec![
+            s(&["level host_memory critical", "pause"]),
+            s(&["stay"]),
+            s(&[])
+        ]
+    );
+    let term = Policy {
+        on_max_pause: OnMaxPause::Terminate,
+        ..Policy::default()
+    };
+    assert_eq!(run(&term, &steps)[1], s(&["terminate"]));
+}
+
+#[test]
+fn checkpoint_comes_first_when_there_is_time() {
+    let cfg = Policy {
+        checkpoint_signal: "SIGUSR1".into(),
+        checkpoint_grace_ms: 2000,
+        ..Policy::default()
+    };
+    let got = run(&cfg, &[(0, gpu_hot), (1000, gpu_hot), (2000, gpu_hot)]);
+    assert_eq!(
+        got,
+        vec![
+            s(&["level gpu_temperature:0 critical", "checkpoint"]),
+            s(&[]),
+            s(&["pause"])
+        ]
+    );
+    // No time to checkpoint when exhaustion is projected within the reaction time.
+    assert_eq!(run(&cfg, &[(0, growing_fast)]), vec![s(&["pause"])]);
+}
+
+#[test]
+fn user_resume_overrides_the_current_episode_only() {
+    let cfg = Policy::default();
+    let mut st = State::default();
+    let mut o = obs(0);
+    host_critical(&mut o);
+    let (next, d) = evaluate(&st, &o, &cfg);
+    assert!(d.iter().any(|d| matches!(d, Decision::Pause { .. })));
+    st = next;
+    user_resume(&mut st, "train");
+    o.now_ms = 100;
+    let (next, d) = evaluate(&st, &o, &cfg);
+    assert!(d.is_empty(), "{d:?}");
+    st = next;
+    // The episode ends, a new one starts: the policy may pause again.
+    let mut calm_obs = obs(6000);
+    calm_obs.host_memory = Reading::Value(0.5);
+    st = evaluate(&st, &calm_obs, &cfg).0;
+    calm_obs.now_ms = 12_000;
+    st = evaluate(&st, &calm_obs, &cfg).0;
+    assert_eq!(st.levels["host_memory"].level, Level::Ok);
+    let mut again = obs(20_000);
+    host_critical(&mut again);
+    let (_, d) = evaluate(&st, &again, &cfg);
+    assert!(
+        d.iter().any(|d| matches!(d, Decision::Pause { .. })),
+        "{d:?}"
+    );
+}
+
+#[test]
+fn user_pause_is_never_resumed_by_the_policy() {
+    let cfg = Policy::default();
+    let mut st = State::default();
+    user_pause(&mut st, "train", 0);
+    for t in [0, 1000, 400_000] {
+        let (next, d) = evaluate(&st, &obs(t), &cfg);
+        assert!(d.is_empty(), "{d:?}");
+        st = next;
+    }
+}
+
+#[test]
+fn temperature_thresholds_follow_the_device() {
+    let p = Policy::default().gpu_temperature;
+    let t = temp_thresholds(
+        &Temperature {
+            celsius: 0.0,
+            slowdown: Some(90.0),
+            shutdown: Some(98.0),
+        },
+        &p,
+    );
+    assert_eq!(
+        (t.warn_enter, t.critical_enter, t.critical_leave),
+        (87.0, 93.0, 85.0)
+    );
+    let f = temp_thresholds(
+        &Temperature {
+            celsius: 0.0,
+            slowdown: None,
+            shutdown: None,
+        },
+        &p,
+    );
+    assert_eq!((f.critical_enter, f.critical_leave), (90.0, 82.0));
+    // Thresholds that nearly coincide still keep leave below enter.
+    let tight = temp_thresholds(
+        &Temperature {
+            celsius: 0.0,
+            slowdown: Some(90.0),
+            shutdown: Some(91.0),
+        },
+        &p,
+    );
+    assert!(
+        tight.critical_leave < tight.critical_enter && tight.warn_enter <= tight.critical_enter
+    );
+}

@@ -1,0 +1,421 @@
+//! `memwatch attach` and friends against real processes: trees, restarts, PID reuse, authorisation,
+//! thermal pauses through the fake NVML, and hostile input on the control socket.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{Daemon, Opts, eventually, memhog, proc_state};
+
+/// A daemon watching the real host (so host memory is not a fixture's 95 %), without GPUs.
+fn daemon(extra: &'static str) -> Daemon {
+    Daemon::start(Opts {
+        root: "/".into(),
+        gpu_state: None,
+        extra_config: extra,
+        ..Opts::default()
+    })
+}
+
+fn sleeper() -> Child {
+    Command::new("sleep").arg("120").spawn().unwrap()
+}
+
+/// memhog with 4 workers, holding still; returns it once all workers exist.
+fn tree() -> (Child, Vec<u32>) {
+    let mut hog = Command::new(memhog())
+        .args(["--workers", "4", "--total-mib", "1", "--hold-ms", "120000"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(hog.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let pid = hog.id();
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
+    let mut pids = vec![pid];
+    pids.extend(
+        children
+            .split_whitespace()
+            .map(|p| p.parse::<u32>().unwrap()),
+    );
+    assert_eq!(pids.len(), 5);
+    (hog, pids)
+}
+
+/// Kills a memhog tree: its workers, then the parent.
+fn kill_tree(c: Child, pids: &[u32]) {
+    for p in &pids[1..] {
+        let _ = Command::new("kill")
+            .args(["-CONT", &p.to_string()])
+            .status();
+        let _ = Command::new("kill")
+            .args(["-KILL", &p.to_string()])
+            .status();
+    }
+    kill(c);
+}
+
+fn kill(mut c: Child) {
+    let _ = Command::new("kill")
+        .args(["-CONT", &c.id().to_string()])
+        .status();
+    let _ = c.kill();
+    let _ = c.wait();
+}
+
+#[test]
+fn a_tree_is_paused_and_resumed_together() {
+    let d = daemon("");
+    let (hog, pids) = tree();
+    let (code, out, err) = d.ctl(&["attach", &pids[0].to_string(), "--name", "tree"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("attached tree"));
+    assert!(eventually(5.0, || d.jobs()[0]["sample"]["processes"]
+        .as_array()
+        .is_some_and(|p| p.len() == 5)));
+    let (code, _, err) = d.ctl(&["pause", "tree"]);
+    assert_eq!(code, 0, "{err}");
+    for p in &pids {
+        assert_eq!(proc_state(*p), Some('T'), "pid {p} not stopped");
+    }
+    assert_eq!(d.job_state("tree").as_deref(), Some("paused"));
+    let (code, table, _) = d.ctl(&["jobs"]);
+    assert_eq!(code, 0);
+    assert!(
+        table.contains("paused") && table.contains("tree"),
+        "{table}"
+    );
+    let (code, _, err) = d.ctl(&["resume", &pids[0].to_string()]);
+    assert_eq!(code, 0, "{err}");
+    for p in &pids {
+        assert_ne!(proc_state(*p), Some('T'), "pid {p} still stopped");
+    }
+    // The metrics show the job.
+    let m = d.metrics();
+    assert!(
+        m.contains("memwatch_job_processes{job=\"tree\"} 5\n"),
+        "{m}"
+    );
+    assert!(m.contains("memwatch_interventions_total{action=\"pause\",reason=\"user\"} 1\n"));
+    kill_tree(hog, &pids);
+}
+
+#[test]
+fn a_crashed_daemon_is_followed_by_one_that_resumes_the_job() {
+    let mut d = daemon("");
+    let s = sleeper();
+    let pid = s.id().to_string();
+    assert_eq!(d.ctl(&["attach", &pid, "--name", "crashy"]).0, 0);
+    assert_eq!(d.ctl(&["pause", "crashy"]).0, 0);
+    assert_eq!(proc_state(s.id()), Some('T'));
+    let state = d.state.clone();
+    d.child.kill().unwrap();
+    d.child.wait().unwrap();
+    assert_eq!(
+        proc_state(s.id()),
+        Some('T'),
+        "SIGKILL cannot resume anything"
+    );
+    let started = std::time::Instant::now();
+    let d2 = Daemon::start(Opts {
+        root: "/".into(),
+        gpu_state: None,
+        state: Some(state),
+        ..Opts::default()
+    });
+    assert!(
+        eventually(2.0, || proc_state(s.id()) == Some('S')),
+        "not resumed"
+    );
+    eprintln!("resumed {:?} after the restart began", started.elapsed());
+    // Re-adopted: still attached, now running.
+    assert_eq!(d2.job_state("crashy").as_deref(), Some("running"));
+    assert!(
+        d2.events()
+            .iter()
+            .any(|e| e["action"] == "resume" && e["reason"] == "restart")
+    );
+    kill(s);
+}
+
+#[test]
+fn sigterm_resumes_before_the_daemon_exits() {
+    let mut d = daemon("");
+    let (hog, pids) = tree();
+    assert_eq!(d.ctl(&["attach", &pids[0].to_string(), "--name", "t"]).0, 0);
+    assert_eq!(d.ctl(&["pause", "t"]).0, 0);
+    assert!(pids.iter().all(|p| proc_state(*p) == Some('T')));
+    assert_eq!(d.terminate(), Some(0));
+    for p in &pids {
+        assert_ne!(
+            proc_state(*p),
+            Some('T'),
+            "pid {p} left stopped by a stopping daemon"
+        );
+    }
+    kill_tree(hog, &pids);
+}
+
+#[test]
+fn a_reused_pid_is_never_signalled() {
+    let d = daemon("");
+    let mut first = Command::new("sleep").arg("120").spawn().unwrap();
+    let pid = first.id();
+    assert_eq!(d.ctl(&["attach", &pid.to_string(), "--name", "old"]).0, 0);
+    first.kill().unwrap();
+    first.wait().unwrap();
+    // Make the kernel hand the same pid to a new process.
+    let mut reused = None;
+    for _ in 0..50 {
+        let _ = std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string());
+        let c = Command::new("sleep").arg("120").spawn().unwrap();
+        if c.id() == pid {
+            reused = Some(c);
+            break;
+        }
+        kill(c);
+    }
+    let Some(reused) = reused else {
+        panic!(
+            "could not make the kernel reuse pid {pid} (needs root and /proc/sys/kernel/ns_last_pid)"
+        );
+    };
+    let (code, _, err) = d.ctl(&["pause", "old"]);
+    assert_ne!(code, 0, "pausing a job whose process is gone must fail");
+    assert!(
+        err.contains("gone") || err.contains("no attached job"),
+        "{err}"
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        proc_state(pid),
+        Some('S'),
+        "the new process that reuses the pid was signalled"
+    );
+    assert_eq!(d.job_state("old"), None, "the gone job stays attached");
+    kill(reused);
+}
+
+fn ensure_user(name: &str) -> u32 {
+    let _ = Command::new("useradd")
+        .args(["--no-create-home", "--shell", "/usr/sbin/nologin", name])
+        .output();
+    let out = Command::new("id").args(["-u", name]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "cannot create user {name} (needs root and useradd)"
+    );
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+/// Runs memwatch as `user`.
+fn as_user(user: &str, d: &Daemon, args: &[&str]) -> (i32, String) {
+    let out = Command::new("runuser")
+        .args(["-u", user, "--"])
+        .arg(common::bin())
+        .args(args)
+        .arg("--socket")
+        .arg(&d.socket)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn users_act_on_their_own_processes_only() {
+    let uid = ensure_user("memwatch-test");
+    let d = daemon("");
+    // The user must be able to reach the socket through the test's private temp dir.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(d.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&d.state, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let root_proc = sleeper();
+    let user_proc = Command::new("setpriv")
+        .args([
+            &format!("--reuid={uid}"),
+            &format!("--regid={uid}"),
+            "--clear-groups",
+            "sleep",
+            "120",
+        ])
+        .spawn()
+        .unwrap();
+    assert!(eventually(2.0, || std::fs::read_to_string(format!(
+        "/proc/{}/status",
+        user_proc.id()
+    ))
+    .is_ok_and(|s| s.contains(&format!("Uid:\t{uid}")))));
+    let rp = root_proc.id().to_string();
+    let up = user_proc.id().to_string();
+
+    let (code, err) = as_user("memwatch-test", &d, &["attach", &rp]);
+    assert_ne!(code, 0);
+    assert!(err.contains("permission denied"), "{err}");
+    assert!(d.jobs().is_empty(), "a refused attach changed something");
+
+    assert_eq!(d.ctl(&["attach", &rp, "--name", "roots"]).0, 0);
+    for cmd in ["pause", "resume", "detach"] {
+        let (code, err) = as_user("memwatch-test", &d, &[cmd, "roots"]);
+        assert_ne!(code, 0, "{cmd}");
+        assert!(err.contains("permission denied"), "{cmd}: {err}");
+    }
+    assert_eq!(proc_state(root_proc.id()), Some('S'));
+
+    let (code, err) = as_user("memwatch-test", &d, &["attach", &up, "--name", "mine"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(as_user("memwatch-test", &d, &["pause", "mine"]).0, 0);
+    assert_eq!(proc_state(user_proc.id()), Some('T'));
+    assert_eq!(as_user("memwatch-test", &d, &["resume", "mine"]).0, 0);
+    assert_eq!(proc_state(user_proc.id()), Some('S'));
+    // The user sees only their own jobs.
+    let out = Command::new("runuser")
+        .args(["-u", "memwatch-test", "--"])
+        .arg(common::bin())
+        .args(["jobs", "--json", "--socket"])
+        .arg(&d.socket)
+        .output()
+        .unwrap();
+    let jobs: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(jobs[0]["name"], "mine");
+    assert_eq!(as_user("memwatch-test", &d, &["detach", "mine"]).0, 0);
+    kill(root_proc);
+    kill(user_proc);
+}
+
+#[test]
+fn attach_refuses_what_it_must() {
+    let d = daemon("");
+    let me = d.child.id().to_string();
+    let cases = [
+        ("999999999", "no process with pid"),
+        ("2", "kernel thread"),
+        ("1", "pid 1"),
+        (me.as_str(), "memwatch daemon itself"),
+    ];
+    for (pid, want) in cases {
+        let (code, _, err) = d.ctl(&["attach", pid]);
+        assert_eq!(code, 1, "{pid}");
+        assert!(err.contains(want), "{pid}: {err}");
+    }
+    let s = sleeper();
+    let pid = s.id().to_string();
+    assert_eq!(d.ctl(&["attach", &pid, "--name", "a"]).0, 0);
+    assert!(d.ctl(&["attach", &pid]).2.contains("already attached"));
+    assert!(d.ctl(&["pause", "nope"]).2.contains("no attached job"));
+    assert!(d.ctl(&["resume", "a"]).2.contains("not paused"));
+    kill(s);
+}
+
+#[test]
+fn hostile_socket_input_gets_an_error_and_the_daemon_runs_on() {
+    let d = daemon("");
+    let ask = |bytes: &[u8]| -> String {
+        let mut s = UnixStream::connect(&d.socket).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let _ = s.write_all(bytes);
+        let mut out = String::new();
+        let _ = BufReader::new(&s).read_line(&mut out);
+        out
+    };
+    assert!(ask(b"garbage\n").contains("bad request"));
+    assert!(ask(b"{\"cmd\":\"format_disk\"}\n").contains("bad request"));
+    assert!(ask(b"{\"cmd\":\"attach\",\"pid\":\"x\"}\n").contains("bad request"));
+    assert!(
+        ask(b"{\"cmd\":\"jobs\",\"uid\":0}\n").contains("bad request"),
+        "a client must not claim a uid"
+    );
+    let huge = vec![b'a'; 200 * 1024];
+    assert!(ask(&huge).contains("longer than"));
+    // A client that connects and says nothing does not block others.
+    let mut idle = UnixStream::connect(&d.socket).unwrap();
+    assert!(ask(b"{\"cmd\":\"jobs\"}\n").contains("\"ok\":true"));
+    let mut buf = [0u8; 1];
+    idle.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    assert!(idle.read(&mut buf).is_err());
+    assert_eq!(d.get("/-/healthy").0, 200);
+}
+
+fn gpu_state(temp: u32, pid: u32) -> String {
+    format!(
+        r#"{{"devices":[{{"name":"Fake","uuid":"GPU-x","memory_total":1000000000,"memory_used":100000000,
+        "temperature":{temp},"threshold_slowdown":90,"threshold_shutdown":98,
+        "processes":[{{"pid":{pid},"used_memory":100000000}}]}}]}}"#
+    )
+}
+
+#[test]
+fn a_hot_gpu_pauses_its_job_and_cooling_resumes_it_without_flapping() {
+    let s = sleeper();
+    let pid = s.id();
+    let d = Daemon::start(Opts {
+        root: "/".into(),
+        gpu_state: Some(Box::leak(gpu_state(60, pid).into_boxed_str())),
+        extra_config: "[policy.gpu_temperature]\naction = \"pause\"\nwarn_below_slowdown = 3.0\ncritical_below_shutdown = 5.0\n\
+                       resume_below_slowdown = 5.0\nfallback_slowdown_celsius = 87.0\nfallback_shutdown_celsius = 95.0\n\
+                       enter_hold_ms = 0\nleave_hold_ms = 1500\n",
+        ..Opts::default()
+    });
+    assert_eq!(d.ctl(&["attach", &pid.to_string(), "--name", "hot"]).0, 0);
+    assert!(eventually(5.0, || d.jobs()[0]["sample"]["gpu_bytes"] == 100000000));
+    d.set_gpu_state(&gpu_state(94, pid));
+    assert!(
+        eventually(5.0, || proc_state(pid) == Some('T')),
+        "not paused at 94 °C (critical from 93)"
+    );
+    // Hovering around the critical line and above the resume line (85) keeps it paused.
+    for t in [92, 93, 91, 94, 88, 92] {
+        d.set_gpu_state(&gpu_state(t, pid));
+        std::thread::sleep(Duration::from_millis(400));
+        assert_eq!(proc_state(pid), Some('T'), "resumed at {t} °C");
+    }
+    d.set_gpu_state(&gpu_state(70, pid));
+    assert!(
+        eventually(6.0, || proc_state(pid) == Some('S')),
+        "not resumed after cooling"
+    );
+    let events = d.events();
+    let count = |a: &str| {
+        events
+            .iter()
+            .filter(|e| e["action"] == a && e["job"] == "hot")
+            .count()
+    };
+    assert_eq!((count("pause"), count("resume")), (1, 1), "{events:?}");
+    assert!(
+        events
+            .iter()
+            .any(|e| e["action"] == "pause" && e["reason"] == "gpu_temperature")
+    );
+    kill(s);
+}
+
+#[test]
+fn dry_run_decides_but_signals_nothing() {
+    let s = sleeper();
+    let pid = s.id();
+    let d = Daemon::start(Opts {
+        root: "/".into(),
+        gpu_state: Some(Box::leak(gpu_state(97, pid).into_boxed_str())),
+        extra_config: "[policy]\ndry_run = true\n",
+        ..Opts::default()
+    });
+    assert_eq!(d.ctl(&["attach", &pid.to_string(), "--name", "dry"]).0, 0);
+    assert!(eventually(5.0, || d
+        .events()
+        .iter()
+        .any(|e| e["action"] == "pause" && e["dry_run"] == true)));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(proc_state(pid), Some('S'));
+    assert!(d.metrics().contains("memwatch_dry_run 1\n"));
+    kill(s);
+}

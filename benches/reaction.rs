@@ -6,6 +6,7 @@
 //!  - `level` runs: prediction off (`reaction_ms = 0`), critical at 95 %: latency = stopped − crossed.
 //!  - `default` runs: the shipped policy, which pauses on the projected time to exhaustion, before the
 //!    critical level: reported as how far below the limit the hog was stopped.
+//!
 //! Then earlyoom (Debian's, default settings) watches the same hog in the same cgroup without memwatch.
 //!
 //! `cargo bench --bench reaction` (RUNS=50 by default).
@@ -35,7 +36,10 @@ fn memhog() -> PathBuf {
 struct Cg(PathBuf);
 impl Cg {
     fn new() -> Cg {
-        let d = PathBuf::from(format!("/sys/fs/cgroup/memory/memwatch-bench-{}", std::process::id()));
+        let d = PathBuf::from(format!(
+            "/sys/fs/cgroup/memory/memwatch-bench-{}",
+            std::process::id()
+        ));
         std::fs::create_dir_all(&d).expect("create a v1 memory cgroup (run as root)");
         Cg(d)
     }
@@ -43,13 +47,19 @@ impl Cg {
         std::fs::write(self.0.join("memory.limit_in_bytes"), bytes.to_string()).unwrap();
     }
     fn usage(&self) -> u64 {
-        std::fs::read_to_string(self.0.join("memory.usage_in_bytes")).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
+        std::fs::read_to_string(self.0.join("memory.usage_in_bytes"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
     }
     fn oom_kills(&self) -> u64 {
         std::fs::read_to_string(self.0.join("memory.oom_control"))
             .unwrap_or_default()
             .lines()
-            .find_map(|l| l.strip_prefix("oom_kill ").and_then(|v| v.trim().parse().ok()))
+            .find_map(|l| {
+                l.strip_prefix("oom_kill ")
+                    .and_then(|v| v.trim().parse().ok())
+            })
             .unwrap_or(0)
     }
     fn spawn(&self, hog: &Path, rate: u64, go: &Path) -> Child {
@@ -59,7 +69,11 @@ impl Cg {
             hog.display(),
             go.display()
         );
-        Command::new("sh").args(["-c", &script]).stdout(Stdio::piped()).spawn().unwrap()
+        Command::new("sh")
+            .args(["-c", &script])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
     }
 }
 impl Drop for Cg {
@@ -92,14 +106,24 @@ impl Daemon {
         )
         .unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_memwatch"))
-            .args(["--config", config.to_str().unwrap(), "--log-level", "error", "run"])
+            .args([
+                "--config",
+                config.to_str().unwrap(),
+                "--log-level",
+                "error",
+                "run",
+            ])
             .spawn()
             .unwrap();
         let start = Instant::now();
         while !socket.exists() && start.elapsed() < Duration::from_secs(10) {
             std::thread::sleep(Duration::from_millis(10));
         }
-        Daemon { child, socket, _dir: dir }
+        Daemon {
+            child,
+            socket,
+            _dir: dir,
+        }
     }
     fn ctl(&self, args: &[&str]) {
         let ok = Command::new(env!("CARGO_BIN_EXE_memwatch"))
@@ -179,13 +203,13 @@ fn main() {
     if std::env::args().any(|a| a == "--list" || a == "--test") {
         return;
     }
-    let runs: usize = std::env::var("RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
+    let runs: usize = std::env::var("RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50);
     let hog = memhog();
     let cg = Cg::new();
-    for (label, policy) in [
-        ("level", "[policy]\nreaction_ms = 0\n"),
-        ("default", ""),
-    ] {
+    for (label, policy) in [("level", "[policy]\nreaction_ms = 0\n"), ("default", "")] {
         let d = Daemon::start(policy);
         for rate in [512u64, 1024, 2048] {
             let (mut lat, mut usage, mut killed, mut before) = (Vec::new(), Vec::new(), 0, 0);
@@ -207,22 +231,36 @@ fn main() {
             let lat_s = if lat.is_empty() {
                 "-".to_owned()
             } else {
-                format!("p50 {:.1} ms, p99 {:.1} ms", pct(&mut lat.clone(), 0.5), pct(&mut lat, 0.99))
+                format!(
+                    "p50 {:.1} ms, p99 {:.1} ms",
+                    pct(&mut lat.clone(), 0.5),
+                    pct(&mut lat, 0.99)
+                )
             };
-            let use_s = if usage.is_empty() { "-".to_owned() } else { format!("{:.0}", pct(&mut usage, 0.5)) };
+            let use_s = if usage.is_empty() {
+                "-".to_owned()
+            } else {
+                format!("{:.0}", pct(&mut usage, 0.5))
+            };
             println!(
                 "memwatch {label:<8} {rate:>5} MiB/s: survived {survived}/{runs}, stopped before crossing 95 %: {before}, crossing→stop {lat_s}, median usage at stop {use_s} MiB of 512"
             );
         }
     }
     // earlyoom watches host MemAvailable and SwapFree only; in a cgroup the kernel's OOM killer decides.
-    let earlyoom = Command::new("earlyoom").args(["-r", "0"]).stdout(Stdio::null()).stderr(Stdio::null()).spawn();
+    let earlyoom = Command::new("earlyoom")
+        .args(["-r", "0"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
     match earlyoom {
         Ok(mut e) => {
             for rate in [512u64, 1024, 2048] {
                 let n = runs.min(10);
                 let killed = (0..n).filter(|i| run(&cg, &hog, rate, None, *i).2).count();
-                println!("earlyoom (defaults)    {rate:>5} MiB/s: OOM-killed {killed}/{n} (earlyoom does not see cgroup limits)");
+                println!(
+                    "earlyoom (defaults)    {rate:>5} MiB/s: OOM-killed {killed}/{n} (earlyoom does not see cgroup limits)"
+                );
             }
             let _ = e.kill();
             let _ = e.wait();

@@ -198,6 +198,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     shared.publish_view(engine.view());
 
     let (to_owner, mut requests) = mpsc::channel::<Envelope>(64);
+    let to_http_owner = to_owner.clone();
     let control_task = tokio::spawn(server::serve(
         control,
         to_owner,
@@ -205,7 +206,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     ));
 
     let (stop_http, mut http_stopped) = watch::channel(false);
-    let app = crate::http::router(shared.clone(), &config.http);
+    let app = crate::http::router(shared.clone(), to_http_owner, &config.http);
     let listener =
         crate::http::LimitedListener::new(listener, config.http.max_connections.0 as usize);
     let http = tokio::spawn(async move {

@@ -3,6 +3,8 @@
 //! The library holds every part; `src/main.rs` is thin glue over [`cli`].
 
 pub mod act;
+pub mod adapt;
+pub mod advice;
 pub mod cli;
 pub mod client;
 pub mod config;
@@ -15,4 +17,5 @@ pub mod job;
 pub mod logging;
 pub mod policy;
 pub mod proc;
+pub mod rewrite;
 pub mod sample;

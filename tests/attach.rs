@@ -236,7 +236,11 @@ fn users_act_on_their_own_processes_only() {
     // The user must be able to reach the socket through the test's private temp dir.
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(d.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    std::fs::set_permissions(&d.state, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(
+        d.socket.parent().unwrap(),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
     let root_proc = sleeper();
     let user_proc = Command::new("setpriv")
         .args([

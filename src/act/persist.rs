@@ -28,6 +28,8 @@ pub struct PersistedJob {
     pub owner_uid: u32,
     pub attached_at_ms: u64,
     pub paused: Option<PersistedPause>,
+    #[serde(default)]
+    pub config: Option<crate::adapt::JobConfig>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -62,8 +64,11 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     result
 }
 
+/// Writes the state file. The directory is private (0700): the file holds the jobs' tokens.
 pub fn save(dir: &Path, state: &Persisted) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
     let bytes = serde_json::to_vec_pretty(state).map_err(std::io::Error::other)?;
     write_atomic(&dir.join(STATE_FILE), &bytes)
 }
@@ -107,6 +112,7 @@ mod tests {
                         start_time: 9,
                     }],
                 }),
+                config: None,
             }],
         };
         save(dir.path(), &s).unwrap();

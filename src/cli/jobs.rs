@@ -65,6 +65,40 @@ pub fn render(jobs: &[JobView], now_ms: u64) -> String {
         if let Some(p) = &j.pause {
             let _ = writeln!(o, "    paused by {:?}: {}", p.by, p.reason);
         }
+        if let Some(c) = &j.config {
+            let knobs: Vec<String> = c.knobs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let _ = writeln!(
+                o,
+                "    config {} ({}): {}",
+                c.file.display(),
+                c.profile,
+                knobs.join(", ")
+            );
+            for d in &c.directives {
+                let changes: Vec<String> = d
+                    .changes
+                    .iter()
+                    .map(|ch| format!("{} {} → {}", ch.path, ch.old, ch.new))
+                    .collect();
+                let state = match d.applied_epoch {
+                    Some(e) => format!("applied at epoch {e}"),
+                    None => "pending: applies at the next epoch boundary".into(),
+                };
+                let _ = writeln!(
+                    o,
+                    "    generation {}: {} [{state}]",
+                    d.generation,
+                    changes.join(", ")
+                );
+            }
+            if let Some(p) = &c.progress {
+                let loss = p.loss.map(|l| format!(", loss {l:.4}")).unwrap_or_default();
+                let _ = writeln!(o, "    progress: epoch {}, step {}{loss}", p.epoch, p.step);
+            }
+            if let Some(e) = &c.last_error {
+                let _ = writeln!(o, "    config error: {e}");
+            }
+        }
     }
     o
 }

@@ -2,6 +2,7 @@
 //!
 //! Exit status: 0 success, 1 a runtime failure (daemon unreachable, port taken), 2 bad usage or config.
 
+mod advise;
 mod jobs;
 mod status;
 
@@ -52,8 +53,27 @@ enum Command {
         /// A name for the job [default: <command>-<pid>]
         #[arg(long)]
         name: Option<String>,
+        /// The job's training config (JSON, YAML or TOML), rewritten at epoch boundaries
+        #[arg(long, value_name = "FILE")]
+        config_file: Option<PathBuf>,
+        /// Where the knobs live in it: deepspeed, hf, accelerate or generic
+        #[arg(long, requires = "config_file")]
+        profile: Option<String>,
+        /// KNOB=dotted.path (batch, accumulation, workers, pin_memory, seq_len, world_size); repeatable
+        #[arg(long = "key", value_name = "KNOB=PATH", requires = "config_file")]
+        keys: Vec<String>,
         #[command(flatten)]
         socket: SocketArg,
+    },
+    /// What a seasoned engineer would change now, for the machine or one job
+    Advise {
+        /// Job name (all advice when left out)
+        target: Option<String>,
+        #[arg(long)]
+        json: bool,
+        /// The daemon's base URL [default: from the config's `listen`]
+        #[arg(long, value_name = "URL")]
+        url: Option<String>,
     },
     /// Stop following a job (a paused job is resumed first)
     Detach {
@@ -80,6 +100,13 @@ enum Command {
         json: bool,
         #[command(flatten)]
         socket: SocketArg,
+    },
+    /// Change values in a JSON, YAML or TOML file safely (what memwatch does to training configs)
+    Rewrite {
+        file: PathBuf,
+        /// dotted.path=value (true/false, a number, or a string); repeatable
+        #[arg(long = "set", value_name = "PATH=VALUE", required = true)]
+        set: Vec<String>,
     },
     /// Configuration helpers
     Config {
@@ -181,16 +208,59 @@ fn dispatch(cli: Cli) -> Result<(), Failure> {
             }
             Ok(())
         }
-        Command::Attach { pid, name, socket } => {
+        Command::Attach {
+            pid,
+            name,
+            config_file,
+            profile,
+            keys,
+            socket,
+        } => {
+            // Absolute, but not resolved: the daemon refuses symlinks itself.
+            let config_file = match config_file {
+                Some(f) => Some(
+                    std::path::absolute(f)
+                        .map_err(|e| usage(anyhow::anyhow!("{}: {e}", f.display())))?,
+                ),
+                None => None,
+            };
             let r = control_call(
                 &cli,
                 socket,
                 Request::Attach {
                     pid: *pid,
                     name: name.clone(),
+                    config_file,
+                    profile: profile.clone(),
+                    keys: keys.clone(),
                 },
             )?;
-            print_job("attached", r)
+            let token = r.token.clone();
+            print_job("attached", r)?;
+            if let Some(t) = token {
+                println!("token: {t}");
+                println!(
+                    "  (the trainer sends it as `Authorization: Bearer <token>`; keep it private)"
+                );
+            }
+            Ok(())
+        }
+        Command::Advise { target, json, url } => {
+            let config = load_config(&cli)?;
+            let url = url.clone().unwrap_or_else(|| daemon_url(&config));
+            let path = match target {
+                Some(t) => format!("/api/v1/advice?job={t}"),
+                None => "/api/v1/advice".to_owned(),
+            };
+            let v: serde_json::Value = crate::client::Client::new(&url).get(&path)?;
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                let items: Vec<crate::advice::Advice> =
+                    serde_json::from_value(v["advice"].clone())?;
+                print!("{}", advise::render(&items));
+            }
+            Ok(())
         }
         Command::Detach { target, socket } => {
             control_call(
@@ -230,6 +300,43 @@ fn dispatch(cli: Cli) -> Result<(), Failure> {
                 println!("{}", serde_json::to_string_pretty(&jobs)?);
             } else {
                 print!("{}", jobs::render(&jobs, now_ms()));
+            }
+            Ok(())
+        }
+        Command::Rewrite { file, set } => {
+            let format = crate::rewrite::Format::of(file).ok_or_else(|| {
+                usage(anyhow::anyhow!(
+                    "{}: unknown format; use .json, .yaml, .yml or .toml",
+                    file.display()
+                ))
+            })?;
+            let mut edits = Vec::new();
+            for s in set {
+                let (k, v) = s
+                    .split_once('=')
+                    .ok_or_else(|| usage(anyhow::anyhow!("--set {s:?}: expected PATH=VALUE")))?;
+                edits.push((k.to_owned(), crate::rewrite::Scalar::parse(v)));
+            }
+            let me = nix::unistd::geteuid().as_raw();
+            let owner = std::fs::symlink_metadata(file)
+                .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
+                .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+            if me != 0 && owner != me {
+                return Err(anyhow::anyhow!(
+                    "{}: owned by uid {owner}; you may rewrite only your own files",
+                    file.display()
+                )
+                .into());
+            }
+            let out = crate::rewrite::write::rewrite(file, format, owner, &edits)?;
+            for (path, old) in out.before {
+                let new = edits
+                    .iter()
+                    .find(|(p, _)| *p == path)
+                    .map(|(_, v)| v.to_string())
+                    .unwrap_or_default();
+                let old = old.map(|o| o.to_string()).unwrap_or_default();
+                println!("{path}: {old} → {new}");
             }
             Ok(())
         }

@@ -30,6 +30,34 @@ pub struct Config {
     pub log: Log,
     pub control: Control,
     pub policy: Policy,
+    pub adapt: Adapt,
+}
+
+/// Training-config rewrites.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Adapt {
+    pub grow: bool,
+    pub grow_after_seconds: u64,
+    pub min_micro_batch: u64,
+    pub max_micro_batch: u64,
+    pub max_accumulation: u64,
+    pub min_workers: u64,
+    pub settle_seconds: u64,
+}
+
+impl Default for Adapt {
+    fn default() -> Self {
+        Adapt {
+            grow: false,
+            grow_after_seconds: 1800,
+            min_micro_batch: 1,
+            max_micro_batch: 4096,
+            max_accumulation: 1024,
+            min_workers: 0,
+            settle_seconds: 120,
+        }
+    }
 }
 
 /// The control socket and the daemon's persistent state.
@@ -179,6 +207,7 @@ impl Default for Config {
             log: Log::default(),
             control: Control::default(),
             policy: Policy::default(),
+            adapt: Adapt::default(),
         }
     }
 }
@@ -494,6 +523,41 @@ pub const DOCS: &[(&str, &str)] = &[
     (
         "policy.cpu_temperature",
         "The hottest hwmon / thermal-zone sensor against its max (slowdown) and crit (shutdown) points.",
+    ),
+    (
+        "adapt",
+        "Rewrites of an attached job's training config (memwatch attach --config-file F --profile P),\n\
+         applied by the trainer at its next epoch boundary.",
+    ),
+    (
+        "adapt.grow",
+        "Also make the reverse change (micro-batch up, accumulation down) after a long time with lots of\n\
+         room. Off by default: growing is the user's choice.",
+    ),
+    (
+        "adapt.grow_after_seconds",
+        "How long every resource must have had lots of room before growing.",
+    ),
+    (
+        "adapt.min_micro_batch",
+        "Never rewrite the micro-batch below this.",
+    ),
+    (
+        "adapt.max_micro_batch",
+        "Never rewrite the micro-batch above this.",
+    ),
+    (
+        "adapt.max_accumulation",
+        "Never rewrite gradient accumulation above this.",
+    ),
+    (
+        "adapt.min_workers",
+        "Never rewrite DataLoader workers below this.",
+    ),
+    (
+        "adapt.settle_seconds",
+        "After the trainer applied a change, wait this long before the next one, so memory can settle\n\
+         (PyTorch's caching allocator keeps what it reserved).",
     ),
     (
         "policy.*.action",

@@ -6,6 +6,7 @@ pub mod server;
 
 use serde::{Deserialize, Serialize};
 
+use crate::adapt::{Directive, Progress};
 use crate::job::JobView;
 
 /// The longest request line accepted.
@@ -19,6 +20,15 @@ pub enum Request {
         pid: u32,
         #[serde(default)]
         name: Option<String>,
+        /// The job's training config, to be rewritten at epoch boundaries.
+        #[serde(default)]
+        config_file: Option<std::path::PathBuf>,
+        /// deepspeed, hf, accelerate or generic.
+        #[serde(default)]
+        profile: Option<String>,
+        /// KNOB=dotted.path overrides (all of them for the generic profile).
+        #[serde(default)]
+        keys: Vec<String>,
     },
     /// `target` is a job name or a pid.
     Detach {
@@ -32,6 +42,40 @@ pub enum Request {
     },
     /// A struct variant, so that extra fields (a claimed `uid`, say) are rejected.
     Jobs {},
+    /// Directives newer than `since` (the trainer, at an epoch boundary).
+    Directives {
+        target: String,
+        #[serde(default)]
+        since: u64,
+        #[serde(default)]
+        token: Option<String>,
+    },
+    /// The trainer applied everything up to `generation` at `epoch`.
+    Ack {
+        target: String,
+        generation: u64,
+        epoch: u64,
+        #[serde(default)]
+        token: Option<String>,
+    },
+    /// The trainer's progress.
+    Progress {
+        target: String,
+        progress: Progress,
+        #[serde(default)]
+        token: Option<String>,
+    },
+}
+
+/// What a trainer gets at an epoch boundary.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DirectivesReply {
+    /// The newest generation staged.
+    pub generation: u64,
+    /// Directives newer than the `since` asked for, oldest first.
+    pub directives: Vec<Directive>,
+    /// The knobs as the file holds them now, by knob name.
+    pub knobs: std::collections::BTreeMap<String, crate::rewrite::Scalar>,
 }
 
 /// The daemon's answer.
@@ -44,31 +88,43 @@ pub struct Response {
     pub job: Option<JobView>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jobs: Option<Vec<JobView>>,
+    /// Given once, to the caller that attached a job with a config file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub directives: Option<DirectivesReply>,
 }
 
 impl Response {
-    pub fn error(message: impl Into<String>) -> Self {
+    fn empty(ok: bool) -> Self {
         Response {
-            ok: false,
-            error: Some(message.into()),
+            ok,
+            error: None,
             job: None,
             jobs: None,
+            token: None,
+            directives: None,
         }
+    }
+    pub fn error(message: impl Into<String>) -> Self {
+        Response {
+            error: Some(message.into()),
+            ..Response::empty(false)
+        }
+    }
+    pub fn ok() -> Self {
+        Response::empty(true)
     }
     pub fn job(job: JobView) -> Self {
         Response {
-            ok: true,
-            error: None,
             job: Some(job),
-            jobs: None,
+            ..Response::empty(true)
         }
     }
     pub fn jobs(jobs: Vec<JobView>) -> Self {
         Response {
-            ok: true,
-            error: None,
-            job: None,
             jobs: Some(jobs),
+            ..Response::empty(true)
         }
     }
 }
@@ -84,4 +140,9 @@ impl Caller {
     pub fn is_root(&self) -> bool {
         self.uid == 0
     }
+    /// An HTTP caller: no uid known, so only a job's token can authorise it.
+    pub const ANONYMOUS: Caller = Caller {
+        uid: u32::MAX,
+        pid: None,
+    };
 }

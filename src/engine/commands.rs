@@ -11,7 +11,47 @@ impl Engine {
     /// Answers one control request.
     pub fn handle(&mut self, request: Request, caller: Caller, now_ms: u64) -> Response {
         let result = match request {
-            Request::Attach { pid, name } => self.attach(pid, name, caller, now_ms),
+            Request::Attach {
+                pid,
+                name,
+                config_file,
+                profile,
+                keys,
+            } => {
+                let config = match config_file {
+                    Some(f) => Some((f, profile.unwrap_or_else(|| "generic".into()), keys)),
+                    None if profile.is_some() || !keys.is_empty() => {
+                        return Response::error("--profile and --key need --config-file");
+                    }
+                    None => None,
+                };
+                match self.attach(pid, name, config, caller, now_ms) {
+                    Ok(name) => {
+                        let mut r = Response::job(self.job_view(&self.jobs[&name]));
+                        r.token = self.jobs[&name].config.as_ref().map(|c| c.token.clone());
+                        return r;
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Request::Directives {
+                target,
+                since,
+                token,
+            } => return self.directives(&target, since, token, caller),
+            Request::Ack {
+                target,
+                generation,
+                epoch,
+                token,
+            } => {
+                return self.ack(&target, generation, epoch, token, caller, now_ms);
+            }
+            Request::Progress {
+                target,
+                progress,
+                token,
+            } => return self.progress(&target, progress, token, caller, now_ms),
             Request::Detach { target } => self.detach(&target, caller, now_ms),
             Request::Pause { target } => self.user_pause(&target, caller, now_ms),
             Request::Resume { target } => self.user_resume(&target, caller, now_ms),
@@ -50,10 +90,136 @@ impl Engine {
         Ok(job.name.clone())
     }
 
+    /// The job `target` names, if the caller is its owner (or root) or presents its token.
+    fn find_authorised(
+        &self,
+        target: &str,
+        token: Option<&str>,
+        caller: Caller,
+    ) -> Result<String, String> {
+        let job = self
+            .jobs
+            .values()
+            .find(|j| j.name == target || target.parse::<u32>().is_ok_and(|p| p == j.root.pid))
+            .ok_or_else(|| format!("no attached job named {target:?}"))?;
+        let by_token = match (token, job.config.as_ref()) {
+            (Some(t), Some(c)) => crate::adapt::token_matches(&c.token, t),
+            _ => false,
+        };
+        if by_token || caller.is_root() || caller.uid == job.owner_uid {
+            Ok(job.name.clone())
+        } else {
+            Err(format!(
+                "permission denied: job {:?} needs its owner or its token",
+                job.name
+            ))
+        }
+    }
+
+    fn directives(
+        &self,
+        target: &str,
+        since: u64,
+        token: Option<String>,
+        caller: Caller,
+    ) -> Response {
+        let name = match self.find_authorised(target, token.as_deref(), caller) {
+            Ok(n) => n,
+            Err(e) => return Response::error(e),
+        };
+        let Some(c) = self.jobs.get(&name).and_then(|j| j.config.as_ref()) else {
+            return Response::error(format!("job {name:?} was attached without --config-file"));
+        };
+        let mut r = Response::ok();
+        r.directives = Some(crate::control::DirectivesReply {
+            generation: c.generation,
+            directives: c
+                .directives
+                .iter()
+                .filter(|d| d.generation > since)
+                .cloned()
+                .collect(),
+            knobs: c
+                .knobs
+                .iter()
+                .map(|(k, v)| (k.name().to_owned(), v.clone()))
+                .collect(),
+        });
+        r
+    }
+
+    fn ack(
+        &mut self,
+        target: &str,
+        generation: u64,
+        epoch: u64,
+        token: Option<String>,
+        caller: Caller,
+        now_ms: u64,
+    ) -> Response {
+        let name = match self.find_authorised(target, token.as_deref(), caller) {
+            Ok(n) => n,
+            Err(e) => return Response::error(e),
+        };
+        let Some(c) = self.jobs.get_mut(&name).and_then(|j| j.config.as_mut()) else {
+            return Response::error(format!("job {name:?} was attached without --config-file"));
+        };
+        if generation > c.generation {
+            return Response::error(format!(
+                "generation {generation} was never staged (newest is {})",
+                c.generation
+            ));
+        }
+        let mut acked = Vec::new();
+        for d in c
+            .directives
+            .iter_mut()
+            .filter(|d| d.generation <= generation && d.applied_epoch.is_none())
+        {
+            d.applied_epoch = Some(epoch);
+            d.applied_at_ms = Some(now_ms);
+            acked.push(d.generation);
+        }
+        self.save();
+        if !acked.is_empty() {
+            self.record(
+                now_ms,
+                "applied",
+                &name,
+                "trainer",
+                format!("generation(s) {acked:?} applied at epoch {epoch}"),
+                false,
+            );
+        }
+        Response::ok()
+    }
+
+    fn progress(
+        &mut self,
+        target: &str,
+        mut p: crate::adapt::Progress,
+        token: Option<String>,
+        caller: Caller,
+        now_ms: u64,
+    ) -> Response {
+        let name = match self.find_authorised(target, token.as_deref(), caller) {
+            Ok(n) => n,
+            Err(e) => return Response::error(e),
+        };
+        let Some(c) = self.jobs.get_mut(&name).and_then(|j| j.config.as_mut()) else {
+            return Response::error(format!("job {name:?} was attached without --config-file"));
+        };
+        p.timestamp_ms = now_ms;
+        c.progress = Some(p);
+        self.dirty = true;
+        Response::ok()
+    }
+
     fn attach(
         &mut self,
         pid: u32,
         name: Option<String>,
+        config: Option<(std::path::PathBuf, String, Vec<String>)>,
         caller: Caller,
         now_ms: u64,
     ) -> Result<String, String> {
@@ -114,8 +280,14 @@ impl Engine {
         if self.jobs.contains_key(&name) {
             return Err(format!("a job named {name:?} is already attached"));
         }
+        let job_config = match config {
+            Some((file, profile, keys)) => {
+                Some(super::adapt::open_config(&file, &profile, &keys, owner)?)
+            }
+            None => None,
+        };
         let cg = crate::job::measure::cgroup_of(root, pid);
-        let job = Job::new(
+        let mut job = Job::new(
             name.clone(),
             stat.proc_ref(),
             owner,
@@ -123,6 +295,7 @@ impl Engine {
             cg,
             self.cfg.sampling.growth_window_ms.0,
         );
+        job.config = job_config;
         self.jobs.insert(name.clone(), job);
         self.save();
         self.record(

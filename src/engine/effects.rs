@@ -185,6 +185,7 @@ impl Engine {
                         reason: p.reason.clone(),
                         stopped: p.stopped.clone(),
                     }),
+                    config: j.config.clone(),
                 })
                 .collect(),
         }

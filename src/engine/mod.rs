@@ -2,6 +2,7 @@
 //! policy observations, runs the policy, carries out its decisions through `act`, answers control
 //! commands, and renders the views the HTTP side publishes. Synchronous; the daemon task drives it.
 
+mod adapt;
 mod commands;
 mod effects;
 mod observe;
@@ -26,6 +27,7 @@ pub struct View {
     pub levels: Vec<LevelView>,
     pub events: Vec<Event>,
     pub interventions: Vec<InterventionCount>,
+    pub advice: Vec<crate::advice::Advice>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -60,6 +62,9 @@ pub struct Engine {
     fast_until_ms: u64,
     /// Something the view shows changed since the last `take_dirty`.
     dirty: bool,
+    /// The sample before `latest`, for rates.
+    previous: Option<Arc<Sample>>,
+    advice: Vec<crate::advice::Advice>,
 }
 
 impl Engine {
@@ -77,6 +82,8 @@ impl Engine {
             counts: BTreeMap::new(),
             fast_until_ms: 0,
             dirty: true,
+            previous: None,
+            advice: Vec::new(),
         }
     }
 
@@ -184,6 +191,7 @@ impl Engine {
                     last_timestamp_ms: *last,
                 })
                 .collect(),
+            advice: self.advice.clone(),
         }
     }
 
@@ -209,6 +217,7 @@ impl Engine {
             }),
             tightest: crate::job::tightest(&limits).cloned(),
             limits,
+            config: j.config.as_ref().map(|c| c.view()),
         }
     }
 }

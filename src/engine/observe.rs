@@ -45,9 +45,11 @@ impl Engine {
                 None => self.job_gone(&name, now_ms),
             }
         }
-        self.latest = Some(sample);
+        self.previous = self.latest.replace(sample);
         self.dirty = true;
         self.step(now_ms);
+        self.adapt(now_ms);
+        self.refresh_advice();
     }
 
     /// A cheap probe: MemAvailable and each job's cgroup.

@@ -106,3 +106,26 @@ pub async fn events(
     let skip = v.events.len().saturating_sub(limit);
     Json(json!({ "events": v.events[skip..], "interventions": v.interventions })).into_response()
 }
+
+/// `GET /api/v1/advice[?job=NAME]`: the current advice, most severe first.
+pub async fn advice(
+    State(shared): State<Arc<Shared>>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    if let Some(k) = q.keys().find(|k| k.as_str() != "job") {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("unknown query parameter `{k}`; only `job` is accepted"),
+        );
+    }
+    let v = shared.view();
+    let items: Vec<_> = match q.get("job") {
+        Some(job) => v
+            .advice
+            .iter()
+            .filter(|a| a.job.as_deref().is_none_or(|j| j == job))
+            .collect(),
+        None => v.advice.iter().collect(),
+    };
+    Json(json!({ "advice": items })).into_response()
+}

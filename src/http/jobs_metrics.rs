@@ -153,6 +153,85 @@ pub fn render(out: &mut String, v: &View) {
         "Attached job identity; the value is always 1.",
         &lines,
     );
+    let mut gen_lines = String::new();
+    let mut applied = String::new();
+    let mut pending = String::new();
+    let mut epoch = String::new();
+    for j in &v.jobs {
+        let Some(c) = &j.config else { continue };
+        let job = esc(&j.name);
+        let _ = writeln!(
+            gen_lines,
+            "memwatch_job_config_generation{{job=\"{job}\"}} {}",
+            c.generation
+        );
+        let _ = writeln!(
+            applied,
+            "memwatch_job_config_applied_generation{{job=\"{job}\"}} {}",
+            c.applied_generation
+        );
+        let n = c
+            .directives
+            .iter()
+            .filter(|d| d.applied_epoch.is_none())
+            .count();
+        let _ = writeln!(
+            pending,
+            "memwatch_job_config_pending_changes{{job=\"{job}\"}} {n}"
+        );
+        if let Some(p) = &c.progress {
+            let _ = writeln!(epoch, "memwatch_job_epoch{{job=\"{job}\"}} {}", p.epoch);
+        }
+    }
+    family(
+        out,
+        "memwatch_job_config_generation",
+        "gauge",
+        "Newest generation of config changes staged for the job.",
+        &gen_lines,
+    );
+    family(
+        out,
+        "memwatch_job_config_applied_generation",
+        "gauge",
+        "Newest generation the trainer acknowledged.",
+        &applied,
+    );
+    family(
+        out,
+        "memwatch_job_config_pending_changes",
+        "gauge",
+        "Staged config changes the trainer has not acknowledged yet.",
+        &pending,
+    );
+    family(
+        out,
+        "memwatch_job_epoch",
+        "gauge",
+        "The epoch the trainer last reported.",
+        &epoch,
+    );
+    let mut lines = String::new();
+    for a in &v.advice {
+        let sev = match a.severity {
+            crate::advice::Severity::Info => "info",
+            crate::advice::Severity::Warn => "warn",
+            crate::advice::Severity::Critical => "critical",
+        };
+        let _ = writeln!(
+            lines,
+            "memwatch_advice_active{{id=\"{}\",severity=\"{sev}\",job=\"{}\"}} 1",
+            esc(&a.id),
+            esc(a.job.as_deref().unwrap_or(""))
+        );
+    }
+    family(
+        out,
+        "memwatch_advice_active",
+        "gauge",
+        "1 for each piece of advice that applies now (see /api/v1/advice).",
+        &lines,
+    );
     let mut lines = String::new();
     for l in &v.levels {
         let level = match l.level {

@@ -1,10 +1,12 @@
 //! The HTTP surface on :9300: `/metrics`, the JSON API under `/api/v1`, and health endpoints.
-//! Only this module knows HTTP and the wire formats it serves. Every endpoint is read-only.
+//! Only this module knows HTTP and the wire formats it serves. Every endpoint is read-only except the
+//! trainer's (`/api/v1/jobs/{job}/ack` and `/progress`), which need the job's token.
 
 mod api;
 mod jobs_metrics;
 mod listener;
 pub mod metrics;
+mod trainer;
 
 use std::sync::Arc;
 
@@ -17,23 +19,48 @@ use axum::routing::get;
 pub use listener::LimitedListener;
 
 use crate::config::Http;
+use crate::control::server::Envelope;
 use crate::daemon::Shared;
 
+/// What handlers get: the published state, and the way to the task that owns the jobs.
+#[derive(Clone)]
+pub struct AppState {
+    pub shared: Arc<Shared>,
+    pub owner: tokio::sync::mpsc::Sender<Envelope>,
+}
+
+impl axum::extract::FromRef<AppState> for Arc<Shared> {
+    fn from_ref(s: &AppState) -> Arc<Shared> {
+        s.shared.clone()
+    }
+}
+
 /// Builds the router over the daemon's published state.
-pub fn router(shared: Arc<Shared>, limits: &Http) -> Router {
+pub fn router(
+    shared: Arc<Shared>,
+    owner: tokio::sync::mpsc::Sender<Envelope>,
+    limits: &Http,
+) -> Router {
     Router::new()
         .route("/metrics", get(metrics_handler))
         .route("/api/v1/snapshot", get(api::snapshot))
         .route("/api/v1/history", get(api::history))
         .route("/api/v1/jobs", get(api::jobs))
         .route("/api/v1/events", get(api::events))
+        .route("/api/v1/advice", get(api::advice))
+        .route("/api/v1/jobs/{job}/directives", get(trainer::directives))
+        .route("/api/v1/jobs/{job}/ack", axum::routing::post(trainer::ack))
+        .route(
+            "/api/v1/jobs/{job}/progress",
+            axum::routing::post(trainer::progress),
+        )
         .route("/-/healthy", get(|| async { "OK\n" }))
         .route("/-/ready", get(api::ready))
         .fallback(api::not_found)
         .layer(DefaultBodyLimit::max(
             usize::try_from(limits.max_body_bytes.0).unwrap_or(usize::MAX),
         ))
-        .with_state(shared)
+        .with_state(AppState { shared, owner })
 }
 
 async fn metrics_handler(

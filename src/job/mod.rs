@@ -41,6 +41,8 @@ pub struct Job {
     /// The tree's GPU memory over time.
     pub gpu_growth: Growth,
     pub pause: Option<Pause>,
+    /// The training config memwatch may rewrite.
+    pub config: Option<crate::adapt::JobConfig>,
 }
 
 impl Job {
@@ -63,6 +65,7 @@ impl Job {
             cgroup_growth: Growth::new(window_ms),
             gpu_growth: Growth::new(window_ms.max(5000)),
             pause: None,
+            config: None,
         }
     }
 
@@ -126,4 +129,7 @@ pub struct JobView {
     /// Every known limit, and the tightest.
     pub limits: Vec<Limit>,
     pub tightest: Option<Limit>,
+    /// The training config memwatch manages, its staged and applied changes, the trainer's progress.
+    #[serde(default)]
+    pub config: Option<crate::adapt::JobConfigView>,
 }

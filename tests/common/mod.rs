@@ -85,7 +85,8 @@ impl Daemon {
             std::fs::write(&gpu_state, s).unwrap();
         }
         let state = o.state.clone().unwrap_or_else(|| dir.path().join("state"));
-        let socket = state.join("control.sock");
+        // The state directory is private (it holds tokens); the socket lives beside it, as in /run.
+        let socket = state.with_file_name("run").join("control.sock");
         let config = dir.path().join("memwatch.toml");
         std::fs::write(
             &config,

@@ -1,0 +1,232 @@
+//! Which rewrite to make: a pure function of the knobs in the file, the pressure on the job and the bounds.
+//!
+//! - host RAM or the job's own cgroup at warn → DataLoader workers halve (down to the minimum, 1 → 0)
+//!   and pin_memory goes off;
+//! - GPU memory at warn → micro-batch to its largest divisor ≤ half, accumulation up by the same factor,
+//!   so micro × accumulation (× world size) stays exactly the same;
+//! - opt-in: after a long time with lots of room, the reverse (micro-batch doubles, accumulation halves).
+//!
+//! Never past the bounds; nothing that needs a restart.
+
+use std::collections::BTreeMap;
+
+use crate::advice::smaller_divisor;
+use crate::config::Adapt;
+use crate::rewrite::Scalar;
+use crate::rewrite::profile::Knob;
+
+/// The pressure on one job.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Signals {
+    /// Host RAM or the job's memory cgroup at warn or worse.
+    pub ram_warn: bool,
+    /// A GPU the job uses at warn or worse.
+    pub gpu_warn: bool,
+    /// How long every resource of the job has had lots of room (ms), if it has.
+    pub roomy_for_ms: Option<u64>,
+}
+
+/// One proposed rewrite: (knob, old, new) for each knob, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Proposal {
+    pub changes: Vec<(Knob, Scalar, Scalar)>,
+    pub reason: String,
+}
+
+fn u(knobs: &BTreeMap<Knob, Scalar>, k: Knob) -> Option<u64> {
+    knobs.get(&k).and_then(Scalar::as_u64)
+}
+
+fn int(v: u64) -> Scalar {
+    Scalar::Int(i64::try_from(v).unwrap_or(i64::MAX))
+}
+
+pub fn propose(knobs: &BTreeMap<Knob, Scalar>, s: Signals, cfg: &Adapt) -> Option<Proposal> {
+    let mut changes = Vec::new();
+    let mut why = Vec::new();
+    if s.ram_warn {
+        if let Some(w) = u(knobs, Knob::Workers).filter(|w| *w > cfg.min_workers) {
+            let new = (w / 2).max(cfg.min_workers);
+            changes.push((Knob::Workers, int(w), int(new)));
+        }
+        if knobs.get(&Knob::PinMemory).and_then(Scalar::as_bool) == Some(true) {
+            changes.push((Knob::PinMemory, Scalar::Bool(true), Scalar::Bool(false)));
+        }
+        if !changes.is_empty() {
+            why.push("host RAM or the job's memory cgroup is at warn".to_owned());
+        }
+    }
+    if s.gpu_warn {
+        if let (Some(b), Some(a)) = (u(knobs, Knob::MicroBatch), u(knobs, Knob::Accumulation)) {
+            let nb = smaller_divisor(b);
+            let na = a * (b / nb.max(1));
+            if nb < b && nb >= cfg.min_micro_batch && na <= cfg.max_accumulation {
+                changes.push((Knob::MicroBatch, int(b), int(nb)));
+                changes.push((Knob::Accumulation, int(a), int(na)));
+                why.push(format!("GPU memory is at warn: micro-batch {b} → {nb}, accumulation {a} → {na}, effective batch unchanged"));
+            }
+        }
+    } else if cfg.grow
+        && !s.ram_warn
+        && s.roomy_for_ms
+            .is_some_and(|t| t >= cfg.grow_after_seconds.saturating_mul(1000))
+    {
+        if let (Some(b), Some(a)) = (u(knobs, Knob::MicroBatch), u(knobs, Knob::Accumulation)) {
+            if a >= 2 && a % 2 == 0 && b * 2 <= cfg.max_micro_batch {
+                changes.push((Knob::MicroBatch, int(b), int(b * 2)));
+                changes.push((Knob::Accumulation, int(a), int(a / 2)));
+                why.push(format!(
+                    "lots of room for {} s: micro-batch {b} → {}, accumulation {a} → {}",
+                    cfg.grow_after_seconds,
+                    b * 2,
+                    a / 2
+                ));
+            }
+        }
+    }
+    (!changes.is_empty()).then(|| Proposal {
+        changes,
+        reason: why.join("; "),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn knobs(pairs: &[(Knob, Scalar)]) -> BTreeMap<Knob, Scalar> {
+        pairs.iter().cloned().collect()
+    }
+
+    const CALM: Signals = Signals {
+        ram_warn: false,
+        gpu_warn: false,
+        roomy_for_ms: None,
+    };
+
+    #[test]
+    fn table() {
+        let cfg = Adapt::default();
+        let grow = Adapt {
+            grow: true,
+            ..Adapt::default()
+        };
+        let k = knobs(&[
+            (Knob::MicroBatch, Scalar::Int(32)),
+            (Knob::Accumulation, Scalar::Int(2)),
+            (Knob::Workers, Scalar::Int(8)),
+            (Knob::PinMemory, Scalar::Bool(true)),
+        ]);
+        let changes = |p: Option<Proposal>| {
+            p.map(|p| {
+                p.changes
+                    .iter()
+                    .map(|(k, o, n)| format!("{k:?} {o}→{n}"))
+                    .collect::<Vec<_>>()
+            })
+        };
+        assert_eq!(changes(propose(&k, CALM, &cfg)), None);
+        assert_eq!(
+            changes(propose(
+                &k,
+                Signals {
+                    ram_warn: true,
+                    ..CALM
+                },
+                &cfg
+            )),
+            Some(vec!["Workers 8→4".into(), "PinMemory true→false".into()])
+        );
+        assert_eq!(
+            changes(propose(
+                &k,
+                Signals {
+                    gpu_warn: true,
+                    ..CALM
+                },
+                &cfg
+            )),
+            Some(vec!["MicroBatch 32→16".into(), "Accumulation 2→4".into()])
+        );
+        let odd = knobs(&[
+            (Knob::MicroBatch, Scalar::Int(3)),
+            (Knob::Accumulation, Scalar::Int(5)),
+        ]);
+        assert_eq!(
+            changes(propose(
+                &odd,
+                Signals {
+                    gpu_warn: true,
+                    ..CALM
+                },
+                &cfg
+            )),
+            Some(vec!["MicroBatch 3→1".into(), "Accumulation 5→15".into()])
+        );
+        let one = knobs(&[
+            (Knob::MicroBatch, Scalar::Int(1)),
+            (Knob::Accumulation, Scalar::Int(16)),
+            (Knob::Workers, Scalar::Int(1)),
+        ]);
+        assert_eq!(
+            changes(propose(
+                &one,
+                Signals {
+                    gpu_warn: true,
+                    ..CALM
+                },
+                &cfg
+            )),
+            None,
+            "not below 1"
+        );
+        assert_eq!(
+            changes(propose(
+                &one,
+                Signals {
+                    ram_warn: true,
+                    ..CALM
+                },
+                &cfg
+            )),
+            Some(vec!["Workers 1→0".into()])
+        );
+        let capped = Adapt {
+            max_accumulation: 3,
+            ..Adapt::default()
+        };
+        assert_eq!(
+            changes(propose(
+                &k,
+                Signals {
+                    gpu_warn: true,
+                    ..CALM
+                },
+                &capped
+            )),
+            None,
+            "bounds hold"
+        );
+        let roomy = Signals {
+            roomy_for_ms: Some(1_800_000),
+            ..CALM
+        };
+        assert_eq!(changes(propose(&k, roomy, &cfg)), None, "growing is opt-in");
+        assert_eq!(
+            changes(propose(&k, roomy, &grow)),
+            Some(vec!["MicroBatch 32→64".into(), "Accumulation 2→1".into()])
+        );
+        assert_eq!(
+            changes(propose(
+                &k,
+                Signals {
+                    roomy_for_ms: Some(1000),
+                    ..CALM
+                },
+                &grow
+            )),
+            None,
+            "not yet"
+        );
+    }
+}

@@ -1,0 +1,438 @@
+//! The advice engine: what a seasoned engineer would tell the user about this machine and these jobs.
+//! Pure: (previous sample, sample, jobs, what is known of each job's training config) → advice.
+//! Each item has an id, a severity, the numbers behind it, the concrete change and the expected saving.
+
+#[cfg(test)]
+mod tests;
+
+use serde::{Deserialize, Serialize};
+
+use crate::job::JobView;
+use crate::sample::Sample;
+
+/// How urgent an item is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Info,
+    Warn,
+    Critical,
+}
+
+/// One piece of advice.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Advice {
+    /// Stable id, e.g. `swap-clear`, `workers:train`, `gpu-power-cap:0`.
+    pub id: String,
+    pub severity: Severity,
+    /// The job it concerns, if any.
+    pub job: Option<String>,
+    pub title: String,
+    /// The numbers behind it.
+    pub evidence: Vec<String>,
+    /// The concrete change.
+    pub change: String,
+    /// What it is expected to save or gain.
+    pub saving: Option<String>,
+}
+
+/// The training knobs memwatch knows for a job (from its config file), where known.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Knobs {
+    pub micro_batch: Option<u64>,
+    pub accumulation: Option<u64>,
+    pub workers: Option<u64>,
+    pub pin_memory: Option<bool>,
+    pub seq_len: Option<u64>,
+    pub world_size: Option<u64>,
+}
+
+/// Everything the engine looks at.
+pub struct Input<'a> {
+    pub sample: &'a Sample,
+    /// The sample before, for swap rates.
+    pub previous: Option<&'a Sample>,
+    pub jobs: &'a [JobView],
+    /// Knobs per job name.
+    pub knobs: &'a [(String, Knobs)],
+    /// Thermal pauses per job in the last hour.
+    pub thermal_pauses: &'a [(String, u32)],
+}
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+pub fn gib(b: u64) -> String {
+    format!("{:.1} GiB", b as f64 / GIB)
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.0} MiB", b as f64 / 1048576.0)
+}
+
+/// Host RAM in use at or above which RAM advice starts (the policy's warn level).
+pub const HOST_RAM_WARN: f64 = 0.80;
+/// GPU memory in use at or above which GPU memory advice starts.
+pub const GPU_MEMORY_WARN: f64 = 0.90;
+/// GPUs below this much memory in use "have room" for the batch to stay as it is.
+pub const GPU_ROOM: f64 = 0.70;
+/// swapoff reads swap back at roughly this rate (a SATA SSD; NVMe is faster, disks much slower).
+const SWAPOFF_BYTES_PER_SECOND: f64 = 200.0 * 1048576.0;
+
+/// All advice for this moment, most severe first.
+pub fn advise(input: &Input) -> Vec<Advice> {
+    let mut out = Vec::new();
+    swap(input, &mut out);
+    host_ram(input, &mut out);
+    gpu_memory(input, &mut out);
+    temperature(input, &mut out);
+    out.sort_by(|a, b| b.severity.cmp(&a.severity).then(a.id.cmp(&b.id)));
+    out
+}
+
+fn swap(input: &Input, out: &mut Vec<Advice>) {
+    let Some(m) = &input.sample.host.memory else {
+        return;
+    };
+    let used = m.swap_used_bytes();
+    if used < 64 * 1048576 {
+        return;
+    }
+    let mut evidence = vec![
+        format!("swap holds {} of {}", gib(used), gib(m.swap_total_bytes)),
+        format!("RAM available: {}", gib(m.available_bytes)),
+    ];
+    // Swap traffic since the previous sample shows whether the job is thrashing.
+    let mut thrashing = false;
+    if let (Some(prev), Some(now)) = (
+        input
+            .previous
+            .and_then(|p| p.host.vmstat.as_ref().map(|v| (p.timestamp_ms, v))),
+        &input.sample.host.vmstat,
+    ) {
+        let dt = input.sample.timestamp_ms.saturating_sub(prev.0) as f64 / 1000.0;
+        if dt > 0.0 {
+            let page = input.sample.host.page_size_bytes as f64;
+            let rin = now.pswpin.saturating_sub(prev.1.pswpin) as f64 * page / dt;
+            let rout = now.pswpout.saturating_sub(prev.1.pswpout) as f64 * page / dt;
+            evidence.push(format!(
+                "swapping in {:.1} MiB/s, out {:.1} MiB/s",
+                rin / 1048576.0,
+                rout / 1048576.0
+            ));
+            thrashing = rin > 1048576.0 && rout > 1048576.0;
+        }
+    }
+    if thrashing {
+        out.push(Advice {
+            id: "swap-thrash".into(),
+            severity: Severity::Critical,
+            job: None,
+            title: "The machine is swapping in and out at once: training steps can run several times slower".into(),
+            evidence: evidence.clone(),
+            change: "Free RAM first (fewer DataLoader workers, pin_memory off, stream the dataset); memwatch pauses the job if pressure keeps rising".into(),
+            saving: Some("swap-bound steps run at disk speed; users report 2× slower steps".into()),
+        });
+    }
+    // Keep a margin of 10 % of RAM (at least 1 GiB) after swap is read back.
+    let margin = (m.total_bytes / 10).max(1 << 30);
+    if m.available_bytes >= used + margin {
+        let secs = used as f64 / SWAPOFF_BYTES_PER_SECOND;
+        out.push(Advice {
+            id: "swap-clear".into(),
+            severity: Severity::Info,
+            job: None,
+            title: format!("Swap holds {}; RAM can absorb it", gib(used)),
+            evidence,
+            change: "sudo swapoff -a && sudo swapon -a".into(),
+            saving: Some(format!(
+                "pages come back to RAM once instead of on every touch; takes about {secs:.0} s at ~200 MB/s, leaving {} available",
+                gib(m.available_bytes - used)
+            )),
+        });
+    } else {
+        out.push(Advice {
+            id: "swap-keep".into(),
+            severity: Severity::Warn,
+            job: None,
+            title: format!("Swap holds {}, more than RAM can take back now: do not run swapoff", gib(used)),
+            evidence,
+            change: format!(
+                "Leave swap on; free at least {} of RAM first (see the RAM advice), then `swapoff -a && swapon -a`",
+                gib((used + margin).saturating_sub(m.available_bytes))
+            ),
+            saving: Some("swapoff now would push RAM to the OOM killer".into()),
+        });
+    }
+}
+
+fn knobs<'a>(input: &'a Input, job: &str) -> Option<&'a Knobs> {
+    input.knobs.iter().find(|(n, _)| n == job).map(|(_, k)| k)
+}
+
+fn gpu_ratio(g: &crate::sample::gpu::GpuSample) -> Option<f64> {
+    match (g.memory_used_bytes, g.memory_total_bytes) {
+        (Some(u), Some(t)) if t > 0 => Some(u as f64 / t as f64),
+        _ => None,
+    }
+}
+
+fn host_ram(input: &Input, out: &mut Vec<Advice>) {
+    let Some(m) = &input.sample.host.memory else {
+        return;
+    };
+    if m.total_bytes == 0 {
+        return;
+    }
+    let used = 1.0 - m.available_bytes as f64 / m.total_bytes as f64;
+    let host_tight = used >= HOST_RAM_WARN;
+    let gpus_with_room = !input.sample.gpus.is_empty()
+        && input
+            .sample
+            .gpus
+            .iter()
+            .all(|g| gpu_ratio(g).is_some_and(|r| r < GPU_ROOM));
+    for job in input.jobs {
+        let Some(s) = &job.sample else { continue };
+        let cgroup_tight = s
+            .cgroup
+            .as_ref()
+            .and_then(|c| {
+                c.limit_bytes
+                    .map(|l| c.working_set_bytes() as f64 / l as f64)
+            })
+            .is_some_and(|r| r >= HOST_RAM_WARN);
+        if !host_tight && !cgroup_tight {
+            continue;
+        }
+        let k = knobs(input, &job.name).cloned().unwrap_or_default();
+        let root = s.processes.first().map(|p| p.pid);
+        let workers: Vec<_> = s.processes.iter().filter(|p| Some(p.pid) != root).collect();
+        let where_ = if cgroup_tight && !host_tight {
+            "its memory cgroup"
+        } else {
+            "host RAM"
+        };
+        let ram = format!(
+            "host RAM {:.1} % used ({} available of {})",
+            used * 100.0,
+            gib(m.available_bytes),
+            gib(m.total_bytes)
+        );
+        let gpu_line = input
+            .sample
+            .gpus
+            .iter()
+            .filter_map(|g| {
+                gpu_ratio(g).map(|r| format!("GPU {} memory {:.0} % used", g.index, r * 100.0))
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let n_workers = k.workers.unwrap_or(workers.len() as u64);
+        if n_workers > 0 || !workers.is_empty() {
+            let worker_pss: u64 = workers.iter().map(|w| w.pss_bytes).sum();
+            let mut evidence = vec![
+                ram.clone(),
+                format!(
+                    "{} worker process(es) hold {} PSS in all",
+                    workers.len(),
+                    gib(worker_pss)
+                ),
+            ];
+            evidence.extend(workers.iter().map(|w| {
+                format!(
+                    "worker pid {} ({}): {} PSS, {} RSS",
+                    w.pid,
+                    w.name,
+                    mib(w.pss_bytes),
+                    mib(w.rss_bytes)
+                )
+            }));
+            out.push(Advice {
+                id: format!("workers:{}", job.name),
+                severity: Severity::Warn,
+                job: Some(job.name.clone()),
+                title: format!("{} is short of {where_}: use fewer DataLoader workers", job.name),
+                evidence,
+                change: format!("num_workers {n_workers} → 0 (in steps if data loading becomes the bottleneck)"),
+                saving: Some(format!("about {} (each worker's PSS: its copy-on-write copy of the parent and its prefetched batches)", gib(worker_pss))),
+            });
+        }
+        if k.pin_memory != Some(false) {
+            out.push(Advice {
+                id: format!("pin-memory:{}", job.name),
+                severity: Severity::Warn,
+                job: Some(job.name.clone()),
+                title: "Turn pin_memory off".into(),
+                evidence: vec![ram.clone(), format!("pin_memory: {}", k.pin_memory.map(|b| b.to_string()).unwrap_or_else(|| "unknown".into()))],
+                change: "pin_memory=True → False".into(),
+                saving: Some("pinned pages cannot be swapped or reclaimed, and the caching host allocator rounds them up to powers of two; typically 1–2 GiB; host-to-GPU copies get 5–10 % slower".into()),
+            });
+        }
+        out.push(Advice {
+            id: format!("stream-dataset:{}", job.name),
+            severity: Severity::Info,
+            job: Some(job.name.clone()),
+            title: "Stream the dataset instead of holding it in RAM".into(),
+            evidence: vec![ram.clone(), format!("the job's processes hold {} PSS", gib(s.pss_bytes))],
+            change: "datasets: keep_in_memory=False / streaming=True; read parquet or arrow in batches instead of loading it whole".into(),
+            saving: Some("the dataset's in-memory copy (often the largest single item, e.g. 8–10 GB of PyArrow cache)".into()),
+        });
+        if gpus_with_room {
+            let batch = match (k.micro_batch, k.accumulation) {
+                (Some(b), Some(a)) => format!("keep micro-batch {b} and gradient accumulation {a}"),
+                _ => "keep the micro-batch and the effective batch as they are".into(),
+            };
+            out.push(Advice {
+                id: format!("keep-batch:{}", job.name),
+                severity: Severity::Info,
+                job: Some(job.name.clone()),
+                title:
+                    "Keep the batch: the GPUs have room, and host RAM is not where activations live"
+                        .into(),
+                evidence: vec![ram, gpu_line],
+                change: format!("{batch}; more gradient accumulation would not save host RAM"),
+                saving: Some("GPU utilisation stays where it is".into()),
+            });
+        }
+    }
+}
+
+fn gpu_memory(input: &Input, out: &mut Vec<Advice>) {
+    let available = input.sample.host.memory.as_ref().map(|m| m.available_bytes);
+    for g in &input.sample.gpus {
+        let Some(r) = gpu_ratio(g).filter(|r| *r >= GPU_MEMORY_WARN) else {
+            continue;
+        };
+        let (used, total) = (
+            g.memory_used_bytes.unwrap_or(0),
+            g.memory_total_bytes.unwrap_or(0),
+        );
+        let jobs: Vec<&JobView> = input
+            .jobs
+            .iter()
+            .filter(|j| {
+                j.sample
+                    .as_ref()
+                    .and_then(|s| s.gpus.as_ref())
+                    .is_none_or(|gs| gs.contains(&g.index))
+            })
+            .collect();
+        let evidence = vec![format!(
+            "GPU {} memory {} of {} ({:.0} %)",
+            g.index,
+            gib(used),
+            gib(total),
+            r * 100.0
+        )];
+        for job in &jobs {
+            let k = knobs(input, &job.name).cloned().unwrap_or_default();
+            let change = match (k.micro_batch, k.accumulation) {
+                (Some(b), Some(a)) if b > 1 => {
+                    let nb = smaller_divisor(b);
+                    format!("micro-batch {b} → {nb}, gradient accumulation {a} → {}: the effective batch stays {}", a * b / nb, a * b * k.world_size.unwrap_or(1))
+                }
+                _ => "halve the micro-batch and double gradient accumulation, so micro × accumulation × GPUs stays the same".into(),
+            };
+            out.push(Advice {
+                id: format!("gpu-batch:{}:{}", job.name, g.index),
+                severity: if r >= 0.97 { Severity::Critical } else { Severity::Warn },
+                job: Some(job.name.clone()),
+                title: format!("GPU {} is nearly full: smaller micro-batch, more accumulation", g.index),
+                evidence: evidence.clone(),
+                change,
+                saving: Some("activations scale with the micro-batch: halving it roughly halves their memory".into()),
+            });
+        }
+        let offload = match available {
+            Some(a) => format!(
+                "ZeRO stage 2/3 with CPU optimizer offload moves optimizer state (~12 bytes per parameter) to host RAM: only if host RAM can take it ({} available now)",
+                gib(a)
+            ),
+            None => "ZeRO CPU offload only if host RAM can take the optimizer state".into(),
+        };
+        out.push(Advice {
+            id: format!("gpu-memory-techniques:{}", g.index),
+            severity: Severity::Info,
+            job: None,
+            title: format!("Other ways to fit GPU {}", g.index),
+            evidence,
+            change: format!("shorter sequences; gradient checkpointing (activations ~s·b·h·34 bytes/layer → ~2·s·b·h); bf16; {offload}. These need a restart"),
+            saving: None,
+        });
+    }
+}
+
+/// The largest divisor of `b` that is at most `b / 2` (so micro × accumulation stays exact).
+pub fn smaller_divisor(b: u64) -> u64 {
+    (1..=b / 2).rev().find(|d| b % d == 0).unwrap_or(1)
+}
+
+fn temperature(input: &Input, out: &mut Vec<Advice>) {
+    for g in &input.sample.gpus {
+        let Some(t) = g.temperature_celsius else {
+            continue;
+        };
+        let slowdown = g.temperature_slowdown_celsius.unwrap_or(87.0);
+        if t < slowdown - 5.0 {
+            continue;
+        }
+        let cap = g.power_limit_watts.map(|l| (l * 0.8).round());
+        let mut evidence = vec![format!(
+            "GPU {} at {t:.0} °C; slows down at {slowdown:.0} °C",
+            g.index
+        )];
+        if let Some(s) = g.temperature_shutdown_celsius {
+            evidence.push(format!("shuts down at {s:.0} °C"));
+        }
+        if let (Some(p), Some(l)) = (g.power_watts, g.power_limit_watts) {
+            evidence.push(format!("drawing {p:.0} W of a {l:.0} W limit"));
+        }
+        out.push(Advice {
+            id: format!("gpu-power-cap:{}", g.index),
+            severity: if t >= slowdown { Severity::Critical } else { Severity::Warn },
+            job: None,
+            title: format!("GPU {} runs hot: cap its power", g.index),
+            evidence,
+            change: match cap {
+                Some(c) => format!("sudo nvidia-smi -i {} -pl {c:.0}   (80 % of the limit); improve airflow; memwatch pauses the job before shutdown", g.index),
+                None => format!("sudo nvidia-smi -i {} -pl <watts>; improve airflow; memwatch pauses the job before shutdown", g.index),
+            },
+            saving: Some("a 20 % lower power cap typically costs a few percent of speed and several degrees".into()),
+        });
+    }
+    for (job, n) in input.thermal_pauses.iter().filter(|(_, n)| *n >= 2) {
+        out.push(Advice {
+            id: format!("thermal-pauses:{job}"),
+            severity: Severity::Warn,
+            job: Some(job.clone()),
+            title: format!("{job} was paused {n} times for heat in the last hour"),
+            evidence: vec![format!("{n} thermal pauses")],
+            change: "cap GPU power (nvidia-smi -pl), clean filters / raise fan curves, or lower the ambient temperature".into(),
+            saving: Some("each pause costs the time the GPU needs to cool".into()),
+        });
+    }
+    for t in &input.sample.host.temperatures {
+        let Some(crit) = t.crit_celsius else { continue };
+        if t.celsius >= crit - 15.0 {
+            out.push(Advice {
+                id: format!("cpu-temperature:{}:{}", t.chip, t.sensor),
+                severity: if t.celsius >= crit - 5.0 {
+                    Severity::Critical
+                } else {
+                    Severity::Warn
+                },
+                job: None,
+                title: format!(
+                    "{} {} is at {:.0} °C, {:.0} °C below critical",
+                    t.chip,
+                    t.sensor,
+                    t.celsius,
+                    crit - t.celsius
+                ),
+                evidence: vec![format!("{:.0} °C, critical at {crit:.0} °C", t.celsius)],
+                change: "check cooling; fewer DataLoader workers also lowers CPU load".into(),
+                saving: None,
+            });
+        }
+    }
+}

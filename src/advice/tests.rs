@@ -1,0 +1,271 @@
+//! Golden advice for the situations in the users' notes.
+
+use super::*;
+use crate::job::{JobSample, ProcessSample};
+use crate::sample::gpu::GpuSample;
+use crate::sample::meminfo::MemInfo;
+
+const G: u64 = 1 << 30;
+
+fn gb(x: f64) -> u64 {
+    (x * G as f64) as u64
+}
+
+fn gpu(index: u32, used: f64) -> GpuSample {
+    GpuSample {
+        index,
+        memory_total_bytes: Some(gb(20.0)),
+        memory_used_bytes: Some(gb(used)),
+        temperature_celsius: Some(60.0),
+        ..Default::default()
+    }
+}
+
+fn proc(pid: u32, name: &str, pss: f64) -> ProcessSample {
+    ProcessSample {
+        pid,
+        ppid: if pid == 100 { 1 } else { 100 },
+        name: name.into(),
+        state: "S".into(),
+        rss_bytes: gb(pss * 2.0),
+        pss_bytes: gb(pss),
+        swap_bytes: 0,
+        gpu_bytes: None,
+    }
+}
+
+fn job(processes: Vec<ProcessSample>) -> JobView {
+    JobView {
+        name: "t5".into(),
+        pid: 100,
+        start_time: 1,
+        owner_uid: 1000,
+        attached_at_ms: 0,
+        state: "running".into(),
+        pause: None,
+        sample: Some(JobSample {
+            timestamp_ms: 0,
+            rss_bytes: processes.iter().map(|p| p.rss_bytes).sum(),
+            pss_bytes: processes.iter().map(|p| p.pss_bytes).sum(),
+            swap_bytes: 0,
+            cgroup: None,
+            gpu_bytes: None,
+            gpus: None,
+            processes,
+        }),
+        limits: vec![],
+        tightest: None,
+        config: None,
+    }
+}
+
+/// Note 001: RAM 30.8/32 GB (1.4 GB available), swap 2.1/4 GB, three 20 GB GPUs at 46–57 %,
+/// batch 32, accumulation 2, 7 workers, pin_memory on.
+fn note_001() -> (Sample, Vec<JobView>, Vec<(String, Knobs)>) {
+    let sample = Sample {
+        host: crate::sample::HostSample {
+            memory: Some(MemInfo {
+                total_bytes: gb(32.0),
+                available_bytes: gb(1.4),
+                free_bytes: gb(0.5),
+                swap_total_bytes: gb(4.0),
+                swap_free_bytes: gb(4.0 - 2.1),
+                ..Default::default()
+            }),
+            page_size_bytes: 4096,
+            ..Default::default()
+        },
+        gpus: vec![gpu(0, 9.6), gpu(1, 11.8), gpu(2, 9.3)],
+        ..Default::default()
+    };
+    let mut procs = vec![proc(100, "python", 12.0)];
+    for i in 0..7 {
+        procs.push(proc(101 + i, "pt_data_worker", 0.5));
+    }
+    let knobs = Knobs {
+        micro_batch: Some(32),
+        accumulation: Some(2),
+        workers: Some(7),
+        pin_memory: Some(true),
+        seq_len: None,
+        world_size: Some(3),
+    };
+    (sample, vec![job(procs)], vec![("t5".into(), knobs)])
+}
+
+fn ids(a: &[Advice]) -> Vec<&str> {
+    a.iter().map(|a| a.id.as_str()).collect()
+}
+
+#[test]
+fn note_001_golden() {
+    let (sample, jobs, knobs) = note_001();
+    let a = advise(&Input {
+        sample: &sample,
+        previous: None,
+        jobs: &jobs,
+        knobs: &knobs,
+        thermal_pauses: &[],
+    });
+    assert_eq!(
+        ids(&a),
+        vec![
+            "pin-memory:t5",
+            "swap-keep",
+            "workers:t5",
+            "keep-batch:t5",
+            "stream-dataset:t5"
+        ],
+        "{a:#?}"
+    );
+    let get = |id: &str| a.iter().find(|x| x.id == id).unwrap();
+    let w = get("workers:t5");
+    assert_eq!(
+        w.change,
+        "num_workers 7 → 0 (in steps if data loading becomes the bottleneck)"
+    );
+    assert_eq!(
+        w.evidence
+            .iter()
+            .filter(|e| e.starts_with("worker pid "))
+            .count(),
+        7
+    );
+    assert!(
+        w.evidence
+            .iter()
+            .any(|e| e == "worker pid 101 (pt_data_worker): 512 MiB PSS, 1024 MiB RSS"),
+        "{:?}",
+        w.evidence
+    );
+    assert!(w.saving.as_deref().unwrap().starts_with("about 3.5 GiB"));
+    assert_eq!(get("pin-memory:t5").change, "pin_memory=True → False");
+    let keep = get("keep-batch:t5");
+    assert!(
+        keep.change
+            .starts_with("keep micro-batch 32 and gradient accumulation 2"),
+        "{}",
+        keep.change
+    );
+    assert!(keep.change.contains("would not save host RAM"));
+    // RAM cannot take 2.1 GiB of swap back with 1.4 GiB available: no swapoff.
+    let swap = get("swap-keep");
+    assert!(swap.title.contains("do not run swapoff"), "{}", swap.title);
+    assert!(
+        swap.change.contains("free at least 3.9 GiB"),
+        "{}",
+        swap.change
+    );
+    // No GPU advice: the GPUs have room.
+    assert!(!a.iter().any(|x| x.id.starts_with("gpu-")));
+}
+
+#[test]
+fn swap_clear_when_ram_can_take_it() {
+    let (mut sample, _, _) = note_001();
+    if let Some(m) = sample.host.memory.as_mut() {
+        m.available_bytes = gb(20.0);
+    }
+    let a = advise(&Input {
+        sample: &sample,
+        previous: None,
+        jobs: &[],
+        knobs: &[],
+        thermal_pauses: &[],
+    });
+    assert_eq!(ids(&a), vec!["swap-clear"]);
+    assert_eq!(a[0].change, "sudo swapoff -a && sudo swapon -a");
+    assert!(
+        a[0].saving.as_deref().unwrap().contains("about 11 s"),
+        "{:?}",
+        a[0].saving
+    );
+}
+
+#[test]
+fn swap_thrash_from_vmstat_rates() {
+    let (mut prev, _, _) = note_001();
+    prev.host.vmstat = Some(crate::sample::vmstat::VmStat {
+        pswpin: 0,
+        pswpout: 0,
+        pgmajfault: 0,
+        oom_kill: None,
+    });
+    let mut now = prev.clone();
+    now.timestamp_ms = 1000;
+    now.host.vmstat = Some(crate::sample::vmstat::VmStat {
+        pswpin: 5000,
+        pswpout: 5000,
+        pgmajfault: 0,
+        oom_kill: None,
+    });
+    let a = advise(&Input {
+        sample: &now,
+        previous: Some(&prev),
+        jobs: &[],
+        knobs: &[],
+        thermal_pauses: &[],
+    });
+    assert_eq!(a[0].id, "swap-thrash");
+    assert!(
+        a[0].evidence.iter().any(|e| e.contains("in 19.5 MiB/s")),
+        "{:?}",
+        a[0].evidence
+    );
+}
+
+#[test]
+fn full_gpu_halves_the_micro_batch_keeping_the_effective_batch() {
+    let (mut sample, jobs, knobs) = note_001();
+    sample.host.memory.as_mut().unwrap().available_bytes = gb(20.0);
+    sample.host.memory.as_mut().unwrap().swap_free_bytes = gb(4.0);
+    sample.gpus[1].memory_used_bytes = Some(gb(19.5));
+    let a = advise(&Input {
+        sample: &sample,
+        previous: None,
+        jobs: &jobs,
+        knobs: &knobs,
+        thermal_pauses: &[],
+    });
+    let b = a.iter().find(|x| x.id == "gpu-batch:t5:1").unwrap();
+    assert_eq!(b.severity, Severity::Critical);
+    assert_eq!(
+        b.change,
+        "micro-batch 32 → 16, gradient accumulation 2 → 4: the effective batch stays 192"
+    );
+    let t = a
+        .iter()
+        .find(|x| x.id == "gpu-memory-techniques:1")
+        .unwrap();
+    assert!(
+        t.change
+            .contains("only if host RAM can take it (20.0 GiB available now)"),
+        "{}",
+        t.change
+    );
+    assert_eq!(smaller_divisor(3), 1);
+    assert_eq!(smaller_divisor(12), 6);
+}
+
+#[test]
+fn hot_gpu_gets_a_power_cap_and_repeated_pauses_are_flagged() {
+    let (mut sample, _, _) = note_001();
+    sample.host.memory.as_mut().unwrap().swap_free_bytes = gb(4.0);
+    sample.host.memory.as_mut().unwrap().available_bytes = gb(20.0);
+    sample.gpus[0].temperature_celsius = Some(88.0);
+    sample.gpus[0].temperature_slowdown_celsius = Some(87.0);
+    sample.gpus[0].power_limit_watts = Some(300.0);
+    let a = advise(&Input {
+        sample: &sample,
+        previous: None,
+        jobs: &[],
+        knobs: &[],
+        thermal_pauses: &[("t5".into(), 3)],
+    });
+    assert_eq!(ids(&a), vec!["gpu-power-cap:0", "thermal-pauses:t5"]);
+    assert!(
+        a[0].change.starts_with("sudo nvidia-smi -i 0 -pl 240"),
+        "{}",
+        a[0].change
+    );
+}

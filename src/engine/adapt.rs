@@ -1,0 +1,333 @@
+//! Training-config rewrites and advice, on each full sample.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use super::Engine;
+use crate::adapt::rules::{self, Signals};
+use crate::adapt::{Change, Directive, JobConfig};
+use crate::advice::{self, Knobs};
+use crate::policy::Level;
+use crate::rewrite::profile::{Knob, Profile};
+use crate::rewrite::{Format, Scalar, write};
+
+/// GPU memory under this share counts as "lots of room" for growing back.
+const ROOMY_GPU: f64 = 0.5;
+/// After a failure to read or rewrite a job's file, wait this long before trying again.
+const RETRY_MS: u64 = 60_000;
+
+/// Validates a job's config file at attach time and reads its knobs.
+pub fn open_config(
+    file: &Path,
+    profile: &str,
+    keys: &[String],
+    owner: u32,
+) -> Result<JobConfig, String> {
+    let file = if file.is_absolute() {
+        file.to_owned()
+    } else {
+        return Err(format!("{}: give an absolute path", file.display()));
+    };
+    let format = Format::of(&file).ok_or_else(|| {
+        format!(
+            "{}: unknown format; use .json, .yaml, .yml or .toml",
+            file.display()
+        )
+    })?;
+    let profile = Profile::build(profile, keys)?;
+    let knobs = read_knobs(&file, format, &profile, owner).map_err(|e| e.to_string())?;
+    if knobs.is_empty() {
+        return Err(format!(
+            "{}: none of the profile's keys ({}) is in the file",
+            file.display(),
+            profile
+                .keys
+                .iter()
+                .map(|(_, p)| p.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    Ok(JobConfig {
+        file,
+        format,
+        profile,
+        token: crate::adapt::new_token(),
+        generation: 0,
+        directives: Vec::new(),
+        progress: None,
+        knobs,
+        roomy_since_ms: None,
+        last_error: None,
+    })
+}
+
+fn read_knobs(
+    file: &Path,
+    format: Format,
+    profile: &Profile,
+    owner: u32,
+) -> Result<BTreeMap<Knob, Scalar>, write::RewriteError> {
+    let paths: Vec<&str> = profile.keys.iter().map(|(_, p)| p.as_str()).collect();
+    let values = write::read_values(file, format, owner, &paths)?;
+    Ok(profile
+        .keys
+        .iter()
+        .zip(values)
+        .filter_map(|((k, _), v)| Some((*k, v?)))
+        .collect())
+}
+
+/// The knobs advice looks at.
+pub fn knobs_for_advice(c: &JobConfig) -> Knobs {
+    let u = |k| c.knobs.get(&k).and_then(Scalar::as_u64);
+    Knobs {
+        micro_batch: u(Knob::MicroBatch),
+        accumulation: u(Knob::Accumulation),
+        workers: u(Knob::Workers),
+        pin_memory: c.knobs.get(&Knob::PinMemory).and_then(Scalar::as_bool),
+        seq_len: u(Knob::SeqLen),
+        world_size: u(Knob::WorldSize),
+    }
+}
+
+impl Engine {
+    fn level(&self, key: &str) -> Level {
+        self.policy
+            .levels
+            .get(key)
+            .map(|l| l.level)
+            .unwrap_or(Level::Ok)
+    }
+
+    fn signals(
+        &self,
+        name: &str,
+        gpus: Option<&Vec<u32>>,
+        roomy_since: Option<u64>,
+        now_ms: u64,
+    ) -> (Signals, Option<u64>) {
+        let ram_warn = self.level("host_memory") >= Level::Warn
+            || self.level(&format!("job_cgroup:{name}")) >= Level::Warn;
+        let job_gpus: Vec<u32> = match gpus {
+            Some(g) => g.clone(),
+            None => self
+                .latest
+                .as_ref()
+                .map(|s| s.gpus.iter().map(|g| g.index).collect())
+                .unwrap_or_default(),
+        };
+        let gpu_warn = job_gpus
+            .iter()
+            .any(|i| self.level(&format!("gpu_memory:{i}")) >= Level::Warn);
+        let roomy = !ram_warn
+            && !gpu_warn
+            && self.level("host_memory") == Level::Ok
+            && self.latest.as_ref().is_some_and(|s| {
+                s.gpus
+                    .iter()
+                    .filter(|g| job_gpus.contains(&g.index))
+                    .all(|g| match (g.memory_used_bytes, g.memory_total_bytes) {
+                        (Some(u), Some(t)) if t > 0 => (u as f64 / t as f64) < ROOMY_GPU,
+                        _ => false,
+                    })
+            });
+        let since = if roomy {
+            Some(roomy_since.unwrap_or(now_ms))
+        } else {
+            None
+        };
+        (
+            Signals {
+                ram_warn,
+                gpu_warn,
+                roomy_for_ms: since.map(|s| now_ms - s),
+            },
+            since,
+        )
+    }
+
+    /// Re-reads each managed config and stages a rewrite when the rules ask for one and none is pending.
+    pub(super) fn adapt(&mut self, now_ms: u64) {
+        let names: Vec<String> = self
+            .jobs
+            .iter()
+            .filter(|(_, j)| j.config.is_some())
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in names {
+            let Some(job) = self.jobs.get(&name) else {
+                continue;
+            };
+            let Some(c) = job.config.clone() else {
+                continue;
+            };
+            if c.last_error
+                .as_ref()
+                .is_some_and(|(t, _)| now_ms.saturating_sub(*t) < RETRY_MS)
+            {
+                continue;
+            }
+            let gpus = job.last.as_ref().and_then(|l| l.gpus.clone());
+            let (signals, roomy_since) =
+                self.signals(&name, gpus.as_ref(), c.roomy_since_ms, now_ms);
+            let owner = job.owner_uid;
+            let knobs = match read_knobs(&c.file, c.format, &c.profile, owner) {
+                Ok(k) => k,
+                Err(e) => {
+                    self.config_error(&name, now_ms, format!("cannot read the config: {e}"));
+                    continue;
+                }
+            };
+            let settling = c
+                .directives
+                .iter()
+                .filter_map(|d| d.applied_at_ms)
+                .max()
+                .is_some_and(|t| {
+                    now_ms.saturating_sub(t) < self.cfg.adapt.settle_seconds.saturating_mul(1000)
+                });
+            let pending = c.pending().next().is_some() || settling;
+            let proposal = if pending {
+                None
+            } else {
+                rules::propose(&knobs, signals, &self.cfg.adapt)
+            };
+            let mut c = JobConfig {
+                knobs,
+                roomy_since_ms: roomy_since,
+                last_error: None,
+                ..c
+            };
+            if let Some(p) = proposal {
+                let changes: Vec<Change> = p
+                    .changes
+                    .iter()
+                    .filter_map(|(k, old, new)| {
+                        Some(Change {
+                            knob: *k,
+                            path: c.profile.path(*k)?.to_owned(),
+                            old: old.clone(),
+                            new: new.clone(),
+                        })
+                    })
+                    .collect();
+                let edits: Vec<(String, Scalar)> = changes
+                    .iter()
+                    .map(|ch| (ch.path.clone(), ch.new.clone()))
+                    .collect();
+                if self.cfg.policy.dry_run {
+                    self.record(
+                        now_ms,
+                        "rewrite",
+                        &name,
+                        "adapt",
+                        format!("would change {}: {}", c.file.display(), p.reason),
+                        true,
+                    );
+                } else {
+                    match write::rewrite(&c.file, c.format, owner, &edits) {
+                        Ok(_) => {
+                            c.generation += 1;
+                            for ch in &changes {
+                                c.knobs.insert(ch.knob, ch.new.clone());
+                            }
+                            let d = Directive {
+                                generation: c.generation,
+                                changes,
+                                reason: p.reason.clone(),
+                                staged_at_ms: now_ms,
+                                applied_epoch: None,
+                                applied_at_ms: None,
+                            };
+                            self.journal(&name, &d);
+                            let summary: Vec<String> = d
+                                .changes
+                                .iter()
+                                .map(|ch| format!("{} {} → {}", ch.path, ch.old, ch.new))
+                                .collect();
+                            c.directives.push(d);
+                            self.record(
+                                now_ms,
+                                "rewrite",
+                                &name,
+                                "adapt",
+                                format!(
+                                    "generation {}: {} ({})",
+                                    c.generation,
+                                    summary.join(", "),
+                                    p.reason
+                                ),
+                                false,
+                            );
+                        }
+                        Err(e) => {
+                            if let Some(j) = self.jobs.get_mut(&name) {
+                                j.config = Some(c);
+                            }
+                            self.config_error(&name, now_ms, format!("rewrite refused: {e}"));
+                            continue;
+                        }
+                    }
+                }
+            }
+            if let Some(j) = self.jobs.get_mut(&name) {
+                j.config = Some(c);
+            }
+            self.save();
+        }
+    }
+
+    fn config_error(&mut self, name: &str, now_ms: u64, message: String) {
+        if let Some(c) = self.jobs.get_mut(name).and_then(|j| j.config.as_mut()) {
+            c.last_error = Some((now_ms, message.clone()));
+        }
+        self.record(now_ms, "error", name, "adapt", message, false);
+    }
+
+    /// Appends a directive to the journal of changes (`journal.jsonl` in the state directory).
+    fn journal(&self, name: &str, d: &Directive) {
+        use std::io::Write;
+        let path = self.cfg.control.state_dir.join("journal.jsonl");
+        let line = serde_json::json!({ "job": name, "directive": d });
+        let result = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| {
+                writeln!(f, "{line}")?;
+                f.sync_all()
+            });
+        if let Err(e) = result {
+            tracing::warn!(path = %path.display(), error = %e, "cannot write the journal of changes");
+        }
+    }
+
+    /// Recomputes the advice from the latest sample.
+    pub(super) fn refresh_advice(&mut self) {
+        let Some(sample) = self.latest.clone() else {
+            return;
+        };
+        let jobs: Vec<_> = self.jobs.values().map(|j| self.job_view(j)).collect();
+        let knobs: Vec<(String, Knobs)> = self
+            .jobs
+            .values()
+            .filter_map(|j| Some((j.name.clone(), knobs_for_advice(j.config.as_ref()?))))
+            .collect();
+        let hour_ago = sample.timestamp_ms.saturating_sub(3_600_000);
+        let mut thermal: BTreeMap<String, u32> = BTreeMap::new();
+        for e in self.audit.recent().filter(|e| {
+            e.action == "pause" && e.reason == "gpu_temperature" && e.timestamp_ms >= hour_ago
+        }) {
+            *thermal.entry(e.job.clone()).or_default() += 1;
+        }
+        let thermal: Vec<(String, u32)> = thermal.into_iter().collect();
+        self.advice = advice::advise(&advice::Input {
+            sample: &sample,
+            previous: self.previous.as_deref(),
+            jobs: &jobs,
+            knobs: &knobs,
+            thermal_pauses: &thermal,
+        });
+    }
+}

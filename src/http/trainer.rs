@@ -1,0 +1,131 @@
+//! The trainer's endpoints: directives at an epoch boundary, acknowledgements, progress.
+//!
+//! HTTP cannot tell who is calling, so these need the job's token (`Authorization: Bearer <token>`),
+//! which the daemon hands to whoever attached the job with its config file (the job's owner or root).
+//! Requests go to the task that owns the jobs, like control-socket commands.
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use tokio::sync::oneshot;
+
+use super::AppState;
+use super::api::error;
+use crate::adapt::Progress;
+use crate::control::server::Envelope;
+use crate::control::{Caller, Request};
+
+fn token(headers: &HeaderMap) -> Option<String> {
+    let v = headers
+        .get(axum::http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?;
+    v.strip_prefix("Bearer ").map(|t| t.trim().to_owned())
+}
+
+async fn ask(state: &AppState, request: Request) -> Response {
+    let (reply, answer) = oneshot::channel();
+    let env = Envelope {
+        request,
+        caller: Caller::ANONYMOUS,
+        reply,
+    };
+    if state.owner.send(env).await.is_err() {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the daemon is shutting down",
+        );
+    }
+    match answer.await {
+        Ok(r) if r.ok => match r.directives {
+            Some(d) => Json(d).into_response(),
+            None => Json(serde_json::json!({ "ok": true })).into_response(),
+        },
+        Ok(r) => {
+            let msg = r.error.unwrap_or_default();
+            let status = if msg.starts_with("permission denied") {
+                StatusCode::FORBIDDEN
+            } else if msg.starts_with("no attached job") {
+                StatusCode::NOT_FOUND
+            } else {
+                StatusCode::BAD_REQUEST
+            };
+            error(status, msg)
+        }
+        Err(_) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the daemon is shutting down",
+        ),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Since {
+    #[serde(default)]
+    since: u64,
+}
+
+/// `GET /api/v1/jobs/{job}/directives?since=G`
+pub async fn directives(
+    State(state): State<AppState>,
+    Path(job): Path<String>,
+    Query(q): Query<Since>,
+    headers: HeaderMap,
+) -> Response {
+    ask(
+        &state,
+        Request::Directives {
+            target: job,
+            since: q.since,
+            token: token(&headers),
+        },
+    )
+    .await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AckBody {
+    generation: u64,
+    epoch: u64,
+}
+
+/// `POST /api/v1/jobs/{job}/ack` with `{"generation": G, "epoch": E}`
+pub async fn ack(
+    State(state): State<AppState>,
+    Path(job): Path<String>,
+    headers: HeaderMap,
+    Json(b): Json<AckBody>,
+) -> Response {
+    ask(
+        &state,
+        Request::Ack {
+            target: job,
+            generation: b.generation,
+            epoch: b.epoch,
+            token: token(&headers),
+        },
+    )
+    .await
+}
+
+/// `POST /api/v1/jobs/{job}/progress` with `{"epoch": E, "step": S, "loss": L, "samples_per_second": R}`
+pub async fn progress(
+    State(state): State<AppState>,
+    Path(job): Path<String>,
+    headers: HeaderMap,
+    Json(p): Json<Progress>,
+) -> Response {
+    ask(
+        &state,
+        Request::Progress {
+            target: job,
+            progress: p,
+            token: token(&headers),
+        },
+    )
+    .await
+}

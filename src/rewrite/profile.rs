@@ -1,0 +1,124 @@
+//! Profiles: where each training knob lives in a known config format.
+
+use serde::{Deserialize, Serialize};
+
+/// The knobs memwatch may change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Knob {
+    MicroBatch,
+    Accumulation,
+    Workers,
+    PinMemory,
+    SeqLen,
+    WorldSize,
+    ZeroStage,
+}
+
+impl Knob {
+    pub fn parse(s: &str) -> Option<Knob> {
+        Some(match s {
+            "batch" | "micro_batch" => Knob::MicroBatch,
+            "accumulation" => Knob::Accumulation,
+            "workers" => Knob::Workers,
+            "pin_memory" => Knob::PinMemory,
+            "seq_len" => Knob::SeqLen,
+            "world_size" => Knob::WorldSize,
+            "zero_stage" => Knob::ZeroStage,
+            _ => return None,
+        })
+    }
+    /// The knob's name, as in the API and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Knob::MicroBatch => "micro_batch",
+            Knob::Accumulation => "accumulation",
+            Knob::Workers => "workers",
+            Knob::PinMemory => "pin_memory",
+            Knob::SeqLen => "seq_len",
+            Knob::WorldSize => "world_size",
+            Knob::ZeroStage => "zero_stage",
+        }
+    }
+
+    /// Changing this needs a restart: advised, never rewritten.
+    pub fn needs_restart(self) -> bool {
+        matches!(self, Knob::ZeroStage | Knob::WorldSize)
+    }
+}
+
+/// A knob-to-path map.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Profile {
+    pub name: String,
+    pub keys: Vec<(Knob, String)>,
+}
+
+impl Profile {
+    pub fn path(&self, knob: Knob) -> Option<&str> {
+        self.keys
+            .iter()
+            .find(|(k, _)| *k == knob)
+            .map(|(_, p)| p.as_str())
+    }
+
+    /// A built-in profile, with `overrides` (`knob=dotted.path`) on top; `generic` is overrides only.
+    pub fn build(name: &str, overrides: &[String]) -> Result<Profile, String> {
+        let base: &[(Knob, &str)] = match name {
+            "deepspeed" => &[
+                (Knob::MicroBatch, "train_micro_batch_size_per_gpu"),
+                (Knob::Accumulation, "gradient_accumulation_steps"),
+                (Knob::ZeroStage, "zero_optimization.stage"),
+            ],
+            "hf" => &[
+                (Knob::MicroBatch, "per_device_train_batch_size"),
+                (Knob::Accumulation, "gradient_accumulation_steps"),
+                (Knob::Workers, "dataloader_num_workers"),
+                (Knob::PinMemory, "dataloader_pin_memory"),
+            ],
+            "accelerate" => &[
+                (
+                    Knob::Accumulation,
+                    "deepspeed_config.gradient_accumulation_steps",
+                ),
+                (
+                    Knob::MicroBatch,
+                    "deepspeed_config.train_micro_batch_size_per_gpu",
+                ),
+                (Knob::ZeroStage, "deepspeed_config.zero_stage"),
+                (Knob::WorldSize, "num_processes"),
+            ],
+            "generic" => &[],
+            other => {
+                return Err(format!(
+                    "unknown profile {other:?}: use deepspeed, hf, accelerate or generic"
+                ));
+            }
+        };
+        let mut keys: Vec<(Knob, String)> =
+            base.iter().map(|(k, p)| (*k, (*p).to_owned())).collect();
+        for o in overrides {
+            let (knob, path) = o
+                .split_once('=')
+                .ok_or_else(|| format!("--key {o:?}: expected KNOB=dotted.path"))?;
+            let knob = Knob::parse(knob).ok_or_else(|| {
+                format!("--key {o:?}: unknown knob; use batch, accumulation, workers, pin_memory, seq_len, world_size or zero_stage")
+            })?;
+            if path.is_empty() {
+                return Err(format!("--key {o:?}: empty path"));
+            }
+            keys.retain(|(k, _)| *k != knob);
+            keys.push((knob, path.to_owned()));
+        }
+        if keys.is_empty() {
+            return Err(
+                "the generic profile needs --key KNOB=path for each knob memwatch may change"
+                    .into(),
+            );
+        }
+        Ok(Profile {
+            name: name.to_owned(),
+            keys,
+        })
+    }
+}

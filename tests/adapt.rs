@@ -1,0 +1,340 @@
+//! Adapting jobs: config rewrites that land at the next epoch boundary, their safety, the trainer
+//! protocol's authentication, and advice from the running daemon.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{Daemon, Opts, eventually, memwatch};
+
+fn gpu(used: u64, pid: u32) -> String {
+    format!(
+        r#"{{"devices":[{{"name":"Fake","uuid":"GPU-t","memory_total":20000000000,"memory_used":{used},
+        "temperature":50,"threshold_slowdown":90,"threshold_shutdown":98,
+        "processes":[{{"pid":{pid},"used_memory":{used}}}]}}]}}"#
+    )
+}
+
+#[test]
+fn a_full_gpu_halves_the_batch_at_the_next_epoch_boundary_keeping_the_effective_batch() {
+    let d = Daemon::start(Opts {
+        root: "/".into(),
+        gpu_state: Some(Box::leak(gpu(8_000_000_000, 1).into_boxed_str())),
+        ..Opts::default()
+    });
+    let cfg = d.dir.path().join("train.json");
+    let original = "{\n  // comments are not JSON\n}";
+    let _ = original;
+    std::fs::write(&cfg, "{\n  \"model\": \"tiny\",\n  \"train\": {\"micro_batch\": 32, \"accumulation\": 2, \"lr\": 0.0003},\n  \"epochs\": 6\n}\n").unwrap();
+    let out = d.dir.path().join("log.json");
+    let mut trainer = Command::new("python3")
+        .arg(common::repo().join("tests/trainer/train.py"))
+        .args([
+            cfg.to_str().unwrap(),
+            d.socket.to_str().unwrap(),
+            &d.url(),
+            out.to_str().unwrap(),
+            "6",
+            "20",
+            "0.05",
+        ])
+        .stdout(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let pid = trainer.id();
+    assert!(
+        eventually(10.0, || d.job_state("trainer").is_some()),
+        "the trainer did not attach"
+    );
+    d.set_gpu_state(&gpu(8_000_000_000, pid));
+    // Epoch 1 is under way: the GPU fills up.
+    std::thread::sleep(Duration::from_millis(1300));
+    d.set_gpu_state(&gpu(19_000_000_000, pid));
+    assert!(
+        eventually(10.0, || d.jobs()[0]["config"]["generation"] == 1),
+        "no rewrite was staged: {:?}",
+        d.jobs()
+    );
+    d.set_gpu_state(&gpu(8_000_000_000, pid));
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    assert_eq!(
+        text,
+        "{\n  \"model\": \"tiny\",\n  \"train\": {\"micro_batch\": 16, \"accumulation\": 4, \"lr\": 0.0003},\n  \"epochs\": 6\n}\n",
+        "only the two values changed"
+    );
+    assert!(cfg.with_file_name("train.json.memwatch-orig").exists());
+    let status = trainer.wait().unwrap();
+    assert!(status.success());
+
+    let log: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let job = &d.jobs()[0];
+    let directive = &job["config"]["directives"][0];
+    let staged = directive["staged_at_ms"].as_u64().unwrap();
+    let applied_epoch = directive["applied_epoch"].as_u64().expect("acknowledged");
+    assert_eq!(job["config"]["applied_generation"], 1);
+    // The trainer kept the old batch until the epoch boundary after the rewrite, then the new one.
+    let first_epoch_after = log
+        .iter()
+        .find(|s| s["t_ms"].as_u64().unwrap() > staged && s["step"] == 0)
+        .unwrap()["epoch"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(applied_epoch, first_epoch_after);
+    for s in &log {
+        let (e, m, a) = (
+            s["epoch"].as_u64().unwrap(),
+            s["micro"].as_u64().unwrap(),
+            s["accum"].as_u64().unwrap(),
+        );
+        if e < applied_epoch {
+            assert_eq!((m, a), (32, 2), "changed before the boundary: {s}");
+        } else {
+            assert_eq!((m, a), (16, 4), "not applied at the boundary: {s}");
+        }
+        assert_eq!(m * a, 64, "the effective batch changed");
+    }
+    // Epochs within an epoch never mix values.
+    let staged_mid_epoch = log.iter().any(|s| {
+        s["epoch"].as_u64().unwrap() == applied_epoch - 1 && s["t_ms"].as_u64().unwrap() < staged
+    });
+    assert!(
+        staged_mid_epoch,
+        "the rewrite should have landed mid-epoch for this test to mean anything"
+    );
+    let events = d.events();
+    assert!(events.iter().any(|e| e["action"] == "rewrite"));
+    assert!(events.iter().any(|e| e["action"] == "applied"));
+    assert!(
+        d.metrics()
+            .contains("memwatch_job_config_applied_generation{job=\"trainer\"} 1\n")
+    );
+}
+
+#[test]
+fn trainer_endpoints_need_the_token() {
+    let d = Daemon::start(Opts {
+        root: "/".into(),
+        gpu_state: None,
+        ..Opts::default()
+    });
+    let cfg = d.dir.path().join("train.toml");
+    std::fs::write(&cfg, "[train]\nbatch = 8\n").unwrap();
+    let mut s = Command::new("sleep").arg("60").spawn().unwrap();
+    let (code, out, err) = d.ctl(&[
+        "attach",
+        &s.id().to_string(),
+        "--name",
+        "tok",
+        "--config-file",
+        cfg.to_str().unwrap(),
+        "--key",
+        "batch=train.batch",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let token = out
+        .lines()
+        .find_map(|l| l.strip_prefix("token: "))
+        .unwrap()
+        .to_owned();
+    let get = |auth: &str| {
+        d.request(&format!(
+            "GET /api/v1/jobs/tok/directives HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n"
+        ))
+    };
+    assert_eq!(get("").0, 403);
+    assert_eq!(get("Authorization: Bearer nope\r\n").0, 403);
+    let (status, body) = get(&format!("Authorization: Bearer {token}\r\n"));
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"micro_batch\":8"), "{body}");
+    let ack = |g: u64| {
+        let body = format!("{{\"generation\":{g},\"epoch\":1}}");
+        d.request(&format!(
+            "POST /api/v1/jobs/tok/ack HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ))
+    };
+    assert_eq!(ack(5).0, 400, "a generation never staged");
+    assert_eq!(ack(0).0, 200);
+    assert_eq!(d.get("/api/v1/jobs/nope/directives").0, 404);
+    // The token never shows in the API.
+    assert!(!d.get("/api/v1/jobs").1.contains(&token));
+    let _ = s.kill();
+    let _ = s.wait();
+}
+
+#[test]
+fn attach_refuses_bad_config_files() {
+    let d = Daemon::start(Opts {
+        root: "/".into(),
+        gpu_state: None,
+        ..Opts::default()
+    });
+    let mut s = Command::new("sleep").arg("60").spawn().unwrap();
+    let pid = s.id().to_string();
+    let dir = d.dir.path();
+    std::fs::write(
+        dir.join("bad.json"),
+        "{\"train_micro_batch_size_per_gpu\": 4,,}",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("ok.json"),
+        "{\"train_micro_batch_size_per_gpu\": 4}",
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(dir.join("ok.json"), dir.join("link.json")).unwrap();
+    std::fs::write(dir.join("x.ini"), "").unwrap();
+    let cases = [
+        ("bad.json", "deepspeed", "not valid JSON"),
+        ("link.json", "deepspeed", "symbolic link"),
+        ("x.ini", "deepspeed", "unknown format"),
+        ("ok.json", "nonsense", "unknown profile"),
+        ("ok.json", "hf", "none of the profile's keys"),
+        ("missing.json", "deepspeed", "No such file"),
+    ];
+    for (file, profile, want) in cases {
+        let f = dir.join(file);
+        let (code, _, err) = d.ctl(&[
+            "attach",
+            &pid,
+            "--config-file",
+            f.to_str().unwrap(),
+            "--profile",
+            profile,
+        ]);
+        assert_ne!(code, 0, "{file}");
+        assert!(err.contains(want), "{file}: {err}");
+    }
+    assert!(d.jobs().is_empty());
+    assert_eq!(
+        std::fs::read_to_string(dir.join("bad.json")).unwrap(),
+        "{\"train_micro_batch_size_per_gpu\": 4,,}"
+    );
+    let (code, _, err) = d.ctl(&[
+        "attach",
+        &pid,
+        "--config-file",
+        dir.join("ok.json").to_str().unwrap(),
+        "--profile",
+        "deepspeed",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let _ = s.kill();
+    let _ = s.wait();
+}
+
+#[test]
+fn a_writer_killed_at_any_point_leaves_the_old_file_or_the_new_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("ds.json");
+    let old = "{\n  \"train_micro_batch_size_per_gpu\": 32,\n  \"gradient_accumulation_steps\": 2,\n  \"pad\": \"".to_owned() + &"x".repeat(200_000) + "\"\n}\n";
+    std::fs::write(&f, &old).unwrap();
+    let mut seen_old = 0;
+    let mut seen_new = 0;
+    for i in 0..150u64 {
+        let (a, b) = if i % 2 == 0 { (16, 4) } else { (32, 2) };
+        let mut child = Command::new(common::bin())
+            .args([
+                "rewrite",
+                f.to_str().unwrap(),
+                "--set",
+                &format!("train_micro_batch_size_per_gpu={a}"),
+                "--set",
+                &format!("gradient_accumulation_steps={b}"),
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_micros((i * 7919) % 4000));
+        let _ = child.kill();
+        let _ = child.wait();
+        let text = std::fs::read_to_string(&f).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("run {i}: broken file: {e}"));
+        let pair = (
+            v["train_micro_batch_size_per_gpu"].as_u64().unwrap(),
+            v["gradient_accumulation_steps"].as_u64().unwrap(),
+        );
+        assert!(pair == (32, 2) || pair == (16, 4), "run {i}: {pair:?}");
+        if pair == (a, b) {
+            seen_new += 1
+        } else {
+            seen_old += 1
+        }
+        assert_eq!(v["pad"].as_str().unwrap().len(), 200_000);
+    }
+    // Both outcomes happened: the kills really landed at different points.
+    assert!(
+        seen_old > 0 && seen_new > 0,
+        "old {seen_old}, new {seen_new}"
+    );
+}
+
+#[test]
+fn rewrite_keeps_comments_in_every_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "hf.yaml",
+            "# HF TrainingArguments\nper_device_train_batch_size: 32  # tuned\ngradient_accumulation_steps: 2\ndataloader_num_workers: 8\ndataloader_pin_memory: true\n",
+            "dataloader_num_workers=0",
+            "dataloader_num_workers: 0\n",
+        ),
+        (
+            "t.toml",
+            "[train]\n# per device\nbatch = 32\n",
+            "train.batch=16",
+            "batch = 16\n",
+        ),
+        (
+            "ds.json",
+            "{\"train_micro_batch_size_per_gpu\": 32, \"zero_optimization\": {\"stage\": 2}}",
+            "zero_optimization.stage=3",
+            "\"stage\": 3}",
+        ),
+    ];
+    for (name, text, set, want) in cases {
+        let f = dir.path().join(name);
+        std::fs::write(&f, text).unwrap();
+        let (code, out, err) = memwatch(&["rewrite", f.to_str().unwrap(), "--set", set]);
+        assert_eq!(code, 0, "{name}: {err}");
+        assert!(out.contains("→"), "{out}");
+        let new = std::fs::read_to_string(&f).unwrap();
+        assert!(new.contains(want), "{name}: {new}");
+        let old_lines: Vec<&str> = text.lines().collect();
+        let changed = new.lines().zip(&old_lines).filter(|(a, b)| a != *b).count();
+        assert_eq!(changed, 1, "{name}: only one line may change:\n{new}");
+    }
+    let (code, _, err) = memwatch(&[
+        "rewrite",
+        dir.path().join("t.toml").to_str().unwrap(),
+        "--set",
+        "train.nope=1",
+    ]);
+    assert_eq!(code, 1);
+    assert!(err.contains("not in the file"), "{err}");
+}
+
+#[test]
+fn advice_for_the_fixture_machine() {
+    let d = Daemon::start(Opts::default());
+    let (code, out, err) = memwatch(&["advise", "--url", &d.url()]);
+    assert_eq!(code, 0, "{err}");
+    // The fixture: 1.4 GiB available of 30.8, 2.0 GiB in swap: keep swap on.
+    assert!(
+        out.contains(
+            "[WARN] Swap holds 2.0 GiB, more than RAM can take back now: do not run swapoff"
+        ),
+        "{out}"
+    );
+    let (code, out, _) = memwatch(&["advise", "--json", "--url", &d.url()]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["advice"][0]["id"], "swap-keep");
+    assert!(
+        d.metrics()
+            .contains("memwatch_advice_active{id=\"swap-keep\",severity=\"warn\",job=\"\"} 1\n")
+    );
+}

@@ -82,6 +82,44 @@ fn main() {
             black_box(render(Some(&sample), &info));
         },
     );
+    let me = std::process::id();
+    let root = std::path::Path::new("/");
+    let cg = memwatch::job::measure::cgroup_of(root, me);
+    measure("probe: /proc/meminfo", 5000, || {
+        black_box(memwatch::sample::meminfo::read(root).ok());
+    });
+    if let Some(cg) = &cg {
+        measure(
+            "probe: job cgroup, full read (usage, limits, stat)",
+            5000,
+            || {
+                black_box(memwatch::sample::cgroup::read_dir(cg).ok());
+            },
+        );
+        let usage = cg.dir.join(if cg.version == 1 {
+            "memory.usage_in_bytes"
+        } else {
+            "memory.current"
+        });
+        measure("probe: job cgroup, usage file only", 5000, || {
+            black_box(std::fs::read_to_string(&usage).ok());
+        });
+    }
+    let me_ref = memwatch::proc::read_stat(root, me)
+        .map(|s| s.proc_ref())
+        .ok();
+    if let Some(r) = me_ref {
+        measure("full: measure this process's tree", 2000, || {
+            black_box(memwatch::job::measure::measure(
+                root,
+                r,
+                cg.as_ref(),
+                &[],
+                0,
+                None,
+            ));
+        });
+    }
     sample.gpus.truncate(1);
     measure("render /metrics, fixture host + 1 GPU", 20_000, || {
         black_box(render(Some(&sample), &info));

@@ -141,24 +141,25 @@ async fn in_flight(
 /// Takes a full sample and measures every job, on the blocking pool.
 fn spawn_full(
     mut sampler: Sampler,
-    engine: &Engine,
+    engine: &mut Engine,
     process_root: std::path::PathBuf,
 ) -> JoinHandle<FullResult> {
-    let plan = engine.measure_plan();
+    let plan = engine.measure_plan(now_ms());
     tokio::task::spawn_blocking(move || {
         let sample = sampler.sample();
         let now = sample.timestamp_ms;
         let jobs = plan
             .into_iter()
-            .map(|(name, root, cg)| {
+            .map(|p| {
                 let m = crate::job::measure::measure(
                     &process_root,
-                    root,
-                    cg.as_ref(),
+                    p.root,
+                    p.cgroup.as_ref(),
                     &sample.gpus,
                     now,
+                    p.previous.as_ref(),
                 );
-                (name, m)
+                (p.name, m)
             })
             .collect();
         (sampler, sample, jobs)
@@ -169,14 +170,27 @@ fn spawn_full(
 type Probe = (Option<(u64, u64)>, Vec<(String, cgroup::CgroupMemory)>);
 
 /// The cheap probe: MemAvailable and every job's cgroup. Small reads, done inline.
-fn probe(config: &Config, engine: &Engine) -> Probe {
-    let host = meminfo::read(&config.host.root)
-        .ok()
+/// Only the usage file is read (one small read); limit and inactive file cache come from the last full
+/// read of the cgroup, which every full sample refreshes.
+fn probe(config: &Config, engine: &Engine, now: u64) -> Probe {
+    let host = engine
+        .probe_host(now)
+        .then(|| meminfo::read(&config.host.root).ok())
+        .flatten()
         .map(|m| (m.available_bytes, m.total_bytes));
     let cgroups = engine
-        .measure_plan()
+        .probe_plan()
         .into_iter()
-        .filter_map(|(name, _, cg)| Some((name, cgroup::read_dir(cg.as_ref()?).ok()?)))
+        .filter_map(|(name, dir, last)| {
+            let fresh = match last {
+                Some(last) => cgroup::CgroupMemory {
+                    usage_bytes: cgroup::read_usage(&dir).ok()?,
+                    ..last
+                },
+                None => cgroup::read_dir(&dir).ok()?,
+            };
+            Some((name, fresh))
+        })
         .collect();
     (host, cgroups)
 }
@@ -261,12 +275,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     next_full = Instant::now() + every;
                 }
                 if let Some(s) = sampler.take() {
-                    full = Some(spawn_full(s, &engine, config.host.process_root.clone()));
+                    full = Some(spawn_full(s, &mut engine, config.host.process_root.clone()));
                 }
             }
             _ = tokio::time::sleep_until(next_probe), if probing.is_some() => {
-                let (host, cgroups) = probe(&config, &engine);
                 let now = now_ms();
+                let (host, cgroups) = probe(&config, &engine, now);
                 engine.on_probe(host, cgroups, now);
                 if engine.take_dirty() {
                     shared.publish_view(engine.view());

@@ -5,6 +5,7 @@
 pub mod act;
 pub mod adapt;
 pub mod advice;
+pub mod check;
 pub mod cli;
 pub mod client;
 pub mod config;

@@ -184,3 +184,124 @@ fn connections_beyond_the_limit_wait() {
     let n = std::io::Read::read(&mut c, &mut buf).unwrap();
     assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
 }
+
+#[test]
+fn check_plans_a_model_for_this_machine() {
+    let args = [
+        "--config",
+        "/dev/null",
+        "check",
+        "--params",
+        "1.5e9",
+        "--layers",
+        "48",
+        "--hidden",
+        "1600",
+        "--heads",
+        "25",
+        "--seq-len",
+        "1024",
+        "--gpus",
+        "2",
+        "--gpu-memory-gib",
+        "8",
+        "--ram-gib",
+        "60",
+    ];
+    let (code, out, err) = memwatch(&args);
+    assert_eq!(code, 0, "{err}");
+    for want in [
+        "ZeRO-2 + CPU optimizer offload",
+        "layout: ZeRO-2 + CPU optimizer offload",
+        "\"train_micro_batch_size_per_gpu\"",
+        "distributed_type: DEEPSPEED",
+    ] {
+        assert!(out.contains(want), "missing {want:?}:\n{out}");
+    }
+    let mut json = args.to_vec();
+    json.push("--json");
+    let (code, out, _) = memwatch(&json);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let ds = &v["deepspeed"];
+    assert_eq!(
+        ds["train_batch_size"].as_u64().unwrap(),
+        ds["train_micro_batch_size_per_gpu"].as_u64().unwrap()
+            * ds["gradient_accumulation_steps"].as_u64().unwrap()
+            * 2
+    );
+    for (bad, want) in [
+        (
+            vec!["--config", "/dev/null", "check", "--params=-5"],
+            "--params",
+        ),
+        (
+            vec!["--config", "/dev/null", "check", "--layers", "12"],
+            "give --params too",
+        ),
+        (
+            vec![
+                "--config",
+                "/dev/null",
+                "check",
+                "--params",
+                "1e9",
+                "--optimizer",
+                "sgd",
+            ],
+            "Adam",
+        ),
+    ] {
+        let (code, _, err) = memwatch(&bad);
+        assert_eq!(code, 2, "{bad:?}");
+        assert!(err.contains(want), "{err}");
+    }
+}
+
+#[test]
+fn check_reads_the_gpus_through_nvml() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[host]\nroot = {:?}\n[gpu]\nlibrary = {:?}\n",
+            common::fixture_root(),
+            common::fake_nvml()
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(common::bin())
+        .args([
+            "--config",
+            config.to_str().unwrap(),
+            "check",
+            "--params",
+            "3e8",
+        ])
+        .env(
+            "MEMWATCH_FAKE_NVML_STATE",
+            common::repo().join("tests/fixtures/nvml/two-gpus.json"),
+        )
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("GPU 1: NVIDIA RTX A4500, 20.00 GiB"),
+        "{text}"
+    );
+    assert!(text.contains("the notes' tier: > 12 GB: ZeRO-2"), "{text}");
+    // The fixture host has 1.4 GiB available: no workers, no pinned memory.
+    assert!(
+        text.contains("DataLoader workers 0, pin_memory false"),
+        "{text}"
+    );
+    // ZeRO-2 would need 4 bytes × params × 2 ranks × 1.5 = 3.4 GiB of host RAM to load the model; with
+    // 1.4 GiB available, ZeRO-3 with zero_init is what fits.
+    assert!(text.contains("layout: ZeRO-3\n"), "{text}");
+}

@@ -3,6 +3,7 @@
 //! Exit status: 0 success, 1 a runtime failure (daemon unreachable, port taken), 2 bad usage or config.
 
 mod advise;
+mod check;
 mod jobs;
 mod status;
 
@@ -101,6 +102,8 @@ enum Command {
         #[command(flatten)]
         socket: SocketArg,
     },
+    /// Estimate what a model needs per ZeRO layout on this machine, and recommend a setup
+    Check(check::CheckArgs),
     /// Change values in a JSON, YAML or TOML file safely (what memwatch does to training configs)
     Rewrite {
         file: PathBuf,
@@ -300,6 +303,28 @@ fn dispatch(cli: Cli) -> Result<(), Failure> {
                 println!("{}", serde_json::to_string_pretty(&jobs)?);
             } else {
                 print!("{}", jobs::render(&jobs, now_ms()));
+            }
+            Ok(())
+        }
+        Command::Check(a) => {
+            let config = load_config(&cli)?;
+            let machine = check::machine(&config, a)?;
+            let model = check::model(a, machine.gpus.len()).map_err(usage)?;
+            let report = crate::check::check(machine, model);
+            if a.json {
+                let gpus = report
+                    .model
+                    .as_ref()
+                    .map(|m| m.gpus)
+                    .unwrap_or(report.machine.gpus.len().max(1) as u64);
+                let v = serde_json::json!({
+                    "report": report,
+                    "deepspeed": crate::check::deepspeed_json(&report.recommendation, gpus),
+                    "accelerate": crate::check::accelerate_yaml(&report.recommendation, gpus),
+                });
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                print!("{}", check::render(&report));
             }
             Ok(())
         }

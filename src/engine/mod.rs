@@ -46,6 +46,17 @@ pub struct InterventionCount {
     pub last_timestamp_ms: u64,
 }
 
+/// One job's full measurement, planned by the engine and run on the blocking pool.
+pub struct MeasurePlan {
+    pub name: String,
+    pub root: crate::proc::ProcRef,
+    pub cgroup: Option<crate::sample::cgroup::CgroupDir>,
+    pub previous: Option<crate::job::JobSample>,
+}
+
+/// smaps_rollup (PSS, swap) is read at least this often; RSS every sample.
+const DETAILED_EVERY_MS: u64 = 5000;
+
 pub struct Engine {
     cfg: Config,
     process_root: PathBuf,
@@ -64,6 +75,8 @@ pub struct Engine {
     dirty: bool,
     /// The sample before `latest`, for rates.
     previous: Option<Arc<Sample>>,
+    /// When the jobs' smaps_rollup was last read.
+    last_detailed_ms: u64,
     advice: Vec<crate::advice::Advice>,
 }
 
@@ -83,6 +96,7 @@ impl Engine {
             fast_until_ms: 0,
             dirty: true,
             previous: None,
+            last_detailed_ms: 0,
             advice: Vec::new(),
         }
     }
@@ -91,18 +105,52 @@ impl Engine {
         !self.jobs.is_empty()
     }
 
-    /// The jobs' roots and cgroups, for the blocking full measurement.
-    pub fn measure_plan(
+    /// The jobs to measure: name, root, cgroup, and the previous measurement to carry PSS over from
+    /// (`None`: read smaps_rollup this time).
+    pub fn measure_plan(&mut self, now_ms: u64) -> Vec<MeasurePlan> {
+        let detailed = now_ms.saturating_sub(self.last_detailed_ms) >= DETAILED_EVERY_MS
+            || self
+                .policy
+                .levels
+                .values()
+                .any(|l| l.level >= policy::Level::Warn);
+        if detailed {
+            self.last_detailed_ms = now_ms;
+        }
+        self.jobs
+            .values()
+            .map(|j| MeasurePlan {
+                name: j.name.clone(),
+                root: j.root,
+                cgroup: j.cgroup_dir.clone(),
+                previous: if detailed { None } else { j.last.clone() },
+            })
+            .collect()
+    }
+
+    /// Each job's cgroup directory and what the last full read said of it, for probes.
+    pub fn probe_plan(
         &self,
     ) -> Vec<(
         String,
-        crate::proc::ProcRef,
-        Option<crate::sample::cgroup::CgroupDir>,
+        crate::sample::cgroup::CgroupDir,
+        Option<crate::sample::cgroup::CgroupMemory>,
     )> {
         self.jobs
             .values()
-            .map(|j| (j.name.clone(), j.root, j.cgroup_dir.clone()))
+            .filter_map(|j| {
+                Some((
+                    j.name.clone(),
+                    j.cgroup_dir.clone()?,
+                    j.last.as_ref().and_then(|l| l.cgroup.clone()),
+                ))
+            })
             .collect()
+    }
+
+    /// Whether probes should read /proc/meminfo: when host memory is at least half used, or near trouble.
+    pub fn probe_host(&self, now_ms: u64) -> bool {
+        now_ms < self.fast_until_ms || self.host_memory.is_none_or(|(a, t)| t == 0 || a * 2 <= t)
     }
 
     /// How long until the next probe: fast near trouble, slower when calm, none without jobs.

@@ -53,28 +53,57 @@ fn same_process(nvml_pid: u32, pid: u32, nspid: &[u32]) -> bool {
 }
 
 /// Measures the tree under `root_ref`; `None` when the root is gone or was replaced.
+///
+/// With `previous` given, PSS and swap are carried over from it per pid and RSS comes from
+/// /proc/PID/stat: smaps_rollup walks a process's page tables, the costliest read memwatch makes, so
+/// the daemon asks for it every few seconds and when memory is tight, not every second.
 pub fn measure(
     root: &Path,
     root_ref: ProcRef,
     cg: Option<&CgroupDir>,
     gpus: &[GpuSample],
     now_ms: u64,
+    previous: Option<&JobSample>,
 ) -> Option<JobSample> {
     let tree = proc::descendants(root, root_ref.pid)?;
     if tree.procs.first()?.start_time != root_ref.start_time {
         return None;
     }
     let gpu_known = gpus.iter().any(|g| g.processes.is_some());
+    let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .and_then(|v| u64::try_from(v).ok())
+        .unwrap_or(4096);
     let mut used_gpus: Vec<u32> = Vec::new();
     let mut processes = Vec::with_capacity(tree.procs.len());
     for p in &tree.procs {
-        let mem = proc::read_memory(root, p.pid).unwrap_or(Memory {
-            rss_bytes: p.rss_pages * 4096,
-            ..Memory::default()
-        });
-        let nspid = proc::read_status(root, p.pid)
-            .map(|s| s.nspid)
-            .unwrap_or_default();
+        let rss_now = p.rss_pages * page;
+        let carried = previous.and_then(|prev| prev.processes.iter().find(|q| q.pid == p.pid));
+        let mem = match (previous, carried) {
+            (Some(_), Some(q)) => Memory {
+                rss_bytes: rss_now,
+                pss_bytes: q.pss_bytes.min(rss_now),
+                swap_bytes: q.swap_bytes,
+            },
+            (Some(_), None) => Memory {
+                rss_bytes: rss_now,
+                pss_bytes: rss_now,
+                swap_bytes: 0,
+            },
+            (None, _) => proc::read_memory(root, p.pid).unwrap_or(Memory {
+                rss_bytes: rss_now,
+                ..Memory::default()
+            }),
+        };
+        // NSpid matters only for matching NVML's pids.
+        let nspid = if gpu_known {
+            proc::read_status(root, p.pid)
+                .map(|s| s.nspid)
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
         let mut gpu_bytes = None;
         for g in gpus {
             for gp in g

@@ -127,6 +127,15 @@ pub fn locate(root: &Path, membership: &Membership) -> Option<CgroupDir> {
     None
 }
 
+/// Reads only the cgroup's current usage: the cheap read probes make between full reads.
+pub fn read_usage(d: &CgroupDir) -> Result<u64, ReadError> {
+    read_u64(&d.dir.join(if d.version == 1 {
+        "memory.usage_in_bytes"
+    } else {
+        "memory.current"
+    }))
+}
+
 /// Reads usage, the tightest limit up to the root, OOM kills and inactive file cache.
 pub fn read_dir(d: &CgroupDir) -> Result<CgroupMemory, ReadError> {
     if d.version == 1 {

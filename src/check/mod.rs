@@ -1,0 +1,347 @@
+//! `memwatch check`: what a model needs and what this machine can give, before a run starts — the
+//! users' check_system script done right. Pure: machine and model in, estimates and a recommendation out.
+//!
+//! Model states follow DeepSpeed's own estimators (`estimate_zero2_model_states_mem_needs`,
+//! `estimate_zero3_model_states_mem_needs`, with zero_init and their 1.5 buffer factor for host RAM);
+//! activations follow Korthikanti et al. 2022 (16-bit, per transformer layer: s·b·h·(34 + 5·a·s/h)
+//! bytes without recomputation, about 2·s·b·h with full recomputation).
+
+#[cfg(test)]
+mod tests;
+
+use serde::Serialize;
+
+/// DeepSpeed's host-memory buffer factor.
+const BUFFER: f64 = 1.5;
+/// Share of a GPU's memory a plan may use (the rest: CUDA context, allocator slack, fragmentation).
+const GPU_USABLE: f64 = 0.90;
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// The machine, as sampled or as given on the command line.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Machine {
+    pub ram_total_bytes: u64,
+    pub ram_available_bytes: u64,
+    pub swap_free_bytes: u64,
+    /// GPUs: (index, name, total bytes, free bytes).
+    pub gpus: Vec<(u32, String, u64, u64)>,
+}
+
+impl Machine {
+    /// The smallest GPU's memory (plans must fit every rank).
+    pub fn gpu_memory_bytes(&self) -> Option<u64> {
+        self.gpus.iter().map(|g| g.2).min()
+    }
+}
+
+/// The model, as far as the user describes it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Model {
+    pub params: f64,
+    pub layers: Option<u64>,
+    pub hidden: Option<u64>,
+    pub heads: Option<u64>,
+    pub seq_len: Option<u64>,
+    /// Parameters of the largest single layer; 4·h² (the MLP's up-projection) when only h is known.
+    pub largest_layer_params: Option<f64>,
+    pub gpus: u64,
+}
+
+impl Model {
+    pub fn largest_layer(&self) -> f64 {
+        self.largest_layer_params
+            .or_else(|| self.hidden.map(|h| 4.0 * (h as f64) * (h as f64)))
+            .unwrap_or(self.params / self.layers.unwrap_or(24).max(1) as f64)
+    }
+}
+
+/// One way to lay the model states out.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Option_ {
+    pub name: &'static str,
+    pub zero_stage: u8,
+    pub offload_optimizer: bool,
+    pub offload_params: bool,
+    /// Model states per GPU (parameters, gradients, optimizer), bytes.
+    pub gpu_bytes: f64,
+    /// Host RAM the node needs, bytes.
+    pub cpu_bytes: f64,
+}
+
+/// Model-state estimates for every option, DeepSpeed's way (zero_init for ZeRO-3).
+pub fn options(m: &Model) -> Vec<Option_> {
+    let p = m.params;
+    let n = m.gpus.max(1) as f64;
+    let ll = 4.0 * m.largest_layer();
+    vec![
+        Option_ {
+            name: "ZeRO-2",
+            zero_stage: 2,
+            offload_optimizer: false,
+            offload_params: false,
+            gpu_bytes: 4.0 * p + 16.0 * p / n,
+            cpu_bytes: p * 4.0 * n * BUFFER,
+        },
+        Option_ {
+            name: "ZeRO-2 + CPU optimizer offload",
+            zero_stage: 2,
+            offload_optimizer: true,
+            offload_params: false,
+            gpu_bytes: 2.0 * p,
+            cpu_bytes: p * (4.0 * n).max(16.0) * BUFFER,
+        },
+        Option_ {
+            name: "ZeRO-3",
+            zero_stage: 3,
+            offload_optimizer: false,
+            offload_params: false,
+            gpu_bytes: ll + 18.0 * p / n,
+            cpu_bytes: m.largest_layer() * 4.0 * n * BUFFER,
+        },
+        Option_ {
+            name: "ZeRO-3 + CPU optimizer offload",
+            zero_stage: 3,
+            offload_optimizer: true,
+            offload_params: false,
+            gpu_bytes: ll + 2.0 * p / n,
+            cpu_bytes: p * 16.0 * BUFFER,
+        },
+        Option_ {
+            name: "ZeRO-3 + CPU offload (params and optimizer)",
+            zero_stage: 3,
+            offload_optimizer: true,
+            offload_params: true,
+            gpu_bytes: ll,
+            cpu_bytes: p * 18.0 * BUFFER,
+        },
+    ]
+}
+
+/// Activation memory per GPU for micro-batch `b` (16-bit), if the shape is known.
+pub fn activations(m: &Model, b: u64, recompute: bool) -> Option<f64> {
+    let (l, h, a, s) = (m.layers?, m.hidden?, m.heads?, m.seq_len?);
+    let (s, b, h, a) = (s as f64, b as f64, h as f64, a as f64);
+    let per_layer = if recompute {
+        2.0 * s * b * h
+    } else {
+        s * b * h * (34.0 + 5.0 * a * s / h)
+    };
+    Some(per_layer * l as f64)
+}
+
+/// The notes' tiers (note 004), by GPU memory per GPU: (name, zero stage, offload, micro-batch,
+/// accumulation, sequence length).
+pub fn notes_tier(gpu_bytes: u64) -> (&'static str, u8, bool, u64, u64, u64) {
+    let g = gpu_bytes as f64 / 1e9;
+    if g > 12.0 {
+        ("> 12 GB: ZeRO-2", 2, false, 4, 4, 2048)
+    } else if g >= 6.0 {
+        (
+            "6–12 GB: ZeRO-2 + CPU optimizer offload",
+            2,
+            true,
+            3,
+            6,
+            1792,
+        )
+    } else if g >= 4.0 {
+        ("4–6 GB: ZeRO-3", 3, false, 2, 8, 1536)
+    } else {
+        ("< 4 GB: ZeRO-3 + CPU offload", 3, true, 1, 16, 1024)
+    }
+}
+
+/// One option judged against this machine.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Verdict {
+    pub option: Option_,
+    /// Model states plus activations at micro-batch 1 with checkpointing, per GPU.
+    pub gpu_needed_bytes: f64,
+    pub fits_gpu: Option<bool>,
+    pub fits_ram: bool,
+}
+
+/// What `check` recommends.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Recommendation {
+    pub tier: String,
+    pub option: Option<Option_>,
+    pub micro_batch: u64,
+    pub accumulation: u64,
+    pub seq_len: u64,
+    pub workers: u64,
+    pub pin_memory: bool,
+    pub gradient_checkpointing: bool,
+    pub notes: Vec<String>,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    pub machine: Machine,
+    pub model: Option<Model>,
+    pub verdicts: Vec<Verdict>,
+    pub recommendation: Recommendation,
+}
+
+/// Host RAM below which DataLoader workers and pin_memory go (note 001's threshold).
+const LOW_RAM: u64 = 10 << 30;
+
+pub fn check(machine: Machine, model: Option<Model>) -> Report {
+    let gpu_mem = machine.gpu_memory_bytes();
+    let (tier_name, tier_stage, tier_offload, mut micro, mut accum, mut seq) = match gpu_mem {
+        Some(g) => notes_tier(g),
+        // No GPU: note 002's RAM tiers for a CPU run.
+        None if machine.ram_total_bytes < 8 << 30 => ("no GPU, < 8 GB RAM", 0, false, 1, 16, 128),
+        None if machine.ram_total_bytes < 16 << 30 => ("no GPU, 8–16 GB RAM", 0, false, 4, 4, 256),
+        None => ("no GPU, ≥ 16 GB RAM", 0, false, 8, 1, 512),
+    };
+    let mut notes = Vec::new();
+    let low_ram = machine.ram_available_bytes < LOW_RAM;
+    let gpus = machine.gpus.len().max(1) as u64;
+    let workers = if low_ram { 0 } else { 4.min(2 * gpus) };
+    if low_ram {
+        notes.push(format!(
+            "only {:.1} GiB of RAM available: num_workers 0 and pin_memory off, stream the dataset",
+            machine.ram_available_bytes as f64 / GIB
+        ));
+    }
+    let mut verdicts = Vec::new();
+    let mut chosen = None;
+    let mut checkpointing = false;
+    if let Some(m) = &model {
+        if let Some(s) = m.seq_len {
+            seq = s;
+        }
+        for o in options(m) {
+            // The floor: micro-batch 1 with full recomputation (gradient checkpointing).
+            let act1 = activations(m, 1, true).unwrap_or(0.0);
+            let need = o.gpu_bytes + act1;
+            let fits_gpu = gpu_mem.map(|g| need <= g as f64 * GPU_USABLE);
+            let fits_ram = o.cpu_bytes <= machine.ram_available_bytes as f64;
+            verdicts.push(Verdict {
+                option: o,
+                gpu_needed_bytes: need,
+                fits_gpu,
+                fits_ram,
+            });
+        }
+        // The least offloading that fits both the GPU and host RAM.
+        chosen = verdicts
+            .iter()
+            .find(|v| v.fits_gpu == Some(true) && v.fits_ram)
+            .map(|v| v.option.clone());
+        match (&chosen, gpu_mem) {
+            (Some(o), Some(g)) => {
+                let room = g as f64 * GPU_USABLE - o.gpu_bytes;
+                // The largest micro-batch (up to the tier's) whose activations fit, then with
+                // recomputation if none does.
+                let fit = |rc: bool| {
+                    (1..=micro.max(1) * 4)
+                        .rev()
+                        .find(|b| activations(m, *b, rc).is_some_and(|a| a <= room))
+                };
+                match (fit(false), fit(true)) {
+                    (Some(b), _) => micro = b.min(micro.max(1) * 4),
+                    (None, Some(b)) => {
+                        micro = b;
+                        checkpointing = true;
+                        notes.push("activations fit only with gradient checkpointing".into());
+                    }
+                    (None, None) if activations(m, 1, true).is_some() => {
+                        micro = 1;
+                        checkpointing = true;
+                        notes.push(
+                            "even micro-batch 1 with checkpointing is tight: shorten the sequences"
+                                .into(),
+                        );
+                    }
+                    _ => {}
+                }
+                let target = notes_tier(g).3 * notes_tier(g).4;
+                accum = target.div_ceil(micro).max(1);
+                if o.offload_optimizer {
+                    notes.push(format!(
+                        "CPU offload needs {:.1} GiB of host RAM; {:.1} GiB is available",
+                        o.cpu_bytes / GIB,
+                        machine.ram_available_bytes as f64 / GIB
+                    ));
+                }
+            }
+            (None, Some(_)) => {
+                let ram_short = verdicts
+                    .iter()
+                    .any(|v| v.fits_gpu == Some(true) && !v.fits_ram);
+                notes.push(if ram_short {
+                    "the model fits the GPUs only with CPU offload, and host RAM cannot hold what offload moves there: add RAM or GPUs, or train a smaller model".into()
+                } else {
+                    "the model does not fit these GPUs in any ZeRO layout: more GPUs, a smaller model, or shorter sequences".into()
+                });
+            }
+            _ => notes.push(
+                "no GPU seen: the estimates are per GPU for --gpu-memory-gib / --gpus".into(),
+            ),
+        }
+    }
+    let tier = tier_name.to_owned();
+    let _ = (tier_stage, tier_offload);
+    Report {
+        recommendation: Recommendation {
+            tier,
+            option: chosen,
+            micro_batch: micro,
+            accumulation: accum,
+            seq_len: seq,
+            workers,
+            pin_memory: !low_ram,
+            gradient_checkpointing: checkpointing,
+            notes,
+        },
+        machine,
+        model,
+        verdicts,
+    }
+}
+
+/// A ready DeepSpeed config for the recommendation.
+pub fn deepspeed_json(r: &Recommendation, gpus: u64) -> serde_json::Value {
+    let (stage, opt, params) = r
+        .option
+        .as_ref()
+        .map(|o| (o.zero_stage, o.offload_optimizer, o.offload_params))
+        .unwrap_or((2, false, false));
+    let device = |on: bool| if on { "cpu" } else { "none" };
+    serde_json::json!({
+        "train_micro_batch_size_per_gpu": r.micro_batch,
+        "gradient_accumulation_steps": r.accumulation,
+        "train_batch_size": r.micro_batch * r.accumulation * gpus.max(1),
+        "bf16": { "enabled": true },
+        "zero_optimization": {
+            "stage": stage,
+            "offload_optimizer": { "device": device(opt), "pin_memory": r.pin_memory },
+            "offload_param": { "device": device(params), "pin_memory": r.pin_memory },
+            "overlap_comm": true,
+            "contiguous_gradients": true
+        },
+        "activation_checkpointing": { "partition_activations": r.gradient_checkpointing }
+    })
+}
+
+/// A ready accelerate config (YAML) for the recommendation.
+pub fn accelerate_yaml(r: &Recommendation, gpus: u64) -> String {
+    let (stage, opt, params) = r
+        .option
+        .as_ref()
+        .map(|o| (o.zero_stage, o.offload_optimizer, o.offload_params))
+        .unwrap_or((2, false, false));
+    let device = |on: bool| if on { "cpu" } else { "none" };
+    format!(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\ndeepspeed_config:\n  gradient_accumulation_steps: {}\n  train_micro_batch_size_per_gpu: {}\n  zero_stage: {stage}\n  offload_optimizer_device: {}\n  offload_param_device: {}\n  zero3_init_flag: {}\nmixed_precision: bf16\nnum_machines: 1\nnum_processes: {}\n",
+        r.accumulation,
+        r.micro_batch,
+        device(opt),
+        device(params),
+        stage == 3,
+        gpus.max(1)
+    )
+}

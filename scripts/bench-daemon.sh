@@ -23,7 +23,7 @@ fi
 cargo build --release --quiet
 cargo build --release --quiet -p memwatch-fake-nvml -p memwatch-memhog
 work=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
 cat >"$work/memwatch.toml" <<TOML
 listen = "127.0.0.1:19300"
 [gpu]

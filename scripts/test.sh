@@ -20,6 +20,20 @@ missing=()
 have promtool || missing+=(prometheus)
 [ ${#missing[@]} -eq 0 ] || install_debian "${missing[@]}"
 
+# The embedded trainer (memwatch-train) needs libtorch, taken from PyPI's torch==2.13.0 in a venv
+# (MEMWATCH_VENV, default .venv). MEMWATCH_SKIP_TRAINER=1 skips building and testing it.
+features=()
+if [ -z "${MEMWATCH_SKIP_TRAINER:-}" ]; then
+  venv=${MEMWATCH_VENV:-$PWD/.venv}
+  if ! "$venv/bin/python" -c 'import sys, torch; sys.exit(not torch.__version__.startswith("2.13.0"))' 2>/dev/null; then
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q torch==2.13.0
+  fi
+  torchlib=$("$venv/bin/python" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
+  export PATH="$venv/bin:$PATH" LIBTORCH_USE_PYTORCH=1 LD_LIBRARY_PATH="$torchlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  features=(--features memwatch/trainer)
+fi
+
 cargo fmt --all -- --check
-cargo clippy --workspace --all-targets --locked -- -D warnings
-cargo test --workspace --locked
+cargo clippy --workspace --all-targets "${features[@]}" --locked -- -D warnings
+cargo test --workspace "${features[@]}" --locked

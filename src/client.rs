@@ -1,4 +1,5 @@
-//! A small blocking client for the daemon's JSON API, used by `memwatch status` and usable by trainers.
+//! A small blocking client for the daemon's JSON API, used by `memwatch status` and by trainers
+//! (`memwatch-train` is its reference user): typed snapshot, jobs, directives, ack and progress.
 
 use std::time::Duration;
 
@@ -79,5 +80,126 @@ impl Client {
     /// The latest sample as JSON.
     pub fn snapshot(&self) -> Result<serde_json::Value, ClientError> {
         self.get("/api/v1/snapshot")
+    }
+
+    /// The latest sample, typed.
+    pub fn sample(&self) -> Result<crate::sample::Sample, ClientError> {
+        self.get("/api/v1/snapshot")
+    }
+
+    /// One attached job as the daemon sees it.
+    pub fn job(&self, name: &str) -> Result<Option<crate::job::JobView>, ClientError> {
+        #[derive(serde::Deserialize)]
+        struct Jobs {
+            jobs: Vec<crate::job::JobView>,
+        }
+        let jobs: Jobs = self.get("/api/v1/jobs")?;
+        Ok(jobs.jobs.into_iter().find(|j| j.name == name))
+    }
+
+    /// Sends a request with the job's token and decodes the JSON reply.
+    fn call<T: DeserializeOwned>(
+        &self,
+        method: &str,
+        path: &str,
+        token: &str,
+        body: Option<serde_json::Value>,
+    ) -> Result<T, ClientError> {
+        let url = format!("{}{path}", self.base);
+        let unreachable = |e: ureq::Error| ClientError::Unreachable {
+            url: url.clone(),
+            reason: e.to_string(),
+        };
+        let auth = format!("Bearer {token}");
+        let mut resp = match (method, body) {
+            ("POST", Some(b)) => self
+                .agent
+                .post(&url)
+                .header("Authorization", &auth)
+                .send_json(b)
+                .map_err(unreachable)?,
+            _ => self
+                .agent
+                .get(&url)
+                .header("Authorization", &auth)
+                .call()
+                .map_err(unreachable)?,
+        };
+        let status = resp.status().as_u16();
+        let text = resp
+            .body_mut()
+            .read_to_string()
+            .map_err(|e| ClientError::Decode {
+                url: url.clone(),
+                reason: e.to_string(),
+            })?;
+        if status != 200 {
+            let message = serde_json::from_str::<serde_json::Value>(&text)
+                .ok()
+                .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_owned))
+                .unwrap_or(text);
+            return Err(ClientError::Status {
+                url,
+                status,
+                message,
+            });
+        }
+        serde_json::from_str(&text).map_err(|e| ClientError::Decode {
+            url,
+            reason: e.to_string(),
+        })
+    }
+
+    /// Directives staged for `job` after generation `since` (call at an epoch boundary).
+    pub fn directives(
+        &self,
+        job: &str,
+        since: u64,
+        token: &str,
+    ) -> Result<crate::control::DirectivesReply, ClientError> {
+        self.call(
+            "GET",
+            &format!("/api/v1/jobs/{job}/directives?since={since}"),
+            token,
+            None,
+        )
+    }
+
+    /// Acknowledges that everything up to `generation` was applied at `epoch`.
+    pub fn ack(
+        &self,
+        job: &str,
+        generation: u64,
+        epoch: u64,
+        token: &str,
+    ) -> Result<(), ClientError> {
+        let body = serde_json::json!({ "generation": generation, "epoch": epoch });
+        self.call::<serde_json::Value>(
+            "POST",
+            &format!("/api/v1/jobs/{job}/ack"),
+            token,
+            Some(body),
+        )
+        .map(|_| ())
+    }
+
+    /// Reports training progress.
+    pub fn progress(
+        &self,
+        job: &str,
+        p: &crate::adapt::Progress,
+        token: &str,
+    ) -> Result<(), ClientError> {
+        let body = serde_json::to_value(p).map_err(|e| ClientError::Decode {
+            url: self.base.clone(),
+            reason: e.to_string(),
+        })?;
+        self.call::<serde_json::Value>(
+            "POST",
+            &format!("/api/v1/jobs/{job}/progress"),
+            token,
+            Some(body),
+        )
+        .map(|_| ())
     }
 }

@@ -9,14 +9,30 @@ use std::path::Path;
 
 use nix::sys::signal::Signal;
 
-use super::signal::{SignalError, send};
+use std::os::fd::OwnedFd;
+
+use super::signal::{SignalError, alive, send, send_pinned};
 use crate::proc::{ProcRef, descendants, read_stat};
 
 /// The most walks a pause makes before it settles for what it stopped.
 const MAX_WALKS: usize = 8;
 
-/// Stops the tree under `root_ref`. Returns the processes this call stopped, root first.
-pub fn stop_tree(root: &Path, root_ref: ProcRef) -> Result<Vec<ProcRef>, SignalError> {
+/// Stops the tree under `root_ref`. Returns the processes this call stopped, root first. With `pinned`
+/// (the pidfd kept since attach) the root is checked and signalled through it.
+pub fn stop_tree(
+    root: &Path,
+    root_ref: ProcRef,
+    pinned: Option<&OwnedFd>,
+) -> Result<Vec<ProcRef>, SignalError> {
+    if let Some(fd) = pinned {
+        if !alive(fd, root_ref.pid) {
+            return Err(SignalError::Gone(root_ref.pid));
+        }
+    }
+    let signal = |r: ProcRef, sig: Signal| match pinned {
+        Some(fd) if r == root_ref => send_pinned(fd, r.pid, sig),
+        _ => send(root, r, sig),
+    };
     let mut stopped: Vec<ProcRef> = Vec::new();
     for _ in 0..MAX_WALKS {
         let Some(tree) = descendants(root, root_ref.pid) else {
@@ -39,7 +55,7 @@ pub fn stop_tree(root: &Path, root_ref: ProcRef) -> Result<Vec<ProcRef>, SignalE
             if stopped.contains(&r) || (p.is_stopped() && r != root_ref) {
                 continue;
             }
-            match send(root, r, Signal::SIGSTOP) {
+            match signal(r, Signal::SIGSTOP) {
                 Ok(()) => {
                     stopped.push(r);
                     new += 1;
@@ -48,7 +64,7 @@ pub fn stop_tree(root: &Path, root_ref: ProcRef) -> Result<Vec<ProcRef>, SignalE
                 Err(SignalError::Gone(_)) if r != root_ref => {}
                 Err(e) => {
                     // Undo: never leave half a tree stopped.
-                    resume(root, &stopped);
+                    resume(root, &stopped, pinned);
                     return Err(e);
                 }
             }
@@ -60,11 +76,16 @@ pub fn stop_tree(root: &Path, root_ref: ProcRef) -> Result<Vec<ProcRef>, SignalE
     Ok(stopped)
 }
 
-/// Continues the processes `stopped` names, children before parents. Returns those that are gone.
-pub fn resume(root: &Path, stopped: &[ProcRef]) -> Vec<ProcRef> {
+/// Continues the processes `stopped` names, children before parents. Returns those that are gone. The
+/// first of `stopped` is the root: with `pinned` it is continued through that pidfd.
+pub fn resume(root: &Path, stopped: &[ProcRef], pinned: Option<&OwnedFd>) -> Vec<ProcRef> {
     let mut gone = Vec::new();
-    for r in stopped.iter().rev() {
-        if let Err(e) = send(root, *r, Signal::SIGCONT) {
+    for (i, r) in stopped.iter().enumerate().rev() {
+        let result = match pinned {
+            Some(fd) if i == 0 => send_pinned(fd, r.pid, Signal::SIGCONT),
+            _ => send(root, *r, Signal::SIGCONT),
+        };
+        if let Err(e) = result {
             tracing::debug!(pid = r.pid, error = %e, "could not continue a paused process");
             gone.push(*r);
         }

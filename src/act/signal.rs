@@ -55,6 +55,53 @@ fn pidfd_open(pid: u32) -> Result<Option<OwnedFd>, SignalError> {
     }
 }
 
+/// Opens a pidfd on `target` and checks it is that process (its start time): the handle a job keeps
+/// from attach on, so that its root can never be confused with a later process with the same pid — not
+/// even one started within the same clock tick, which start times cannot tell apart.
+pub fn open(root: &Path, target: ProcRef) -> Result<Option<std::sync::Arc<OwnedFd>>, SignalError> {
+    let fd = pidfd_open(target.pid)?;
+    match read_stat(root, target.pid) {
+        Ok(s) if s.start_time == target.start_time && s.state != 'Z' => {
+            Ok(fd.map(std::sync::Arc::new))
+        }
+        _ => Err(SignalError::Gone(target.pid)),
+    }
+}
+
+fn pidfd_signal(fd: &OwnedFd, pid: u32, sig: Option<Signal>) -> Result<(), SignalError> {
+    // SAFETY: a valid pidfd, a valid signal number (0 probes), no siginfo.
+    let rc = unsafe {
+        nix::libc::syscall(
+            nix::libc::SYS_pidfd_send_signal,
+            fd.as_raw_fd(),
+            sig.map_or(0, |s| s as i32),
+            std::ptr::null::<nix::libc::siginfo_t>(),
+            0u32,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    match errno() {
+        nix::errno::Errno::ESRCH => Err(SignalError::Gone(pid)),
+        nix::errno::Errno::EPERM => Err(SignalError::Denied(pid)),
+        e => Err(SignalError::Other {
+            pid,
+            reason: e.to_string(),
+        }),
+    }
+}
+
+/// Sends `sig` through a pidfd kept since attach: to that very process, or to nobody.
+pub fn send_pinned(fd: &OwnedFd, pid: u32, sig: Signal) -> Result<(), SignalError> {
+    pidfd_signal(fd, pid, Some(sig))
+}
+
+/// Whether the process a kept pidfd refers to still exists (it may be a zombie).
+pub fn alive(fd: &OwnedFd, pid: u32) -> bool {
+    pidfd_signal(fd, pid, None).is_ok()
+}
+
 /// Sends `sig` to exactly the process `target` names, or to nobody.
 pub fn send(root: &Path, target: ProcRef, sig: Signal) -> Result<(), SignalError> {
     let pid = target.pid;
@@ -98,6 +145,25 @@ pub fn send(root: &Path, target: ProcRef, sig: Signal) -> Result<(), SignalError
 mod tests {
     use super::*;
     use std::process::Command;
+
+    #[test]
+    fn a_kept_pidfd_outlives_its_pid() {
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id();
+        let r = read_stat(Path::new("/"), pid).unwrap().proc_ref();
+        let fd = open(Path::new("/"), r)
+            .unwrap()
+            .expect("pidfd_open (Linux 5.3+)");
+        assert!(alive(&fd, pid));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // Whatever process gets this pid next, the descriptor still names the dead one.
+        assert!(!alive(&fd, pid));
+        assert_eq!(
+            send_pinned(&fd, pid, Signal::SIGSTOP),
+            Err(SignalError::Gone(pid))
+        );
+    }
 
     #[test]
     fn names() {

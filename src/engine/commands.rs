@@ -296,6 +296,9 @@ impl Engine {
             self.cfg.sampling.growth_window_ms.0,
         );
         job.config = job_config;
+        // From here on the root is signalled only through this descriptor.
+        job.pidfd = crate::act::signal::open(root, stat.proc_ref())
+            .map_err(|_| format!("no process with pid {pid}"))?;
         self.jobs.insert(name.clone(), job);
         self.save();
         self.record(

@@ -20,6 +20,14 @@ fn cause(reason: &str) -> String {
 }
 
 impl Engine {
+    /// Signals a job's root through its kept pidfd (or, without one, by pid and start time).
+    fn signal_root(&self, j: &Job, sig: Signal) -> Result<(), signal::SignalError> {
+        match &j.pidfd {
+            Some(fd) => signal::send_pinned(fd, j.root.pid, sig),
+            None => signal::send(&self.process_root, j.root, sig),
+        }
+    }
+
     pub(super) fn apply(&mut self, d: Decision, now_ms: u64) {
         let dry = self.cfg.policy.dry_run;
         match d {
@@ -38,7 +46,7 @@ impl Engine {
             Decision::Checkpoint { job, reason } => {
                 let sig = signal::signal_by_name(&self.cfg.policy.checkpoint_signal);
                 if let (Some(sig), Some(j), false) = (sig, self.jobs.get(&job), dry) {
-                    if let Err(e) = signal::send(&self.process_root, j.root, sig) {
+                    if let Err(e) = self.signal_root(j, sig) {
                         tracing::warn!(job, error = %e, "checkpoint signal failed");
                     }
                 }
@@ -92,8 +100,8 @@ impl Engine {
                         for r in &stopped {
                             let _ = signal::send(&self.process_root, *r, Signal::SIGTERM);
                         }
-                        pause::resume(&self.process_root, &stopped);
-                        let _ = signal::send(&self.process_root, j.root, Signal::SIGTERM);
+                        pause::resume(&self.process_root, &stopped, j.pidfd.as_deref());
+                        let _ = self.signal_root(j, Signal::SIGTERM);
                     }
                 }
                 if let Some(j) = self.jobs.get_mut(&job) {
@@ -126,7 +134,7 @@ impl Engine {
         let stopped = if dry {
             Vec::new()
         } else {
-            pause::stop_tree(&self.process_root, j.root)?
+            pause::stop_tree(&self.process_root, j.root, j.pidfd.as_deref())?
         };
         if let Some(j) = self.jobs.get_mut(name) {
             j.pause = Some(Pause {
@@ -147,7 +155,7 @@ impl Engine {
             return;
         };
         if let Some(p) = j.pause.take() {
-            pause::resume(&self.process_root, &p.stopped);
+            pause::resume(&self.process_root, &p.stopped, j.pidfd.as_deref());
         }
         self.save();
     }
@@ -210,7 +218,7 @@ impl Engine {
         };
         for pj in state.jobs {
             if let Some(p) = &pj.paused {
-                let gone = pause::resume(&self.process_root, &p.stopped);
+                let gone = pause::resume(&self.process_root, &p.stopped, None);
                 self.record(
                     now_ms,
                     "resume",
@@ -235,7 +243,8 @@ impl Engine {
                     cg,
                     self.cfg.sampling.growth_window_ms.0,
                 );
-                job.attached_at_ms = pj.attached_at_ms;
+                job.config = pj.config.clone();
+                job.pidfd = signal::open(&self.process_root, pj.root).ok().flatten();
                 self.jobs.insert(pj.name.clone(), job);
                 self.record(
                     now_ms,

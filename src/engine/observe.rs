@@ -28,6 +28,8 @@ impl Engine {
             self.note_host(m.available_bytes, m.total_bytes, now_ms);
         }
         for (name, measured) in jobs {
+            // A root that died is gone even if its pid already names a new process.
+            let measured = measured.filter(|_| self.jobs.get(&name).is_none_or(|j| j.root_alive()));
             match measured {
                 Some(s) => {
                     if let Some(j) = self.jobs.get_mut(&name) {

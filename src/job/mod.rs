@@ -43,6 +43,8 @@ pub struct Job {
     pub pause: Option<Pause>,
     /// The training config memwatch may rewrite.
     pub config: Option<crate::adapt::JobConfig>,
+    /// A pidfd on the root, kept since attach: the root is checked and signalled only through it.
+    pub pidfd: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
 }
 
 impl Job {
@@ -66,7 +68,15 @@ impl Job {
             gpu_growth: Growth::new(window_ms.max(5000)),
             pause: None,
             config: None,
+            pidfd: None,
         }
+    }
+
+    /// Whether the root process still exists (through the kept pidfd; `true` when there is none).
+    pub fn root_alive(&self) -> bool {
+        self.pidfd
+            .as_ref()
+            .is_none_or(|fd| crate::act::signal::alive(fd, self.root.pid))
     }
 
     /// The freshest view of the job's cgroup.

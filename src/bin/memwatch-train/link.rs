@@ -1,0 +1,137 @@
+//! The trainer's link to memwatch: it registers (attaches itself with its config file), asks for
+//! directives at epoch boundaries, acknowledges them and reports progress. When the daemon is down the
+//! trainer keeps training: it warns once and retries with backoff.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use memwatch::adapt::Progress;
+use memwatch::client::Client;
+use memwatch::control::{self, Request};
+
+pub struct Link {
+    client: Client,
+    socket: PathBuf,
+    name: String,
+    config_file: PathBuf,
+    token: Option<String>,
+    /// The newest generation applied.
+    pub generation: u64,
+    next_try: Instant,
+    backoff: Duration,
+    warned: bool,
+}
+
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+impl Link {
+    pub fn new(url: &str, socket: PathBuf, name: String, config_file: PathBuf) -> Link {
+        Link {
+            client: Client::new(url),
+            socket,
+            name,
+            config_file,
+            token: None,
+            generation: 0,
+            next_try: Instant::now(),
+            backoff: Duration::from_secs(1),
+            warned: false,
+        }
+    }
+
+    fn down(&mut self, why: &str) {
+        if !self.warned {
+            eprintln!(
+                "memwatch-train: memwatch is not reachable ({why}); training on, retrying with backoff"
+            );
+            self.warned = true;
+        }
+        self.next_try = Instant::now() + self.backoff;
+        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+    }
+
+    fn up(&mut self) {
+        if self.warned {
+            eprintln!("memwatch-train: memwatch is reachable again");
+        }
+        self.warned = false;
+        self.backoff = Duration::from_secs(1);
+    }
+
+    /// Attaches this process with its config file, unless done already; false while memwatch is down.
+    pub fn register(&mut self) -> bool {
+        if self.token.is_some() {
+            return true;
+        }
+        if Instant::now() < self.next_try {
+            return false;
+        }
+        let req = Request::Attach {
+            pid: std::process::id(),
+            name: Some(self.name.clone()),
+            config_file: Some(self.config_file.clone()),
+            profile: Some("generic".into()),
+            keys: vec![
+                "batch=train.micro_batch".into(),
+                "accumulation=train.accumulation".into(),
+                "seq_len=train.seq_len".into(),
+            ],
+        };
+        match control::client::call(&self.socket, &req) {
+            Ok(r) => {
+                self.token = r.token;
+                self.up();
+                eprintln!("memwatch-train: attached to memwatch as {}", self.name);
+                true
+            }
+            Err(e) => {
+                self.down(&format!("{e:#}"));
+                false
+            }
+        }
+    }
+
+    /// At an epoch boundary: the newest generation staged, if newer than the one applied.
+    pub fn staged(&mut self) -> Option<u64> {
+        if !self.register() {
+            return None;
+        }
+        let token = self.token.clone()?;
+        match self.client.directives(&self.name, self.generation, &token) {
+            Ok(d) => {
+                self.up();
+                (d.generation > self.generation).then_some(d.generation)
+            }
+            Err(memwatch::client::ClientError::Status { status: 404, .. }) => {
+                // The daemon lost the job (a fresh state directory): register again.
+                self.token = None;
+                None
+            }
+            Err(e) => {
+                self.down(&e.to_string());
+                None
+            }
+        }
+    }
+
+    /// Acknowledges `generation`, applied at `epoch`.
+    pub fn ack(&mut self, generation: u64, epoch: u64) {
+        self.generation = generation;
+        if let Some(token) = self.token.clone() {
+            if let Err(e) = self.client.ack(&self.name, generation, epoch, &token) {
+                self.down(&e.to_string());
+            }
+        }
+    }
+
+    pub fn progress(&mut self, p: &Progress) {
+        if Instant::now() < self.next_try {
+            return;
+        }
+        if let Some(token) = self.token.clone() {
+            if let Err(e) = self.client.progress(&self.name, p, &token) {
+                self.down(&e.to_string());
+            }
+        }
+    }
+}

@@ -18,6 +18,7 @@ install_debian() {
 
 missing=()
 have promtool || missing+=(prometheus)
+have systemd-analyze || missing+=(systemd)
 [ ${#missing[@]} -eq 0 ] || install_debian "${missing[@]}"
 
 # The embedded trainer (memwatch-train) needs libtorch, taken from PyPI's torch==2.13.0 in a venv

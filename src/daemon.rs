@@ -238,12 +238,18 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut sampler = Some(sampler(&config));
     let mut full: Option<JoinHandle<FullResult>> = None;
     let mut stop = std::pin::pin!(shutdown_signal());
+    // Under systemd: ready now, and a watchdog ping from this loop, so a stuck owner task is restarted
+    // (and the restarted daemon resumes what this one paused).
+    crate::notify::notify("READY=1");
+    let watchdog_every = crate::notify::watchdog_interval();
+    let mut watchdog = tokio::time::interval(watchdog_every.unwrap_or(Duration::from_secs(3600)));
 
     loop {
         let probing = engine.probe_interval_ms(now_ms());
         tokio::select! {
             biased;
-            _ = stop.as_mut() => break,
+                        _ = stop.as_mut() => break,
+            _ = watchdog.tick(), if watchdog_every.is_some() => crate::notify::notify("WATCHDOG=1"),
             Some(env) = requests.recv() => {
                 let reply = engine.handle(env.request, env.caller, now_ms());
                 let _ = env.reply.send(reply);
@@ -291,6 +297,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
     }
 
+    crate::notify::notify("STOPPING=1");
     engine.shutdown(now_ms());
     shared.publish_view(engine.view());
     control_task.abort();

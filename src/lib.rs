@@ -16,6 +16,7 @@ pub mod history;
 pub mod http;
 pub mod job;
 pub mod logging;
+pub mod notify;
 pub mod policy;
 pub mod proc;
 pub mod rewrite;

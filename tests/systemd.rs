@@ -1,0 +1,114 @@
+//! The systemd unit: it verifies, its exposure stays low, and the daemon speaks the notify protocol
+//! (READY, WATCHDOG pings, STOPPING) that Type=notify and WatchdogSec rely on.
+
+mod common;
+
+use std::os::unix::net::UnixDatagram;
+use std::process::Command;
+use std::time::Duration;
+
+use common::{Daemon, Opts};
+
+fn unit_for_this_build(dir: &std::path::Path) -> std::path::PathBuf {
+    let text = std::fs::read_to_string(common::repo().join("systemd/memwatch.service")).unwrap();
+    let unit = dir.join("memwatch.service");
+    std::fs::write(
+        &unit,
+        text.replace("/usr/local/bin/memwatch", common::bin().to_str().unwrap()),
+    )
+    .unwrap();
+    unit
+}
+
+#[test]
+fn the_unit_verifies_and_is_hardened() {
+    let dir = tempfile::tempdir().unwrap();
+    let unit = unit_for_this_build(dir.path());
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&unit)
+        .output()
+        .expect("systemd-analyze (Debian package systemd; ./scripts/test.sh installs it)");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && !text.contains("memwatch.service"),
+        "{text}"
+    );
+    let out = Command::new("systemd-analyze")
+        .args(["security", "--offline=true"])
+        .arg(&unit)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let level: f64 = text
+        .lines()
+        .find_map(|l| l.split("memwatch.service: ").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no exposure level in:\n{text}"));
+    eprintln!("systemd-analyze security: exposure {level}");
+    assert!(level <= 5.0, "exposure {level}:\n{text}");
+    let unit_text = std::fs::read_to_string(&unit).unwrap();
+    for want in [
+        "Type=notify",
+        "Restart=always",
+        "OOMScoreAdjust=-900",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "CapabilityBoundingSet=CAP_KILL",
+    ] {
+        assert!(unit_text.contains(want), "{want}");
+    }
+}
+
+#[test]
+fn the_daemon_speaks_the_notify_protocol() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notify");
+    let sock = UnixDatagram::bind(&path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    // Daemon::start passes its environment on; set what systemd would set.
+    // SAFETY: this test binary's other test does not read the environment.
+    unsafe {
+        std::env::set_var("NOTIFY_SOCKET", &path);
+        std::env::set_var("WATCHDOG_USEC", "200000");
+    }
+    let mut d = Daemon::start(Opts {
+        gpu_state: None,
+        ..Opts::default()
+    });
+    unsafe {
+        std::env::remove_var("NOTIFY_SOCKET");
+        std::env::remove_var("WATCHDOG_USEC");
+    }
+    let mut buf = [0u8; 128];
+    let mut got = Vec::new();
+    while got
+        .iter()
+        .filter(|m: &&String| m.as_str() == "WATCHDOG=1")
+        .count()
+        < 3
+    {
+        let n = sock.recv(&mut buf).expect("a notification");
+        got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    assert_eq!(got[0], "READY=1", "{got:?}");
+    assert_eq!(d.terminate(), Some(0));
+    let mut rest = Vec::new();
+    while let Ok(n) = sock.recv(&mut buf) {
+        rest.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        if rest.last().is_some_and(|m| m == "STOPPING=1") {
+            break;
+        }
+    }
+    assert_eq!(
+        rest.last().map(String::as_str),
+        Some("STOPPING=1"),
+        "{rest:?}"
+    );
+}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every memwatch test: formatting, clippy, unit tests and the end-to-end tests that start the real
-# binary on fixture roots with the fake NVML. Installs what the tests need (promtool, from Debian's
-# `prometheus` package) when it is missing and this runs as root.
+# binary on fixture roots with the fake NVML. Installs what the tests need when it is missing and this runs
+# as root: promtool and prometheus, systemd-analyze, chromium, node/npm (Debian), playwright-core (npm),
+# and torch 2.13.0 for the trainer (PyPI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,7 +20,12 @@ install_debian() {
 missing=()
 have promtool || missing+=(prometheus)
 have systemd-analyze || missing+=(systemd)
+have chromium || missing+=(chromium)
+have node || missing+=(nodejs)
+have npm || missing+=(npm)
 [ ${#missing[@]} -eq 0 ] || install_debian "${missing[@]}"
+# playwright-core drives Debian's chromium (no browser download); the lock file pins it.
+[ -d tests/browser/node_modules/playwright-core ] || (cd tests/browser && npm ci --no-audit --no-fund --silent)
 
 # The embedded trainer (memwatch-train) needs libtorch, taken from PyPI's torch==2.13.0 in a venv
 # (MEMWATCH_VENV, default .venv). MEMWATCH_SKIP_TRAINER=1 skips building and testing it.

@@ -264,7 +264,11 @@ fn host_ram(input: &Input, out: &mut Vec<Advice>) {
                 job: Some(job.name.clone()),
                 title: "Turn pin_memory off".into(),
                 evidence: vec![ram.clone(), format!("pin_memory: {}", k.pin_memory.map(|b| b.to_string()).unwrap_or_else(|| "unknown".into()))],
-                change: "pin_memory=True → False".into(),
+                change: if k.pin_memory == Some(true) {
+                    "pin_memory=True → False".into()
+                } else {
+                    "pin_memory → False, if the DataLoader has it on".into()
+                },
                 saving: Some("pinned pages cannot be swapped or reclaimed, and the caching host allocator rounds them up to powers of two; typically 1–2 GiB; host-to-GPU copies get 5–10 % slower".into()),
             });
         }

@@ -42,6 +42,7 @@ pub fn router(
     limits: &Http,
 ) -> Router {
     Router::new()
+        .route("/", get(dashboard))
         .route("/metrics", get(metrics_handler))
         .route("/api/v1/snapshot", get(api::snapshot))
         .route("/api/v1/history", get(api::history))
@@ -77,5 +78,21 @@ async fn metrics_handler(
         StatusCode::OK,
         [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
         body,
+    )
+}
+
+/// The live dashboard: one page, embedded in the binary, that polls the JSON API. Nothing is fetched
+/// from anywhere else.
+async fn dashboard() -> impl IntoResponse {
+    (
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src 'self' data:",
+            ),
+        ],
+        include_str!("assets/index.html"),
     )
 }

@@ -1,0 +1,66 @@
+//! The live dashboard in a real browser: Debian's Chromium, driven by playwright-core
+//! (tests/browser/dashboard.mjs), loads the page from the daemon with no console errors, its charts
+//! fill with data, and a job the daemon pauses shows as paused within seconds, at laptop and phone
+//! widths. Screenshots go to target/dashboard-*.png.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+
+use common::{Daemon, Opts};
+
+#[test]
+fn the_dashboard_shows_live_data_and_a_paused_job_in_chromium() {
+    let browser = common::repo().join("tests/browser");
+    assert!(
+        browser.join("node_modules/playwright-core").is_dir(),
+        "run `npm ci` in tests/browser (./scripts/test.sh does), and install Debian's chromium"
+    );
+    // The fixture host is 95 % used: the policy pauses whatever is attached.
+    let d = Daemon::start(Opts::default());
+    let (status, page) = d.get("/");
+    assert_eq!(status, 200);
+    assert!(
+        page.contains("<title>memwatch</title>")
+            && !page.contains("http://")
+            && !page.contains("https://"),
+        "the page must not fetch anything from elsewhere"
+    );
+    let shot = common::repo().join("target/dashboard");
+    let mut node = Command::new("node")
+        .arg(browser.join("dashboard.mjs"))
+        .args([&format!("{}/", d.url()), shot.to_str().unwrap(), "ui-job"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("node");
+    let mut out = BufReader::new(node.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "charts", "the charts never filled: {line}");
+    let mut job = Command::new("sleep").arg("60").spawn().unwrap();
+    assert_eq!(
+        d.ctl(&["attach", &job.id().to_string(), "--name", "ui-job"])
+            .0,
+        0
+    );
+    node.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    let output = node.wait_with_output().unwrap();
+    let _ = job.kill();
+    let _ = job.wait();
+    assert!(
+        output.status.success(),
+        "{rest}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        rest.contains("paused shown after") && rest.trim_end().ends_with("ok"),
+        "{rest}"
+    );
+    eprintln!("{rest}");
+    assert!(shot.with_file_name("dashboard-390.png").exists());
+}

@@ -43,38 +43,7 @@ impl Client {
 
     /// GETs `path` and decodes the JSON reply.
     pub fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
-        let url = format!("{}{path}", self.base);
-        let mut resp = self
-            .agent
-            .get(&url)
-            .call()
-            .map_err(|e| ClientError::Unreachable {
-                url: url.clone(),
-                reason: e.to_string(),
-            })?;
-        let status = resp.status().as_u16();
-        let body = resp
-            .body_mut()
-            .read_to_string()
-            .map_err(|e| ClientError::Decode {
-                url: url.clone(),
-                reason: e.to_string(),
-            })?;
-        if status != 200 {
-            let message = serde_json::from_str::<serde_json::Value>(&body)
-                .ok()
-                .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_owned))
-                .unwrap_or(body);
-            return Err(ClientError::Status {
-                url,
-                status,
-                message,
-            });
-        }
-        serde_json::from_str(&body).map_err(|e| ClientError::Decode {
-            url,
-            reason: e.to_string(),
-        })
+        self.call("GET", path, None, None)
     }
 
     /// The latest sample as JSON.
@@ -97,12 +66,13 @@ impl Client {
         Ok(jobs.jobs.into_iter().find(|j| j.name == name))
     }
 
-    /// Sends a request with the job's token and decodes the JSON reply.
+    /// Sends a request (with the job's token, if given) and decodes the JSON reply; a non-200 answer
+    /// becomes `ClientError::Status` with the daemon's `error` message.
     fn call<T: DeserializeOwned>(
         &self,
         method: &str,
         path: &str,
-        token: &str,
+        token: Option<&str>,
         body: Option<serde_json::Value>,
     ) -> Result<T, ClientError> {
         let url = format!("{}{path}", self.base);
@@ -110,20 +80,24 @@ impl Client {
             url: url.clone(),
             reason: e.to_string(),
         };
-        let auth = format!("Bearer {token}");
+        let auth = token.map(|t| format!("Bearer {t}"));
         let mut resp = match (method, body) {
-            ("POST", Some(b)) => self
-                .agent
-                .post(&url)
-                .header("Authorization", &auth)
-                .send_json(b)
-                .map_err(unreachable)?,
-            _ => self
-                .agent
-                .get(&url)
-                .header("Authorization", &auth)
-                .call()
-                .map_err(unreachable)?,
+            ("POST", Some(b)) => {
+                let req = self.agent.post(&url);
+                let req = match &auth {
+                    Some(a) => req.header("Authorization", a),
+                    None => req,
+                };
+                req.send_json(b).map_err(unreachable)?
+            }
+            _ => {
+                let req = self.agent.get(&url);
+                let req = match &auth {
+                    Some(a) => req.header("Authorization", a),
+                    None => req,
+                };
+                req.call().map_err(unreachable)?
+            }
         };
         let status = resp.status().as_u16();
         let text = resp
@@ -160,7 +134,7 @@ impl Client {
         self.call(
             "GET",
             &format!("/api/v1/jobs/{job}/directives?since={since}"),
-            token,
+            Some(token),
             None,
         )
     }
@@ -177,7 +151,7 @@ impl Client {
         self.call::<serde_json::Value>(
             "POST",
             &format!("/api/v1/jobs/{job}/ack"),
-            token,
+            Some(token),
             Some(body),
         )
         .map(|_| ())
@@ -197,7 +171,7 @@ impl Client {
         self.call::<serde_json::Value>(
             "POST",
             &format!("/api/v1/jobs/{job}/progress"),
-            token,
+            Some(token),
             Some(body),
         )
         .map(|_| ())

@@ -80,15 +80,9 @@ fn pidfd_signal(fd: &OwnedFd, pid: u32, sig: Option<Signal>) -> Result<(), Signa
         )
     };
     if rc == 0 {
-        return Ok(());
-    }
-    match errno() {
-        nix::errno::Errno::ESRCH => Err(SignalError::Gone(pid)),
-        nix::errno::Errno::EPERM => Err(SignalError::Denied(pid)),
-        e => Err(SignalError::Other {
-            pid,
-            reason: e.to_string(),
-        }),
+        Ok(())
+    } else {
+        Err(errno_error(pid))
     }
 }
 
@@ -112,32 +106,29 @@ pub fn send(root: &Path, target: ProcRef, sig: Signal) -> Result<(), SignalError
         Ok(s) if s.start_time == target.start_time && s.state != 'Z' => {}
         _ => return Err(SignalError::Gone(pid)),
     }
-    let rc = match &fd {
-        // SAFETY: a valid pidfd, a valid signal number, no siginfo.
-        Some(fd) => unsafe {
-            nix::libc::syscall(
-                nix::libc::SYS_pidfd_send_signal,
-                fd.as_raw_fd(),
-                sig as i32,
-                std::ptr::null::<nix::libc::siginfo_t>(),
-                0u32,
-            )
-        },
+    match &fd {
+        Some(fd) => pidfd_signal(fd, pid, Some(sig)),
         // Kernels before 5.3: the start-time check above narrows the race to microseconds.
-        None => unsafe {
-            nix::libc::kill(pid as nix::libc::pid_t, sig as i32) as nix::libc::c_long
-        },
-    };
-    if rc == 0 {
-        return Ok(());
+        None => {
+            // SAFETY: plain kill(2) with a checked pid and a valid signal.
+            if unsafe { nix::libc::kill(pid as nix::libc::pid_t, sig as i32) } == 0 {
+                Ok(())
+            } else {
+                Err(errno_error(pid))
+            }
+        }
     }
+}
+
+/// The error for the errno a failed signal call left.
+fn errno_error(pid: u32) -> SignalError {
     match errno() {
-        nix::errno::Errno::ESRCH => Err(SignalError::Gone(pid)),
-        nix::errno::Errno::EPERM => Err(SignalError::Denied(pid)),
-        e => Err(SignalError::Other {
+        nix::errno::Errno::ESRCH => SignalError::Gone(pid),
+        nix::errno::Errno::EPERM => SignalError::Denied(pid),
+        e => SignalError::Other {
             pid,
             reason: e.to_string(),
-        }),
+        },
     }
 }
 

@@ -116,36 +116,49 @@ impl Engine {
         }
     }
 
-    fn directives(
-        &self,
+    /// Runs `f` on the config of the job `target` names, once the caller is authorised for it.
+    fn with_config(
+        &mut self,
         target: &str,
-        since: u64,
         token: Option<String>,
         caller: Caller,
+        f: impl FnOnce(&str, &mut crate::adapt::JobConfig) -> Response,
     ) -> Response {
         let name = match self.find_authorised(target, token.as_deref(), caller) {
             Ok(n) => n,
             Err(e) => return Response::error(e),
         };
-        let Some(c) = self.jobs.get(&name).and_then(|j| j.config.as_ref()) else {
-            return Response::error(format!("job {name:?} was attached without --config-file"));
-        };
-        let mut r = Response::ok();
-        r.directives = Some(crate::control::DirectivesReply {
-            generation: c.generation,
-            directives: c
-                .directives
-                .iter()
-                .filter(|d| d.generation > since)
-                .cloned()
-                .collect(),
-            knobs: c
-                .knobs
-                .iter()
-                .map(|(k, v)| (k.name().to_owned(), v.clone()))
-                .collect(),
-        });
-        r
+        match self.jobs.get_mut(&name).and_then(|j| j.config.as_mut()) {
+            Some(c) => f(&name, c),
+            None => Response::error(format!("job {name:?} was attached without --config-file")),
+        }
+    }
+
+    fn directives(
+        &mut self,
+        target: &str,
+        since: u64,
+        token: Option<String>,
+        caller: Caller,
+    ) -> Response {
+        self.with_config(target, token, caller, |_, c| {
+            let mut r = Response::ok();
+            r.directives = Some(crate::control::DirectivesReply {
+                generation: c.generation,
+                directives: c
+                    .directives
+                    .iter()
+                    .filter(|d| d.generation > since)
+                    .cloned()
+                    .collect(),
+                knobs: c
+                    .knobs
+                    .iter()
+                    .map(|(k, v)| (k.name().to_owned(), v.clone()))
+                    .collect(),
+            });
+            r
+        })
     }
 
     fn ack(
@@ -157,41 +170,41 @@ impl Engine {
         caller: Caller,
         now_ms: u64,
     ) -> Response {
-        let name = match self.find_authorised(target, token.as_deref(), caller) {
-            Ok(n) => n,
-            Err(e) => return Response::error(e),
-        };
-        let Some(c) = self.jobs.get_mut(&name).and_then(|j| j.config.as_mut()) else {
-            return Response::error(format!("job {name:?} was attached without --config-file"));
-        };
-        if generation > c.generation {
-            return Response::error(format!(
-                "generation {generation} was never staged (newest is {})",
-                c.generation
-            ));
-        }
         let mut acked = Vec::new();
-        for d in c
-            .directives
-            .iter_mut()
-            .filter(|d| d.generation <= generation && d.applied_epoch.is_none())
-        {
-            d.applied_epoch = Some(epoch);
-            d.applied_at_ms = Some(now_ms);
-            acked.push(d.generation);
+        let mut job = String::new();
+        let r = self.with_config(target, token, caller, |name, c| {
+            if generation > c.generation {
+                return Response::error(format!(
+                    "generation {generation} was never staged (newest is {})",
+                    c.generation
+                ));
+            }
+            for d in c
+                .directives
+                .iter_mut()
+                .filter(|d| d.generation <= generation && d.applied_epoch.is_none())
+            {
+                d.applied_epoch = Some(epoch);
+                d.applied_at_ms = Some(now_ms);
+                acked.push(d.generation);
+            }
+            job = name.to_owned();
+            Response::ok()
+        });
+        if r.ok {
+            self.save();
         }
-        self.save();
         if !acked.is_empty() {
             self.record(
                 now_ms,
                 "applied",
-                &name,
+                &job,
                 "trainer",
                 format!("generation(s) {acked:?} applied at epoch {epoch}"),
                 false,
             );
         }
-        Response::ok()
+        r
     }
 
     fn progress(
@@ -202,17 +215,13 @@ impl Engine {
         caller: Caller,
         now_ms: u64,
     ) -> Response {
-        let name = match self.find_authorised(target, token.as_deref(), caller) {
-            Ok(n) => n,
-            Err(e) => return Response::error(e),
-        };
-        let Some(c) = self.jobs.get_mut(&name).and_then(|j| j.config.as_mut()) else {
-            return Response::error(format!("job {name:?} was attached without --config-file"));
-        };
         p.timestamp_ms = now_ms;
-        c.progress = Some(p);
-        self.dirty = true;
-        Response::ok()
+        let r = self.with_config(target, token, caller, |_, c| {
+            c.progress = Some(p);
+            Response::ok()
+        });
+        self.dirty |= r.ok;
+        r
     }
 
     fn attach(

@@ -24,7 +24,7 @@ socket = "$work/run/control.sock"
 state_dir = "$work/state"
 TOML
 echo '{"devices":[{"name":"Fake","uuid":"GPU-b","memory_total":20000000000,"memory_used":8000000000,"temperature":50,"processes":[]}]}' >"$work/gpu.json"
-MEMWATCH_FAKE_NVML_STATE="$work/gpu.json" ./target/release/memwatch --config "$work/memwatch.toml" --log-level warn run &
+MEMWATCH_FAKE_NVML_STATE="$work/gpu.json" ./target/release/memwatch --config "$work/memwatch.toml" --log-level error run &
 sleep 1
 cp trainer/corpus.txt "$work/"
 mk() { sed -e "s|epochs = 8|epochs = $2|" -e "s|steps_per_epoch = 20|steps_per_epoch = 40|" \
@@ -56,5 +56,6 @@ applied = next(e for e in ev if e["action"] == "applied")
 steps = json.load(open(sys.argv[1]))["steps"]
 epoch_ms = (steps[-1]["t_ms"] - steps[0]["t_ms"]) / (steps[-1]["epoch"] + 1)
 ms = applied["timestamp_ms"] - staged
-print(f"rewrite staged → acknowledged: {ms} ms = {ms/epoch_ms:.2f} epochs (epoch ≈ {epoch_ms:.0f} ms); {applied[\"detail\"]}")
+detail = applied["detail"]
+print(f"rewrite staged → acknowledged: {ms} ms = {ms/epoch_ms:.2f} epochs (epoch ≈ {epoch_ms:.0f} ms); {detail}")
 ' "$work/r.json"

@@ -303,14 +303,21 @@ pub fn check(machine: Machine, model: Option<Model>) -> Report {
     }
 }
 
-/// A ready DeepSpeed config for the recommendation.
-pub fn deepspeed_json(r: &Recommendation, gpus: u64) -> serde_json::Value {
-    let (stage, opt, params) = r
-        .option
+/// (ZeRO stage, optimizer offloaded, parameters offloaded) of the recommendation; ZeRO-2 when none fits.
+fn layout(r: &Recommendation) -> (u8, bool, bool) {
+    r.option
         .as_ref()
         .map(|o| (o.zero_stage, o.offload_optimizer, o.offload_params))
-        .unwrap_or((2, false, false));
-    let device = |on: bool| if on { "cpu" } else { "none" };
+        .unwrap_or((2, false, false))
+}
+
+fn device(on: bool) -> &'static str {
+    if on { "cpu" } else { "none" }
+}
+
+/// A ready DeepSpeed config for the recommendation.
+pub fn deepspeed_json(r: &Recommendation, gpus: u64) -> serde_json::Value {
+    let (stage, opt, params) = layout(r);
     serde_json::json!({
         "train_micro_batch_size_per_gpu": r.micro_batch,
         "gradient_accumulation_steps": r.accumulation,
@@ -329,12 +336,7 @@ pub fn deepspeed_json(r: &Recommendation, gpus: u64) -> serde_json::Value {
 
 /// A ready accelerate config (YAML) for the recommendation.
 pub fn accelerate_yaml(r: &Recommendation, gpus: u64) -> String {
-    let (stage, opt, params) = r
-        .option
-        .as_ref()
-        .map(|o| (o.zero_stage, o.offload_optimizer, o.offload_params))
-        .unwrap_or((2, false, false));
-    let device = |on: bool| if on { "cpu" } else { "none" };
+    let (stage, opt, params) = layout(r);
     format!(
         "compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\ndeepspeed_config:\n  gradient_accumulation_steps: {}\n  train_micro_batch_size_per_gpu: {}\n  zero_stage: {stage}\n  offload_optimizer_device: {}\n  offload_param_device: {}\n  zero3_init_flag: {}\nmixed_precision: bf16\nnum_machines: 1\nnum_processes: {}\n",
         r.accumulation,

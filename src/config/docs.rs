@@ -1,0 +1,236 @@
+//! The documentation of every setting, by dotted key: the source of the comments in
+//! memwatch.example.toml, and of `memwatch config example`. A test fails when a setting has none.
+
+/// One line of documentation for every setting, by dotted key, in file order.
+pub const DOCS: &[(&str, &str)] = &[
+    (
+        "listen",
+        "Address of the HTTP server: /metrics, the JSON API and the dashboard. It has no authentication:\n\
+         keep it on loopback unless a proxy in front of it authenticates.",
+    ),
+    (
+        "sampling",
+        "How often memwatch samples and how much history it keeps in memory.",
+    ),
+    (
+        "sampling.interval_ms",
+        "Sampling interval in milliseconds (10 to 3600000). 1000 costs well under 1 % of a core.",
+    ),
+    (
+        "sampling.history_seconds",
+        "Seconds of history kept in memory for /api/v1/history and the dashboard (60 to 604800).",
+    ),
+    ("host", "Where host data is read from."),
+    (
+        "host.root",
+        "Root under which /proc and /sys are read. \"/\" on a real machine; a fixture tree in tests.",
+    ),
+    ("gpu", "GPU sampling through NVIDIA's NVML."),
+    (
+        "gpu.enabled",
+        "Sample GPUs. Without a driver or a GPU the GPU section stays empty and the daemon runs on.",
+    ),
+    (
+        "gpu.library",
+        "The NVML library to load: a file name searched on the library path, or an absolute path.",
+    ),
+    ("http", "Limits of the HTTP server."),
+    (
+        "http.max_connections",
+        "Most connections served at once; more wait to be accepted.",
+    ),
+    (
+        "http.max_body_bytes",
+        "Largest request body accepted, in bytes.",
+    ),
+    (
+        "log",
+        "Logging. RUST_LOG, --log-level and --log-format override these.",
+    ),
+    ("log.level", "One of error, warn, info, debug, trace."),
+    (
+        "log.format",
+        "text (for people) or json (one object per line, for log shippers).",
+    ),
+    (
+        "sampling.probe_interval_ms",
+        "While a job is attached, its memory cgroup and the host's MemAvailable are probed this often\n\
+         (cheap reads) between full samples, so fast growth is seen within this time.",
+    ),
+    (
+        "sampling.fast_interval_ms",
+        "Probe interval while any level is warn or worse, or a job is projected to run out of memory\n\
+         within a few seconds. Must not be above probe_interval_ms.",
+    ),
+    (
+        "sampling.growth_window_ms",
+        "Growth rates (and so the time to exhaustion) are fitted over this window of recent probes.",
+    ),
+    (
+        "host.process_root",
+        "Root under which attached jobs' /proc/PID and their cgroups are read. \"/\" outside tests.",
+    ),
+    (
+        "control",
+        "The control socket (attach, pause, resume…) and the daemon's persistent state.",
+    ),
+    (
+        "control.socket",
+        "Unix socket for memwatch's commands. Any user may connect; the daemon checks the caller's uid\n\
+         (SO_PEERCRED): root may act on any process, others only on their own.",
+    ),
+    (
+        "control.state_dir",
+        "Where the attached jobs, the paused set (so a restarted daemon resumes what it paused) and the\n\
+         audit log (events.jsonl) are kept.",
+    ),
+    (
+        "control.audit_max_bytes",
+        "The audit log is trimmed to its newer half when it grows past this size.",
+    ),
+    (
+        "policy",
+        "When memwatch pauses a job and when it resumes it. Levels per resource are ok / warn / critical,\n\
+         with enter and leave thresholds and hold times so they do not flap.",
+    ),
+    ("policy.dry_run", "Decide and record, but send no signal."),
+    (
+        "policy.reaction_ms",
+        "Pause when a job's memory is projected to hit its tightest limit (the host's MemAvailable, its\n\
+         cgroup limit) sooner than this, whatever the levels say. It covers a probe interval plus the\n\
+         signalling, with room to spare.",
+    ),
+    (
+        "policy.resume_headroom_ms",
+        "A job paused for fast growth is resumed only when the room left would last this long at the rate\n\
+         it was growing when paused.",
+    ),
+    (
+        "policy.max_pause_seconds",
+        "Longest pause. The default stays under PyTorch's 10-minute NCCL watchdog, which kills\n\
+         distributed jobs whose ranks stop answering.",
+    ),
+    (
+        "policy.on_max_pause",
+        "What to do when a pause reaches max_pause_seconds: resume, stay or terminate.",
+    ),
+    (
+        "policy.checkpoint_signal",
+        "Signal sent to a job's root process before pausing it, so it can save a checkpoint\n\
+         (e.g. \"SIGUSR1\"). Empty: none. Sent only when there is time for it.",
+    ),
+    (
+        "policy.checkpoint_grace_ms",
+        "Time the job gets to checkpoint before it is paused.",
+    ),
+    (
+        "policy.host_memory",
+        "Host RAM in use: 1 - MemAvailable / MemTotal. Critical at 90 % used pauses the jobs before\n\
+         earlyoom's default kill line (10 % available with swap also under 10 %) and well before the\n\
+         kernel's OOM killer; warn at 80 %.",
+    ),
+    (
+        "policy.swap",
+        "Swap in use: (SwapTotal - SwapFree) / SwapTotal; absent without swap. Warn only by default:\n\
+         swap is slow, not fatal, and host_memory covers the OOM risk.",
+    ),
+    (
+        "policy.pressure",
+        "PSI memory \"full\" over 10 s: the share of time every task waited for memory (thrashing).\n\
+         Critical at 40 % for 2 s, before systemd-oomd's default kill at 60 % for 30 s.",
+    ),
+    (
+        "policy.job_cgroup",
+        "An attached job's memory cgroup: working set (usage less inactive file cache) / limit, absent\n\
+         when unlimited. Critical at 95 %: the cgroup's OOM killer fires at 100 %.",
+    ),
+    (
+        "policy.gpu_memory",
+        "GPU memory used / total. Warn only by default: pausing frees no GPU memory; memwatch advises and\n\
+         rewrites the batch instead.",
+    ),
+    (
+        "policy.gpu_temperature",
+        "GPU core temperature against NVML's slowdown and shutdown points (fallbacks when NVML reports\n\
+         none): pause 5 °C before shutdown, resume only 5 °C under slowdown after 10 s, so a GPU hovering\n\
+         at a threshold does not flap.",
+    ),
+    (
+        "policy.cpu_temperature",
+        "The hottest hwmon / thermal-zone sensor against its max (slowdown) and crit (shutdown) points.",
+    ),
+    (
+        "adapt",
+        "Rewrites of an attached job's training config (memwatch attach --config-file F --profile P),\n\
+         applied by the trainer at its next epoch boundary.",
+    ),
+    (
+        "adapt.grow",
+        "Also make the reverse change (micro-batch up, accumulation down) after a long time with lots of\n\
+         room. Off by default: growing is the user's choice.",
+    ),
+    (
+        "adapt.grow_after_seconds",
+        "How long every resource must have had lots of room before growing.",
+    ),
+    (
+        "adapt.min_micro_batch",
+        "Never rewrite the micro-batch below this.",
+    ),
+    (
+        "adapt.max_micro_batch",
+        "Never rewrite the micro-batch above this.",
+    ),
+    (
+        "adapt.max_accumulation",
+        "Never rewrite gradient accumulation above this.",
+    ),
+    (
+        "adapt.min_workers",
+        "Never rewrite DataLoader workers below this.",
+    ),
+    (
+        "adapt.settle_seconds",
+        "After the trainer applied a change, wait this long before the next one, so memory can settle\n\
+         (PyTorch's caching allocator keeps what it reserved).",
+    ),
+    (
+        "policy.*.action",
+        "pause: pause the jobs the resource concerns; warn: record and report only.",
+    ),
+    ("policy.*.warn", "Enter warn at this ratio (0-1)."),
+    ("policy.*.warn_leave", "Leave warn below this ratio."),
+    ("policy.*.critical", "Enter critical at this ratio."),
+    (
+        "policy.*.critical_leave",
+        "Leave critical below this ratio.",
+    ),
+    (
+        "policy.*.enter_hold_ms",
+        "How long a value must stay past an enter threshold before the level rises.",
+    ),
+    (
+        "policy.*.leave_hold_ms",
+        "How long a value must stay under a leave threshold before the level falls.",
+    ),
+    (
+        "policy.*.warn_below_slowdown",
+        "Warn this many °C below the slowdown point.",
+    ),
+    (
+        "policy.*.critical_below_shutdown",
+        "Critical (pause) this many °C below the shutdown point.",
+    ),
+    (
+        "policy.*.resume_below_slowdown",
+        "Leave critical (resume) this many °C below the slowdown point.",
+    ),
+    (
+        "policy.*.fallback_slowdown_celsius",
+        "Slowdown point when the device reports none.",
+    ),
+    (
+        "policy.*.fallback_shutdown_celsius",
+        "Shutdown point when the device reports none.",
+    ),
+];

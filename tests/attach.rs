@@ -423,3 +423,106 @@ fn dry_run_decides_but_signals_nothing() {
     assert!(d.metrics().contains("memwatch_dry_run 1\n"));
     kill(s);
 }
+
+/// A fresh cgroup for a job of its own: v2 (`unified`, or the v2 root) and the v1 freezer hierarchy.
+fn own_cgroups() -> Vec<(std::path::PathBuf, &'static str)> {
+    let mut out = Vec::new();
+    let name = format!("memwatch-freeze-{}", std::process::id());
+    for (base, probe) in [
+        ("/sys/fs/cgroup/unified", "cgroup.freeze"),
+        ("/sys/fs/cgroup", "cgroup.freeze"),
+        ("/sys/fs/cgroup/freezer", "freezer.state"),
+    ] {
+        let dir = std::path::Path::new(base).join(&name);
+        if std::fs::create_dir(&dir).is_ok() {
+            if dir.join(probe).exists() {
+                out.push((dir, probe));
+            } else {
+                let _ = std::fs::remove_dir(&dir);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_job_that_owns_its_cgroup_is_frozen_not_signalled() {
+    let cgroups = own_cgroups();
+    assert!(
+        !cgroups.is_empty(),
+        "no freezable cgroup could be made (needs root and a cgroup2 or v1 freezer hierarchy)"
+    );
+    for (dir, probe) in cgroups {
+        let mut d = daemon("");
+        let script = format!(
+            "echo $$ > {}/cgroup.procs && exec {} --workers 4 --total-mib 1 --hold-ms 120000",
+            dir.display(),
+            memhog().display()
+        );
+        let mut hog = Command::new("sh")
+            .args(["-c", &script])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(hog.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let pid = hog.id();
+        let workers: Vec<u32> = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+            .unwrap()
+            .split_whitespace()
+            .map(|p| p.parse().unwrap())
+            .collect();
+        assert_eq!(d.ctl(&["attach", &pid.to_string(), "--name", "owner"]).0, 0);
+        assert_eq!(d.ctl(&["pause", "owner"]).0, 0);
+        let frozen = || match probe {
+            "freezer.state" => {
+                std::fs::read_to_string(dir.join("freezer.state"))
+                    .unwrap()
+                    .trim()
+                    == "FROZEN"
+            }
+            _ => std::fs::read_to_string(dir.join("cgroup.events"))
+                .unwrap()
+                .contains("frozen 1"),
+        };
+        assert!(frozen(), "{}: not frozen", dir.display());
+        // Frozen, not stopped: no process shows the T state, and the job records the cgroup.
+        assert!(
+            std::iter::once(pid)
+                .chain(workers.iter().copied())
+                .all(|p| proc_state(p) != Some('T'))
+        );
+        assert_eq!(d.jobs()[0]["pause"]["frozen"]["dir"], dir.to_str().unwrap());
+        // A restart thaws it (the daemon is killed, as in a crash).
+        d.child.kill().unwrap();
+        d.child.wait().unwrap();
+        assert!(frozen(), "killing the daemon cannot thaw anything");
+        let d2 = Daemon::start(Opts {
+            root: "/".into(),
+            gpu_state: None,
+            state: Some(d.state.clone()),
+            ..Opts::default()
+        });
+        assert!(
+            eventually(2.0, || !frozen()),
+            "{}: not thawed after the restart",
+            dir.display()
+        );
+        assert_eq!(d2.ctl(&["pause", "owner"]).0, 0);
+        assert!(frozen());
+        assert_eq!(d2.ctl(&["resume", "owner"]).0, 0);
+        assert!(!frozen(), "{}: not thawed by resume", dir.display());
+        let mut pids = workers.clone();
+        pids.insert(0, pid);
+        kill_tree(hog, &pids);
+        drop(d2);
+        for _ in 0..100 {
+            if std::fs::remove_dir(&dir).is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}

@@ -1,6 +1,7 @@
 //! Effects: the only code that sends signals or writes memwatch's state files.
 
 pub mod audit;
+pub mod freeze;
 pub mod pause;
 pub mod persist;
 pub mod signal;

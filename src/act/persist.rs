@@ -19,6 +19,9 @@ pub struct PersistedPause {
     pub reason: String,
     /// The processes memwatch stopped, root first.
     pub stopped: Vec<ProcRef>,
+    /// The cgroup memwatch froze instead.
+    #[serde(default)]
+    pub frozen: Option<super::freeze::Frozen>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -111,6 +114,7 @@ mod tests {
                         pid: 5,
                         start_time: 9,
                     }],
+                    frozen: None,
                 }),
                 config: None,
             }],

@@ -100,8 +100,12 @@ impl Engine {
                         for r in &stopped {
                             let _ = signal::send(&self.process_root, *r, Signal::SIGTERM);
                         }
-                        pause::resume(&self.process_root, &stopped, j.pidfd.as_deref());
                         let _ = self.signal_root(j, Signal::SIGTERM);
+                        pause::resume(&self.process_root, &stopped, j.pidfd.as_deref());
+                        if let Some(f) = j.pause.as_ref().and_then(|p| p.frozen.as_ref()) {
+                            // A frozen tree acts on the TERM once thawed.
+                            let _ = f.thaw();
+                        }
                     }
                 }
                 if let Some(j) = self.jobs.get_mut(&job) {
@@ -131,10 +135,16 @@ impl Engine {
         if j.pause.is_some() {
             return Ok(());
         }
-        let stopped = if dry {
-            Vec::new()
+        let (stopped, frozen) = if dry {
+            (Vec::new(), None)
         } else {
-            pause::stop_tree(&self.process_root, j.root, j.pidfd.as_deref())?
+            match self.freeze_owned(j) {
+                Some(f) => (Vec::new(), Some(f)),
+                None => (
+                    pause::stop_tree(&self.process_root, j.root, j.pidfd.as_deref())?,
+                    None,
+                ),
+            }
         };
         if let Some(j) = self.jobs.get_mut(name) {
             j.pause = Some(Pause {
@@ -142,6 +152,7 @@ impl Engine {
                 by,
                 reason: reason.to_owned(),
                 stopped,
+                frozen,
                 dry_run: dry,
             });
         }
@@ -156,8 +167,33 @@ impl Engine {
         };
         if let Some(p) = j.pause.take() {
             pause::resume(&self.process_root, &p.stopped, j.pidfd.as_deref());
+            if let Some(f) = &p.frozen {
+                if let Err(e) = f.thaw() {
+                    tracing::error!(cgroup = %f.dir.display(), error = %e, "cannot thaw a job's cgroup");
+                }
+            }
         }
         self.save();
+    }
+
+    /// Freezes the job's own cgroup, if it owns one and the freeze takes; `None` means: use signals.
+    fn freeze_owned(&self, j: &Job) -> Option<crate::act::freeze::Frozen> {
+        if !j.root_alive() {
+            return None;
+        }
+        let tree = crate::proc::descendants(&self.process_root, j.root.pid)?;
+        if tree.procs.first()?.start_time != j.root.start_time {
+            return None;
+        }
+        let pids: Vec<u32> = tree.procs.iter().map(|p| p.pid).collect();
+        let f = crate::act::freeze::owned(&self.process_root, &pids)?;
+        match f.freeze() {
+            Ok(()) => Some(f),
+            Err(e) => {
+                tracing::warn!(cgroup = %f.dir.display(), error = %e, "cannot freeze the job's cgroup; stopping it with signals");
+                None
+            }
+        }
     }
 
     /// The job's root exited or its pid now names another process: drop it, signalling nothing.
@@ -192,6 +228,7 @@ impl Engine {
                         by: p.by,
                         reason: p.reason.clone(),
                         stopped: p.stopped.clone(),
+                        frozen: p.frozen.clone(),
                     }),
                     config: j.config.clone(),
                 })
@@ -219,15 +256,26 @@ impl Engine {
         for pj in state.jobs {
             if let Some(p) = &pj.paused {
                 let gone = pause::resume(&self.process_root, &p.stopped, None);
+                if let Some(f) = &p.frozen {
+                    if let Err(e) = f.thaw() {
+                        tracing::error!(cgroup = %f.dir.display(), error = %e, "cannot thaw a cgroup a previous daemon froze");
+                    }
+                }
                 self.record(
                     now_ms,
                     "resume",
                     &pj.name,
                     "restart",
-                    format!(
-                        "continued {} process(es) a previous daemon had paused",
-                        p.stopped.len() - gone.len()
-                    ),
+                    match &p.frozen {
+                        Some(f) => format!(
+                            "thawed {}, which a previous daemon had frozen",
+                            f.dir.display()
+                        ),
+                        None => format!(
+                            "continued {} process(es) a previous daemon had paused",
+                            p.stopped.len() - gone.len()
+                        ),
+                    },
                     false,
                 );
             }

@@ -19,8 +19,11 @@ pub struct Pause {
     pub since_ms: u64,
     pub by: By,
     pub reason: String,
-    /// What was stopped, root first (empty in dry-run mode).
+    /// What was stopped, root first (empty in dry-run mode, or when the cgroup was frozen).
     pub stopped: Vec<ProcRef>,
+    /// The job's own cgroup, frozen instead of signalling each process.
+    #[serde(default)]
+    pub frozen: Option<crate::act::freeze::Frozen>,
     pub dry_run: bool,
 }
 

@@ -1,0 +1,130 @@
+//! The cgroup freezer, used instead of SIGSTOP when the job owns its cgroup: one write freezes every
+//! process at once (no worker can slip through between signals), and the job's parent sees no stop.
+//!
+//! A job owns a cgroup when it is not a hierarchy's root, every process in it (and in its children)
+//! belongs to the job's tree, and memwatch itself is not among them. cgroup v2 (`cgroup.freeze`,
+//! confirmed by `cgroup.events`) is preferred; the v1 freezer controller (`freezer.state`) otherwise.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::sample::error::read_text;
+
+/// A cgroup memwatch froze, remembered so it can be thawed (also by a restarted daemon).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Frozen {
+    pub version: u8,
+    pub dir: PathBuf,
+}
+
+/// How long a freeze may take to settle before memwatch falls back to signals.
+const SETTLE: Duration = Duration::from_millis(500);
+
+fn pids_below(dir: &Path, out: &mut Vec<u32>) -> bool {
+    let Ok(text) = read_text(&dir.join("cgroup.procs")) else {
+        return false;
+    };
+    out.extend(
+        text.split_whitespace()
+            .filter_map(|p| p.parse::<u32>().ok()),
+    );
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .all(|e| pids_below(&e.path(), out))
+}
+
+/// The cgroup the job owns, if any: `tree` is the job's pids, root first.
+pub fn owned(root: &Path, tree: &[u32]) -> Option<Frozen> {
+    let first = *tree.first()?;
+    let path = root.join("proc").join(first.to_string()).join("cgroup");
+    let text = read_text(&path).ok()?;
+    let me = std::process::id();
+    let mut candidates = Vec::new();
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(id), Some(controllers), Some(cg)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        if cg == "/" || !cg.starts_with('/') {
+            continue;
+        }
+        let rel = cg.trim_start_matches('/');
+        if id == "0" && controllers.is_empty() {
+            for mount in ["sys/fs/cgroup/unified", "sys/fs/cgroup"] {
+                let dir = root.join(mount).join(rel);
+                if dir.join("cgroup.freeze").is_file() {
+                    candidates.push(Frozen { version: 2, dir });
+                    break;
+                }
+            }
+        } else if controllers.split(',').any(|c| c == "freezer") {
+            let dir = root.join("sys/fs/cgroup/freezer").join(rel);
+            if dir.join("freezer.state").is_file() {
+                candidates.push(Frozen { version: 1, dir });
+            }
+        }
+    }
+    candidates.sort_by_key(|f| std::cmp::Reverse(f.version));
+    candidates.into_iter().find(|f| {
+        let mut pids = Vec::new();
+        pids_below(&f.dir, &mut pids)
+            && !pids.is_empty()
+            && !pids.contains(&me)
+            && pids.iter().all(|p| tree.contains(p))
+    })
+}
+
+impl Frozen {
+    fn is_frozen(&self) -> bool {
+        match self.version {
+            2 => read_text(&self.dir.join("cgroup.events"))
+                .is_ok_and(|t| t.lines().any(|l| l.trim() == "frozen 1")),
+            _ => read_text(&self.dir.join("freezer.state")).is_ok_and(|t| t.trim() == "FROZEN"),
+        }
+    }
+
+    fn write(&self, freeze: bool) -> std::io::Result<()> {
+        match self.version {
+            2 => std::fs::write(
+                self.dir.join("cgroup.freeze"),
+                if freeze { "1" } else { "0" },
+            ),
+            _ => std::fs::write(
+                self.dir.join("freezer.state"),
+                if freeze { "FROZEN" } else { "THAWED" },
+            ),
+        }
+    }
+
+    /// Freezes the cgroup and waits until the kernel says it is frozen; on failure thaws it again.
+    pub fn freeze(&self) -> std::io::Result<()> {
+        self.write(true)?;
+        let start = Instant::now();
+        while start.elapsed() < SETTLE {
+            if self.is_frozen() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let _ = self.write(false);
+        Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("{} did not freeze", self.dir.display()),
+        ))
+    }
+
+    /// Thaws the cgroup; a cgroup that is gone is nothing to thaw.
+    pub fn thaw(&self) -> std::io::Result<()> {
+        match self.write(false) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            other => other,
+        }
+    }
+}

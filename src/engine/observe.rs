@@ -70,7 +70,47 @@ impl Engine {
                 j.probe = Some(cg);
             }
         }
-        self.step(now_ms);
+        if self.probe_matters(now_ms) {
+            self.step(now_ms);
+        }
+    }
+
+    /// Whether this probe could change a decision: a level is raised or close to rising, a job grows
+    /// toward a limit, or probing is fast anyway. When calm, the probe only records growth and the full
+    /// sample (every second) runs the policy; a job that starts to grow is caught by its growth rate.
+    fn probe_matters(&self, now_ms: u64) -> bool {
+        const NEAR: f64 = 0.05;
+        let p = &self.cfg.policy;
+        if now_ms < self.fast_until_ms
+            || self
+                .policy
+                .levels
+                .values()
+                .any(|l| l.level != crate::policy::Level::Ok)
+        {
+            return true;
+        }
+        if self
+            .host_memory
+            .is_some_and(|(a, t)| t > 0 && 1.0 - a as f64 / t as f64 >= p.host_memory.warn.0 - NEAR)
+        {
+            return true;
+        }
+        self.jobs.values().any(|j| {
+            let near_level = j
+                .cgroup()
+                .and_then(|c| {
+                    c.limit_bytes
+                        .filter(|l| *l > 0)
+                        .map(|l| c.working_set_bytes() as f64 / l as f64)
+                })
+                .is_some_and(|r| r >= p.job_cgroup.warn.0 - NEAR);
+            let growing = self.limits(j).iter().any(|l| {
+                l.time_to_exhaustion_seconds
+                    .is_some_and(|t| t * 1000.0 < FAST_BELOW_MS as f64)
+            });
+            near_level || growing || j.pause.is_some()
+        })
     }
 
     fn note_host(&mut self, available: u64, total: u64, now_ms: u64) {

@@ -8,6 +8,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-60}
+# GPU=off measures without GPU sampling (the fake NVML parses its JSON state on every call; real NVML
+# does not).
+GPU=${GPU:-on}
 WRK_SECONDS=${WRK_SECONDS:-10}
 
 have() { command -v "$1" >/dev/null 2>&1; }
@@ -27,6 +30,7 @@ trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
 cat >"$work/memwatch.toml" <<TOML
 listen = "127.0.0.1:19300"
 [gpu]
+enabled = $([ "$GPU" = off ] && echo false || echo true)
 library = "$PWD/target/release/libmemwatch_fake_nvml.so"
 [control]
 socket = "$work/run/control.sock"

@@ -22,7 +22,39 @@ fn esc(v: &str) -> String {
 /// Appends the job and intervention series to `out`.
 pub fn render(out: &mut String, v: &View) {
     type Get = fn(&crate::job::JobView) -> Option<f64>;
-    let series: [(&str, &str, Get); 13] = [
+    let series: [(&str, &str, Get); 17] = [
+        (
+            "memwatch_job_config_generation",
+            "Newest generation of config changes staged for the job.",
+            |j| j.config.as_ref().map(|c| c.generation as f64),
+        ),
+        (
+            "memwatch_job_config_applied_generation",
+            "Newest generation the trainer acknowledged.",
+            |j| j.config.as_ref().map(|c| c.applied_generation as f64),
+        ),
+        (
+            "memwatch_job_config_pending_changes",
+            "Staged config changes the trainer has not acknowledged yet.",
+            |j| {
+                j.config.as_ref().map(|c| {
+                    c.directives
+                        .iter()
+                        .filter(|d| d.applied_epoch.is_none())
+                        .count() as f64
+                })
+            },
+        ),
+        (
+            "memwatch_job_epoch",
+            "The epoch the trainer last reported.",
+            |j| {
+                j.config
+                    .as_ref()
+                    .and_then(|c| c.progress.as_ref())
+                    .map(|p| p.epoch as f64)
+            },
+        ),
         (
             "memwatch_job_paused",
             "1 while memwatch holds the job paused.",
@@ -152,64 +184,6 @@ pub fn render(out: &mut String, v: &View) {
         "gauge",
         "Attached job identity; the value is always 1.",
         &lines,
-    );
-    let mut gen_lines = String::new();
-    let mut applied = String::new();
-    let mut pending = String::new();
-    let mut epoch = String::new();
-    for j in &v.jobs {
-        let Some(c) = &j.config else { continue };
-        let job = esc(&j.name);
-        let _ = writeln!(
-            gen_lines,
-            "memwatch_job_config_generation{{job=\"{job}\"}} {}",
-            c.generation
-        );
-        let _ = writeln!(
-            applied,
-            "memwatch_job_config_applied_generation{{job=\"{job}\"}} {}",
-            c.applied_generation
-        );
-        let n = c
-            .directives
-            .iter()
-            .filter(|d| d.applied_epoch.is_none())
-            .count();
-        let _ = writeln!(
-            pending,
-            "memwatch_job_config_pending_changes{{job=\"{job}\"}} {n}"
-        );
-        if let Some(p) = &c.progress {
-            let _ = writeln!(epoch, "memwatch_job_epoch{{job=\"{job}\"}} {}", p.epoch);
-        }
-    }
-    family(
-        out,
-        "memwatch_job_config_generation",
-        "gauge",
-        "Newest generation of config changes staged for the job.",
-        &gen_lines,
-    );
-    family(
-        out,
-        "memwatch_job_config_applied_generation",
-        "gauge",
-        "Newest generation the trainer acknowledged.",
-        &applied,
-    );
-    family(
-        out,
-        "memwatch_job_config_pending_changes",
-        "gauge",
-        "Staged config changes the trainer has not acknowledged yet.",
-        &pending,
-    );
-    family(
-        out,
-        "memwatch_job_epoch",
-        "gauge",
-        "The epoch the trainer last reported.",
-        &epoch,
     );
     let mut lines = String::new();
     for a in &v.advice {

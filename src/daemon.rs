@@ -2,7 +2,6 @@
 //! full-sample tick, the adaptive probe tick, control requests and the stop signal, and publishes what
 //! the HTTP side reads. tick → sample → decide → act → publish.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -12,56 +11,63 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::act::persist::{self, StateLock};
+use crate::clock::Clock;
 use crate::config::Config;
 use crate::control::server::{self, Envelope};
-use crate::engine::{Engine, View};
+use crate::engine::{Engine, Measured, View};
+use crate::guardian::Guardian;
 use crate::history::{History, Point};
-use crate::job::JobSample;
 use crate::sample::gpu::GpuSource;
 use crate::sample::nvml::NvmlSource;
 use crate::sample::{Sample, Sampler, cgroup, meminfo};
 
+/// One published moment: the latest sample and the engine's view, swapped in together so that no
+/// reader ever mixes one sample with another's view.
+#[derive(Default)]
+pub struct Snapshot {
+    pub sample: Option<Arc<Sample>>,
+    pub view: Arc<View>,
+    pub samples_total: u64,
+    /// Boot-clock milliseconds when the latest sample was published.
+    pub sampled_at_boot_ms: u64,
+}
+
 /// What the owner task publishes for readers (HTTP handlers). Written by that task alone.
 pub struct Shared {
-    latest: RwLock<Option<Arc<Sample>>>,
+    snapshot: RwLock<Arc<Snapshot>>,
     history: RwLock<History>,
-    view: RwLock<Arc<View>>,
-    samples_total: AtomicU64,
     pub history_seconds: u64,
-}
-
-fn read<T: Clone>(l: &RwLock<T>) -> T {
-    l.read()
-        .map(|g| g.clone())
-        .unwrap_or_else(|p| p.into_inner().clone())
-}
-
-fn write<T>(l: &RwLock<T>, f: impl FnOnce(&mut T)) {
-    match l.write() {
-        Ok(mut g) => f(&mut g),
-        Err(p) => f(&mut p.into_inner()),
-    }
+    /// A sample older than this is stale: `/-/ready` answers 503 and the watchdog is not fed.
+    pub stale_after_ms: u64,
 }
 
 impl Shared {
     pub fn new(config: &Config) -> Self {
         Shared {
-            latest: RwLock::new(None),
+            snapshot: RwLock::new(Arc::new(Snapshot::default())),
             history: RwLock::new(History::new(config.sampling.history_len())),
-            view: RwLock::new(Arc::new(View::default())),
-            samples_total: AtomicU64::new(0),
             history_seconds: config.sampling.history_seconds.0,
+            stale_after_ms: stale_after_ms(config.sampling.interval_ms.0),
+        }
+    }
+
+    /// Everything last published, at once.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        match self.snapshot.read() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
         }
     }
 
     /// The latest sample, if one was taken.
     pub fn latest(&self) -> Option<Arc<Sample>> {
-        read(&self.latest)
+        self.snapshot().sample.clone()
     }
 
     /// Jobs, levels, events and intervention counts as last published.
     pub fn view(&self) -> Arc<View> {
-        read(&self.view)
+        self.snapshot().view.clone()
     }
 
     /// History points no older than `seconds`.
@@ -73,19 +79,52 @@ impl Shared {
     }
 
     pub fn samples_total(&self) -> u64 {
-        self.samples_total.load(Ordering::Relaxed)
+        self.snapshot().samples_total
     }
 
-    fn publish_sample(&self, sample: Arc<Sample>) {
+    /// Whether the latest sample is recent enough to act and report on.
+    pub fn fresh(&self) -> bool {
+        let s = self.snapshot();
+        s.sample.is_some()
+            && crate::clock::boot_ms().saturating_sub(s.sampled_at_boot_ms) <= self.stale_after_ms
+    }
+
+    fn swap(&self, f: impl FnOnce(&Snapshot) -> Snapshot) {
+        let mut guard = match self.snapshot.write() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        let next = f(&guard);
+        *guard = Arc::new(next);
+    }
+
+    fn publish_sample(&self, sample: Arc<Sample>, view: Option<View>) {
         let point = Point::of(&sample);
-        write(&self.history, |h| h.push(point));
-        write(&self.latest, |l| *l = Some(sample));
-        self.samples_total.fetch_add(1, Ordering::Relaxed);
+        match self.history.write() {
+            Ok(mut h) => h.push(point),
+            Err(p) => p.into_inner().push(point),
+        }
+        self.swap(|old| Snapshot {
+            sample: Some(sample),
+            view: view.map(Arc::new).unwrap_or_else(|| old.view.clone()),
+            samples_total: old.samples_total + 1,
+            sampled_at_boot_ms: crate::clock::boot_ms(),
+        });
     }
 
     fn publish_view(&self, view: View) {
-        write(&self.view, |v| *v = Arc::new(view));
+        self.swap(|old| Snapshot {
+            sample: old.sample.clone(),
+            view: Arc::new(view),
+            samples_total: old.samples_total,
+            sampled_at_boot_ms: old.sampled_at_boot_ms,
+        });
     }
+}
+
+/// How old a sample may get before the daemon calls itself not ready: three intervals, at least 5 s.
+pub fn stale_after_ms(interval_ms: u64) -> u64 {
+    interval_ms.saturating_mul(3).max(5000)
 }
 
 /// Builds the sampler the configuration asks for.
@@ -98,13 +137,6 @@ pub fn sampler(config: &Config) -> Sampler {
         tracing::info!("GPU sampling disabled by configuration");
     }
     Sampler::new(config.host.root.clone(), gpu)
-}
-
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// Resolves when SIGTERM or SIGINT arrives.
@@ -126,7 +158,7 @@ async fn shutdown_signal() {
     }
 }
 
-type FullResult = (Sampler, Sample, Vec<(String, Option<JobSample>)>);
+type FullResult = (Sampler, Sample, Vec<Measured>);
 
 /// Awaits the in-flight full sample, or never when there is none.
 async fn in_flight(
@@ -142,9 +174,10 @@ async fn in_flight(
 fn spawn_full(
     mut sampler: Sampler,
     engine: &mut Engine,
+    now_ms: u64,
     process_root: std::path::PathBuf,
 ) -> JoinHandle<FullResult> {
-    let plan = engine.measure_plan(now_ms());
+    let plan = engine.measure_plan(now_ms);
     tokio::task::spawn_blocking(move || {
         let sample = sampler.sample();
         let now = sample.timestamp_ms;
@@ -159,7 +192,17 @@ fn spawn_full(
                     now,
                     p.previous.as_ref(),
                 );
-                (p.name, m)
+                // Which cgroup a pause would freeze is decided here, once per full sample, so the
+                // pause itself walks nothing.
+                let freezer = m.as_ref().and_then(|m| {
+                    let pids: Vec<u32> = m.processes.iter().map(|p| p.pid).collect();
+                    crate::act::freeze::owned(&process_root, &pids)
+                });
+                Measured {
+                    name: p.name,
+                    sample: m,
+                    freezer,
+                }
             })
             .collect();
         (sampler, sample, jobs)
@@ -197,6 +240,34 @@ fn probe(config: &Config, engine: &Engine, now: u64) -> Probe {
 
 /// Runs the daemon until SIGTERM or SIGINT. Before returning it continues every job it paused.
 pub async fn run(config: Config) -> anyhow::Result<()> {
+    // One daemon per state directory; a guardian finishing a recovery holds the lock for a moment.
+    let state_dir = config.control.state_dir.clone();
+    let lock =
+        tokio::task::spawn_blocking(move || StateLock::acquire(&state_dir, Duration::from_secs(5)))
+            .await
+            .context("the lock task failed")?
+            .with_context(|| format!("cannot lock {}", config.control.state_dir.display()))?;
+    let Some(_lock) = lock else {
+        anyhow::bail!(
+            "another memwatch daemon is running with state directory {}",
+            config.control.state_dir.display()
+        );
+    };
+
+    // Recover first, before anything that can fail (a port in use): a predecessor's paused jobs are
+    // resumed whatever happens next.
+    let previous = match persist::load(&config.control.state_dir) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot read the previous state; nothing to recover");
+            None
+        }
+    };
+    let anchor = clock_anchor(&config, previous.as_ref());
+    let clock = Clock::system(anchor.anchor_ms);
+    let mut engine = Engine::new(config.clone(), Some(anchor));
+    engine.recover(previous, clock.now_ms());
+
     let listener = TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
@@ -206,9 +277,18 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let control = server::bind(&config.control.socket)?;
     tracing::info!(%addr, socket = %config.control.socket.display(), "listening");
 
+    let mut guardian = match Guardian::spawn(&config.control.state_dir, &config.host.process_root) {
+        Ok(g) => {
+            tracing::info!(pid = g.pid(), "guardian started");
+            Some(g)
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the guardian; paused jobs depend on a restart if this daemon dies");
+            None
+        }
+    };
+
     let shared = Arc::new(Shared::new(&config));
-    let mut engine = Engine::new(config.clone());
-    engine.recover(now_ms());
     shared.publish_view(engine.view());
 
     let (to_owner, mut requests) = mpsc::channel::<Envelope>(64);
@@ -221,8 +301,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     let (stop_http, mut http_stopped) = watch::channel(false);
     let app = crate::http::router(shared.clone(), to_http_owner, &config.http);
-    let listener =
-        crate::http::LimitedListener::new(listener, config.http.max_connections.0 as usize);
+    let listener = crate::http::LimitedListener::new(listener, config.http.max_connections.get());
     let http = tokio::spawn(async move {
         let stop = async move {
             let _ = http_stopped.changed().await;
@@ -237,22 +316,39 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut next_probe = Instant::now();
     let mut sampler = Some(sampler(&config));
     let mut full: Option<JoinHandle<FullResult>> = None;
+    let mut panics = 0u32;
+    let mut failure: Option<anyhow::Error> = None;
+    let (settled_tx, mut settled_rx) = mpsc::unbounded_channel::<Settled>();
     let mut stop = std::pin::pin!(shutdown_signal());
-    // Under systemd: ready now, and a watchdog ping from this loop, so a stuck owner task is restarted
-    // (and the restarted daemon resumes what this one paused).
+    // Under systemd: ready now, and a watchdog ping from this loop while samples are fresh, so a stuck
+    // owner task or a sampler that stopped is restarted (and the restarted daemon resumes what this
+    // one paused).
     crate::notify::notify("READY=1");
     let watchdog_every = crate::notify::watchdog_interval();
     let mut watchdog = tokio::time::interval(watchdog_every.unwrap_or(Duration::from_secs(3600)));
 
     loop {
-        let probing = engine.probe_interval_ms(now_ms());
+        let probing = engine.probe_interval_ms(clock.now_ms());
         tokio::select! {
             biased;
-                        _ = stop.as_mut() => break,
-            _ = watchdog.tick(), if watchdog_every.is_some() => crate::notify::notify("WATCHDOG=1"),
+            _ = stop.as_mut() => break,
+            _ = watchdog.tick(), if watchdog_every.is_some() => {
+                if shared.fresh() {
+                    crate::notify::notify("WATCHDOG=1");
+                } else {
+                    tracing::warn!("samples are stale; not feeding the watchdog");
+                }
+            }
+            Some((name, frozen, settled)) = settled_rx.recv() => {
+                engine.freeze_settled(&name, &frozen, settled, clock.now_ms());
+                if engine.take_dirty() {
+                    shared.publish_view(engine.view());
+                }
+            }
             Some(env) = requests.recv() => {
-                let reply = engine.handle(env.request, env.caller, now_ms());
+                let reply = engine.handle(env.request, env.caller, clock.now_ms());
                 let _ = env.reply.send(reply);
+                hand_off_freezes(&mut engine, &settled_tx);
                 shared.publish_view(engine.view());
                 let _ = engine.take_dirty();
                 // A new job is probed at once.
@@ -262,16 +358,26 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 full = None;
                 match done {
                     Ok((s, sample, jobs)) => {
+                        panics = 0;
                         sampler = Some(s);
                         let sample = Arc::new(sample);
-                        shared.publish_sample(sample.clone());
-                        engine.on_sample(sample, jobs, now_ms());
-                        if engine.take_dirty() {
-                            shared.publish_view(engine.view());
+                        engine.on_sample(sample.clone(), jobs, clock.now_ms());
+                        hand_off_freezes(&mut engine, &settled_tx);
+                        let view = engine.take_dirty().then(|| engine.view());
+                        shared.publish_sample(sample, view);
+                        if let Some(g) = guardian.as_mut() {
+                            g.keep_alive();
                         }
                     }
                     Err(e) => {
-                        tracing::error!(error = %e, "the sampler panicked; sampling stops, jobs stay protected by probes");
+                        panics += 1;
+                        if panics >= MAX_SAMPLER_PANICS {
+                            tracing::error!(error = %e, panics, "the sampler keeps panicking; stopping so that a supervisor restarts the daemon");
+                            failure = Some(anyhow::anyhow!("the sampler panicked {panics} times in a row"));
+                            break;
+                        }
+                        tracing::error!(error = %e, panics, "the sampler panicked; starting a new one");
+                        sampler = Some(self::sampler(&config));
                     }
                 }
             }
@@ -281,13 +387,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     next_full = Instant::now() + every;
                 }
                 if let Some(s) = sampler.take() {
-                    full = Some(spawn_full(s, &mut engine, config.host.process_root.clone()));
+                    full = Some(spawn_full(s, &mut engine, clock.now_ms(), config.host.process_root.clone()));
                 }
             }
             _ = tokio::time::sleep_until(next_probe), if probing.is_some() => {
-                let now = now_ms();
+                let now = clock.now_ms();
                 let (host, cgroups) = probe(&config, &engine, now);
                 engine.on_probe(host, cgroups, now);
+                hand_off_freezes(&mut engine, &settled_tx);
                 if engine.take_dirty() {
                     shared.publish_view(engine.view());
                 }
@@ -298,7 +405,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
 
     crate::notify::notify("STOPPING=1");
-    engine.shutdown(now_ms());
+    engine.shutdown(clock.now_ms());
     shared.publish_view(engine.view());
     control_task.abort();
     let _ = std::fs::remove_file(&config.control.socket);
@@ -309,5 +416,37 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         _ => {}
     }
     tracing::info!("stopped");
-    Ok(())
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// A freeze that settled (or did not) off the owner task.
+type Settled = (String, crate::act::freeze::Frozen, bool);
+
+/// Waits for unsettled freezes on the blocking pool; each result comes back as a message.
+fn hand_off_freezes(engine: &mut Engine, tx: &mpsc::UnboundedSender<Settled>) {
+    for (name, frozen) in engine.take_unsettled() {
+        let tx = tx.clone();
+        tokio::task::spawn_blocking(move || {
+            let settled = frozen.settled_within(crate::act::freeze::SETTLE);
+            let _ = tx.send((name, frozen, settled));
+        });
+    }
+}
+
+/// Consecutive sampler panics after which the daemon exits non-zero (a supervisor restarts it).
+const MAX_SAMPLER_PANICS: u32 = 3;
+
+/// The clock's anchor: the persisted one when it belongs to this boot, else a fresh one.
+fn clock_anchor(config: &Config, previous: Option<&persist::Persisted>) -> persist::ClockAnchor {
+    let boot_id = crate::clock::boot_id(&config.host.process_root).unwrap_or_default();
+    match previous.and_then(|p| p.clock.clone()) {
+        Some(a) if !boot_id.is_empty() && a.boot_id == boot_id => a,
+        _ => persist::ClockAnchor {
+            boot_id,
+            anchor_ms: Clock::fresh_anchor(crate::clock::wall_ms(), crate::clock::boot_ms()),
+        },
+    }
 }

@@ -114,8 +114,8 @@ fn a_crashed_daemon_is_followed_by_one_that_resumes_the_job() {
     assert_eq!(d.ctl(&["pause", "crashy"]).0, 0);
     assert_eq!(proc_state(s.id()), Some('T'));
     let state = d.state.clone();
-    d.child.kill().unwrap();
-    d.child.wait().unwrap();
+    // The daemon and its guardian both die: only a new daemon can resume the job.
+    d.crash(true);
     assert_eq!(
         proc_state(s.id()),
         Some('T'),
@@ -495,9 +495,8 @@ fn a_job_that_owns_its_cgroup_is_frozen_not_signalled() {
                 .all(|p| proc_state(p) != Some('T'))
         );
         assert_eq!(d.jobs()[0]["pause"]["frozen"]["dir"], dir.to_str().unwrap());
-        // A restart thaws it (the daemon is killed, as in a crash).
-        d.child.kill().unwrap();
-        d.child.wait().unwrap();
+        // A restart thaws it (the daemon and its guardian are killed, as in a crash).
+        d.crash(true);
         assert!(frozen(), "killing the daemon cannot thaw anything");
         let d2 = Daemon::start(Opts {
             root: "/".into(),

@@ -20,7 +20,9 @@ pub struct Frozen {
 }
 
 /// How long a freeze may take to settle before memwatch falls back to signals.
-const SETTLE: Duration = Duration::from_millis(500);
+pub const SETTLE: Duration = Duration::from_millis(500);
+/// How long the owner task watches a freeze settle before it hands the wait to another thread.
+const SETTLE_INLINE: Duration = Duration::from_millis(3);
 
 fn pids_below(dir: &Path, out: &mut Vec<u32>) -> bool {
     let Ok(text) = read_text(&dir.join("cgroup.procs")) else {
@@ -103,21 +105,26 @@ impl Frozen {
         }
     }
 
-    /// Freezes the cgroup and waits until the kernel says it is frozen; on failure thaws it again.
-    pub fn freeze(&self) -> std::io::Result<()> {
+    /// Asks the kernel to freeze the cgroup and watches it settle for a few milliseconds (a freeze
+    /// usually settles in microseconds). `Ok(true)`: frozen. `Ok(false)`: still freezing; the caller
+    /// finishes the wait off its own thread with [`Frozen::settled_within`].
+    pub fn freeze(&self) -> std::io::Result<bool> {
         self.write(true)?;
+        Ok(self.settled_within(SETTLE_INLINE))
+    }
+
+    /// Waits up to `wait` for the freeze to take; `false` if it did not.
+    pub fn settled_within(&self, wait: Duration) -> bool {
         let start = Instant::now();
-        while start.elapsed() < SETTLE {
+        loop {
             if self.is_frozen() {
-                return Ok(());
+                return true;
             }
-            std::thread::sleep(Duration::from_millis(1));
+            if start.elapsed() >= wait {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(200));
         }
-        let _ = self.write(false);
-        Err(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            format!("{} did not freeze", self.dir.display()),
-        ))
     }
 
     /// Thaws the cgroup; a cgroup that is gone is nothing to thaw.

@@ -4,6 +4,7 @@ pub mod audit;
 pub mod freeze;
 pub mod pause;
 pub mod persist;
+pub mod recover;
 pub mod signal;
 
 pub use signal::signal_by_name;

@@ -34,6 +34,12 @@ pub fn stop_tree(
         _ => send(root, r, sig),
     };
     let mut stopped: Vec<ProcRef> = Vec::new();
+    // The root first, through its pidfd, before any walk of /proc: a walk costs time in proportion to
+    // the processes on the machine, and the root is the one that forks new workers and allocates most.
+    if let Some(fd) = pinned {
+        send_pinned(fd, root_ref.pid, Signal::SIGSTOP)?;
+        stopped.push(root_ref);
+    }
     for _ in 0..MAX_WALKS {
         let Some(tree) = descendants(root, root_ref.pid) else {
             return if stopped.is_empty() {

@@ -39,11 +39,27 @@ pub struct PersistedJob {
 pub struct Persisted {
     pub version: u32,
     pub jobs: Vec<PersistedJob>,
+    /// The engine clock's anchor and the boot it belongs to (see `clock`).
+    #[serde(default)]
+    pub clock: Option<ClockAnchor>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClockAnchor {
+    pub boot_id: String,
+    pub anchor_ms: u64,
 }
 
 /// Writes `bytes` to `path` so that a crash leaves the old file or the new one: a temp file in the
 /// same directory, fsync, rename, fsync of the directory.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_renamed(path, bytes, true)
+}
+
+/// Temp file, write, (fsync,) rename. Without `sync` the new file is what every process sees once this
+/// returns, and it survives the writer's death at any instant (the page cache belongs to the kernel);
+/// only a power loss could take it back, and a power loss also ends every process a pause concerned.
+fn write_renamed(path: &Path, bytes: &[u8], sync: bool) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path
         .file_name()
@@ -57,9 +73,14 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
             .truncate(true)
             .open(&tmp)?;
         f.write_all(bytes)?;
-        f.sync_all()?;
+        if sync {
+            f.sync_all()?;
+        }
         std::fs::rename(&tmp, path)?;
-        std::fs::File::open(dir)?.sync_all()
+        if sync {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        Ok(())
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
@@ -67,13 +88,114 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     result
 }
 
-/// Writes the state file. The directory is private (0700): the file holds the jobs' tokens.
-pub fn save(dir: &Path, state: &Persisted) -> std::io::Result<()> {
+/// Creates the state directory, private (0700): the state file holds the jobs' tokens.
+pub fn private_dir(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(dir)?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+}
+
+/// Writes the state file durably (fsync'd).
+pub fn save(dir: &Path, state: &Persisted) -> std::io::Result<()> {
+    private_dir(dir)?;
     let bytes = serde_json::to_vec_pretty(state).map_err(std::io::Error::other)?;
     write_atomic(&dir.join(STATE_FILE), &bytes)
+}
+
+/// The daemon's state file writer. Every write is a write-ahead: it has happened (renamed into place,
+/// visible to a successor and to the guardian) when `write` returns, before any signal it describes is
+/// sent. Unchanged state is not written again. The fsync that makes it durable against a power loss
+/// runs on a thread of its own, so the owner task never waits for the disk.
+pub struct StateWriter {
+    dir: PathBuf,
+    last: Vec<u8>,
+    sync: Option<std::sync::mpsc::Sender<()>>,
+}
+
+impl StateWriter {
+    pub fn new(dir: &Path) -> Self {
+        let path = dir.join(STATE_FILE);
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let spawned = std::thread::Builder::new()
+            .name("state-fsync".into())
+            .spawn(move || {
+                while rx.recv().is_ok() {
+                    // Coalesce: one fsync covers every write queued so far.
+                    while rx.try_recv().is_ok() {}
+                    let synced = std::fs::File::open(&path)
+                        .and_then(|f| f.sync_all())
+                        .and_then(|()| {
+                            std::fs::File::open(path.parent().unwrap_or(Path::new(".")))?.sync_all()
+                        });
+                    if let Err(e) = synced {
+                        tracing::debug!(error = %e, "fsync of the state file failed");
+                    }
+                }
+            })
+            .ok();
+        StateWriter {
+            dir: dir.to_owned(),
+            last: Vec::new(),
+            sync: spawned.map(|_| tx),
+        }
+    }
+
+    /// Writes `state` if it differs from what was last written. An error means nothing was recorded.
+    pub fn write(&mut self, state: &Persisted) -> std::io::Result<()> {
+        let bytes = serde_json::to_vec_pretty(state).map_err(std::io::Error::other)?;
+        if bytes == self.last {
+            return Ok(());
+        }
+        private_dir(&self.dir)?;
+        write_renamed(&self.dir.join(STATE_FILE), &bytes, false)?;
+        self.last = bytes;
+        if let Some(tx) = &self.sync {
+            let _ = tx.send(());
+        }
+        Ok(())
+    }
+
+    /// Forgets what was written, so the next `write` writes (after another process changed the file).
+    pub fn invalidate(&mut self) {
+        self.last.clear();
+    }
+}
+
+/// An exclusive lock on the state directory (`daemon.lock`), held by the daemon for its whole life and
+/// by the guardian while it recovers. Released by the kernel when its holder dies.
+pub struct StateLock {
+    _file: std::fs::File,
+}
+
+impl StateLock {
+    /// Takes the lock, waiting up to `wait` for another holder to let go; `Ok(None)` if it did not.
+    pub fn acquire(dir: &Path, wait: std::time::Duration) -> std::io::Result<Option<StateLock>> {
+        use std::os::fd::AsRawFd;
+        private_dir(dir)?;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join("daemon.lock"))?;
+        let start = std::time::Instant::now();
+        loop {
+            // SAFETY: flock on a descriptor we own; no memory is passed.
+            let rc = unsafe {
+                nix::libc::flock(file.as_raw_fd(), nix::libc::LOCK_EX | nix::libc::LOCK_NB)
+            };
+            if rc == 0 {
+                return Ok(Some(StateLock { _file: file }));
+            }
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(nix::libc::EWOULDBLOCK) {
+                return Err(e);
+            }
+            if start.elapsed() >= wait {
+                return Ok(None);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
 }
 
 /// Reads the state file; `Ok(None)` when there is none.
@@ -118,6 +240,7 @@ mod tests {
                 }),
                 config: None,
             }],
+            clock: None,
         };
         save(dir.path(), &s).unwrap();
         assert_eq!(load(dir.path()).unwrap(), Some(s));

@@ -39,6 +39,14 @@ enum Command {
         #[arg(long, value_name = "ADDR")]
         listen: Option<std::net::SocketAddr>,
     },
+    /// The daemon's guardian (started by `memwatch run`; resumes paused jobs if the daemon dies)
+    #[command(hide = true)]
+    Guardian {
+        #[arg(long, value_name = "DIR")]
+        state_dir: PathBuf,
+        #[arg(long, value_name = "DIR", default_value = "/")]
+        process_root: PathBuf,
+    },
     /// Show memory, swap, pressure and GPUs as the running daemon sees them
     Status {
         /// Print the daemon's snapshot as JSON instead of a table
@@ -158,6 +166,28 @@ fn usage(error: impl Into<anyhow::Error>) -> Failure {
 /// Entry point of the binary.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Run { .. }) {
+        // A client whose reader went away (`memwatch jobs --json | head`) ends quietly, as `cat`
+        // does, instead of panicking in println!. The daemon keeps Rust's default (EPIPE errors).
+        // SAFETY: SIG_DFL installs no handler code.
+        let _ = unsafe {
+            nix::sys::signal::signal(
+                nix::sys::signal::Signal::SIGPIPE,
+                nix::sys::signal::SigHandler::SigDfl,
+            )
+        };
+    }
+    if let Command::Guardian {
+        state_dir,
+        process_root,
+    } = &cli.command
+    {
+        crate::logging::init(
+            cli.log_level.unwrap_or(LogLevel::Info),
+            cli.log_format.unwrap_or(LogFormat::Text),
+        );
+        return crate::guardian::run(state_dir, process_root);
+    }
     match dispatch(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
@@ -182,6 +212,7 @@ fn daemon_url(config: &Config) -> String {
 
 fn dispatch(cli: Cli) -> Result<(), Failure> {
     match &cli.command {
+        Command::Guardian { .. } => Ok(()),
         Command::Run { listen } => {
             let mut config = load_config(&cli)?;
             if let Some(l) = listen {
@@ -191,7 +222,9 @@ fn dispatch(cli: Cli) -> Result<(), Failure> {
                 cli.log_level.unwrap_or(config.log.level),
                 cli.log_format.unwrap_or(config.log.format),
             );
-            let runtime = tokio::runtime::Builder::new_current_thread()
+            // Two workers: HTTP and the control socket answer while the owner task works.
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
                 .enable_all()
                 .max_blocking_threads(4)
                 .build()?;
@@ -393,6 +426,10 @@ fn control_call(
 
 fn print_job(verb: &str, r: crate::control::Response) -> Result<(), Failure> {
     match r.job {
+        Some(j) if r.dry_run => println!(
+            "dry run: {} (pid {}) was not {verb}; the daemon runs with policy.dry_run = true and only records what it would do",
+            j.name, j.pid
+        ),
         Some(j) => println!("{verb} {} (pid {})", j.name, j.pid),
         None => println!("{verb}"),
     }

@@ -166,6 +166,13 @@ pub struct HistorySeconds(pub u64);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Positive(pub u64);
 
+impl Positive {
+    /// As a `usize`, saturating.
+    pub fn get(self) -> usize {
+        usize::try_from(self.0).unwrap_or(usize::MAX)
+    }
+}
+
 fn ranged<'de, D: Deserializer<'de>>(
     d: D,
     min: u64,

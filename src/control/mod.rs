@@ -93,6 +93,9 @@ pub struct Response {
     pub token: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub directives: Option<DirectivesReply>,
+    /// The daemon runs in dry-run mode: a pause or resume was recorded, not carried out.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
 }
 
 impl Response {
@@ -104,6 +107,7 @@ impl Response {
             jobs: None,
             token: None,
             directives: None,
+            dry_run: false,
         }
     }
     pub fn error(message: impl Into<String>) -> Self {

@@ -53,8 +53,14 @@ impl Engine {
                 token,
             } => return self.progress(&target, progress, token, caller, now_ms),
             Request::Detach { target } => self.detach(&target, caller, now_ms),
-            Request::Pause { target } => self.user_pause(&target, caller, now_ms),
-            Request::Resume { target } => self.user_resume(&target, caller, now_ms),
+            Request::Pause { target } => {
+                let r = self.user_pause(&target, caller, now_ms);
+                return self.pause_reply(r);
+            }
+            Request::Resume { target } => {
+                let r = self.user_resume(&target, caller, now_ms);
+                return self.pause_reply(r);
+            }
             Request::Jobs {} => {
                 let jobs = self
                     .jobs
@@ -72,6 +78,19 @@ impl Engine {
             },
             Err(e) => Response::error(e),
         }
+    }
+
+    /// The answer to a pause or resume: the job, and whether it was only a dry run.
+    fn pause_reply(&self, result: Result<String, String>) -> Response {
+        let mut r = match result {
+            Ok(name) => match self.jobs.get(&name) {
+                Some(j) => Response::job(self.job_view(j)),
+                None => Response::jobs(Vec::new()),
+            },
+            Err(e) => Response::error(e),
+        };
+        r.dry_run = r.ok && self.cfg.policy.dry_run;
+        r
     }
 
     /// The job `target` names (a name or a pid), if the caller may act on it.
@@ -308,6 +327,7 @@ impl Engine {
         // From here on the root is signalled only through this descriptor.
         job.pidfd = crate::act::signal::open(root, stat.proc_ref())
             .map_err(|_| format!("no process with pid {pid}"))?;
+        job.freezer = self.freezer_of(stat.proc_ref());
         self.jobs.insert(name.clone(), job);
         self.save();
         self.record(

@@ -9,6 +9,16 @@ use crate::act::{pause, signal};
 use crate::job::{Job, Pause};
 use crate::policy::{self, By, Decision};
 
+/// Why a pause did not happen.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PauseError {
+    #[error(transparent)]
+    Signal(#[from] signal::SignalError),
+    /// The write-ahead record could not be written, so nothing was stopped.
+    #[error("not paused: the pause could not be recorded ({0})")]
+    Unrecorded(String),
+}
+
 /// The short cause of a decision, for counting: the first resource named, without its scope.
 fn cause(reason: &str) -> String {
     reason
@@ -72,7 +82,7 @@ impl Engine {
                         format!("pause failed: {e}"),
                         dry,
                     );
-                    if matches!(e, signal::SignalError::Gone(_)) {
+                    if matches!(e, PauseError::Signal(signal::SignalError::Gone(_))) {
                         self.job_gone(&job, now_ms);
                     }
                     return;
@@ -120,44 +130,144 @@ impl Engine {
         }
     }
 
-    /// Stops a job's tree (unless dry-run) and records the pause.
+    /// Stops a job's tree (unless dry-run) and records the pause. Write-ahead: the pause, with the
+    /// cgroup it is about to freeze, is in the state file before the first signal or freeze, so a
+    /// daemon killed at any instant leaves a record of all it may have stopped (see `act::recover`).
+    /// A pause that cannot be recorded is refused: an unrecorded pause is one a crash could leave
+    /// frozen for good.
     pub(super) fn pause_job(
         &mut self,
         name: &str,
         by: By,
         reason: &str,
         now_ms: u64,
-    ) -> Result<(), signal::SignalError> {
+    ) -> Result<(), PauseError> {
         let dry = self.cfg.policy.dry_run;
-        let Some(j) = self.jobs.get(name) else {
+        let Some(j) = self.jobs.get_mut(name) else {
             return Ok(());
         };
         if j.pause.is_some() {
             return Ok(());
         }
+        // Decided on the last full sample, so the pause itself walks nothing.
+        let candidate = if dry { None } else { j.freezer.clone() };
+        j.pause = Some(Pause {
+            since_ms: now_ms,
+            by,
+            reason: reason.to_owned(),
+            stopped: Vec::new(),
+            frozen: candidate.clone(),
+            dry_run: dry,
+        });
+        if !dry {
+            if let Err(e) = self.write_state() {
+                if let Some(j) = self.jobs.get_mut(name) {
+                    j.pause = None;
+                }
+                return Err(PauseError::Unrecorded(e));
+            }
+        }
+        let Some(j) = self.jobs.get(name) else {
+            return Ok(());
+        };
         let (stopped, frozen) = if dry {
             (Vec::new(), None)
         } else {
-            match self.freeze_owned(j) {
-                Some(f) => (Vec::new(), Some(f)),
-                None => (
-                    pause::stop_tree(&self.process_root, j.root, j.pidfd.as_deref())?,
-                    None,
-                ),
+            match candidate.map(|f| (f.freeze(), f)) {
+                Some((Ok(true), f)) => (Vec::new(), Some(f)),
+                Some((Ok(false), f)) => {
+                    // Still freezing: the daemon finishes the wait off this task and reports back
+                    // (`freeze_settled`); until then the pause holds the freeze.
+                    self.unsettled.push((name.to_owned(), f.clone()));
+                    (Vec::new(), Some(f))
+                }
+                other => {
+                    if let Some((Err(e), f)) = other {
+                        tracing::warn!(cgroup = %f.dir.display(), error = %e, "cannot freeze the job's cgroup; stopping it with signals");
+                    }
+                    match pause::stop_tree(&self.process_root, j.root, j.pidfd.as_deref()) {
+                        Ok(s) => (s, None),
+                        Err(e) => {
+                            if let Some(j) = self.jobs.get_mut(name) {
+                                j.pause = None;
+                            }
+                            self.save();
+                            return Err(PauseError::Signal(e));
+                        }
+                    }
+                }
             }
         };
-        if let Some(j) = self.jobs.get_mut(name) {
-            j.pause = Some(Pause {
-                since_ms: now_ms,
-                by,
-                reason: reason.to_owned(),
-                stopped,
-                frozen,
-                dry_run: dry,
-            });
+        if let Some(p) = self.jobs.get_mut(name).and_then(|j| j.pause.as_mut()) {
+            p.stopped = stopped;
+            p.frozen = frozen;
         }
         self.save();
         Ok(())
+    }
+
+    /// The cgroup a job rooted at `root` owns, if any (a walk of its tree; full samples refresh it).
+    pub(super) fn freezer_of(
+        &self,
+        root: crate::proc::ProcRef,
+    ) -> Option<crate::act::freeze::Frozen> {
+        let tree = crate::proc::descendants(&self.process_root, root.pid)?;
+        if tree.procs.first()?.start_time != root.start_time {
+            return None;
+        }
+        let pids: Vec<u32> = tree.procs.iter().map(|p| p.pid).collect();
+        crate::act::freeze::owned(&self.process_root, &pids)
+    }
+
+    /// Freezes that did not settle at once, for the daemon to wait on elsewhere.
+    pub fn take_unsettled(&mut self) -> Vec<(String, crate::act::freeze::Frozen)> {
+        std::mem::take(&mut self.unsettled)
+    }
+
+    /// A freeze handed off by `take_unsettled` settled, or did not within `freeze::SETTLE`: then the
+    /// cgroup is thawed and the job stopped with signals instead.
+    pub fn freeze_settled(
+        &mut self,
+        name: &str,
+        frozen: &crate::act::freeze::Frozen,
+        settled: bool,
+        now_ms: u64,
+    ) {
+        let Some(j) = self.jobs.get(name) else {
+            return;
+        };
+        if settled || j.pause.as_ref().and_then(|p| p.frozen.as_ref()) != Some(frozen) {
+            return;
+        }
+        tracing::warn!(cgroup = %frozen.dir.display(), "the job's cgroup did not freeze; stopping it with signals");
+        let stopped = pause::stop_tree(&self.process_root, j.root, j.pidfd.as_deref());
+        let _ = frozen.thaw();
+        match stopped {
+            Ok(s) => {
+                if let Some(p) = self.jobs.get_mut(name).and_then(|j| j.pause.as_mut()) {
+                    p.stopped = s;
+                    p.frozen = None;
+                }
+                self.save();
+            }
+            Err(e) => {
+                self.record(
+                    now_ms,
+                    "error",
+                    name,
+                    "freeze",
+                    format!("the cgroup did not freeze and signals failed: {e}"),
+                    false,
+                );
+                if let Some(j) = self.jobs.get_mut(name) {
+                    j.pause = None;
+                }
+                if let Some(js) = self.policy.jobs.get_mut(name) {
+                    js.pause = None;
+                }
+                self.save();
+            }
+        }
     }
 
     /// Continues whatever memwatch stopped of a job and records that it runs.
@@ -166,34 +276,14 @@ impl Engine {
             return;
         };
         if let Some(p) = j.pause.take() {
-            pause::resume(&self.process_root, &p.stopped, j.pidfd.as_deref());
             if let Some(f) = &p.frozen {
                 if let Err(e) = f.thaw() {
                     tracing::error!(cgroup = %f.dir.display(), error = %e, "cannot thaw a job's cgroup");
                 }
             }
+            pause::resume(&self.process_root, &p.stopped, j.pidfd.as_deref());
         }
         self.save();
-    }
-
-    /// Freezes the job's own cgroup, if it owns one and the freeze takes; `None` means: use signals.
-    fn freeze_owned(&self, j: &Job) -> Option<crate::act::freeze::Frozen> {
-        if !j.root_alive() {
-            return None;
-        }
-        let tree = crate::proc::descendants(&self.process_root, j.root.pid)?;
-        if tree.procs.first()?.start_time != j.root.start_time {
-            return None;
-        }
-        let pids: Vec<u32> = tree.procs.iter().map(|p| p.pid).collect();
-        let f = crate::act::freeze::owned(&self.process_root, &pids)?;
-        match f.freeze() {
-            Ok(()) => Some(f),
-            Err(e) => {
-                tracing::warn!(cgroup = %f.dir.display(), error = %e, "cannot freeze the job's cgroup; stopping it with signals");
-                None
-            }
-        }
     }
 
     /// The job's root exited or its pid now names another process: drop it, signalling nothing.
@@ -233,49 +323,45 @@ impl Engine {
                     config: j.config.clone(),
                 })
                 .collect(),
+            clock: self.clock_anchor.clone(),
         }
     }
 
-    /// Writes the state file; a failure is logged (the pause itself stands).
-    pub(super) fn save(&self) {
-        if let Err(e) = persist::save(&self.cfg.control.state_dir, &self.persisted()) {
-            tracing::error!(dir = %self.cfg.control.state_dir.display(), error = %e, "cannot write the state file");
+    /// Writes the state file if it changed; the error says why it could not.
+    pub(super) fn write_state(&mut self) -> Result<(), String> {
+        let state = self.persisted();
+        self.state.write(&state).map_err(|e| {
+            format!(
+                "cannot write {}: {e}",
+                self.cfg
+                    .control
+                    .state_dir
+                    .join(persist::STATE_FILE)
+                    .display()
+            )
+        })
+    }
+
+    /// Writes the state file if it changed; a failure is logged.
+    pub(super) fn save(&mut self) {
+        if let Err(e) = self.write_state() {
+            tracing::error!("{e}");
         }
     }
 
     /// At start: continue whatever a previous daemon left stopped, and re-adopt its jobs that still run.
-    pub fn recover(&mut self, now_ms: u64) {
-        let state = match persist::load(&self.cfg.control.state_dir) {
-            Ok(Some(s)) => s,
-            Ok(None) => return,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot read the previous state; nothing to recover");
-                return;
-            }
+    pub fn recover(&mut self, state: Option<Persisted>, now_ms: u64) {
+        let Some(state) = state else {
+            return;
         };
         for pj in state.jobs {
-            if let Some(p) = &pj.paused {
-                let gone = pause::resume(&self.process_root, &p.stopped, None);
-                if let Some(f) = &p.frozen {
-                    if let Err(e) = f.thaw() {
-                        tracing::error!(cgroup = %f.dir.display(), error = %e, "cannot thaw a cgroup a previous daemon froze");
-                    }
-                }
+            if let Some(done) = crate::act::recover::undo_pause(&self.process_root, &pj) {
                 self.record(
                     now_ms,
                     "resume",
                     &pj.name,
                     "restart",
-                    match &p.frozen {
-                        Some(f) => format!(
-                            "thawed {}, which a previous daemon had frozen",
-                            f.dir.display()
-                        ),
-                        None => format!(
-                            "continued {} process(es) a previous daemon had paused",
-                            p.stopped.len() - gone.len()
-                        ),
-                    },
+                    done.to_string(),
                     false,
                 );
             }
@@ -293,6 +379,7 @@ impl Engine {
                 );
                 job.config = pj.config.clone();
                 job.pidfd = signal::open(&self.process_root, pj.root).ok().flatten();
+                job.freezer = self.freezer_of(pj.root);
                 self.jobs.insert(pj.name.clone(), job);
                 self.record(
                     now_ms,
@@ -304,6 +391,7 @@ impl Engine {
                 );
             }
         }
+        self.state.invalidate();
         self.save();
     }
 

@@ -7,6 +7,9 @@ mod commands;
 mod effects;
 mod observe;
 
+pub use effects::PauseError;
+pub use observe::Measured;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -78,12 +81,21 @@ pub struct Engine {
     /// When the jobs' smaps_rollup was last read.
     last_detailed_ms: u64,
     advice: Vec<crate::advice::Advice>,
+    /// The state file, written ahead of every pause.
+    state: crate::act::persist::StateWriter,
+    /// The clock's anchor, persisted so that a restarted daemon counts on the same line.
+    clock_anchor: Option<crate::act::persist::ClockAnchor>,
+    /// Freezes still settling, for the daemon to wait on off the owner task.
+    unsettled: Vec<(String, crate::act::freeze::Frozen)>,
 }
 
 impl Engine {
-    pub fn new(cfg: Config) -> Self {
+    pub fn new(cfg: Config, clock_anchor: Option<crate::act::persist::ClockAnchor>) -> Self {
         let audit = Audit::open(&cfg.control.state_dir, cfg.control.audit_max_bytes.0);
         Engine {
+            state: crate::act::persist::StateWriter::new(&cfg.control.state_dir),
+            clock_anchor,
+            unsettled: Vec::new(),
             process_root: cfg.host.process_root.clone(),
             host_available: Growth::new(cfg.sampling.growth_window_ms.0),
             cfg,

@@ -5,6 +5,15 @@ use std::sync::Arc;
 use super::Engine;
 use crate::config::Action;
 use crate::job::{JobSample, Limit};
+
+/// One job's full measurement, from the blocking pool.
+pub struct Measured {
+    pub name: String,
+    /// `None`: the job is gone.
+    pub sample: Option<JobSample>,
+    /// The cgroup the job owns, which a pause would freeze.
+    pub freezer: Option<crate::act::freeze::Frozen>,
+}
 use crate::policy::{
     self, GpuObservation, JobObservation, Observation, Projection, Reading, Temperature,
 };
@@ -18,16 +27,16 @@ const FAST_FOR_MS: u64 = 3000;
 
 impl Engine {
     /// A full sample arrived, with a fresh measurement of each job (`None`: the job is gone).
-    pub fn on_sample(
-        &mut self,
-        sample: Arc<Sample>,
-        jobs: Vec<(String, Option<JobSample>)>,
-        now_ms: u64,
-    ) {
+    pub fn on_sample(&mut self, sample: Arc<Sample>, jobs: Vec<Measured>, now_ms: u64) {
         if let Some(m) = &sample.host.memory {
             self.note_host(m.available_bytes, m.total_bytes, now_ms);
         }
-        for (name, measured) in jobs {
+        for Measured {
+            name,
+            sample: measured,
+            freezer,
+        } in jobs
+        {
             // A root that died is gone even if its pid already names a new process.
             let measured = measured.filter(|_| self.jobs.get(&name).is_none_or(|j| j.root_alive()));
             match measured {
@@ -42,6 +51,7 @@ impl Engine {
                             }
                         }
                         j.last = Some(s);
+                        j.freezer = freezer;
                     }
                 }
                 None => self.job_gone(&name, now_ms),

@@ -57,8 +57,17 @@ pub async fn history(
 }
 
 pub async fn ready(State(shared): State<Arc<Shared>>) -> Response {
-    if shared.latest().is_some() {
+    if shared.fresh() {
         (StatusCode::OK, "ready\n").into_response()
+    } else if shared.latest().is_some() {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "the latest sample is older than {} ms\n",
+                shared.stale_after_ms
+            ),
+        )
+            .into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "no sample taken yet\n").into_response()
     }

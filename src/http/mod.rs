@@ -67,13 +67,14 @@ pub fn router(
 async fn metrics_handler(
     axum::extract::State(shared): axum::extract::State<Arc<Shared>>,
 ) -> impl IntoResponse {
-    let latest = shared.latest();
+    // One snapshot: the sample and the view below belong to the same moment.
+    let snap = shared.snapshot();
     let info = metrics::DaemonInfo {
         version: env!("CARGO_PKG_VERSION"),
-        samples_total: shared.samples_total(),
+        samples_total: snap.samples_total,
     };
-    let mut body = metrics::render(latest.as_deref(), &info);
-    jobs_metrics::render(&mut body, &shared.view());
+    let mut body = metrics::render(snap.sample.as_deref(), &info);
+    jobs_metrics::render(&mut body, &snap.view);
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],

@@ -48,6 +48,8 @@ pub struct Job {
     pub config: Option<crate::adapt::JobConfig>,
     /// A pidfd on the root, kept since attach: the root is checked and signalled only through it.
     pub pidfd: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
+    /// The cgroup the job owns (and a pause would freeze), as of the last full sample.
+    pub freezer: Option<crate::act::freeze::Frozen>,
 }
 
 impl Job {
@@ -72,6 +74,7 @@ impl Job {
             pause: None,
             config: None,
             pidfd: None,
+            freezer: None,
         }
     }
 

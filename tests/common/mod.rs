@@ -129,7 +129,12 @@ impl Daemon {
         });
         let addr: SocketAddr = rx
             .recv_timeout(Duration::from_secs(20))
-            .expect("daemon did not say where it listens")
+            .unwrap_or_else(|e| {
+                panic!(
+                    "daemon did not say where it listens ({e}); log:\n{}",
+                    log.lock().unwrap().join("\n")
+                )
+            })
             .parse()
             .unwrap();
         let d = Daemon {
@@ -225,6 +230,34 @@ impl Daemon {
             std::thread::sleep(Duration::from_millis(50));
         }
         panic!("{what}; log:\n{}", self.log.lock().unwrap().join("\n"));
+    }
+
+    /// The current guardian's pid, from the daemon's log.
+    pub fn guardian_pid(&self) -> Option<u32> {
+        self.log.lock().unwrap().iter().rev().find_map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).ok()?;
+            (v["fields"]["message"] == "guardian started")
+                .then(|| v["fields"]["pid"].as_u64())
+                .flatten()
+                .map(|p| p as u32)
+        })
+    }
+
+    /// Kills the daemon with SIGKILL, as a crash would; with `guardian_too`, its guardian first, so
+    /// that nothing resumes the jobs until a new daemon starts.
+    pub fn crash(&mut self, guardian_too: bool) {
+        if guardian_too {
+            let g = self.guardian_pid().expect("the daemon logged no guardian");
+            let _ = Command::new("kill")
+                .args(["-KILL", &g.to_string()])
+                .status();
+            assert!(
+                eventually(5.0, || proc_state(g).is_none_or(|s| s == 'Z')),
+                "the guardian {g} did not die"
+            );
+        }
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
     }
 
     pub fn log_text(&self) -> String {

@@ -1,0 +1,146 @@
+//! The guardian: a tiny process the daemon starts beside itself, whose only job is to resume every job
+//! the daemon paused if the daemon dies and nothing takes its place.
+//!
+//! How it knows: its standard input is the read end of a pipe whose only write end the daemon holds
+//! (close-on-exec, so no other program inherits it). The kernel closes that end when the daemon exits
+//! for any reason, SIGKILL and the OOM killer included, and the guardian's blocked `read` returns 0.
+//! It costs nothing while it waits: one sleeping process, no timer, no polling.
+//!
+//! What it does then: it takes the state directory's lock (`daemon.lock`). If it gets it, no daemon is
+//! running: it undoes every pause recorded in `state.json` (the same idempotent recovery a restarted
+//! daemon runs, see `act::recover`), marks them undone, and exits. If a new daemon already holds the
+//! lock, the new daemon recovers and the guardian just exits. A daemon starting while the guardian
+//! recovers waits for the lock.
+//!
+//! Failure modes: the guardian ignores SIGTERM, SIGINT and SIGHUP (systemd's stop of the unit's cgroup
+//! after a crash would otherwise kill it before it acts; in a clean stop the daemon resumes everything
+//! first and the guardian exits on the pipe's end at once). It runs in its own process group, so a
+//! terminal's Ctrl-C or a `kill -- -PGID` of the daemon's group does not reach it. A SIGKILL of the
+//! guardian itself leaves the daemon unguarded until its next full sample, when the daemon notices and
+//! starts a new one. If both die together (the whole cgroup SIGKILLed, say), only a restarted daemon
+//! recovers: the jobs stay paused until then, as before the guardian existed.
+
+use std::io::Read;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::Duration;
+
+use crate::act::persist::{self, StateLock};
+
+/// The daemon's handle on its guardian: the child, and the pipe end whose closing wakes it.
+pub struct Guardian {
+    child: Child,
+    _wake: OwnedFd,
+    state_dir: PathBuf,
+    process_root: PathBuf,
+}
+
+impl Guardian {
+    /// Starts `memwatch guardian` for this state directory and process root.
+    pub fn spawn(state_dir: &Path, process_root: &Path) -> std::io::Result<Guardian> {
+        use std::os::unix::process::CommandExt;
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        let exe = std::env::current_exe()?;
+        let child = Command::new(exe)
+            .arg("guardian")
+            .arg("--state-dir")
+            .arg(state_dir)
+            .arg("--process-root")
+            .arg(process_root)
+            .stdin(Stdio::from(read))
+            .stdout(Stdio::null())
+            .process_group(0)
+            .spawn()?;
+        Ok(Guardian {
+            child,
+            _wake: write,
+            state_dir: state_dir.to_owned(),
+            process_root: process_root.to_owned(),
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Starts a new guardian if this one has exited. Returns whether one was restarted.
+    pub fn keep_alive(&mut self) -> bool {
+        match self.child.try_wait() {
+            Ok(None) => false,
+            _ => match Guardian::spawn(&self.state_dir, &self.process_root) {
+                Ok(g) => {
+                    tracing::warn!(pid = g.pid(), restarted = true, "guardian started");
+                    *self = g;
+                    true
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot restart the guardian");
+                    false
+                }
+            },
+        }
+    }
+}
+
+/// `memwatch guardian`: waits for the daemon's end, then undoes its pauses unless a new daemon runs.
+pub fn run(state_dir: &Path, process_root: &Path) -> ExitCode {
+    for sig in [
+        nix::sys::signal::Signal::SIGTERM,
+        nix::sys::signal::Signal::SIGINT,
+        nix::sys::signal::Signal::SIGHUP,
+    ] {
+        // SAFETY: SIG_IGN installs no handler code.
+        let _ = unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigIgn) };
+    }
+    let mut stdin = std::io::stdin().lock();
+    let mut buf = [0u8; 64];
+    loop {
+        match stdin.read(&mut buf) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    match recover(state_dir, process_root) {
+        Ok(0) => ExitCode::SUCCESS,
+        Ok(n) => {
+            tracing::warn!(
+                jobs = n,
+                "the memwatch daemon died and no daemon replaced it: resumed its paused jobs"
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "the guardian could not recover the paused jobs");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Takes the lock and undoes every recorded pause; returns how many jobs it resumed. `Ok(0)` without
+/// touching anything when another daemon holds the lock.
+pub fn recover(state_dir: &Path, process_root: &Path) -> Result<usize, String> {
+    let lock = StateLock::acquire(state_dir, Duration::from_millis(200))
+        .map_err(|e| format!("{}: {e}", state_dir.display()))?;
+    let Some(_lock) = lock else {
+        // A new daemon runs and recovers by itself.
+        return Ok(0);
+    };
+    let Some(mut state) = persist::load(state_dir)? else {
+        return Ok(0);
+    };
+    let mut resumed = 0;
+    for job in &mut state.jobs {
+        if let Some(done) = crate::act::recover::undo_pause(process_root, job) {
+            tracing::warn!(job = %job.name, "{done}");
+            job.paused = None;
+            resumed += 1;
+        }
+    }
+    if resumed > 0 {
+        persist::save(state_dir, &state).map_err(|e| format!("{}: {e}", state_dir.display()))?;
+    }
+    Ok(resumed)
+}

@@ -297,6 +297,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         control,
         to_owner,
         config.control.socket.clone(),
+        server::Limits {
+            total: config.control.max_connections.get(),
+            per_uid: config.control.max_connections_per_uid.get(),
+        },
     ));
 
     let (stop_http, mut http_stopped) = watch::channel(false);
@@ -319,6 +323,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut panics = 0u32;
     let mut failure: Option<anyhow::Error> = None;
     let (settled_tx, mut settled_rx) = mpsc::unbounded_channel::<Settled>();
+    let (adapted_tx, mut adapted_rx) = mpsc::unbounded_channel::<crate::engine::AdaptDone>();
     let mut stop = std::pin::pin!(shutdown_signal());
     // Under systemd: ready now, and a watchdog ping from this loop while samples are fresh, so a stuck
     // owner task or a sampler that stopped is restarted (and the restarted daemon resumes what this
@@ -345,6 +350,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     shared.publish_view(engine.view());
                 }
             }
+            Some(done) = adapted_rx.recv() => {
+                engine.adapt_done(done, clock.now_ms());
+                if engine.take_dirty() {
+                    shared.publish_view(engine.view());
+                }
+            }
             Some(env) = requests.recv() => {
                 let reply = engine.handle(env.request, env.caller, clock.now_ms());
                 let _ = env.reply.send(reply);
@@ -363,6 +374,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                         let sample = Arc::new(sample);
                         engine.on_sample(sample.clone(), jobs, clock.now_ms());
                         hand_off_freezes(&mut engine, &settled_tx);
+                        for task in engine.take_adapt_tasks() {
+                            let tx = adapted_tx.clone();
+                            tokio::task::spawn_blocking(move || {
+                                let _ = tx.send(crate::engine::run_adapt_task(task));
+                            });
+                        }
                         let view = engine.take_dirty().then(|| engine.view());
                         shared.publish_sample(sample, view);
                         if let Some(g) = guardian.as_mut() {

@@ -42,7 +42,18 @@ impl Guardian {
         use std::os::unix::process::CommandExt;
         let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         let exe = std::env::current_exe()?;
-        let child = Command::new(exe)
+        let mut cmd = Command::new(exe);
+        // SAFETY: between fork and exec only signal(2), which is async-signal-safe. An ignored
+        // disposition survives exec, so the guardian ignores these from its first instruction on.
+        unsafe {
+            cmd.pre_exec(|| {
+                for sig in [nix::libc::SIGTERM, nix::libc::SIGINT, nix::libc::SIGHUP] {
+                    nix::libc::signal(sig, nix::libc::SIG_IGN);
+                }
+                Ok(())
+            });
+        }
+        let child = cmd
             .arg("guardian")
             .arg("--state-dir")
             .arg(state_dir)

@@ -421,6 +421,15 @@ fn dry_run_decides_but_signals_nothing() {
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(proc_state(pid), Some('S'));
     assert!(d.metrics().contains("memwatch_dry_run 1\n"));
+    // A hand pause says that it paused nothing.
+    d.ctl(&["resume", "dry"]);
+    let (code, out, err) = d.ctl(&["pause", "dry"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("dry run") && out.contains("was not paused"),
+        "{out}"
+    );
+    assert_eq!(proc_state(pid), Some('S'));
     kill(s);
 }
 

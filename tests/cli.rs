@@ -305,3 +305,49 @@ fn check_reads_the_gpus_through_nvml() {
     // 1.4 GiB available, ZeRO-3 with zero_init is what fits.
     assert!(text.contains("layout: ZeRO-3\n"), "{text}");
 }
+
+/// `memwatch check --json | head -c 1`: the reader goes away; the command ends quietly (SIGPIPE, as
+/// `cat` does), never with a panic.
+#[test]
+fn a_closed_pipe_is_no_panic() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    for args in [
+        &[
+            "check",
+            "--json",
+            "--params",
+            "1.5e9",
+            "--gpus",
+            "1",
+            "--gpu-memory-gib",
+            "24",
+            "--ram-gib",
+            "64",
+        ][..],
+        &["config", "example"][..],
+    ] {
+        let mut child = std::process::Command::new(common::bin())
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Close the read end before the command writes anything.
+        drop(child.stdout.take());
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        let status = child.wait().unwrap();
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert_eq!(
+            status.signal(),
+            Some(nix::libc::SIGPIPE),
+            "{args:?}: {status:?} {err}"
+        );
+    }
+}

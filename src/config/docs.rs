@@ -89,6 +89,24 @@ pub const DOCS: &[(&str, &str)] = &[
         "The audit log is trimmed to its newer half when it grows past this size.",
     ),
     (
+        "control.max_connections",
+        "Most control-socket connections other users than root may have open at once (at most 4096).\n\
+         Beyond it new ones are closed at once. Root has max_connections_per_uid of its own on top, so no\n\
+         flood of other users' connections can lock root out.",
+    ),
+    (
+        "control.max_connections_per_uid",
+        "Most control-socket connections one user (uid) may hold open at once.",
+    ),
+    (
+        "control.max_jobs_per_uid",
+        "Most jobs one non-root user may have attached at once.",
+    ),
+    (
+        "control.max_directives_per_job",
+        "Config changes remembered per job; the oldest applied ones are dropped beyond this.",
+    ),
+    (
         "policy",
         "When memwatch pauses a job and when it resumes it. Levels per resource are ok / warn / critical,\n\
          with enter and leave thresholds and hold times so they do not flap.",
@@ -109,6 +127,11 @@ pub const DOCS: &[(&str, &str)] = &[
         "policy.max_pause_seconds",
         "Longest pause. The default stays under PyTorch's 10-minute NCCL watchdog, which kills\n\
          distributed jobs whose ranks stop answering.",
+    ),
+    (
+        "policy.allow_long_pause",
+        "Allow max_pause_seconds above 540 (9 minutes). Off by default: a longer pause outlives PyTorch's\n\
+         NCCL watchdog (10 minutes) and ends distributed jobs.",
     ),
     (
         "policy.on_max_pause",

@@ -70,6 +70,10 @@ pub struct Control {
     pub socket: PathBuf,
     pub state_dir: PathBuf,
     pub audit_max_bytes: Positive,
+    pub max_connections: Positive,
+    pub max_connections_per_uid: Positive,
+    pub max_jobs_per_uid: Positive,
+    pub max_directives_per_job: Positive,
 }
 
 impl Default for Control {
@@ -78,6 +82,10 @@ impl Default for Control {
             socket: PathBuf::from("/run/memwatch/control.sock"),
             state_dir: PathBuf::from("/var/lib/memwatch"),
             audit_max_bytes: Positive(4 * 1024 * 1024),
+            max_connections: Positive(256),
+            max_connections_per_uid: Positive(16),
+            max_jobs_per_uid: Positive(32),
+            max_directives_per_job: Positive(64),
         }
     }
 }
@@ -291,15 +299,28 @@ pub enum ConfigError {
     Invalid { path: PathBuf, message: String },
 }
 
+/// The largest config file read (a real one is a few kB).
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
 /// Loads the configuration. `explicit` is the `--config` argument: a missing explicit file is an error,
 /// a missing default file means defaults.
 pub fn load(explicit: Option<&Path>) -> Result<Config, ConfigError> {
+    use std::io::Read as _;
     let path = explicit.unwrap_or(Path::new(DEFAULT_CONFIG_PATH));
-    match std::fs::read_to_string(path) {
-        Ok(text) => parse(&text).map_err(|message| ConfigError::Invalid {
-            path: path.to_owned(),
-            message,
-        }),
+    let invalid = |message: String| ConfigError::Invalid {
+        path: path.to_owned(),
+        message,
+    };
+    let read = std::fs::File::open(path).and_then(|f| {
+        let mut bytes = Vec::new();
+        f.take(MAX_CONFIG_BYTES + 1).read_to_end(&mut bytes)?;
+        Ok(bytes)
+    });
+    match read {
+        Ok(bytes) if bytes.len() as u64 > MAX_CONFIG_BYTES => Err(invalid(format!(
+            "larger than {MAX_CONFIG_BYTES} bytes; is this the right file?"
+        ))),
+        Ok(bytes) => parse(&utf8(&bytes).map_err(invalid)?).map_err(invalid),
         Err(e) if explicit.is_none() && e.kind() == std::io::ErrorKind::NotFound => {
             Ok(Config::default())
         }
@@ -310,10 +331,68 @@ pub fn load(explicit: Option<&Path>) -> Result<Config, ConfigError> {
     }
 }
 
+/// The text of a config file, or where its first invalid UTF-8 byte is.
+fn utf8(bytes: &[u8]) -> Result<String, String> {
+    std::str::from_utf8(bytes).map(str::to_owned).map_err(|e| {
+        let before = &bytes[..e.valid_up_to()];
+        let line = before.iter().filter(|b| **b == b'\n').count() + 1;
+        let column = before.len()
+            - before
+                .iter()
+                .rposition(|b| *b == b'\n')
+                .map_or(0, |i| i + 1)
+            + 1;
+        format!(
+            "line {line}, column {column}: not valid UTF-8 (byte 0x{:02x})",
+            bytes[e.valid_up_to()]
+        )
+    })
+}
+
+/// Upper bounds on counts and sizes: beyond them a value is a typo, or would exhaust the daemon.
+fn bounds(c: &Config) -> Result<(), (String, String)> {
+    let checks: [(&str, u64, u64); 8] = [
+        ("http.max_connections", c.http.max_connections.0, 65_536),
+        ("http.max_body_bytes", c.http.max_body_bytes.0, 64 << 20),
+        (
+            "control.audit_max_bytes",
+            c.control.audit_max_bytes.0,
+            1 << 30,
+        ),
+        ("control.max_connections", c.control.max_connections.0, 4096),
+        (
+            "control.max_connections_per_uid",
+            c.control.max_connections_per_uid.0,
+            c.control.max_connections.0,
+        ),
+        (
+            "control.max_jobs_per_uid",
+            c.control.max_jobs_per_uid.0,
+            1024,
+        ),
+        (
+            "control.max_directives_per_job",
+            c.control.max_directives_per_job.0,
+            4096,
+        ),
+        ("adapt.max_micro_batch", c.adapt.max_micro_batch, 1 << 20),
+    ];
+    for (key, value, max) in checks {
+        if value > max {
+            return Err((
+                key.to_owned(),
+                format!("must be at most {max}, got {value}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Parses configuration text; the error names the key and line.
 pub fn parse(text: &str) -> Result<Config, String> {
     let config: Config = toml::from_str(text).map_err(|e| describe(text, &e))?;
     let checks = [
+        bounds(&config),
         config.policy.validate(),
         (config.sampling.fast_interval_ms.0 > config.sampling.probe_interval_ms.0)
             .then(|| {
@@ -513,11 +592,82 @@ mod tests {
             ),
             ("[gpu]\nenabled = 1\n", "key `gpu.enabled`", "line 2"),
             ("nonsense", "line 1", ""),
+            // Found by mutating configs: these once made `memwatch run` panic or pass.
+            (
+                "[http]\nmax_connections = 9223372036854775807\n",
+                "line 2, key `http.max_connections`",
+                "at most 65536",
+            ),
+            (
+                "[http]\nmax_connections = 2305843009213693952\n",
+                "line 2, key `http.max_connections`",
+                "at most 65536",
+            ),
+            (
+                "[policy]\ncheckpoint_signal = \"SIGSTOP\"\n",
+                "line 2, key `policy.checkpoint_signal`",
+                "cannot ask for a checkpoint",
+            ),
+            (
+                "[policy]\ncheckpoint_signal = \"kill\"\n",
+                "key `policy.checkpoint_signal`",
+                "SIGKILL cannot",
+            ),
+            (
+                "[policy]\ncheckpoint_signal = \"SIGCONT\"\n",
+                "key `policy.checkpoint_signal`",
+                "SIGCONT cannot",
+            ),
+            (
+                "[policy]\nmax_pause_seconds = 900\n",
+                "line 2, key `policy.max_pause_seconds`",
+                "NCCL watchdog",
+            ),
+            (
+                "[policy]\nmax_pause_seconds = 0\n",
+                "key `policy.max_pause_seconds`",
+                "at least 1",
+            ),
+            (
+                "[policy.gpu_temperature]\naction = \"pause\"\nwarn_below_slowdown = 3.0\n\
+                 critical_below_shutdown = +inf\nresume_below_slowdown = 5.0\nfallback_slowdown_celsius = 87.0\n\
+                 fallback_shutdown_celsius = 95.0\nenter_hold_ms = 0\nleave_hold_ms = 1\n",
+                "line 4, key `policy.gpu_temperature.critical_below_shutdown`",
+                "got inf",
+            ),
+            (
+                "[control]\nmax_connections_per_uid = 300\n",
+                "key `control.max_connections_per_uid`",
+                "at most 256",
+            ),
         ];
         for (text, a, b) in cases {
             let e = error(text);
             assert!(e.contains(a) && e.contains(b), "for {text:?} got {e:?}");
         }
+    }
+
+    #[test]
+    fn long_pauses_need_the_override_and_still_have_a_ceiling() {
+        let ok = parse("[policy]\nmax_pause_seconds = 900\nallow_long_pause = true\n").unwrap();
+        assert_eq!(ok.policy.max_pause_seconds, 900);
+        let e = error("[policy]\nmax_pause_seconds = 9999999\nallow_long_pause = true\n");
+        assert!(e.contains("7 days"), "{e}");
+    }
+
+    #[test]
+    fn invalid_utf8_names_its_line_and_column() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.toml");
+        std::fs::write(&path, b"[sampling]\ninterval_ms = 100\n# caf\xe9\n").unwrap();
+        let e = load(Some(&path)).unwrap_err().to_string();
+        assert!(
+            e.contains("bad.toml") && e.contains("line 3, column 6") && e.contains("0xe9"),
+            "{e}"
+        );
+        std::fs::write(&path, vec![b'#'; 2 << 20]).unwrap();
+        let e = load(Some(&path)).unwrap_err().to_string();
+        assert!(e.contains("larger than"), "{e}");
     }
 
     #[test]

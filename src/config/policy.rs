@@ -3,6 +3,10 @@
 
 use serde::{Deserialize, Deserializer, Serialize};
 
+/// The longest pause allowed without `allow_long_pause`: 9 minutes, a minute under PyTorch's default
+/// NCCL watchdog (10 minutes), which ends a distributed job whose ranks stop answering.
+pub const MAX_PAUSE_CEILING_SECONDS: u64 = 540;
+
 /// What memwatch does when a resource turns critical.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -77,6 +81,7 @@ pub struct Policy {
     pub reaction_ms: u64,
     pub resume_headroom_ms: u64,
     pub max_pause_seconds: u64,
+    pub allow_long_pause: bool,
     pub on_max_pause: OnMaxPause,
     pub checkpoint_signal: String,
     pub checkpoint_grace_ms: u64,
@@ -108,6 +113,7 @@ impl Default for Policy {
             reaction_ms: 250,
             resume_headroom_ms: 1000,
             max_pause_seconds: 300,
+            allow_long_pause: false,
             on_max_pause: OnMaxPause::Resume,
             checkpoint_signal: String::new(),
             checkpoint_grace_ms: 10_000,
@@ -169,16 +175,131 @@ impl Policy {
                 ));
             }
         }
-        if !self.checkpoint_signal.is_empty()
-            && crate::act::signal_by_name(&self.checkpoint_signal).is_none()
-        {
+        if !self.checkpoint_signal.is_empty() {
+            use nix::sys::signal::Signal;
+            match crate::act::signal_by_name(&self.checkpoint_signal) {
+                None => {
+                    return Err((
+                        "policy.checkpoint_signal".into(),
+                        format!(
+                            "{:?} is not a signal name such as \"SIGUSR1\"",
+                            self.checkpoint_signal
+                        ),
+                    ));
+                }
+                Some(
+                    s @ (Signal::SIGSTOP
+                    | Signal::SIGTSTP
+                    | Signal::SIGTTIN
+                    | Signal::SIGTTOU
+                    | Signal::SIGCONT
+                    | Signal::SIGKILL),
+                ) => {
+                    return Err((
+                        "policy.checkpoint_signal".into(),
+                        format!(
+                            "{s} cannot ask for a checkpoint: it stops, continues or kills the job; use e.g. \"SIGUSR1\""
+                        ),
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        if self.max_pause_seconds == 0 {
             return Err((
-                "policy.checkpoint_signal".into(),
+                "policy.max_pause_seconds".into(),
+                "must be at least 1".into(),
+            ));
+        }
+        if self.max_pause_seconds > MAX_PAUSE_CEILING_SECONDS && !self.allow_long_pause {
+            return Err((
+                "policy.max_pause_seconds".into(),
                 format!(
-                    "{:?} is not a signal name such as \"SIGUSR1\"",
-                    self.checkpoint_signal
+                    "{} s is above {MAX_PAUSE_CEILING_SECONDS} s: a distributed job's ranks would outlive PyTorch's \
+                     10-minute NCCL watchdog and be killed; set policy.allow_long_pause = true to allow it",
+                    self.max_pause_seconds
                 ),
             ));
+        }
+        if self.max_pause_seconds > 7 * 86_400 {
+            return Err((
+                "policy.max_pause_seconds".into(),
+                "must be at most 604800 (7 days)".into(),
+            ));
+        }
+        for (key, v, max) in [
+            ("policy.reaction_ms", self.reaction_ms, 60_000),
+            (
+                "policy.resume_headroom_ms",
+                self.resume_headroom_ms,
+                600_000,
+            ),
+            (
+                "policy.checkpoint_grace_ms",
+                self.checkpoint_grace_ms,
+                600_000,
+            ),
+        ] {
+            if v > max {
+                return Err((key.into(), format!("must be at most {max}, got {v}")));
+            }
+        }
+        for (name, r) in [
+            ("host_memory", &self.host_memory),
+            ("swap", &self.swap),
+            ("pressure", &self.pressure),
+            ("job_cgroup", &self.job_cgroup),
+            ("gpu_memory", &self.gpu_memory),
+        ] {
+            for (field, v) in [
+                ("enter_hold_ms", r.enter_hold_ms),
+                ("leave_hold_ms", r.leave_hold_ms),
+            ] {
+                if v > 3_600_000 {
+                    return Err((
+                        format!("policy.{name}.{field}"),
+                        format!("must be at most 3600000 (1 h), got {v}"),
+                    ));
+                }
+            }
+        }
+        for (name, t) in [
+            ("gpu_temperature", &self.gpu_temperature),
+            ("cpu_temperature", &self.cpu_temperature),
+        ] {
+            for (field, v, max) in [
+                ("warn_below_slowdown", t.warn_below_slowdown, 100.0),
+                ("critical_below_shutdown", t.critical_below_shutdown, 100.0),
+                ("resume_below_slowdown", t.resume_below_slowdown, 100.0),
+                (
+                    "fallback_slowdown_celsius",
+                    t.fallback_slowdown_celsius,
+                    200.0,
+                ),
+                (
+                    "fallback_shutdown_celsius",
+                    t.fallback_shutdown_celsius,
+                    200.0,
+                ),
+            ] {
+                if !v.is_finite() || !(0.0..=max).contains(&v) {
+                    return Err((
+                        format!("policy.{name}.{field}"),
+                        format!("must be a number from 0 to {max}, got {v}"),
+                    ));
+                }
+            }
+            for (field, v) in [
+                ("enter_hold_ms", t.enter_hold_ms),
+                ("leave_hold_ms", t.leave_hold_ms),
+            ] {
+                if v > 3_600_000 {
+                    return Err((
+                        format!("policy.{name}.{field}"),
+                        format!("must be at most 3600000 (1 h), got {v}"),
+                    ));
+                }
+            }
         }
         Ok(())
     }

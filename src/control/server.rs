@@ -43,13 +43,93 @@ pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
     Ok(listener)
 }
 
-/// Serves connections until the listener fails; each connection gets its own task.
-pub async fn serve(listener: UnixListener, to_owner: mpsc::Sender<Envelope>, path: PathBuf) {
+/// How many connections may be open at once: in all (users other than root), and per uid. Root has
+/// `per_uid` of its own on top of `total`, so no flood of other users' connections can lock root out.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub total: usize,
+    pub per_uid: usize,
+}
+
+#[derive(Default)]
+struct Open {
+    users: usize,
+    by_uid: std::collections::HashMap<u32, usize>,
+}
+
+/// One open connection's place; given back on drop.
+struct Slot {
+    open: std::sync::Arc<std::sync::Mutex<Open>>,
+    uid: u32,
+}
+
+impl Slot {
+    fn take(
+        open: &std::sync::Arc<std::sync::Mutex<Open>>,
+        uid: u32,
+        limits: Limits,
+    ) -> Option<Slot> {
+        let mut o = open.lock().unwrap_or_else(|p| p.into_inner());
+        let mine = o.by_uid.get(&uid).copied().unwrap_or(0);
+        if mine >= limits.per_uid || (uid != 0 && o.users >= limits.total) {
+            return None;
+        }
+        *o.by_uid.entry(uid).or_default() += 1;
+        if uid != 0 {
+            o.users += 1;
+        }
+        Some(Slot {
+            open: open.clone(),
+            uid,
+        })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut o = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = o.by_uid.get_mut(&self.uid) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                o.by_uid.remove(&self.uid);
+            }
+        }
+        if self.uid != 0 {
+            o.users = o.users.saturating_sub(1);
+        }
+    }
+}
+
+/// Serves connections until the listener fails; each connection gets its own task, within `limits`.
+/// A connection over the limits is closed at once (the client reports it), and logged once a minute.
+pub async fn serve(
+    listener: UnixListener,
+    to_owner: mpsc::Sender<Envelope>,
+    path: PathBuf,
+    limits: Limits,
+) {
+    let open = std::sync::Arc::new(std::sync::Mutex::new(Open::default()));
+    let mut last_warned: Option<std::time::Instant> = None;
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
+                let Ok(cred) = stream.peer_cred() else {
+                    continue;
+                };
+                let Some(slot) = Slot::take(&open, cred.uid(), limits) else {
+                    if last_warned.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
+                        tracing::warn!(
+                            uid = cred.uid(),
+                            "control connection refused: too many open"
+                        );
+                        last_warned = Some(std::time::Instant::now());
+                    }
+                    drop(stream);
+                    continue;
+                };
                 let tx = to_owner.clone();
                 tokio::spawn(async move {
+                    let _slot = slot;
                     if let Err(e) = connection(stream, tx).await {
                         tracing::debug!(error = %e, "control connection ended");
                     }

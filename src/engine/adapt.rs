@@ -1,7 +1,7 @@
 //! Training-config rewrites and advice, on each full sample.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::Engine;
 use crate::adapt::rules::{self, Signals};
@@ -78,6 +78,126 @@ fn read_knobs(
         .collect())
 }
 
+/// The journal of staged changes in the state directory.
+const JOURNAL: &str = "journal.jsonl";
+/// The journal is rotated (to `journal.jsonl.1`) past this size.
+const JOURNAL_MAX_BYTES: u64 = 4 << 20;
+
+/// One job's config work, run off the owner task.
+pub struct AdaptTask {
+    pub job: String,
+    file: PathBuf,
+    format: Format,
+    profile: Profile,
+    owner: u32,
+    signals: Signals,
+    roomy_since: Option<u64>,
+    /// A change is pending or settling: read only, propose nothing.
+    hold: bool,
+    adapt: crate::config::Adapt,
+    dry_run: bool,
+    /// The generation a new directive gets.
+    generation: u64,
+    journal: PathBuf,
+}
+
+/// What became of a staged change.
+pub enum Staged {
+    Nothing,
+    /// Dry run: what would have changed.
+    WouldChange(String),
+    /// The file was rewritten; the directive to queue.
+    Written(Directive),
+    /// The rewrite was refused; the file is unchanged.
+    Refused(String),
+}
+
+/// A finished [`AdaptTask`].
+pub struct AdaptDone {
+    pub job: String,
+    knobs: Result<BTreeMap<Knob, Scalar>, String>,
+    roomy_since: Option<u64>,
+    staged: Staged,
+}
+
+/// Reads the job's config, proposes a change, and rewrites the file (with the owner's rights) and
+/// journals it. Blocking: runs on the blocking pool, never on the owner task.
+pub fn run_adapt_task(t: AdaptTask) -> AdaptDone {
+    let done = |knobs, staged| AdaptDone {
+        job: t.job.clone(),
+        knobs,
+        roomy_since: t.roomy_since,
+        staged,
+    };
+    let knobs = match read_knobs(&t.file, t.format, &t.profile, t.owner) {
+        Ok(k) => k,
+        Err(e) => return done(Err(e.to_string()), Staged::Nothing),
+    };
+    let proposal = if t.hold {
+        None
+    } else {
+        rules::propose(&knobs, t.signals, &t.adapt)
+    };
+    let Some(p) = proposal else {
+        return done(Ok(knobs), Staged::Nothing);
+    };
+    let changes: Vec<Change> = p
+        .changes
+        .iter()
+        .filter_map(|(k, old, new)| {
+            Some(Change {
+                knob: *k,
+                path: t.profile.path(*k)?.to_owned(),
+                old: old.clone(),
+                new: new.clone(),
+            })
+        })
+        .collect();
+    if t.dry_run {
+        let what = format!("would change {}: {}", t.file.display(), p.reason);
+        return done(Ok(knobs), Staged::WouldChange(what));
+    }
+    let edits: Vec<(String, Scalar)> = changes
+        .iter()
+        .map(|ch| (ch.path.clone(), ch.new.clone()))
+        .collect();
+    match write::rewrite(&t.file, t.format, t.owner, &edits) {
+        Ok(_) => {
+            let d = Directive {
+                generation: t.generation,
+                changes,
+                reason: p.reason,
+                staged_at_ms: 0,
+                applied_epoch: None,
+                applied_at_ms: None,
+            };
+            journal(&t.journal, &t.job, &d);
+            done(Ok(knobs), Staged::Written(d))
+        }
+        Err(e) => done(Ok(knobs), Staged::Refused(e.to_string())),
+    }
+}
+
+/// Appends a directive to the journal of changes, rotating it when it grows past its bound.
+fn journal(path: &Path, name: &str, d: &Directive) {
+    use std::io::Write;
+    if std::fs::metadata(path).is_ok_and(|m| m.len() > JOURNAL_MAX_BYTES) {
+        let _ = std::fs::rename(path, path.with_extension("jsonl.1"));
+    }
+    let line = serde_json::json!({ "job": name, "directive": d });
+    let result = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut f| {
+            writeln!(f, "{line}")?;
+            f.sync_all()
+        });
+    if let Err(e) = result {
+        tracing::warn!(path = %path.display(), error = %e, "cannot write the journal of changes");
+    }
+}
+
 /// The knobs advice looks at.
 pub fn knobs_for_advice(c: &JobConfig) -> Knobs {
     let u = |k| c.knobs.get(&k).and_then(Scalar::as_u64);
@@ -141,25 +261,26 @@ impl Engine {
             Signals {
                 ram_warn,
                 gpu_warn,
-                roomy_for_ms: since.map(|s| now_ms - s),
+                roomy_for_ms: since.map(|s| now_ms.saturating_sub(s)),
             },
             since,
         )
     }
 
-    /// Re-reads each managed config and stages a rewrite when the rules ask for one and none is pending.
+    /// Plans a read (and maybe a rewrite) of each managed config, for the daemon to run off the owner
+    /// task (`take_adapt_tasks`, `run_adapt_task`, `adapt_done`). One task per job at a time.
     pub(super) fn adapt(&mut self, now_ms: u64) {
         let names: Vec<String> = self
             .jobs
             .iter()
-            .filter(|(_, j)| j.config.is_some())
+            .filter(|(n, j)| j.config.is_some() && !self.adapting.contains(*n))
             .map(|(n, _)| n.clone())
             .collect();
         for name in names {
             let Some(job) = self.jobs.get(&name) else {
                 continue;
             };
-            let Some(c) = job.config.clone() else {
+            let Some(c) = job.config.as_ref() else {
                 continue;
             };
             if c.last_error
@@ -171,14 +292,6 @@ impl Engine {
             let gpus = job.last.as_ref().and_then(|l| l.gpus.clone());
             let (signals, roomy_since) =
                 self.signals(&name, gpus.as_ref(), c.roomy_since_ms, now_ms);
-            let owner = job.owner_uid;
-            let knobs = match read_knobs(&c.file, c.format, &c.profile, owner) {
-                Ok(k) => k,
-                Err(e) => {
-                    self.config_error(&name, now_ms, format!("cannot read the config: {e}"));
-                    continue;
-                }
-            };
             let settling = c
                 .directives
                 .iter()
@@ -187,95 +300,93 @@ impl Engine {
                 .is_some_and(|t| {
                     now_ms.saturating_sub(t) < self.cfg.adapt.settle_seconds.saturating_mul(1000)
                 });
-            let pending = c.pending().next().is_some() || settling;
-            let proposal = if pending {
-                None
-            } else {
-                rules::propose(&knobs, signals, &self.cfg.adapt)
+            let task = AdaptTask {
+                job: name.clone(),
+                file: c.file.clone(),
+                format: c.format,
+                profile: c.profile.clone(),
+                owner: job.owner_uid,
+                signals,
+                roomy_since,
+                hold: c.pending().next().is_some() || settling,
+                adapt: self.cfg.adapt.clone(),
+                dry_run: self.cfg.policy.dry_run,
+                generation: c.generation + 1,
+                journal: self.cfg.control.state_dir.join(JOURNAL),
             };
-            let mut c = JobConfig {
-                knobs,
-                roomy_since_ms: roomy_since,
-                last_error: None,
-                ..c
-            };
-            if let Some(p) = proposal {
-                let changes: Vec<Change> = p
+            self.adapting.insert(name);
+            self.adapt_tasks.push(task);
+        }
+    }
+
+    /// Config work planned by `adapt`, for the daemon to run with [`run_adapt_task`].
+    pub fn take_adapt_tasks(&mut self) -> Vec<AdaptTask> {
+        std::mem::take(&mut self.adapt_tasks)
+    }
+
+    /// The result of a config task: new knobs, maybe a staged directive, or an error.
+    pub fn adapt_done(&mut self, done: AdaptDone, now_ms: u64) {
+        self.adapting.remove(&done.job);
+        let name = done.job;
+        let Some(mut c) = self.jobs.get(&name).and_then(|j| j.config.clone()) else {
+            return;
+        };
+        let knobs = match done.knobs {
+            Ok(k) => k,
+            Err(e) => {
+                self.config_error(&name, now_ms, format!("cannot read the config: {e}"));
+                return;
+            }
+        };
+        c.knobs = knobs;
+        c.roomy_since_ms = done.roomy_since;
+        c.last_error = None;
+        match done.staged {
+            Staged::Nothing => {}
+            Staged::WouldChange(what) => {
+                self.record(now_ms, "rewrite", &name, "adapt", what, true);
+            }
+            Staged::Refused(e) => {
+                if let Some(j) = self.jobs.get_mut(&name) {
+                    j.config = Some(c);
+                }
+                self.config_error(&name, now_ms, format!("rewrite refused: {e}"));
+                return;
+            }
+            Staged::Written(mut d) => {
+                c.generation = d.generation;
+                for ch in &d.changes {
+                    c.knobs.insert(ch.knob, ch.new.clone());
+                }
+                d.staged_at_ms = now_ms;
+                let summary: Vec<String> = d
                     .changes
                     .iter()
-                    .filter_map(|(k, old, new)| {
-                        Some(Change {
-                            knob: *k,
-                            path: c.profile.path(*k)?.to_owned(),
-                            old: old.clone(),
-                            new: new.clone(),
-                        })
-                    })
+                    .map(|ch| format!("{} {} → {}", ch.path, ch.old, ch.new))
                     .collect();
-                let edits: Vec<(String, Scalar)> = changes
-                    .iter()
-                    .map(|ch| (ch.path.clone(), ch.new.clone()))
-                    .collect();
-                if self.cfg.policy.dry_run {
-                    self.record(
-                        now_ms,
-                        "rewrite",
-                        &name,
-                        "adapt",
-                        format!("would change {}: {}", c.file.display(), p.reason),
-                        true,
-                    );
-                } else {
-                    match write::rewrite(&c.file, c.format, owner, &edits) {
-                        Ok(_) => {
-                            c.generation += 1;
-                            for ch in &changes {
-                                c.knobs.insert(ch.knob, ch.new.clone());
-                            }
-                            let d = Directive {
-                                generation: c.generation,
-                                changes,
-                                reason: p.reason.clone(),
-                                staged_at_ms: now_ms,
-                                applied_epoch: None,
-                                applied_at_ms: None,
-                            };
-                            self.journal(&name, &d);
-                            let summary: Vec<String> = d
-                                .changes
-                                .iter()
-                                .map(|ch| format!("{} {} → {}", ch.path, ch.old, ch.new))
-                                .collect();
-                            c.directives.push(d);
-                            self.record(
-                                now_ms,
-                                "rewrite",
-                                &name,
-                                "adapt",
-                                format!(
-                                    "generation {}: {} ({})",
-                                    c.generation,
-                                    summary.join(", "),
-                                    p.reason
-                                ),
-                                false,
-                            );
-                        }
-                        Err(e) => {
-                            if let Some(j) = self.jobs.get_mut(&name) {
-                                j.config = Some(c);
-                            }
-                            self.config_error(&name, now_ms, format!("rewrite refused: {e}"));
-                            continue;
-                        }
-                    }
+                let detail = format!(
+                    "generation {}: {} ({})",
+                    d.generation,
+                    summary.join(", "),
+                    d.reason
+                );
+                c.directives.push(d);
+                // Bounded: the oldest acknowledged directives go first.
+                let cap = self.cfg.control.max_directives_per_job.get();
+                while c.directives.len() > cap {
+                    match c.directives.iter().position(|d| d.applied_epoch.is_some()) {
+                        Some(i) => c.directives.remove(i),
+                        None => c.directives.remove(0),
+                    };
                 }
+                self.record(now_ms, "rewrite", &name, "adapt", detail, false);
             }
-            if let Some(j) = self.jobs.get_mut(&name) {
-                j.config = Some(c);
-            }
-            self.save();
         }
+        if let Some(j) = self.jobs.get_mut(&name) {
+            j.config = Some(c);
+        }
+        self.dirty = true;
+        self.save();
     }
 
     fn config_error(&mut self, name: &str, now_ms: u64, message: String) {
@@ -283,24 +394,6 @@ impl Engine {
             c.last_error = Some((now_ms, message.clone()));
         }
         self.record(now_ms, "error", name, "adapt", message, false);
-    }
-
-    /// Appends a directive to the journal of changes (`journal.jsonl` in the state directory).
-    fn journal(&self, name: &str, d: &Directive) {
-        use std::io::Write;
-        let path = self.cfg.control.state_dir.join("journal.jsonl");
-        let line = serde_json::json!({ "job": name, "directive": d });
-        let result = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .and_then(|mut f| {
-                writeln!(f, "{line}")?;
-                f.sync_all()
-            });
-        if let Err(e) = result {
-            tracing::warn!(path = %path.display(), error = %e, "cannot write the journal of changes");
-        }
     }
 
     /// Recomputes the advice from the latest sample.

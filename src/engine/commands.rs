@@ -289,6 +289,20 @@ impl Engine {
         if let Some(j) = self.jobs.values().find(|j| j.root.pid == pid) {
             return Err(format!("pid {pid} is already attached as {:?}", j.name));
         }
+        let cap = self.cfg.control.max_jobs_per_uid.get();
+        if !caller.is_root()
+            && self
+                .jobs
+                .values()
+                .filter(|j| j.owner_uid == caller.uid)
+                .count()
+                >= cap
+        {
+            return Err(format!(
+                "uid {} already has {cap} jobs attached (control.max_jobs_per_uid); detach one first",
+                caller.uid
+            ));
+        }
         let name = name.unwrap_or_else(|| format!("{}-{pid}", stat.comm));
         if name.is_empty()
             || name.len() > 64

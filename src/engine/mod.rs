@@ -7,6 +7,7 @@ mod commands;
 mod effects;
 mod observe;
 
+pub use adapt::{AdaptDone, AdaptTask, run_adapt_task};
 pub use effects::PauseError;
 pub use observe::Measured;
 
@@ -87,6 +88,9 @@ pub struct Engine {
     clock_anchor: Option<crate::act::persist::ClockAnchor>,
     /// Freezes still settling, for the daemon to wait on off the owner task.
     unsettled: Vec<(String, crate::act::freeze::Frozen)>,
+    /// Config work planned, for the daemon to run off the owner task, and the jobs it runs for.
+    adapt_tasks: Vec<adapt::AdaptTask>,
+    adapting: std::collections::BTreeSet<String>,
 }
 
 impl Engine {
@@ -96,6 +100,8 @@ impl Engine {
             state: crate::act::persist::StateWriter::new(&cfg.control.state_dir),
             clock_anchor,
             unsettled: Vec::new(),
+            adapt_tasks: Vec::new(),
+            adapting: Default::default(),
             process_root: cfg.host.process_root.clone(),
             host_available: Growth::new(cfg.sampling.growth_window_ms.0),
             cfg,

@@ -1,23 +1,36 @@
-//! Reaction benchmark (needs root and a memory cgroup; reported in BENCHMARKS.md, not a test).
+//! Reaction benchmark (needs root and the v1 memory and freezer controllers; reported in BENCHMARKS.md,
+//! not a test).
 //!
-//! A hog touches memory at 0.5, 1 and 2 GiB/s inside a memory cgroup limited to 512 MiB, with memwatch
-//! attached. This harness polls the cgroup's usage and the hog's state every millisecond and records
-//! when usage crossed the critical level (95 % of the limit) and when the SIGSTOP took effect.
-//!  - `level` runs: prediction off (`reaction_ms = 0`), critical at 95 %: latency = stopped − crossed.
-//!  - `default` runs: the shipped policy, which pauses on the projected time to exhaustion, before the
-//!    critical level: reported as how far below the limit the hog was stopped.
+//! A hog touches memory at 0.5, 1, 2 and 4 GiB/s inside a v1 memory cgroup limited to 512 MiB. Side by
+//! side in one run, each watcher gets the same hog:
+//!  - memwatch, level only (`reaction_ms = 0`: it acts when the working set crosses 95 %), with the hog
+//!    stopped by signals, and with the hog owning a v1 freezer cgroup (memwatch freezes it);
+//!  - memwatch with the shipped policy (prediction on);
+//!  - a minimal watcher woken by the kernel's memory threshold eventfd at 95 %, which sends SIGSTOP;
+//!  - a minimal 10 ms poller of the cgroup's usage, which sends SIGSTOP at 95 %;
+//!  - earlyoom with its defaults (it watches host memory only).
 //!
-//! Then earlyoom (Debian's, default settings) watches the same hog in the same cgroup without memwatch.
+//! Latency is read from the usage the hog reached when it was stopped (usage no longer changes then):
+//! (usage at stop − 95 % of the limit) ÷ the hog's measured rate; negative means stopped before the
+//! crossing. Survival means the cgroup's OOM killer did not fire.
 //!
-//! `cargo bench --bench reaction` (RUNS=50 by default).
+//! Then false pauses: a bursty job that never reaches the limit (one 256 MiB burst at 2 GiB/s that
+//! levels off at 50 %, and 256 MiB taken and freed every 300 ms at 2 GiB/s, like a step's buffers),
+//! with the shipped policy: how often it was paused, and how long after its last burst it ran again.
+//!
+//! `cargo bench --bench reaction` (RUNS=30 by default).
 
 use std::io::{BufRead, BufReader};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
 const LIMIT: u64 = 512 * MIB;
+const CRITICAL: u64 = LIMIT * 95 / 100;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -33,27 +46,39 @@ fn memhog() -> PathBuf {
     repo().join("target/release/memhog")
 }
 
-struct Cg(PathBuf);
+/// A v1 memory cgroup, and a v1 freezer cgroup for the runs where the hog owns one.
+struct Cg {
+    mem: PathBuf,
+    freezer: PathBuf,
+}
+
 impl Cg {
     fn new() -> Cg {
-        let d = PathBuf::from(format!(
-            "/sys/fs/cgroup/memory/memwatch-bench-{}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&d).expect("create a v1 memory cgroup (run as root)");
-        Cg(d)
+        let name = format!("memwatch-bench-{}", std::process::id());
+        let mem = Path::new("/sys/fs/cgroup/memory").join(&name);
+        let freezer = Path::new("/sys/fs/cgroup/freezer").join(&name);
+        std::fs::create_dir_all(&mem).expect("create a v1 memory cgroup (run as root)");
+        std::fs::create_dir_all(&freezer).expect("create a v1 freezer cgroup (run as root)");
+        Cg { mem, freezer }
     }
     fn set(&self, bytes: u64) {
-        std::fs::write(self.0.join("memory.limit_in_bytes"), bytes.to_string()).unwrap();
+        std::fs::write(self.mem.join("memory.limit_in_bytes"), bytes.to_string()).unwrap();
     }
     fn usage(&self) -> u64 {
-        std::fs::read_to_string(self.0.join("memory.usage_in_bytes"))
+        std::fs::read_to_string(self.mem.join("memory.usage_in_bytes"))
             .ok()
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(0)
     }
+    fn frozen(&self) -> bool {
+        std::fs::read_to_string(self.freezer.join("freezer.state"))
+            .is_ok_and(|s| s.trim() == "FROZEN")
+    }
+    fn thaw(&self) {
+        let _ = std::fs::write(self.freezer.join("freezer.state"), "THAWED");
+    }
     fn oom_kills(&self) -> u64 {
-        std::fs::read_to_string(self.0.join("memory.oom_control"))
+        std::fs::read_to_string(self.mem.join("memory.oom_control"))
             .unwrap_or_default()
             .lines()
             .find_map(|l| {
@@ -62,10 +87,15 @@ impl Cg {
             })
             .unwrap_or(0)
     }
-    fn spawn(&self, hog: &Path, rate: u64, go: &Path) -> Child {
+    fn spawn(&self, hog: &Path, args: &str, go: &Path, own_freezer: bool) -> Child {
+        let freezer = if own_freezer {
+            format!("echo $$ > {}/cgroup.procs && ", self.freezer.display())
+        } else {
+            String::new()
+        };
         let script = format!(
-            "echo $$ > {}/cgroup.procs && exec {} --rate-mib {rate} --total-mib 768 --wait-file {} --hold-ms 200",
-            self.0.display(),
+            "echo $$ > {}/cgroup.procs && {freezer}exec {} {args} --wait-file {}",
+            self.mem.display(),
             hog.display(),
             go.display()
         );
@@ -78,7 +108,9 @@ impl Cg {
 }
 impl Drop for Cg {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir(&self.0);
+        self.thaw();
+        let _ = std::fs::remove_dir(&self.mem);
+        let _ = std::fs::remove_dir(&self.freezer);
     }
 }
 
@@ -101,7 +133,7 @@ impl Daemon {
             &config,
             format!(
                 "listen = \"127.0.0.1:0\"\n[gpu]\nenabled = false\n[control]\nsocket = {socket:?}\nstate_dir = {:?}\n{policy}",
-                dir.path()
+                dir.path().join("state")
             ),
         )
         .unwrap();
@@ -125,15 +157,14 @@ impl Daemon {
             _dir: dir,
         }
     }
-    fn ctl(&self, args: &[&str]) {
-        let ok = Command::new(env!("CARGO_BIN_EXE_memwatch"))
+    fn ctl(&self, args: &[&str]) -> bool {
+        Command::new(env!("CARGO_BIN_EXE_memwatch"))
             .args(args)
             .arg("--socket")
             .arg(&self.socket)
             .stdout(Stdio::null())
             .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "memwatch {args:?} failed");
+            .is_ok_and(|s| s.success())
     }
 }
 impl Drop for Daemon {
@@ -143,60 +174,259 @@ impl Drop for Daemon {
     }
 }
 
-/// One run: returns (usage when stopped, ms from crossing 95 % to stopped (negative: stopped before),
-/// oom killed, survived).
-fn run(cg: &Cg, hog: &Path, rate: u64, d: Option<&Daemon>, i: usize) -> (u64, Option<f64>, bool) {
+#[derive(Clone, Copy, PartialEq)]
+enum Watcher {
+    /// memwatch; `true`: the hog owns a freezer cgroup.
+    Memwatch(bool),
+    Eventfd,
+    Poller,
+    Nothing,
+}
+
+/// A baseline watcher running beside the hog: stops it with SIGSTOP at 95 %.
+fn baseline(
+    w: Watcher,
+    cg: &Cg,
+    pid: u32,
+    stop: Arc<AtomicBool>,
+) -> Option<std::thread::JoinHandle<()>> {
+    let mem = cg.mem.clone();
+    match w {
+        Watcher::Eventfd => {
+            // SAFETY: plain syscall; a non-negative return is a new descriptor we own.
+            let efd =
+                unsafe { OwnedFd::from_raw_fd(nix::libc::eventfd(0, nix::libc::EFD_CLOEXEC)) };
+            let usage = std::fs::File::open(mem.join("memory.usage_in_bytes")).unwrap();
+            std::fs::write(
+                mem.join("cgroup.event_control"),
+                format!("{} {} {CRITICAL}", efd.as_raw_fd(), usage.as_raw_fd()),
+            )
+            .unwrap();
+            Some(std::thread::spawn(move || {
+                let _usage = usage;
+                let mut pfd = nix::libc::pollfd {
+                    fd: efd.as_raw_fd(),
+                    events: nix::libc::POLLIN,
+                    revents: 0,
+                };
+                while !stop.load(Ordering::Relaxed) {
+                    // SAFETY: one valid pollfd.
+                    if unsafe { nix::libc::poll(&mut pfd, 1, 50) } > 0 {
+                        // SAFETY: kill(2) on the hog's pid.
+                        unsafe { nix::libc::kill(pid as i32, nix::libc::SIGSTOP) };
+                        return;
+                    }
+                }
+            }))
+        }
+        Watcher::Poller => Some(std::thread::spawn(move || {
+            let path = mem.join("memory.usage_in_bytes");
+            while !stop.load(Ordering::Relaxed) {
+                let u: u64 = std::fs::read_to_string(&path)
+                    .ok()
+                    .and_then(|s| s.trim().parse().ok())
+                    .unwrap_or(0);
+                if u >= CRITICAL {
+                    // SAFETY: kill(2) on the hog's pid.
+                    unsafe { nix::libc::kill(pid as i32, nix::libc::SIGSTOP) };
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })),
+        _ => None,
+    }
+}
+
+struct Outcome {
+    killed: bool,
+    /// ms from the 95 % crossing to the stop (negative: before); `None`: never stopped.
+    latency_ms: Option<f64>,
+    usage_at_stop: u64,
+    /// MiB/s the hog reached between 25 % and 75 % of the limit.
+    rate: f64,
+}
+
+fn run(cg: &Cg, hog: &Path, rate: u64, w: Watcher, d: Option<&Daemon>, i: usize) -> Outcome {
     cg.set(LIMIT);
+    cg.thaw();
     let go = std::env::temp_dir().join(format!("memwatch-bench-go-{}-{i}", std::process::id()));
     let _ = std::fs::remove_file(&go);
-    let mut child = cg.spawn(hog, rate, &go);
+    let own_freezer = w == Watcher::Memwatch(true);
+    let mut child = cg.spawn(
+        hog,
+        &format!("--rate-mib {rate} --total-mib 768 --chunk-mib 1 --hold-ms 200"),
+        &go,
+        own_freezer,
+    );
     let pid = child.id();
     let mut line = String::new();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    out.read_line(&mut line).unwrap();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let name = format!("bench{i}");
     if let Some(d) = d {
-        d.ctl(&["attach", &pid.to_string(), "--name", &format!("bench{i}")]);
+        assert!(
+            d.ctl(&["attach", &pid.to_string(), "--name", &name]),
+            "attach failed"
+        );
     }
+    let stop = Arc::new(AtomicBool::new(false));
+    let watcher = baseline(w, cg, pid, stop.clone());
     let oom = cg.oom_kills();
     std::fs::write(&go, "").unwrap();
     let t0 = Instant::now();
-    let critical = LIMIT * 95 / 100;
-    let (mut crossed, mut stopped, mut usage_at_stop) = (None, None, 0);
+    let (mut quarter, mut three_quarters) = (None, None);
+    let mut stopped = false;
     while t0.elapsed() < Duration::from_secs(5) {
         let u = cg.usage();
-        let s = state(pid);
-        let now = t0.elapsed().as_secs_f64() * 1000.0;
-        if crossed.is_none() && u >= critical {
-            crossed = Some(now);
+        let now = t0.elapsed().as_secs_f64();
+        if quarter.is_none() && u >= LIMIT / 4 {
+            quarter = Some((now, u));
         }
-        if s == Some('T') {
-            stopped = Some(now);
-            usage_at_stop = u;
+        if three_quarters.is_none() && u >= LIMIT * 3 / 4 {
+            three_quarters = Some((now, u));
+        }
+        let s = state(pid);
+        if s == Some('T') || (own_freezer && cg.frozen()) {
+            stopped = true;
             break;
         }
         if s.is_none() || s == Some('Z') || cg.oom_kills() > oom {
             break;
         }
-        std::thread::sleep(Duration::from_millis(1));
+        std::thread::sleep(Duration::from_micros(200));
     }
+    // Stopped: what it reached no longer changes.
+    let usage_at_stop = if stopped { cg.usage() } else { 0 };
     let killed = cg.oom_kills() > oom;
-    let latency = match (stopped, crossed) {
-        (Some(s), Some(c)) => Some(s - c),
-        (Some(_), None) => Some(f64::NEG_INFINITY),
-        _ => None,
+    let measured = match (quarter, three_quarters) {
+        (Some((t1, u1)), Some((t2, u2))) if t2 > t1 => (u2 - u1) as f64 / MIB as f64 / (t2 - t1),
+        _ => rate as f64,
     };
-    cg.set(4096 * MIB);
-    if d.is_none() || killed {
-        let _ = child.kill();
+    let latency_ms =
+        stopped.then(|| (usage_at_stop as f64 - CRITICAL as f64) / MIB as f64 / measured * 1000.0);
+    stop.store(true, Ordering::Relaxed);
+    if let Some(h) = watcher {
+        let _ = h.join();
     }
+    cg.set(4096 * MIB);
+    if let Some(d) = d {
+        d.ctl(&["detach", &name]);
+    }
+    cg.thaw();
+    let _ = Command::new("kill")
+        .args(["-CONT", &pid.to_string()])
+        .status();
+    let _ = child.kill();
     let _ = child.wait();
     let _ = std::fs::remove_file(&go);
-    (usage_at_stop / MIB, latency, killed)
+    Outcome {
+        killed,
+        latency_ms,
+        usage_at_stop,
+        rate: measured,
+    }
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
     v.sort_by(|a, b| a.total_cmp(b));
     v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn report(label: &str, rate: u64, runs: usize, outs: &[Outcome]) {
+    let killed = outs.iter().filter(|o| o.killed).count();
+    let mut lat: Vec<f64> = outs.iter().filter_map(|o| o.latency_ms).collect();
+    let before = lat.iter().filter(|l| **l < 0.0).count();
+    let mut usage: Vec<f64> = outs
+        .iter()
+        .filter(|o| o.latency_ms.is_some())
+        .map(|o| o.usage_at_stop as f64 / MIB as f64)
+        .collect();
+    let mut rates: Vec<f64> = outs.iter().map(|o| o.rate).collect();
+    println!(
+        "{label:<26} {rate:>5} MiB/s (measured {:>5.0}): survived {:>2}/{runs}, stopped {:>2}, before 95 %: {:>2}, \
+         crossing→stop p50 {:>5.2} ms p99 {:>5.2} ms, usage at stop median {:.0} MiB",
+        pct(&mut rates, 0.5),
+        runs - killed,
+        lat.len(),
+        before,
+        pct(&mut lat.clone(), 0.5),
+        pct(&mut lat, 0.99),
+        pct(&mut usage, 0.5),
+    );
+}
+
+/// A bursty job that never reaches the limit, with the shipped policy: pauses, and how long after the
+/// last burst ended it ran again.
+fn bursty(cg: &Cg, hog: &Path, runs: usize) {
+    let d = Daemon::start("");
+    for (label, args, last_burst_ms) in [
+        (
+            "one 256 MiB burst at 2 GiB/s",
+            "--rate-mib 2048 --total-mib 256 --hold-ms 4000",
+            125u64,
+        ),
+        (
+            "256 MiB every 300 ms at 2 GiB/s",
+            "--rate-mib 2048 --total-mib 256 --cycles 10 --cycle-ms 300 --hold-ms 3000",
+            2825,
+        ),
+    ] {
+        let (mut paused_runs, mut pauses, mut late) = (0, 0, Vec::new());
+        for i in 0..runs {
+            cg.set(LIMIT);
+            let go = std::env::temp_dir()
+                .join(format!("memwatch-bench-burst-{}-{i}", std::process::id()));
+            let _ = std::fs::remove_file(&go);
+            let mut child = cg.spawn(hog, args, &go, false);
+            let pid = child.id();
+            let mut line = String::new();
+            let mut out = BufReader::new(child.stdout.take().unwrap());
+            out.read_line(&mut line).unwrap();
+            let name = format!("burst{i}");
+            assert!(d.ctl(&["attach", &pid.to_string(), "--name", &name]));
+            std::fs::write(&go, "").unwrap();
+            let t0 = Instant::now();
+            let (mut was_stopped, mut n, mut last_stop_end) = (false, 0, None::<f64>);
+            while t0.elapsed() < Duration::from_millis(last_burst_ms + 3500) {
+                let s = state(pid) == Some('T');
+                if s && !was_stopped {
+                    n += 1;
+                }
+                if !s && was_stopped {
+                    last_stop_end = Some(t0.elapsed().as_secs_f64() * 1000.0);
+                }
+                was_stopped = s;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if n > 0 {
+                paused_runs += 1;
+                pauses += n;
+                // Paused time stretches the bursts; count from the moment it ran again.
+                late.push(match (was_stopped, last_stop_end) {
+                    (true, _) => f64::INFINITY,
+                    (false, Some(t)) => (t - last_burst_ms as f64).max(0.0),
+                    (false, None) => 0.0,
+                });
+            }
+            d.ctl(&["detach", &name]);
+            let _ = Command::new("kill")
+                .args(["-CONT", &pid.to_string()])
+                .status();
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = std::fs::remove_file(&go);
+        }
+        let worst = late.iter().copied().fold(0.0, f64::max);
+        println!(
+            "bursty, {label:<32}: paused in {paused_runs}/{runs} runs ({pauses} pauses); \
+             worst time from the scheduled end of the last burst to running again: {worst:.0} ms"
+        );
+    }
 }
 
 fn main() {
@@ -206,61 +436,72 @@ fn main() {
     let runs: usize = std::env::var("RUNS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(50);
+        .unwrap_or(30);
     let hog = memhog();
     let cg = Cg::new();
-    for (label, policy) in [("level", "[policy]\nreaction_ms = 0\n"), ("default", "")] {
-        let d = Daemon::start(policy);
-        for rate in [512u64, 1024, 2048] {
-            let (mut lat, mut usage, mut killed, mut before) = (Vec::new(), Vec::new(), 0, 0);
-            for i in 0..runs {
-                let (u, l, k) = run(&cg, &hog, rate, Some(&d), i);
-                if k {
-                    killed += 1;
-                }
-                match l {
-                    Some(x) if x.is_finite() => lat.push(x),
-                    Some(_) => before += 1,
-                    None => {}
-                }
-                if l.is_some() {
-                    usage.push(u as f64);
-                }
-            }
-            let survived = runs - killed;
-            let lat_s = if lat.is_empty() {
-                "-".to_owned()
-            } else {
-                format!(
-                    "p50 {:.1} ms, p99 {:.1} ms",
-                    pct(&mut lat.clone(), 0.5),
-                    pct(&mut lat, 0.99)
-                )
-            };
-            let use_s = if usage.is_empty() {
-                "-".to_owned()
-            } else {
-                format!("{:.0}", pct(&mut usage, 0.5))
-            };
-            println!(
-                "memwatch {label:<8} {rate:>5} MiB/s: survived {survived}/{runs}, stopped before crossing 95 %: {before}, crossing→stop {lat_s}, median usage at stop {use_s} MiB of 512"
-            );
+    let level = Daemon::start("[policy]\nreaction_ms = 0\n");
+    let default = Daemon::start("");
+    for rate in [512u64, 1024, 2048, 4096] {
+        let mut outs: [Vec<Outcome>; 5] = Default::default();
+        // Alternate the watchers run by run, so that noise falls on all of them alike.
+        for i in 0..runs {
+            outs[0].push(run(
+                &cg,
+                &hog,
+                rate,
+                Watcher::Memwatch(false),
+                Some(&level),
+                i,
+            ));
+            outs[1].push(run(
+                &cg,
+                &hog,
+                rate,
+                Watcher::Memwatch(true),
+                Some(&level),
+                i,
+            ));
+            outs[2].push(run(
+                &cg,
+                &hog,
+                rate,
+                Watcher::Memwatch(false),
+                Some(&default),
+                i,
+            ));
+            outs[3].push(run(&cg, &hog, rate, Watcher::Eventfd, None, i));
+            outs[4].push(run(&cg, &hog, rate, Watcher::Poller, None, i));
+        }
+        for (label, o) in [
+            "memwatch level, SIGSTOP",
+            "memwatch level, freezer",
+            "memwatch default",
+            "eventfd watcher, SIGSTOP",
+            "10 ms poller, SIGSTOP",
+        ]
+        .iter()
+        .zip(&outs)
+        {
+            report(label, rate, runs, o);
         }
     }
+    drop(level);
+    drop(default);
+    bursty(&cg, &hog, runs.min(10));
     // earlyoom watches host MemAvailable and SwapFree only; in a cgroup the kernel's OOM killer decides.
-    let earlyoom = Command::new("earlyoom")
+    match Command::new("earlyoom")
         .args(["-r", "0"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .spawn();
-    match earlyoom {
+        .spawn()
+    {
         Ok(mut e) => {
-            for rate in [512u64, 1024, 2048] {
+            for rate in [512u64, 1024, 2048, 4096] {
                 let n = runs.min(10);
-                let killed = (0..n).filter(|i| run(&cg, &hog, rate, None, *i).2).count();
-                println!(
-                    "earlyoom (defaults)    {rate:>5} MiB/s: OOM-killed {killed}/{n} (earlyoom does not see cgroup limits)"
-                );
+                let killed = (0..n)
+                    .filter(|i| run(&cg, &hog, rate, Watcher::Nothing, None, *i).killed)
+                    .count();
+                println!("earlyoom (defaults)        {rate:>5} MiB/s: OOM-killed {killed}/{n}");
             }
             let _ = e.kill();
             let _ = e.wait();

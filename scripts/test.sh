@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every memwatch test: formatting, clippy, unit tests and the end-to-end tests that start the real
 # binary on fixture roots with the fake NVML. Installs what the tests need when it is missing and this runs
-# as root: promtool and prometheus, systemd-analyze, chromium, node/npm (Debian), playwright-core (npm),
+# as root: promtool and prometheus, systemd-analyze, chromium, node/npm, fuse3 and python3-fusepy (Debian),
+# playwright-core (npm),
 # and torch 2.13.0 for the trainer (PyPI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +24,10 @@ have systemd-analyze || missing+=(systemd)
 have chromium || missing+=(chromium)
 have node || missing+=(nodejs)
 have npm || missing+=(npm)
+# The stall test mounts a real slow filesystem (FUSE, tests/stall/slowfs.py).
+have fusermount3 || missing+=(fuse3)
+[ -f /usr/lib/python3/dist-packages/fusepy.py ] || missing+=(python3-fusepy)
+ldconfig -p 2>/dev/null | grep -q 'libfuse\.so\.2' || missing+=(libfuse2)
 [ ${#missing[@]} -eq 0 ] || install_debian "${missing[@]}"
 # playwright-core drives Debian's chromium (no browser download); the lock file pins it.
 [ -d tests/browser/node_modules/playwright-core ] || (cd tests/browser && npm ci --no-audit --no-fund --silent)

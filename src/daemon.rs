@@ -323,6 +323,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut panics = 0u32;
     let mut failure: Option<anyhow::Error> = None;
     let (settled_tx, mut settled_rx) = mpsc::unbounded_channel::<Settled>();
+    let (wake_tx, mut wake_rx) = mpsc::unbounded_channel::<crate::wake::Key>();
+    let mut watches = Watches::start(&config, &mut engine, wake_tx);
     let (adapted_tx, mut adapted_rx) = mpsc::unbounded_channel::<crate::engine::AdaptDone>();
     let mut stop = std::pin::pin!(shutdown_signal());
     // Under systemd: ready now, and a watchdog ping from this loop while samples are fresh, so a stuck
@@ -350,6 +352,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     shared.publish_view(engine.view());
                 }
             }
+            Some(_key) = wake_rx.recv() => {
+                // The kernel saw a crossing: probe now, on this very turn.
+                let now = clock.now_ms();
+                engine.on_wake(now);
+                next_probe = run_probe(&config, &mut engine, &shared, &settled_tx, now);
+            }
             Some(done) = adapted_rx.recv() => {
                 engine.adapt_done(done, clock.now_ms());
                 if engine.take_dirty() {
@@ -360,6 +368,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 let reply = engine.handle(env.request, env.caller, clock.now_ms());
                 let _ = env.reply.send(reply);
                 hand_off_freezes(&mut engine, &settled_tx);
+                watches.sync(&mut engine);
                 shared.publish_view(engine.view());
                 let _ = engine.take_dirty();
                 // A new job is probed at once.
@@ -374,6 +383,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                         let sample = Arc::new(sample);
                         engine.on_sample(sample.clone(), jobs, clock.now_ms());
                         hand_off_freezes(&mut engine, &settled_tx);
+                        watches.sync(&mut engine);
                         for task in engine.take_adapt_tasks() {
                             let tx = adapted_tx.clone();
                             tokio::task::spawn_blocking(move || {
@@ -408,15 +418,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 }
             }
             _ = tokio::time::sleep_until(next_probe), if probing.is_some() => {
-                let now = clock.now_ms();
-                let (host, cgroups) = probe(&config, &engine, now);
-                engine.on_probe(host, cgroups, now);
-                hand_off_freezes(&mut engine, &settled_tx);
-                if engine.take_dirty() {
-                    shared.publish_view(engine.view());
-                }
-                let wait = engine.probe_interval_ms(now).unwrap_or(config.sampling.probe_interval_ms.0);
-                next_probe = Instant::now() + Duration::from_millis(wait);
+                next_probe = run_probe(&config, &mut engine, &shared, &settled_tx, clock.now_ms());
+                // A new job's cgroup limit is first known from its first probe.
+                watches.sync(&mut engine);
             }
         }
     }
@@ -436,6 +440,104 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     match failure {
         Some(e) => Err(e),
         None => Ok(()),
+    }
+}
+
+/// One probe and policy step; returns when the next probe is due.
+fn run_probe(
+    config: &Config,
+    engine: &mut Engine,
+    shared: &Shared,
+    settled_tx: &mpsc::UnboundedSender<Settled>,
+    now: u64,
+) -> Instant {
+    let (host, cgroups) = probe(config, engine, now);
+    engine.on_probe(host, cgroups, now);
+    hand_off_freezes(engine, settled_tx);
+    if engine.take_dirty() {
+        shared.publish_view(engine.view());
+    }
+    let wait = engine
+        .probe_interval_ms(now)
+        .unwrap_or(config.sampling.probe_interval_ms.0);
+    Instant::now() + Duration::from_millis(wait)
+}
+
+/// The kernel notifications the daemon has asked for, kept in step with the attached jobs.
+struct Watches {
+    wakers: Option<crate::wake::Wakers>,
+    /// Per job: the thresholds registered (v1) or empty (a v2 PSI trigger), and whether it worked.
+    jobs: std::collections::HashMap<String, Vec<u64>>,
+}
+
+impl Watches {
+    fn start(
+        config: &Config,
+        engine: &mut Engine,
+        tx: mpsc::UnboundedSender<crate::wake::Key>,
+    ) -> Watches {
+        let wakers = match crate::wake::Wakers::start(tx) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::warn!(error = %e, "no kernel notifications; polling only");
+                None
+            }
+        };
+        if let Some(w) = &wakers {
+            let psi = config.host.root.join("proc/pressure/memory");
+            if crate::wake::on_kernel_fs(&psi) {
+                match w.watch_psi(None, &psi, 50_000, 500_000) {
+                    Ok(()) => engine.set_host_watched(true),
+                    Err(e) => {
+                        tracing::info!(error = %e, "no PSI trigger on the host's memory pressure")
+                    }
+                }
+            }
+        }
+        Watches {
+            wakers,
+            jobs: Default::default(),
+        }
+    }
+
+    /// Registers what is new or changed, drops what is gone.
+    fn sync(&mut self, engine: &mut Engine) {
+        let Some(w) = &self.wakers else {
+            return;
+        };
+        let plan = engine.wake_plan();
+        for p in &plan {
+            if self.jobs.get(&p.job) == Some(&p.thresholds) {
+                continue;
+            }
+            let result = match p.dir.version {
+                1 if !p.thresholds.is_empty() && crate::wake::on_kernel_fs(&p.dir.dir) => w
+                    .watch_v1_thresholds(&p.job, &p.dir.dir, &p.thresholds)
+                    .map(|()| true),
+                2 if crate::wake::on_kernel_fs(&p.dir.dir) => w
+                    .watch_psi(
+                        Some(p.job.clone()),
+                        &p.dir.dir.join("memory.pressure"),
+                        50_000,
+                        500_000,
+                    )
+                    .map(|()| false),
+                _ => Ok(false),
+            };
+            let watched = result.unwrap_or_else(|e| {
+                tracing::info!(job = %p.job, cgroup = %p.dir.dir.display(), error = %e, "no kernel notifications for this job; probing it");
+                false
+            });
+            engine.set_watched(&p.job, watched);
+            self.jobs.insert(p.job.clone(), p.thresholds.clone());
+        }
+        self.jobs.retain(|job, _| {
+            let keep = plan.iter().any(|p| &p.job == job);
+            if !keep {
+                w.unwatch(job);
+            }
+            keep
+        });
     }
 }
 

@@ -23,3 +23,4 @@ pub mod policy;
 pub mod proc;
 pub mod rewrite;
 pub mod sample;
+pub mod wake;

@@ -327,14 +327,15 @@ fn a_closed_pipe_is_no_panic() {
         ][..],
         &["config", "example"][..],
     ] {
+        // A pipe whose read end is closed before the command starts: its first write fails.
+        let (read, write) = nix::unistd::pipe().unwrap();
+        drop(read);
         let mut child = std::process::Command::new(common::bin())
             .args(args)
-            .stdout(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::from(write))
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        // Close the read end before the command writes anything.
-        drop(child.stdout.take());
         let mut err = String::new();
         child
             .stderr

@@ -1,7 +1,8 @@
 //! memhog: allocates and touches memory at a set rate, for memwatch's tests and benchmarks.
 //!
 //! `memhog --rate-mib 1024 --total-mib 1536 [--chunk-mib 4] [--workers N] [--hold-ms MS] [--ready-file F]
-//!  [--wait-file F]` (with `--wait-file`, allocation starts once file F exists)
+//!  [--wait-file F] [--cycles N --cycle-ms MS]` (with `--wait-file`, allocation starts once file F
+//!  exists; with `--cycles`, the memory is touched, freed and touched again every MS, N times)
 //!
 //! It prints `ready` once workers are started and `done <MiB>` when it has touched `--total-mib`, then
 //! holds the memory for `--hold-ms` and exits 0. `--workers N` starts N child processes (sleeping, 8 MiB
@@ -21,6 +22,8 @@ struct Args {
     worker: bool,
     ready_file: Option<String>,
     wait_file: Option<String>,
+    cycles: u32,
+    cycle_ms: u64,
 }
 
 fn parse() -> Result<Args, String> {
@@ -33,6 +36,8 @@ fn parse() -> Result<Args, String> {
         worker: false,
         ready_file: None,
         wait_file: None,
+        cycles: 1,
+        cycle_ms: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -50,6 +55,10 @@ fn parse() -> Result<Args, String> {
             "--workers" => a.workers = value()?.parse().map_err(|e| format!("--workers: {e}"))?,
             "--hold-ms" => a.hold_ms = value()?.parse().map_err(|e| format!("--hold-ms: {e}"))?,
             "--ready-file" => a.ready_file = Some(value()?),
+            "--cycles" => a.cycles = value()?.parse().map_err(|e| format!("--cycles: {e}"))?,
+            "--cycle-ms" => {
+                a.cycle_ms = value()?.parse().map_err(|e| format!("--cycle-ms: {e}"))?
+            }
             "--wait-file" => a.wait_file = Some(value()?),
             "--worker" => a.worker = true,
             other => return Err(format!("unknown argument {other}")),
@@ -107,16 +116,27 @@ fn main() -> ExitCode {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
-    let start = Instant::now();
     let mut held: Vec<Vec<u8>> = Vec::new();
     let mut done = 0u64;
-    while done < a.total_mib {
-        let n = a.chunk_mib.min(a.total_mib - done);
-        held.push(touch(n));
-        done += n;
-        let due = Duration::from_secs_f64(done as f64 / a.rate_mib);
-        if let Some(wait) = due.checked_sub(start.elapsed()) {
-            std::thread::sleep(wait);
+    // With --cycles N, a training step's buffers: touch --total-mib, free it, and start again every
+    // --cycle-ms, N times; the last cycle's memory is held.
+    for cycle in 0..a.cycles.max(1) {
+        let start = Instant::now();
+        held.clear();
+        done = 0;
+        while done < a.total_mib {
+            let n = a.chunk_mib.min(a.total_mib - done);
+            held.push(touch(n));
+            done += n;
+            let due = Duration::from_secs_f64(done as f64 / a.rate_mib);
+            if let Some(wait) = due.checked_sub(start.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
+        if cycle + 1 < a.cycles {
+            if let Some(wait) = Duration::from_millis(a.cycle_ms).checked_sub(start.elapsed()) {
+                std::thread::sleep(wait);
+            }
         }
     }
     let _ = writeln!(out, "done {done}");

@@ -58,6 +58,15 @@ pub struct MeasurePlan {
     pub previous: Option<crate::job::JobSample>,
 }
 
+/// What the kernel should watch for one job (see `Engine::wake_plan`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WakePlan {
+    pub job: String,
+    pub dir: crate::sample::cgroup::CgroupDir,
+    /// v1 usage thresholds in bytes; empty without a limit.
+    pub thresholds: Vec<u64>,
+}
+
 /// smaps_rollup (PSS, swap) is read at least this often; RSS every sample.
 const DETAILED_EVERY_MS: u64 = 5000;
 
@@ -91,6 +100,8 @@ pub struct Engine {
     /// Config work planned, for the daemon to run off the owner task, and the jobs it runs for.
     adapt_tasks: Vec<adapt::AdaptTask>,
     adapting: std::collections::BTreeSet<String>,
+    /// A PSI trigger on /proc/pressure/memory wakes the daemon.
+    host_watched: bool,
 }
 
 impl Engine {
@@ -102,6 +113,7 @@ impl Engine {
             unsettled: Vec::new(),
             adapt_tasks: Vec::new(),
             adapting: Default::default(),
+            host_watched: false,
             process_root: cfg.host.process_root.clone(),
             host_available: Growth::new(cfg.sampling.growth_window_ms.0),
             cfg,
@@ -171,17 +183,69 @@ impl Engine {
         now_ms < self.fast_until_ms || self.host_memory.is_none_or(|(a, t)| t == 0 || a * 2 <= t)
     }
 
-    /// How long until the next probe: fast near trouble, slower when calm, none without jobs.
+    /// How long until the next probe: fast near trouble, slower when calm, none without jobs — and none
+    /// while calm when the kernel watches every job's cgroup and the host (it wakes the daemon on a
+    /// crossing; the full samples keep the growth rates).
     pub fn probe_interval_ms(&self, now_ms: u64) -> Option<u64> {
         if self.jobs.is_empty() {
             return None;
         }
         let s = &self.cfg.sampling;
-        Some(if now_ms < self.fast_until_ms {
-            s.fast_interval_ms.0
-        } else {
-            s.probe_interval_ms.0
-        })
+        if now_ms < self.fast_until_ms {
+            return Some(s.fast_interval_ms.0);
+        }
+        let watched = self.host_watched
+            && !self.probe_host(now_ms)
+            && self.jobs.values().all(|j| j.watched && j.pause.is_none())
+            && self
+                .policy
+                .levels
+                .values()
+                .all(|l| l.level == policy::Level::Ok);
+        (!watched).then_some(s.probe_interval_ms.0)
+    }
+
+    /// What the kernel should watch: each job with a memory cgroup (v1: usage thresholds at these
+    /// byte counts; v2: a PSI trigger) and whether it is watched already.
+    pub fn wake_plan(&self) -> Vec<WakePlan> {
+        let p = &self.cfg.policy.job_cgroup;
+        self.jobs
+            .values()
+            .filter_map(|j| {
+                let dir = j.cgroup_dir.clone()?;
+                let limit = j.cgroup().and_then(|c| c.limit_bytes);
+                // Usage is at least the working set, so a usage threshold is crossed at or before
+                // the working-set level it stands for: half the limit (growth worth measuring),
+                // warn and critical.
+                let thresholds = limit
+                    .map(|l| {
+                        let mut t: Vec<u64> = [0.5, p.warn.0, p.critical.0]
+                            .iter()
+                            .map(|r| (l as f64 * r) as u64)
+                            .collect();
+                        t.dedup();
+                        t
+                    })
+                    .unwrap_or_default();
+                Some(WakePlan {
+                    job: j.name.clone(),
+                    dir,
+                    thresholds,
+                })
+            })
+            .collect()
+    }
+
+    /// The kernel now watches (or no longer watches) this job's cgroup.
+    pub fn set_watched(&mut self, job: &str, watched: bool) {
+        if let Some(j) = self.jobs.get_mut(job) {
+            j.watched = watched;
+        }
+    }
+
+    /// A PSI trigger on the host's memory pressure is in place.
+    pub fn set_host_watched(&mut self, watched: bool) {
+        self.host_watched = watched;
     }
 
     /// Whether the view changed since the last call.

@@ -85,6 +85,12 @@ impl Engine {
         }
     }
 
+    /// The kernel said something changed (a cgroup threshold crossed, a PSI trigger fired): probe fast
+    /// for a while, and run the policy on every probe.
+    pub fn on_wake(&mut self, now_ms: u64) {
+        self.fast_until_ms = self.fast_until_ms.max(now_ms + FAST_FOR_MS);
+    }
+
     /// Whether this probe could change a decision: a level is raised or close to rising, a job grows
     /// toward a limit, or probing is fast anyway. When calm, the probe only records growth and the full
     /// sample (every second) runs the policy; a job that starts to grow is caught by its growth rate.
@@ -130,13 +136,26 @@ impl Engine {
 
     /// Every limit a job's memory runs against, with its headroom and growth.
     pub(super) fn limits(&self, j: &crate::job::Job) -> Vec<Limit> {
+        self.limits_with(j, false)
+    }
+
+    /// Limits with growth as a trend only (`Growth::sustained_rate_per_second`): what prediction and
+    /// resume decisions use, so bursts and per-step buffers pause nothing.
+    fn limits_with(&self, j: &crate::job::Job, sustained: bool) -> Vec<Limit> {
+        let rate = |g: &crate::job::Growth| {
+            if sustained {
+                g.sustained_rate_per_second()
+            } else {
+                g.rate_per_second()
+            }
+        };
         let mut v = Vec::new();
         if let Some(cg) = j.cgroup() {
             if let Some(limit) = cg.limit_bytes {
                 v.push(Limit::new(
                     "cgroup".into(),
                     limit.saturating_sub(cg.working_set_bytes()),
-                    j.cgroup_growth.rate_per_second(),
+                    rate(&j.cgroup_growth),
                 ));
             }
         }
@@ -144,7 +163,7 @@ impl Engine {
             v.push(Limit::new(
                 "host".into(),
                 available,
-                -self.host_available.rate_per_second(),
+                -rate(&self.host_available),
             ));
         }
         if let (Some(sample), Some(last)) = (&self.latest, &j.last) {
@@ -156,7 +175,7 @@ impl Engine {
                     v.push(Limit::new(
                         format!("gpu {idx}"),
                         total.saturating_sub(used),
-                        j.gpu_growth.rate_per_second(),
+                        rate(&j.gpu_growth),
                     ));
                 }
             }
@@ -255,7 +274,7 @@ impl Engine {
                 };
                 // Only limits whose resource may pause count for prediction.
                 let limits: Vec<Limit> = self
-                    .limits(j)
+                    .limits_with(j, true)
                     .into_iter()
                     .filter(|l| self.action_of(&l.limit) == Action::Pause)
                     .collect();

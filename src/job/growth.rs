@@ -34,6 +34,35 @@ impl Growth {
         self.points.clear();
     }
 
+    /// Units per second of growth that is a trend, for predicting exhaustion: the gentler of the slope
+    /// over the whole window and over its last quarter, and 0 when they disagree in sign or there are
+    /// too few points (under 4, or spanning under 100 ms). A burst that levelled off has a flat last
+    /// quarter; memory freed and taken again every step has a flat window: neither is a trend.
+    pub fn sustained_rate_per_second(&self) -> f64 {
+        let (Some(first), Some(last)) = (self.points.front(), self.points.back()) else {
+            return 0.0;
+        };
+        if self.points.len() < 4 || last.0 - first.0 < 100 {
+            return 0.0;
+        }
+        let recent_from = last.0.saturating_sub(self.window_ms / 4);
+        let start = self.points.partition_point(|(t, _)| *t < recent_from);
+        let recent = if self.points.len() - start >= 3 {
+            slope(self.points.range(start..))
+        } else {
+            return 0.0;
+        };
+        let whole = slope(self.points.iter());
+        if whole.signum() != recent.signum() {
+            return 0.0;
+        }
+        if whole.abs() < recent.abs() {
+            whole
+        } else {
+            recent
+        }
+    }
+
     /// Units per second: the steeper of the slope over the whole window and over its last quarter, so
     /// the onset of fast growth is not averaged away by the calm before it. 0 with too few points.
     pub fn rate_per_second(&self) -> f64 {
@@ -95,5 +124,40 @@ mod tests {
         assert!((g.rate_per_second() - 2000.0).abs() < 1e-6);
         g.push(2000, 0.0);
         assert!(g.rate_per_second() < 2000.0);
+    }
+
+    #[test]
+    fn only_a_trend_is_sustained() {
+        // Steady growth: a trend.
+        let mut g = Growth::new(1000);
+        for i in 0..=100 {
+            g.push(i * 10, (i * 10) as f64 * 1e6);
+        }
+        assert!((g.sustained_rate_per_second() - 1e9).abs() < 1e3);
+        // A burst that levelled off 300 ms ago: steep over the window, flat now.
+        let mut g = Growth::new(1000);
+        for i in 0..=100u64 {
+            let t = i * 10;
+            g.push(t, (t.min(300) as f64) * 2e6);
+        }
+        assert!(g.rate_per_second() > 1e8);
+        assert_eq!(g.sustained_rate_per_second(), 0.0);
+        // 256 MB taken and freed every 300 ms: steep now and then, no trend.
+        let mut g = Growth::new(1000);
+        for i in 0..=100u64 {
+            let t = i * 10;
+            g.push(t, ((t % 300).min(128) as f64) * 2e6);
+        }
+        assert!(
+            g.sustained_rate_per_second().abs() < 5e7,
+            "{}",
+            g.sustained_rate_per_second()
+        );
+        // Too few points or too short a span says nothing.
+        let mut g = Growth::new(1000);
+        for i in 0..3 {
+            g.push(i * 10, i as f64 * 1e9);
+        }
+        assert_eq!(g.sustained_rate_per_second(), 0.0);
     }
 }

@@ -50,6 +50,8 @@ pub struct Job {
     pub pidfd: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
     /// The cgroup the job owns (and a pause would freeze), as of the last full sample.
     pub freezer: Option<crate::act::freeze::Frozen>,
+    /// The kernel wakes the daemon when this job's cgroup crosses a threshold (see `wake`).
+    pub watched: bool,
 }
 
 impl Job {
@@ -75,6 +77,7 @@ impl Job {
             config: None,
             pidfd: None,
             freezer: None,
+            watched: false,
         }
     }
 

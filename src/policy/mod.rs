@@ -372,16 +372,25 @@ pub fn evaluate(prev: &State, obs: &Observation, cfg: &Policy) -> (State, Vec<De
             }
             Some(p) if p.by == By::Policy && !p.expired => {
                 let paused_ms = now.saturating_sub(p.since_ms);
-                // After a pause for fast growth: room for `resume_headroom_ms` more of it under the
-                // limit that was running out (unknown headroom is no room).
+                // After a pause for fast growth: at least one reaction window paused, and room for
+                // `resume_headroom_ms` more of the growth measured now (a trend, see
+                // `Growth::sustained_rate_per_second`) under the limit that was running out. Not the
+                // rate at the moment of the pause: a burst that has ended must not hold the job for
+                // the whole max_pause. Unknown headroom is no room.
                 let room_ok = match &p.projected {
-                    Some((limit, rate)) => job
-                        .projections
-                        .iter()
-                        .find(|x| &x.limit == limit)
-                        .is_some_and(|x| {
-                            x.headroom_bytes as f64 >= rate * cfg.resume_headroom_ms as f64 / 1000.0
-                        }),
+                    Some((limit, _)) => {
+                        paused_ms >= cfg.reaction_ms
+                            && job
+                                .projections
+                                .iter()
+                                .find(|x| &x.limit == limit)
+                                .is_some_and(|x| {
+                                    x.headroom_bytes as f64
+                                        >= x.growth_bytes_per_second.max(0.0)
+                                            * cfg.resume_headroom_ms as f64
+                                            / 1000.0
+                                })
+                    }
                     None => true,
                 };
                 if paused_ms >= cfg.max_pause_seconds.saturating_mul(1000) {

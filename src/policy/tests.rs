@@ -94,8 +94,8 @@ fn limit_raised(o: &mut Observation) {
         growth_bytes_per_second: 0.0,
     }];
 }
-fn paused_host_has_room(o: &mut Observation) {
-    paused_little_room(o);
+fn still_growing_host_has_room(o: &mut Observation) {
+    growing_fast(o);
     o.jobs[0].projections.push(Projection {
         limit: "host".into(),
         headroom_bytes: 20 << 30,
@@ -172,20 +172,22 @@ fn scenarios() {
             vec![s(&["level job_cgroup:train critical", "pause"]), s(&[])],
         ),
         (
-            "fast growth pauses before any level is crossed; resumes only once there is room",
+            "fast growth pauses before any level is crossed; while the cgroup still grows it stays \
+             paused; once growth stops it resumes after one reaction window, not at the rate of the pause",
             vec![
                 (0, growing_fast),
                 (10, paused_little_room),
-                (5000, paused_little_room),
-                (6000, limit_raised),
+                (100, growing_fast),
+                (200, paused_little_room),
+                (300, paused_little_room),
             ],
-            vec![s(&["pause"]), s(&[]), s(&[]), s(&["resume"])],
+            vec![s(&["pause"]), s(&[]), s(&[]), s(&[]), s(&["resume"])],
         ),
         (
             "resuming looks at the limit that ran out, not at another with room",
             vec![
                 (0, growing_fast),
-                (5000, paused_host_has_room),
+                (5000, still_growing_host_has_room),
                 (6000, limit_raised),
             ],
             vec![s(&["pause"]), s(&[]), s(&["resume"])],

@@ -1,0 +1,148 @@
+//! The owner task never waits on the disk: while the daemon's read of a job's config hangs on a real
+//! slow filesystem (a FUSE mount whose open() sleeps, `tests/stall/slowfs.py`), `/metrics` and the
+//! control socket keep answering within 50 ms. Needs root, /dev/fuse, fuse3 and python3-fusepy
+//! (`scripts/test.sh` installs them).
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use common::{Daemon, Opts, eventually};
+
+/// The slow filesystem, unmounted on drop.
+struct SlowFs {
+    src: PathBuf,
+    mnt: PathBuf,
+    child: Child,
+}
+
+impl SlowFs {
+    fn mount(src: &Path, mnt: &Path) -> SlowFs {
+        let child = Command::new("/usr/bin/python3")
+            .arg(common::repo().join("tests/stall/slowfs.py"))
+            .arg(src)
+            .arg(mnt)
+            .spawn()
+            .expect("start tests/stall/slowfs.py (needs Debian's python3-fusepy and fuse3)");
+        let fs = SlowFs {
+            src: src.to_owned(),
+            mnt: mnt.to_owned(),
+            child,
+        };
+        assert!(
+            eventually(10.0, || std::fs::read(mnt.join("train.json")).is_ok()),
+            "the FUSE mount did not come up (needs /dev/fuse and root)"
+        );
+        fs
+    }
+
+    fn set_delay(&self, seconds: f64) {
+        std::fs::write(self.src.join(".delay"), seconds.to_string()).unwrap();
+    }
+
+    /// Opens started and not yet ended.
+    fn opens_in_progress(&self) -> i64 {
+        let log = std::fs::read_to_string(self.src.join(".opens")).unwrap_or_default();
+        log.lines().filter(|l| l.starts_with("start")).count() as i64
+            - log.lines().filter(|l| l.starts_with("end")).count() as i64
+    }
+}
+
+impl Drop for SlowFs {
+    fn drop(&mut self) {
+        self.set_delay(0.0);
+        let _ = Command::new("fusermount3")
+            .arg("-u")
+            .arg(&self.mnt)
+            .status();
+        let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One `jobs` request on the control socket; returns how long the answer took.
+fn jobs_round_trip(socket: &Path) -> Duration {
+    let start = Instant::now();
+    let mut s = UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"{\"cmd\":\"jobs\"}\n").unwrap();
+    let mut line = String::new();
+    BufReader::new(&s).read_line(&mut line).unwrap();
+    assert!(line.contains("\"ok\":true"), "{line}");
+    start.elapsed()
+}
+
+#[test]
+fn metrics_and_the_control_socket_answer_while_a_config_read_hangs() {
+    let src = tempfile::tempdir().unwrap();
+    let mnt = tempfile::tempdir().unwrap();
+    std::fs::write(
+        src.path().join("train.json"),
+        r#"{"per_device_train_batch_size": 32, "gradient_accumulation_steps": 2,
+            "dataloader_num_workers": 4, "dataloader_pin_memory": true}"#,
+    )
+    .unwrap();
+    let fs = SlowFs::mount(src.path(), mnt.path());
+    let d = Daemon::start(Opts {
+        root: "/".into(),
+        gpu_state: None,
+        interval_ms: 100,
+        ..Opts::default()
+    });
+    let mut job = Command::new("sleep").arg("120").spawn().unwrap();
+    let config = mnt.path().join("train.json");
+    let (code, _, err) = d.ctl(&[
+        "attach",
+        &job.id().to_string(),
+        "--name",
+        "slow",
+        "--config-file",
+        config.to_str().unwrap(),
+        "--profile",
+        "hf",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    // From now on every open on the mount hangs for 4 s; the daemon re-reads the config each sample.
+    fs.set_delay(4.0);
+    assert!(
+        eventually(5.0, || fs.opens_in_progress() > 0),
+        "the daemon never read the config on the slow mount"
+    );
+    let (mut worst_metrics, mut worst_socket) = (Duration::ZERO, Duration::ZERO);
+    let started = Instant::now();
+    let mut probes = 0;
+    while started.elapsed() < Duration::from_secs(2) {
+        let t = Instant::now();
+        let (status, body) = d.get("/metrics");
+        worst_metrics = worst_metrics.max(t.elapsed());
+        assert_eq!(status, 200);
+        assert!(body.contains("memwatch_up 1"), "{body}");
+        worst_socket = worst_socket.max(jobs_round_trip(&d.socket));
+        probes += 1;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        fs.opens_in_progress() > 0,
+        "the read was no longer hanging at the end: the test did not test a stall"
+    );
+    eprintln!(
+        "{probes} probes while a config read hung: /metrics at most {worst_metrics:?}, control socket at most {worst_socket:?}"
+    );
+    assert!(
+        worst_metrics < Duration::from_millis(50),
+        "/metrics took {worst_metrics:?}"
+    );
+    assert!(
+        worst_socket < Duration::from_millis(50),
+        "the control socket took {worst_socket:?}"
+    );
+    let _ = job.kill();
+    let _ = job.wait();
+    drop(d);
+    drop(fs);
+}

@@ -133,10 +133,9 @@ fn main() -> ExitCode {
                 std::thread::sleep(wait);
             }
         }
-        if cycle + 1 < a.cycles {
-            if let Some(wait) = Duration::from_millis(a.cycle_ms).checked_sub(start.elapsed()) {
-                std::thread::sleep(wait);
-            }
+        let wait = Duration::from_millis(a.cycle_ms).checked_sub(start.elapsed());
+        if let (true, Some(wait)) = (cycle + 1 < a.cycles, wait) {
+            std::thread::sleep(wait);
         }
     }
     let _ = writeln!(out, "done {done}");

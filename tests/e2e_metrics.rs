@@ -178,3 +178,38 @@ fn broken_host_files_fail_one_collector_only() {
         "the meminfo collector did not recover",
     );
 }
+
+/// Prometheus always sends `Accept-Encoding: gzip`: the scrape comes gzipped, and unzips to the same
+/// series as a plain scrape; a client that refuses gzip (q=0) gets plain text.
+#[test]
+fn metrics_are_gzipped_when_asked() {
+    use std::io::{Read, Write};
+    let d = Daemon::start(Opts::default());
+    let raw = |accept: &str| -> (String, Vec<u8>) {
+        let mut s = std::net::TcpStream::connect(d.addr).unwrap();
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept-Encoding: {accept}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).unwrap();
+        let split = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+        let head = String::from_utf8_lossy(&buf[..split]).to_ascii_lowercase();
+        assert!(head.contains("transfer-encoding: chunked") || head.contains("content-length"));
+        (head, buf[split + 4..].to_vec())
+    };
+    let (head, body) = raw("gzip, deflate");
+    assert!(head.contains("content-encoding: gzip"), "{head}");
+    assert!(head.contains("content-length"), "{head}");
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(&body[..])
+        .read_to_string(&mut text)
+        .unwrap();
+    let plain = d.metrics();
+    assert_eq!(deterministic(&text), deterministic(&plain));
+    assert!(body.len() * 3 < plain.len(), "{} gzipped vs {} plain", body.len(), plain.len());
+    eprintln!("/metrics: {} bytes plain, {} gzipped", plain.len(), body.len());
+    let (head, _) = raw("gzip;q=0, identity");
+    assert!(!head.contains("content-encoding"), "{head}");
+}

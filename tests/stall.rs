@@ -59,7 +59,11 @@ impl Drop for SlowFs {
             .arg("-u")
             .arg(&self.mnt)
             .status();
-        let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(&self.mnt)
+            .stderr(std::process::Stdio::null())
+            .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -143,6 +147,43 @@ fn metrics_and_the_control_socket_answer_while_a_config_read_hangs() {
     );
     let _ = job.kill();
     let _ = job.wait();
+    drop(d);
+    drop(fs);
+}
+
+/// A sampler stuck on a hung filesystem: the daemon says it is not ready (503) while its latest sample
+/// is stale, keeps serving /metrics, and is ready again once sampling resumes.
+#[test]
+fn a_stuck_sampler_makes_the_daemon_not_ready_until_it_recovers() {
+    let src = tempfile::tempdir().unwrap();
+    let mnt = tempfile::tempdir().unwrap();
+    common::copy_tree(&common::fixture_root(), src.path());
+    std::fs::write(src.path().join("train.json"), "{}").unwrap();
+    let fs = SlowFs::mount(src.path(), mnt.path());
+    let d = Daemon::start(Opts {
+        root: mnt.path().to_owned(),
+        gpu_state: None,
+        interval_ms: 200,
+        ..Opts::default()
+    });
+    assert_eq!(d.get("/-/ready").0, 200);
+    // Every open under the host root now hangs for 9 s: the next full sample cannot finish.
+    fs.set_delay(9.0);
+    let hung = Instant::now();
+    assert!(
+        eventually(8.0, || d.get("/-/ready").0 == 503),
+        "still ready {:?} after sampling hung",
+        hung.elapsed()
+    );
+    eprintln!("not ready {:?} after sampling hung", hung.elapsed());
+    let (status, body) = d.get("/metrics");
+    assert_eq!(status, 200);
+    assert!(body.contains("memwatch_up 1"));
+    fs.set_delay(0.0);
+    assert!(
+        eventually(15.0, || d.get("/-/ready").0 == 200),
+        "not ready again after the filesystem recovered"
+    );
     drop(d);
     drop(fs);
 }

@@ -64,9 +64,37 @@ pub fn router(
         .with_state(AppState { shared, owner })
 }
 
+/// Whether the client takes gzip (`Accept-Encoding: gzip`, as Prometheus always sends), and not with q=0.
+fn accepts_gzip(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|coding| {
+            let mut parts = coding.split(';').map(str::trim);
+            let name = parts.next().unwrap_or_default();
+            let refused = parts.any(|p| {
+                p.strip_prefix("q=")
+                    .and_then(|q| q.parse::<f32>().ok())
+                    .is_some_and(|q| q == 0.0)
+            });
+            (name.eq_ignore_ascii_case("gzip") || name == "*") && !refused
+        })
+}
+
+/// `body` gzipped (fast level: /metrics is small and scraped often).
+fn gzip(body: &[u8]) -> std::io::Result<Vec<u8>> {
+    use std::io::Write;
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(body)?;
+    e.finish()
+}
+
 async fn metrics_handler(
     axum::extract::State(shared): axum::extract::State<Arc<Shared>>,
-) -> impl IntoResponse {
+    headers: axum::http::HeaderMap,
+) -> axum::response::Response {
     // One snapshot: the sample and the view below belong to the same moment.
     let snap = shared.snapshot();
     let info = metrics::DaemonInfo {
@@ -75,11 +103,29 @@ async fn metrics_handler(
     };
     let mut body = metrics::render(snap.sample.as_deref(), &info);
     jobs_metrics::render(&mut body, &snap.view);
+    if accepts_gzip(&headers) {
+        if let Ok(zipped) = gzip(body.as_bytes()) {
+            return (
+                StatusCode::OK,
+                [
+                    (header::CONTENT_TYPE, metrics::CONTENT_TYPE),
+                    (header::CONTENT_ENCODING, "gzip"),
+                    (header::VARY, "Accept-Encoding"),
+                ],
+                zipped,
+            )
+                .into_response();
+        }
+    }
     (
         StatusCode::OK,
-        [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
+        [
+            (header::CONTENT_TYPE, metrics::CONTENT_TYPE),
+            (header::VARY, "Accept-Encoding"),
+        ],
         body,
     )
+        .into_response()
 }
 
 /// The live dashboard: one page, embedded in the binary, that polls the JSON API. Nothing is fetched

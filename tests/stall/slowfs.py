@@ -31,6 +31,9 @@ class Slow(Operations):
     def readdir(self, p, fh):
         return [".", ".."] + [n for n in os.listdir(self._path(p)) if not n.startswith(".")]
 
+    def readlink(self, p):
+        return os.readlink(self._path(p))
+
     def open(self, p, flags):
         self._log("start")
         try:

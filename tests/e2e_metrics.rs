@@ -208,8 +208,17 @@ fn metrics_are_gzipped_when_asked() {
         .unwrap();
     let plain = d.metrics();
     assert_eq!(deterministic(&text), deterministic(&plain));
-    assert!(body.len() * 3 < plain.len(), "{} gzipped vs {} plain", body.len(), plain.len());
-    eprintln!("/metrics: {} bytes plain, {} gzipped", plain.len(), body.len());
+    assert!(
+        body.len() * 3 < plain.len(),
+        "{} gzipped vs {} plain",
+        body.len(),
+        plain.len()
+    );
+    eprintln!(
+        "/metrics: {} bytes plain, {} gzipped",
+        plain.len(),
+        body.len()
+    );
     let (head, _) = raw("gzip;q=0, identity");
     assert!(!head.contains("content-encoding"), "{head}");
 }

@@ -203,9 +203,16 @@ fn the_proc_and_sys_parsers_never_panic() {
     let kv = |keys: &'static [&'static str]| {
         proptest::collection::vec(
             (
-                prop_oneof![proptest::sample::select(keys).prop_map(str::to_owned), "[A-Za-z_()]{1,10}"],
+                prop_oneof![
+                    proptest::sample::select(keys).prop_map(str::to_owned),
+                    "[A-Za-z_()]{1,10}"
+                ],
                 number(),
-                prop_oneof![Just(String::from(" kB")), Just(String::from("")), Just(String::from(" MB"))],
+                prop_oneof![
+                    Just(String::from(" kB")),
+                    Just(String::from("")),
+                    Just(String::from(" MB"))
+                ],
             ),
             0..30,
         )
@@ -225,17 +232,36 @@ fn the_proc_and_sys_parsers_never_panic() {
     );
     run(
         "sys: meminfo",
-        kv(&["MemTotal", "MemFree", "MemAvailable", "Buffers", "Cached", "SwapTotal", "SwapFree", "Shmem"]),
+        kv(&[
+            "MemTotal",
+            "MemFree",
+            "MemAvailable",
+            "Buffers",
+            "Cached",
+            "SwapTotal",
+            "SwapFree",
+            "Shmem",
+        ]),
         |t: String| {
             let _ = memwatch::sample::meminfo::parse(p, &t);
         },
     );
     let psi = proptest::collection::vec(
         (
-            prop_oneof![Just(String::from("some")), Just(String::from("full")), "[a-z]{0,5}"],
+            prop_oneof![
+                Just(String::from("some")),
+                Just(String::from("full")),
+                "[a-z]{0,5}"
+            ],
             proptest::collection::vec(
                 (
-                    prop_oneof![Just(String::from("avg10")), Just(String::from("avg60")), Just(String::from("avg300")), Just(String::from("total")), "[a-z]{0,5}"],
+                    prop_oneof![
+                        Just(String::from("avg10")),
+                        Just(String::from("avg60")),
+                        Just(String::from("avg300")),
+                        Just(String::from("total")),
+                        "[a-z]{0,5}"
+                    ],
                     prop_oneof![number(), any::<f64>().prop_map(|f| format!("{f}"))],
                 ),
                 0..6,
@@ -247,7 +273,10 @@ fn the_proc_and_sys_parsers_never_panic() {
         lines
             .into_iter()
             .map(|(kind, fields)| {
-                let f: Vec<String> = fields.into_iter().map(|(k, v)| format!("{k}={v}")).collect();
+                let f: Vec<String> = fields
+                    .into_iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect();
                 format!("{kind} {}\n", f.join(" "))
             })
             .collect::<String>()
@@ -257,12 +286,21 @@ fn the_proc_and_sys_parsers_never_panic() {
     });
     let vmstat = proptest::collection::vec(
         (
-            prop_oneof![Just(String::from("pswpin")), Just(String::from("pswpout")), Just(String::from("pgmajfault")), "[a-z_]{1,10}"],
+            prop_oneof![
+                Just(String::from("pswpin")),
+                Just(String::from("pswpout")),
+                Just(String::from("pgmajfault")),
+                "[a-z_]{1,10}"
+            ],
             number(),
         ),
         0..20,
     )
-    .prop_map(|f| f.into_iter().map(|(k, v)| format!("{k} {v}\n")).collect::<String>());
+    .prop_map(|f| {
+        f.into_iter()
+            .map(|(k, v)| format!("{k} {v}\n"))
+            .collect::<String>()
+    });
     run("sys: vmstat", vmstat, |t: String| {
         let _ = memwatch::sample::vmstat::parse(p, &t);
     });

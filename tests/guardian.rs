@@ -73,7 +73,10 @@ fn a_dead_daemon_that_is_not_restarted_leaves_no_job_stopped() {
     let (child, pids) = job(None);
     assert_eq!(d.ctl(&["attach", &pids[0].to_string(), "--name", "g"]).0, 0);
     assert_eq!(d.ctl(&["pause", "g"]).0, 0);
-    assert!(pids.iter().all(|p| proc_state(*p) == Some('T')));
+    // SIGSTOP is delivered as each process next leaves the kernel: states show T a moment later.
+    assert!(eventually(1.0, || pids
+        .iter()
+        .all(|p| proc_state(*p) == Some('T'))));
     let guardian = d.guardian_pid().expect("no guardian");
     let killed = Instant::now();
     d.child.kill().unwrap();

@@ -5,9 +5,9 @@
 //!  exists; with `--cycles`, the memory is touched, freed and touched again every MS, N times)
 //!
 //! It prints `ready` once workers are started and `done <MiB>` when it has touched `--total-mib`, then
-//! holds the memory for `--hold-ms` and exits 0. `--workers N` starts N child processes (sleeping, 8 MiB
-//! each) before allocating, like DataLoader workers. Pages are touched one byte per 4 KiB so they are
-//! really resident.
+//! holds the memory for `--hold-ms` and exits 0. `--workers N` starts N child processes (sleeping,
+//! `--worker-mib`, default 8, each) before allocating, like DataLoader workers. Pages are touched one
+//! byte per 4 KiB so they are really resident.
 
 use std::io::Write;
 use std::process::{Child, Command, ExitCode};
@@ -24,6 +24,7 @@ struct Args {
     wait_file: Option<String>,
     cycles: u32,
     cycle_ms: u64,
+    worker_mib: u64,
 }
 
 fn parse() -> Result<Args, String> {
@@ -38,6 +39,7 @@ fn parse() -> Result<Args, String> {
         wait_file: None,
         cycles: 1,
         cycle_ms: 0,
+        worker_mib: 8,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -55,6 +57,9 @@ fn parse() -> Result<Args, String> {
             "--workers" => a.workers = value()?.parse().map_err(|e| format!("--workers: {e}"))?,
             "--hold-ms" => a.hold_ms = value()?.parse().map_err(|e| format!("--hold-ms: {e}"))?,
             "--ready-file" => a.ready_file = Some(value()?),
+            "--worker-mib" => {
+                a.worker_mib = value()?.parse().map_err(|e| format!("--worker-mib: {e}"))?
+            }
             "--cycles" => a.cycles = value()?.parse().map_err(|e| format!("--cycles: {e}"))?,
             "--cycle-ms" => {
                 a.cycle_ms = value()?.parse().map_err(|e| format!("--cycle-ms: {e}"))?
@@ -89,7 +94,7 @@ fn main() -> ExitCode {
         }
     };
     if a.worker {
-        let _keep = touch(8);
+        let _keep = touch(a.worker_mib);
         loop {
             std::thread::sleep(Duration::from_secs(3600));
         }
@@ -97,7 +102,10 @@ fn main() -> ExitCode {
     let me = std::env::current_exe().expect("own path");
     let mut workers: Vec<Child> = Vec::new();
     for _ in 0..a.workers {
-        match Command::new(&me).arg("--worker").spawn() {
+        match Command::new(&me)
+            .args(["--worker", "--worker-mib", &a.worker_mib.to_string()])
+            .spawn()
+        {
             Ok(c) => workers.push(c),
             Err(e) => {
                 eprintln!("memhog: cannot start a worker: {e}");

@@ -1,7 +1,8 @@
 //! Pausing and resuming a whole process tree.
 //!
-//! Pause is top-down: the root first, so it cannot fork new workers, then its descendants, and the tree
-//! is walked again until a walk finds nothing new to stop (a worker forked between walks is caught).
+//! Pause is top-down: the root first (through its pidfd, before any walk), so it cannot fork new
+//! workers, then its descendants, and the tree is walked again until a walk finds nothing new to stop
+//! (a worker forked between walks is caught).
 //! Resume is bottom-up: workers first, so the parent finds them running when it wakes. Processes that
 //! were already stopped before the pause (a user's Ctrl-Z) are left as they were.
 
@@ -11,67 +12,77 @@ use nix::sys::signal::Signal;
 
 use std::os::fd::OwnedFd;
 
-use super::signal::{SignalError, alive, send, send_pinned};
-use crate::proc::{ProcRef, descendants, read_stat};
+use std::collections::{HashMap, HashSet};
+
+use super::signal::{SignalError, alive, pidfd_open, send, send_pinned};
+use crate::proc::{ProcRef, children_files, parent_map, read_stat};
 
 /// The most walks a pause makes before it settles for what it stopped.
 const MAX_WALKS: usize = 8;
 
 /// Stops the tree under `root_ref`. Returns the processes this call stopped, root first. With `pinned`
 /// (the pidfd kept since attach) the root is checked and signalled through it.
+///
+/// The root is stopped first, before any walk. Each child found in the walk gets a pidfd *before* its
+/// stat is read, so one read of /proc/PID/stat both identifies it (its parent is the process whose
+/// children list named it) and pins it: a pid recycled after the pidfd was opened makes the signal
+/// fail with "gone", never hit the newcomer. Then the tree is walked again, reading only children
+/// lists, until a walk finds nothing new (a worker forked between walks is caught).
 pub fn stop_tree(
     root: &Path,
     root_ref: ProcRef,
     pinned: Option<&OwnedFd>,
 ) -> Result<Vec<ProcRef>, SignalError> {
-    if let Some(fd) = pinned {
-        if !alive(fd, root_ref.pid) {
-            return Err(SignalError::Gone(root_ref.pid));
-        }
-    }
-    let signal = |r: ProcRef, sig: Signal| match pinned {
-        Some(fd) if r == root_ref => send_pinned(fd, r.pid, sig),
-        _ => send(root, r, sig),
-    };
-    let mut stopped: Vec<ProcRef> = Vec::new();
-    // The root first, through its pidfd, before any walk of /proc: a walk costs time in proportion to
-    // the processes on the machine, and the root is the one that forks new workers and allocates most.
-    if let Some(fd) = pinned {
-        send_pinned(fd, root_ref.pid, Signal::SIGSTOP)?;
-        stopped.push(root_ref);
-    }
-    for _ in 0..MAX_WALKS {
-        let Some(tree) = descendants(root, root_ref.pid) else {
-            return if stopped.is_empty() {
-                Err(SignalError::Gone(root_ref.pid))
-            } else {
-                Ok(stopped)
-            };
-        };
-        if tree.procs.first().map(|p| p.start_time) != Some(root_ref.start_time) {
-            return if stopped.is_empty() {
-                Err(SignalError::Gone(root_ref.pid))
-            } else {
-                Ok(stopped)
-            };
-        }
-        let mut new = 0;
-        for p in &tree.procs {
-            let r = p.proc_ref();
-            if stopped.contains(&r) || (p.is_stopped() && r != root_ref) {
-                continue;
+    match pinned {
+        Some(fd) => {
+            if !alive(fd, root_ref.pid) {
+                return Err(SignalError::Gone(root_ref.pid));
             }
-            match signal(r, Signal::SIGSTOP) {
-                Ok(()) => {
-                    stopped.push(r);
-                    new += 1;
+            send_pinned(fd, root_ref.pid, Signal::SIGSTOP)?;
+        }
+        None => send(root, root_ref, Signal::SIGSTOP)?,
+    }
+    let mut stopped: Vec<ProcRef> = vec![root_ref];
+    let mut known: HashSet<u32> = HashSet::from([root_ref.pid]);
+    let mut fallback: Option<HashMap<u32, Vec<u32>>> = None;
+    for _ in 0..MAX_WALKS {
+        let mut new = 0;
+        let mut queue = vec![root_ref.pid];
+        let mut visited: HashSet<u32> = HashSet::from([root_ref.pid]);
+        let mut i = 0;
+        while i < queue.len() {
+            let parent = queue[i];
+            i += 1;
+            let kids = match children_files(root, parent) {
+                Some(k) => k,
+                None => fallback
+                    .get_or_insert_with(|| parent_map(root))
+                    .get(&parent)
+                    .cloned()
+                    .unwrap_or_default(),
+            };
+            for kid in kids {
+                if !visited.insert(kid) {
+                    continue;
                 }
-                // A worker that exits mid-walk is no failure; the root is.
-                Err(SignalError::Gone(_)) if r != root_ref => {}
-                Err(e) => {
-                    // Undo: never leave half a tree stopped.
-                    resume(root, &stopped, pinned);
-                    return Err(e);
+                queue.push(kid);
+                if known.contains(&kid) {
+                    continue;
+                }
+                match stop_child(root, kid, parent) {
+                    Ok(Some(r)) => {
+                        stopped.push(r);
+                        known.insert(kid);
+                        new += 1;
+                    }
+                    Ok(None) => {
+                        known.insert(kid);
+                    }
+                    Err(e) => {
+                        // Undo: never leave half a tree stopped.
+                        resume(root, &stopped, pinned);
+                        return Err(e);
+                    }
                 }
             }
         }
@@ -80,6 +91,32 @@ pub fn stop_tree(
         }
     }
     Ok(stopped)
+}
+
+/// Stops `pid` if it is a running child of `parent`. `Ok(None)`: gone, no longer that parent's
+/// child, or already stopped by someone else (a user's Ctrl-Z stays theirs to undo).
+fn stop_child(root: &Path, pid: u32, parent: u32) -> Result<Option<ProcRef>, SignalError> {
+    let fd = match pidfd_open(pid) {
+        Ok(fd) => fd,
+        Err(SignalError::Gone(_)) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let Ok(s) = read_stat(root, pid) else {
+        return Ok(None);
+    };
+    if s.ppid != parent || s.state == 'Z' || s.is_stopped() {
+        return Ok(None);
+    }
+    let r = s.proc_ref();
+    let sent = match &fd {
+        Some(fd) => send_pinned(fd, pid, Signal::SIGSTOP),
+        None => send(root, r, Signal::SIGSTOP),
+    };
+    match sent {
+        Ok(()) => Ok(Some(r)),
+        Err(SignalError::Gone(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// Continues the processes `stopped` names, children before parents. Returns those that are gone. The

@@ -38,7 +38,7 @@ fn errno() -> nix::errno::Errno {
 }
 
 /// Opens a pidfd for `pid`; `None` where the kernel has no pidfd_open (before 5.3).
-fn pidfd_open(pid: u32) -> Result<Option<OwnedFd>, SignalError> {
+pub(crate) fn pidfd_open(pid: u32) -> Result<Option<OwnedFd>, SignalError> {
     // SAFETY: plain syscall with integer arguments; a non-negative return is a new fd we own.
     let fd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid as nix::libc::pid_t, 0) };
     if fd >= 0 {

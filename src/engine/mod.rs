@@ -67,6 +67,10 @@ pub struct WakePlan {
     pub thresholds: Vec<u64>,
 }
 
+/// A calm job's tree is walked at most every (its processes × this) ms: 1 024 processes every 5 s,
+/// 64 or fewer on every full sample.
+const WALK_BUDGET_MS_PER_PROCESS: u64 = 5;
+
 /// smaps_rollup (PSS, swap) is read at least this often; RSS every sample.
 const DETAILED_EVERY_MS: u64 = 5000;
 
@@ -147,13 +151,32 @@ impl Engine {
         if detailed {
             self.last_detailed_ms = now_ms;
         }
-        self.jobs
+        let troubled = self
+            .policy
+            .levels
             .values()
-            .map(|j| MeasurePlan {
-                name: j.name.clone(),
-                root: j.root,
-                cgroup: j.cgroup_dir.clone(),
-                previous: if detailed { None } else { j.last.clone() },
+            .any(|l| l.level >= policy::Level::Warn);
+        self.jobs
+            .values_mut()
+            .filter_map(|j| {
+                // A calm large tree is walked less often, so its cost per second stays bounded
+                // (about WALK_BUDGET_MS_PER_PROCESS per process and walk); its cgroup is probed and
+                // watched by the kernel meanwhile, and a pause walks the tree afresh anyway.
+                let procs = j.last.as_ref().map_or(0, |l| l.processes.len()) as u64;
+                let due = troubled
+                    || j.pause.is_some()
+                    || now_ms.saturating_sub(j.walked_at_ms)
+                        >= procs.saturating_mul(WALK_BUDGET_MS_PER_PROCESS);
+                if !due {
+                    return None;
+                }
+                j.walked_at_ms = now_ms;
+                Some(MeasurePlan {
+                    name: j.name.clone(),
+                    root: j.root,
+                    cgroup: j.cgroup_dir.clone(),
+                    previous: if detailed { None } else { j.last.clone() },
+                })
             })
             .collect()
     }

@@ -52,6 +52,8 @@ pub struct Job {
     pub freezer: Option<crate::act::freeze::Frozen>,
     /// The kernel wakes the daemon when this job's cgroup crosses a threshold (see `wake`).
     pub watched: bool,
+    /// When the job's tree was last walked and measured (engine clock, ms).
+    pub walked_at_ms: u64,
 }
 
 impl Job {
@@ -78,6 +80,7 @@ impl Job {
             pidfd: None,
             freezer: None,
             watched: false,
+            walked_at_ms: 0,
         }
     }
 

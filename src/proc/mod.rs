@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::sample::error::{ReadError, parse_u64, read_text};
 
 pub use tree::{Tree, descendants};
+pub(crate) use tree::{children_files, parent_map};
 
 /// A process that cannot be confused with a later one that reuses its pid: pid plus start time
 /// (clock ticks after boot, field 22 of /proc/PID/stat).

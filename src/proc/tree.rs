@@ -12,7 +12,7 @@ pub struct Tree {
 }
 
 /// Children of `pid` from /proc/PID/task/*/children (Linux 3.5+ with CONFIG_PROC_CHILDREN).
-fn children_files(root: &Path, pid: u32) -> Option<Vec<u32>> {
+pub(crate) fn children_files(root: &Path, pid: u32) -> Option<Vec<u32>> {
     let tasks = std::fs::read_dir(super::dir(root, pid).join("task")).ok()?;
     let mut out = Vec::new();
     let mut any = false;
@@ -30,7 +30,7 @@ fn children_files(root: &Path, pid: u32) -> Option<Vec<u32>> {
 }
 
 /// All processes' parent links, from a full scan of /proc (the fallback when `children` files are absent).
-fn parent_map(root: &Path) -> HashMap<u32, Vec<u32>> {
+pub(crate) fn parent_map(root: &Path) -> HashMap<u32, Vec<u32>> {
     let mut map: HashMap<u32, Vec<u32>> = HashMap::new();
     let Ok(entries) = std::fs::read_dir(root.join("proc")) else {
         return map;

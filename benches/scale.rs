@@ -1,0 +1,280 @@
+//! Scale benchmark (needs root; reported in BENCHMARKS.md, not a test): what a job of 8, 64, 256 and
+//! 1 024 processes costs the daemon, and how long pausing it takes.
+//!
+//! - Cost: memwatch (release build, default config, GPU off) attached to a calm job of N processes;
+//!   the daemon's CPU from /proc/PID/stat (utime + stime) over `SECONDS` (default 20), as a share of
+//!   one core, and per process and full sample. Its RSS at the end.
+//! - Time to stop: `memwatch pause` over the control socket; from sending the request until every
+//!   process of the job shows state T (signals) or its freezer cgroup reads FROZEN (freezer), polled
+//!   every 100 µs. Median and worst of `RUNS` (default 10) pauses, each followed by a resume.
+//!
+//! `cargo bench --bench scale`.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn memhog() -> PathBuf {
+    let ok = Command::new(env!("CARGO"))
+        .args(["build", "--release", "--quiet", "-p", "memwatch-memhog"])
+        .current_dir(repo())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "cannot build memhog");
+    repo().join("target/release/memhog")
+}
+
+fn ticks(pid: u32) -> u64 {
+    let t = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest: Vec<&str> = t[t.rfind(')').map_or(0, |i| i + 2)..].split(' ').collect();
+    rest.get(11)
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0)
+        + rest
+            .get(12)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn state(pid: u32) -> Option<char> {
+    let t = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    t[t.rfind(')')? + 1..].trim_start().chars().next()
+}
+
+struct Daemon {
+    child: Child,
+    socket: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Daemon {
+    fn start() -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("control.sock");
+        let config = dir.path().join("memwatch.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "listen = \"127.0.0.1:0\"\n[gpu]\nenabled = false\n[control]\nsocket = {socket:?}\nstate_dir = {:?}\n\
+                 max_jobs_per_uid = 1024\n",
+                dir.path().join("state")
+            ),
+        )
+        .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_memwatch"))
+            .args([
+                "--config",
+                config.to_str().unwrap(),
+                "--log-level",
+                "error",
+                "run",
+            ])
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        while !socket.exists() && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Daemon {
+            child,
+            socket,
+            _dir: dir,
+        }
+    }
+
+    fn request(&self, json: &str) -> String {
+        let mut s = UnixStream::connect(&self.socket).unwrap();
+        s.write_all(json.as_bytes()).unwrap();
+        s.write_all(b"\n").unwrap();
+        let mut line = String::new();
+        BufReader::new(&s).read_line(&mut line).unwrap();
+        line
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A job of `n` processes (memhog and n − 1 sleeping workers of 1 MiB), in `freezer` when given.
+fn job(hog: &Path, n: usize, freezer: Option<&Path>) -> (Child, Vec<u32>) {
+    let enter = freezer
+        .map(|d| format!("echo $$ > {}/cgroup.procs && ", d.display()))
+        .unwrap_or_default();
+    let mut child = Command::new("sh")
+        .args([
+            "-c",
+            &format!(
+                "{enter}exec {} --workers {} --worker-mib 1 --total-mib 1 --hold-ms 3600000",
+                hog.display(),
+                n - 1
+            ),
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let pid = child.id();
+    let mut pids = vec![pid];
+    pids.extend(
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|p| p.parse::<u32>().ok()),
+    );
+    assert_eq!(
+        pids.len(),
+        n,
+        "memhog started {} of {n} processes",
+        pids.len()
+    );
+    (child, pids)
+}
+
+fn end(mut child: Child, pids: &[u32]) {
+    for p in pids.iter().rev() {
+        // SAFETY: kill(2) on processes this benchmark started.
+        unsafe {
+            nix::libc::kill(*p as i32, nix::libc::SIGCONT);
+            nix::libc::kill(*p as i32, nix::libc::SIGKILL);
+        }
+    }
+    let _ = child.wait();
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list" || a == "--test") {
+        return;
+    }
+    let secs: u64 = std::env::var("SECONDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let runs: usize = std::env::var("RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    let hog = memhog();
+    let clk = 100.0; // CLK_TCK
+    let freezer = PathBuf::from(format!(
+        "/sys/fs/cgroup/freezer/memwatch-scale-{}",
+        std::process::id()
+    ));
+    let have_freezer = std::fs::create_dir_all(&freezer).is_ok();
+    println!("idle (no job) and calm jobs, {secs} s each:");
+    {
+        let d = Daemon::start();
+        std::thread::sleep(Duration::from_secs(2));
+        let t0 = ticks(d.child.id());
+        std::thread::sleep(Duration::from_secs(secs));
+        let used = (ticks(d.child.id()) - t0) as f64 / clk;
+        println!(
+            "  no job: {:.3} % of a core ({} ticks), RSS {} KiB",
+            used / secs as f64 * 100.0,
+            (used * clk) as u64,
+            rss_kib(d.child.id())
+        );
+    }
+    for n in [8usize, 64, 256, 1024] {
+        let d = Daemon::start();
+        let (child, pids) = job(&hog, n, None);
+        let r = d.request(&format!(
+            r#"{{"cmd":"attach","pid":{},"name":"scale"}}"#,
+            pids[0]
+        ));
+        assert!(r.contains("\"ok\":true"), "{r}");
+        std::thread::sleep(Duration::from_secs(2));
+        let t0 = ticks(d.child.id());
+        std::thread::sleep(Duration::from_secs(secs));
+        let used = (ticks(d.child.id()) - t0) as f64 / clk;
+        let share = used / secs as f64 * 100.0;
+        let per_proc_us = used / secs as f64 / n as f64 * 1e6;
+        println!(
+            "  {n:>5} processes: {share:.3} % of a core ({} ticks), {per_proc_us:.1} µs per process per second, RSS {} KiB",
+            (used * clk) as u64,
+            rss_kib(d.child.id())
+        );
+        // Time to stop, by signals.
+        let mut times = Vec::new();
+        for _ in 0..runs {
+            let t = Instant::now();
+            let r = d.request(r#"{"cmd":"pause","target":"scale"}"#);
+            assert!(r.contains("\"ok\":true"), "{r}");
+            while !pids.iter().all(|p| state(*p) == Some('T')) {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+            times.push(t.elapsed().as_secs_f64() * 1000.0);
+            let r = d.request(r#"{"cmd":"resume","target":"scale"}"#);
+            assert!(r.contains("\"ok\":true"), "{r}");
+            while pids.iter().any(|p| state(*p) == Some('T')) {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        println!(
+            "  {n:>5} processes, SIGSTOP: request → all stopped median {:.2} ms, worst {:.2} ms ({runs} pauses)",
+            times[times.len() / 2],
+            times[times.len() - 1]
+        );
+        drop(d);
+        end(child, &pids);
+        if have_freezer {
+            let d = Daemon::start();
+            let (child, pids) = job(&hog, n, Some(&freezer));
+            let r = d.request(&format!(
+                r#"{{"cmd":"attach","pid":{},"name":"scale"}}"#,
+                pids[0]
+            ));
+            assert!(r.contains("\"ok\":true"), "{r}");
+            let frozen = || {
+                std::fs::read_to_string(freezer.join("freezer.state"))
+                    .is_ok_and(|s| s.trim() == "FROZEN")
+            };
+            let mut times = Vec::new();
+            for _ in 0..runs {
+                let t = Instant::now();
+                let r = d.request(r#"{"cmd":"pause","target":"scale"}"#);
+                assert!(r.contains("\"ok\":true"), "{r}");
+                while !frozen() {
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+                times.push(t.elapsed().as_secs_f64() * 1000.0);
+                let r = d.request(r#"{"cmd":"resume","target":"scale"}"#);
+                assert!(r.contains("\"ok\":true"), "{r}");
+                while frozen() {
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+            }
+            times.sort_by(f64::total_cmp);
+            println!(
+                "  {n:>5} processes, freezer: request → FROZEN median {:.2} ms, worst {:.2} ms ({runs} pauses)",
+                times[times.len() / 2],
+                times[times.len() - 1]
+            );
+            drop(d);
+            end(child, &pids);
+        }
+    }
+    let _ = std::fs::remove_dir(&freezer);
+}

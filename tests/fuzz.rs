@@ -141,13 +141,12 @@ fn the_control_protocol_never_panics() {
     run(
         "control: requests",
         (request_json(), callers),
-        |(line, uid)| match serde_json::from_str::<memwatch::control::Request>(&line) {
-            Ok(request) => {
+        |(line, uid)| {
+            if let Ok(request) = serde_json::from_str::<memwatch::control::Request>(&line) {
                 let caller = memwatch::control::Caller { uid, pid: None };
                 let r = engine.borrow_mut().handle(request, caller, 1_000);
                 assert!(r.ok || r.error.is_some());
             }
-            Err(_) => {}
         },
     );
 }

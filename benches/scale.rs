@@ -182,20 +182,81 @@ fn main() {
         std::process::id()
     ));
     let have_freezer = std::fs::create_dir_all(&freezer).is_ok();
-    println!("idle (no job) and calm jobs, {secs} s each:");
+    println!(
+        "calm, {calm_secs} s each (CLK_TCK 100: one tick is {:.4} % of a core):",
+        100.0 / clk / calm_secs as f64
+    );
     {
         let d = Daemon::start();
         std::thread::sleep(Duration::from_secs(2));
         let t0 = ticks(d.child.id());
-        std::thread::sleep(Duration::from_secs(secs));
+        std::thread::sleep(Duration::from_secs(calm_secs));
         let used = (ticks(d.child.id()) - t0) as f64 / clk;
         println!(
-            "  no job: {:.3} % of a core ({} ticks), RSS {} KiB",
-            used / secs as f64 * 100.0,
-            (used * clk) as u64,
+            "  memwatch, no job: {:.3} % of a core ({} ticks), RSS {} KiB",
+            used / calm_secs as f64 * 100.0,
+            (used * clk).round() as u64,
             rss_kib(d.child.id())
         );
     }
+    {
+        // The calm attached job of 8 processes, with the guardian's share (it sleeps on a pipe).
+        let d = Daemon::start();
+        let (child, pids) = job(&hog, 8, None);
+        let r = d.request(&format!(
+            r#"{{"cmd":"attach","pid":{},"name":"calm"}}"#,
+            pids[0]
+        ));
+        assert!(r.contains("\"ok\":true"), "{r}");
+        std::thread::sleep(Duration::from_secs(2));
+        let guardian: Vec<u32> = std::fs::read_to_string(format!(
+            "/proc/{}/task/{}/children",
+            d.child.id(),
+            d.child.id()
+        ))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect();
+        let all = |v: &[u32]| v.iter().map(|p| ticks(*p)).sum::<u64>();
+        let (t0, g0) = (ticks(d.child.id()), all(&guardian));
+        std::thread::sleep(Duration::from_secs(calm_secs));
+        let used = (ticks(d.child.id()) - t0) as f64 / clk;
+        let g = (all(&guardian) - g0) as f64 / clk;
+        println!(
+            "  memwatch, calm job of 8 processes: {:.3} % of a core ({} ticks), guardian {} ticks, RSS {} KiB (guardian {} KiB)",
+            used / calm_secs as f64 * 100.0,
+            (used * clk).round() as u64,
+            (g * clk).round() as u64,
+            rss_kib(d.child.id()),
+            guardian.iter().map(|p| rss_kib(*p)).sum::<u64>()
+        );
+        drop(d);
+        end(child, &pids);
+    }
+    match Command::new("earlyoom")
+        .args(["-r", "0"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+    {
+        Ok(mut e) => {
+            std::thread::sleep(Duration::from_secs(2));
+            let t0 = ticks(e.id());
+            std::thread::sleep(Duration::from_secs(calm_secs));
+            let used = (ticks(e.id()) - t0) as f64 / clk;
+            println!(
+                "  earlyoom (defaults): {:.3} % of a core ({} ticks), RSS {} KiB",
+                used / calm_secs as f64 * 100.0,
+                (used * clk).round() as u64,
+                rss_kib(e.id())
+            );
+            let _ = e.kill();
+            let _ = e.wait();
+        }
+        Err(e) => println!("  earlyoom not run: {e}"),
+    }
+    println!("jobs of N processes, {secs} s each:");
     for n in [8usize, 64, 256, 1024] {
         let d = Daemon::start();
         let (child, pids) = job(&hog, n, None);

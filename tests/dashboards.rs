@@ -184,7 +184,7 @@ fn every_dashboard_query_returns_data_from_a_real_prometheus() {
         rules["data"]["groups"][0]["rules"]
             .as_array()
             .map(|r| r.len()),
-        Some(10)
+        Some(11)
     );
     drop(prom);
     let _ = job.kill();

@@ -133,6 +133,10 @@ pub fn run(state_dir: &Path, process_root: &Path) -> ExitCode {
 /// Takes the lock and undoes every recorded pause; returns how many jobs it resumed. `Ok(0)` without
 /// touching anything when another daemon holds the lock.
 pub fn recover(state_dir: &Path, process_root: &Path) -> Result<usize, String> {
+    if !state_dir.join(persist::STATE_FILE).is_file() {
+        // Nothing was ever recorded (or the directory is gone): nothing to undo, nothing to create.
+        return Ok(0);
+    }
     let lock = StateLock::acquire(state_dir, Duration::from_millis(200))
         .map_err(|e| format!("{}: {e}", state_dir.display()))?;
     let Some(_lock) = lock else {

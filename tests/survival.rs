@@ -1,6 +1,7 @@
 //! Survival: a hog touching memory at 1 GiB/s inside a real memory cgroup limited to 512 MiB, with the
-//! daemon attached, is paused before the cgroup's OOM killer fires — in every one of 20 runs. Then the
-//! limit is raised, the hog is resumed and finishes, and the cgroup's OOM-kill count is unchanged.
+//! daemon attached, is paused before the cgroup's OOM killer fires — in every one of 20 runs — and held
+//! while there is no room. Then the limit is raised, the hog is resumed and finishes, and the cgroup's
+//! OOM-kill count is unchanged.
 //! Kept in its own test binary so no other test competes with it for the CPU.
 
 mod common;
@@ -68,6 +69,15 @@ fn hog_is_paused_before_the_oom_killer_in_every_run() {
         .parse()
         .unwrap();
         paused_at.push(usage / MIB);
+        // A pause on a projection is brief (it ends once the job has been held for reaction_ms and no
+        // longer grows, as a burst that ended would); a hog that goes on growing is then stopped at the
+        // critical level by the kernel's threshold notification, and held: there is no room.
+        std::thread::sleep(Duration::from_millis(1000));
+        assert!(
+            eventually(2.0, || proc_state(pid) == Some('T')),
+            "run {run}: not held with no room (state {:?})",
+            proc_state(pid)
+        );
         std::thread::sleep(Duration::from_millis(300));
         assert_eq!(
             proc_state(pid),

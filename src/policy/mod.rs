@@ -15,6 +15,10 @@ use serde::{Deserialize, Serialize};
 use crate::config::{Action, OnMaxPause, Policy, RatioPolicy, TempPolicy};
 pub use level::{Level, LevelState, Reading, Thresholds};
 
+/// A second pause on a projection within this long of the last one's end is strict (see
+/// `PauseState::strict`).
+const REPEAT_WITHIN_MS: u64 = 5_000;
+
 /// A temperature with the device's own slowdown and shutdown points, where it reports them.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Temperature {
@@ -106,6 +110,11 @@ pub struct PauseState {
     pub projected: Option<(String, f64)>,
     /// Set once the maximum pause was reached and the job stays paused.
     pub expired: bool,
+    /// A second pause on a projection soon after the first ended: growth that resumes at once is a
+    /// trend, so resuming needs room for the rate seen at the pause, not the (nil) growth of a job that
+    /// is stopped.
+    #[serde(default)]
+    pub strict: bool,
 }
 
 /// The policy's memory of one job.
@@ -116,6 +125,9 @@ pub struct JobState {
     pub overridden: BTreeSet<String>,
     /// A checkpoint was requested; pause at this time (ms).
     pub checkpoint_deadline_ms: Option<u64>,
+    /// When a pause on a projection last ended by itself (ms).
+    #[serde(default)]
+    pub predicted_resume_ms: Option<u64>,
 }
 
 /// The policy's whole state.
@@ -353,6 +365,10 @@ pub fn evaluate(prev: &State, obs: &Observation, cfg: &Policy) -> (State, Vec<De
                             if predicted {
                                 keys.push("predicted".into());
                             }
+                            let strict = predicted
+                                && js
+                                    .predicted_resume_ms
+                                    .is_some_and(|t| now.saturating_sub(t) < REPEAT_WITHIN_MS);
                             js.pause = Some(PauseState {
                                 since_ms: now,
                                 by: By::Policy,
@@ -361,6 +377,7 @@ pub fn evaluate(prev: &State, obs: &Observation, cfg: &Policy) -> (State, Vec<De
                                     .filter(|_| predicted)
                                     .map(|(p, _)| (p.limit.clone(), p.growth_bytes_per_second)),
                                 expired: false,
+                                strict,
                             });
                             out.push(Decision::Pause {
                                 job: job.name.clone(),
@@ -374,21 +391,26 @@ pub fn evaluate(prev: &State, obs: &Observation, cfg: &Policy) -> (State, Vec<De
                 let paused_ms = now.saturating_sub(p.since_ms);
                 // After a pause for fast growth: at least one reaction window paused, and room for
                 // `resume_headroom_ms` more of the growth measured now (a trend, see
-                // `Growth::sustained_rate_per_second`) under the limit that was running out. Not the
-                // rate at the moment of the pause: a burst that has ended must not hold the job for
-                // the whole max_pause. Unknown headroom is no room.
+                // `Growth::sustained_rate_per_second`) under the limit that was running out — not the
+                // rate at the moment of the pause, so a burst that has ended holds nobody for the
+                // whole max_pause. But a job paused again on a projection soon after such a resume
+                // grows for real: then it needs room for the rate seen at its pause. Unknown headroom
+                // is no room.
                 let room_ok = match &p.projected {
-                    Some((limit, _)) => {
+                    Some((limit, rate_at_pause)) => {
                         paused_ms >= cfg.reaction_ms
                             && job
                                 .projections
                                 .iter()
                                 .find(|x| &x.limit == limit)
                                 .is_some_and(|x| {
+                                    let rate = if p.strict {
+                                        *rate_at_pause
+                                    } else {
+                                        x.growth_bytes_per_second
+                                    };
                                     x.headroom_bytes as f64
-                                        >= x.growth_bytes_per_second.max(0.0)
-                                            * cfg.resume_headroom_ms as f64
-                                            / 1000.0
+                                        >= rate.max(0.0) * cfg.resume_headroom_ms as f64 / 1000.0
                                 })
                     }
                     None => true,
@@ -419,6 +441,9 @@ pub fn evaluate(prev: &State, obs: &Observation, cfg: &Policy) -> (State, Vec<De
                         }
                     }
                 } else if critical.is_empty() && room_ok {
+                    if p.projected.is_some() {
+                        js.predicted_resume_ms = Some(now);
+                    }
                     js.pause = None;
                     out.push(Decision::Resume {
                         job: job.name.clone(),
@@ -443,6 +468,7 @@ pub fn user_pause(state: &mut State, job: &str, now_ms: u64) {
         reasons: vec!["user".into()],
         projected: None,
         expired: false,
+        strict: false,
     });
 }
 

@@ -184,6 +184,26 @@ fn scenarios() {
             vec![s(&["pause"]), s(&[]), s(&[]), s(&[]), s(&["resume"])],
         ),
         (
+            "growth that resumes at once after a projected pause is a trend: the second pause holds \
+             until the limit has room for the rate seen at the pause",
+            vec![
+                (0, growing_fast),
+                (300, paused_little_room),
+                (400, growing_fast),
+                (800, paused_little_room),
+                (5000, paused_little_room),
+                (6000, limit_raised),
+            ],
+            vec![
+                s(&["pause"]),
+                s(&["resume"]),
+                s(&["pause"]),
+                s(&[]),
+                s(&[]),
+                s(&["resume"]),
+            ],
+        ),
+        (
             "resuming looks at the limit that ran out, not at another with room",
             vec![
                 (0, growing_fast),

@@ -18,7 +18,7 @@
 //! levels off at 50 %, and 256 MiB taken and freed every 300 ms at 2 GiB/s, like a step's buffers),
 //! with the shipped policy: how often it was paused, and how long after its last burst it ran again.
 //!
-//! `cargo bench --bench reaction` (RUNS=30 by default).
+//! `cargo bench --bench reaction` (RUNS=30 by default; ONLY=bursty for the false pauses alone).
 
 use std::io::{BufRead, BufReader};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -439,6 +439,11 @@ fn main() {
         .unwrap_or(30);
     let hog = memhog();
     let cg = Cg::new();
+    // ONLY=bursty runs the false-pause part alone.
+    if std::env::var("ONLY").is_ok_and(|v| v == "bursty") {
+        bursty(&cg, &hog, runs.min(10));
+        return;
+    }
     let level = Daemon::start("[policy]\nreaction_ms = 0\n");
     let default = Daemon::start("");
     for rate in [512u64, 1024, 2048, 4096] {

@@ -466,8 +466,9 @@ fn run_probe(
 /// The kernel notifications the daemon has asked for, kept in step with the attached jobs.
 struct Watches {
     wakers: Option<crate::wake::Wakers>,
-    /// Per job: the thresholds registered (v1) or empty (a v2 PSI trigger), and whether it worked.
-    jobs: std::collections::HashMap<String, Vec<u64>>,
+    /// Per job: the thresholds registered (v1) or empty (a v2 PSI trigger, or no limit), and whether
+    /// the cgroup has no limit.
+    jobs: std::collections::HashMap<String, (Vec<u64>, bool)>,
 }
 
 impl Watches {
@@ -507,10 +508,12 @@ impl Watches {
         };
         let plan = engine.wake_plan();
         for p in &plan {
-            if self.jobs.get(&p.job) == Some(&p.thresholds) {
+            let key = (p.thresholds.clone(), p.limitless);
+            if self.jobs.get(&p.job) == Some(&key) {
                 continue;
             }
             let result = match p.dir.version {
+                _ if p.limitless => Ok(true),
                 1 if !p.thresholds.is_empty() && crate::wake::on_kernel_fs(&p.dir.dir) => w
                     .watch_v1_thresholds(&p.job, &p.dir.dir, &p.thresholds)
                     .map(|()| true),
@@ -529,7 +532,7 @@ impl Watches {
                 false
             });
             engine.set_watched(&p.job, watched);
-            self.jobs.insert(p.job.clone(), p.thresholds.clone());
+            self.jobs.insert(p.job.clone(), key);
         }
         self.jobs.retain(|job, _| {
             let keep = plan.iter().any(|p| &p.job == job);

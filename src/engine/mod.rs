@@ -65,6 +65,9 @@ pub struct WakePlan {
     pub dir: crate::sample::cgroup::CgroupDir,
     /// v1 usage thresholds in bytes; empty without a limit.
     pub thresholds: Vec<u64>,
+    /// The cgroup is known to have no limit: nothing there can run out, so nothing to watch or probe
+    /// (the host's memory is watched on its own).
+    pub limitless: bool,
 }
 
 /// A calm job's tree is walked at most every (its processes × this) ms: 1 024 processes every 5 s,
@@ -239,13 +242,20 @@ impl Engine {
                 let limit = j.cgroup().and_then(|c| c.limit_bytes);
                 // Usage is at least the working set, so a usage threshold is crossed at or before
                 // the working-set level it stands for: half the limit (growth worth measuring),
-                // warn and critical.
+                // warn, critical — and every half percent above critical, because usage counts
+                // inactive page cache that the working set does not: the crossing at critical may
+                // come a little early, and the next one decides.
                 let thresholds = limit
                     .map(|l| {
-                        let mut t: Vec<u64> = [0.5, p.warn.0, p.critical.0]
-                            .iter()
-                            .map(|r| (l as f64 * r) as u64)
-                            .collect();
+                        let mut ratios = vec![0.5, p.warn.0, p.critical.0];
+                        let mut r = p.critical.0 + 0.005;
+                        while r < 1.0 && ratios.len() < 24 {
+                            ratios.push(r);
+                            r += 0.005;
+                        }
+                        let mut t: Vec<u64> =
+                            ratios.iter().map(|r| (l as f64 * r) as u64).collect();
+                        t.sort_unstable();
                         t.dedup();
                         t
                     })
@@ -254,6 +264,7 @@ impl Engine {
                     job: j.name.clone(),
                     dir,
                     thresholds,
+                    limitless: j.cgroup().is_some() && limit.is_none(),
                 })
             })
             .collect()

@@ -34,10 +34,11 @@ impl Growth {
         self.points.clear();
     }
 
-    /// Units per second of growth that is a trend, for predicting exhaustion: the gentler of the slope
-    /// over the whole window and over its last quarter, and 0 when they disagree in sign or there are
-    /// too few points (under 4, or spanning under 100 ms). A burst that levelled off has a flat last
-    /// quarter; memory freed and taken again every step has a flat window: neither is a trend.
+    /// Units per second of growth that is a trend, for predicting exhaustion: the gentlest of the slopes
+    /// over the whole window, over its last quarter and over the newest three points, and 0 when they
+    /// disagree in sign or there are too few points (under 4, or spanning under 100 ms). A burst that
+    /// levelled off has flat newest points; memory freed and taken again every step has a flat window:
+    /// neither is a trend.
     pub fn sustained_rate_per_second(&self) -> f64 {
         let (Some(first), Some(last)) = (self.points.front(), self.points.back()) else {
             return 0.0;
@@ -53,14 +54,16 @@ impl Growth {
             return 0.0;
         };
         let whole = slope(self.points.iter());
-        if whole.signum() != recent.signum() {
+        // And the newest three points: if they show no growth, growth has stopped, whatever an older
+        // fit says (a burst that just ended leaves a steep fit behind it).
+        let newest = slope(self.points.range(self.points.len() - 3..));
+        if whole.signum() != recent.signum() || newest.signum() != whole.signum() {
             return 0.0;
         }
-        if whole.abs() < recent.abs() {
-            whole
-        } else {
-            recent
-        }
+        [whole, recent, newest]
+            .into_iter()
+            .min_by(|a, b| a.abs().total_cmp(&b.abs()))
+            .unwrap_or(0.0)
     }
 
     /// Units per second: the steeper of the slope over the whole window and over its last quarter, so
@@ -141,6 +144,13 @@ mod tests {
             g.push(t, (t.min(300) as f64) * 2e6);
         }
         assert!(g.rate_per_second() > 1e8);
+        assert_eq!(g.sustained_rate_per_second(), 0.0);
+        // The same burst seen from a point long before it, then three flat probes after it.
+        let mut g = Growth::new(1000);
+        for (t, v) in [(0, 1e6), (130, 257e6), (140, 257e6), (150, 257e6)] {
+            g.push(t, v);
+        }
+        assert!(g.rate_per_second() > 1e9);
         assert_eq!(g.sustained_rate_per_second(), 0.0);
         // 256 MB taken and freed every 300 ms: steep now and then, no trend.
         let mut g = Growth::new(1000);

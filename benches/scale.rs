@@ -8,7 +8,7 @@
 //!   process of the job shows state T (signals) or its freezer cgroup reads FROZEN (freezer), polled
 //!   every 100 µs. Median and worst of `RUNS` (default 10) pauses, each followed by a resume.
 //!
-//! `cargo bench --bench scale`.
+//! `cargo bench --bench scale` (ONLY=calm for the calm figures alone; CALM_SECONDS, default 60).
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -259,6 +259,10 @@ fn main() {
             let _ = e.wait();
         }
         Err(e) => println!("  earlyoom not run: {e}"),
+    }
+    // ONLY=calm stops here.
+    if std::env::var("ONLY").is_ok_and(|v| v == "calm") {
+        return;
     }
     println!("jobs of N processes, {secs} s each:");
     for n in [8usize, 64, 256, 1024] {

@@ -463,6 +463,12 @@ fn run_probe(
     Instant::now() + Duration::from_millis(wait)
 }
 
+/// PSI triggers: 100 ms of "some" stall within 2 s. A window that is a multiple of 2 s is what the
+/// kernel accepts from a process without CAP_SYS_RESOURCE (a container, a hardened unit), so one
+/// setting works everywhere.
+const PSI_STALL_US: u64 = 100_000;
+const PSI_WINDOW_US: u64 = 2_000_000;
+
 /// The kernel notifications the daemon has asked for, kept in step with the attached jobs.
 struct Watches {
     wakers: Option<crate::wake::Wakers>,
@@ -487,7 +493,7 @@ impl Watches {
         if let Some(w) = &wakers {
             let psi = config.host.root.join("proc/pressure/memory");
             if crate::wake::on_kernel_fs(&psi) {
-                match w.watch_psi(None, &psi, 50_000, 500_000) {
+                match w.watch_psi(None, &psi, PSI_STALL_US, PSI_WINDOW_US) {
                     Ok(()) => engine.set_host_watched(true),
                     Err(e) => {
                         tracing::info!(error = %e, "no PSI trigger on the host's memory pressure")

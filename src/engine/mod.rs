@@ -222,7 +222,11 @@ impl Engine {
         }
         let watched = self.host_watched
             && !self.probe_host(now_ms)
-            && self.jobs.values().all(|j| j.watched && j.pause.is_none())
+            && self
+                .jobs
+                .values()
+                // A job outside any memory cgroup has nothing to probe but the host.
+                .all(|j| (j.watched || j.cgroup_dir.is_none()) && j.pause.is_none())
             && self
                 .policy
                 .levels

@@ -7,12 +7,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Daemon, Opts, eventually, memhog, proc_state};
+use common::{Daemon, Opts, eventually, proc_state};
 
 /// Rounds per (path, trigger): 4 × 55 = 220 kills.
 const ROUNDS: usize = 55;
@@ -45,32 +44,7 @@ struct Job {
 
 impl Job {
     fn start(cgroup: Option<(PathBuf, &'static str)>) -> Job {
-        let enter = cgroup
-            .as_ref()
-            .map(|(d, _)| format!("echo $$ > {}/cgroup.procs && ", d.display()))
-            .unwrap_or_default();
-        let script = format!(
-            "{enter}exec {} --workers 3 --total-mib 1 --hold-ms 600000",
-            memhog().display()
-        );
-        let mut child = Command::new("sh")
-            .args(["-c", &script])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let pid = child.id();
-        let mut pids = vec![pid];
-        pids.extend(
-            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-                .unwrap()
-                .split_whitespace()
-                .map(|p| p.parse::<u32>().unwrap()),
-        );
-        assert_eq!(pids.len(), 4, "memhog did not start its workers");
+        let (child, pids) = common::memhog_tree(cgroup.as_ref().map(|(d, _)| d.as_path()), 3);
         Job {
             child,
             pids,

@@ -5,10 +5,9 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
+use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::cgroup::MemCgroup;
 use common::{Daemon, Opts, eventually, memhog, proc_state};
@@ -80,17 +79,6 @@ fn rss_mib(pid: u32) -> u64 {
         / 1024
 }
 
-fn jobs_round_trip(socket: &std::path::Path) -> Duration {
-    let start = Instant::now();
-    let mut s = UnixStream::connect(socket).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(b"{\"cmd\":\"jobs\"}\n").unwrap();
-    let mut line = String::new();
-    BufReader::new(&s).read_line(&mut line).unwrap();
-    assert!(line.contains("\"ok\":true"), "{line}");
-    start.elapsed()
-}
-
 #[test]
 fn a_user_flooding_the_control_socket_blinds_nothing() {
     ensure_user("memwatch-flood");
@@ -140,7 +128,7 @@ fn a_user_flooding_the_control_socket_blinds_nothing() {
     // Root is answered at once, again and again, while the flood holds its connections.
     let mut worst = Duration::ZERO;
     for _ in 0..20 {
-        worst = worst.max(jobs_round_trip(&d.socket));
+        worst = worst.max(common::jobs_round_trip(&d.socket));
     }
     let (fds_during, rss) = (fds(daemon_pid), rss_mib(daemon_pid));
     eprintln!(

@@ -4,12 +4,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Daemon, Opts, eventually, memhog, proc_state};
+use common::{Daemon, Opts, eventually, proc_state};
 
 fn daemon() -> Daemon {
     Daemon::start(Opts {
@@ -21,33 +20,7 @@ fn daemon() -> Daemon {
 
 /// memhog with 3 workers, in `cgroup` when given; returns the child and its pids, root first.
 fn job(cgroup: Option<&PathBuf>) -> (std::process::Child, Vec<u32>) {
-    let enter = cgroup
-        .map(|d| format!("echo $$ > {}/cgroup.procs && ", d.display()))
-        .unwrap_or_default();
-    let mut child = Command::new("sh")
-        .args([
-            "-c",
-            &format!(
-                "{enter}exec {} --workers 3 --total-mib 1 --hold-ms 600000",
-                memhog().display()
-            ),
-        ])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let pid = child.id();
-    let mut pids = vec![pid];
-    pids.extend(
-        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-            .unwrap()
-            .split_whitespace()
-            .map(|p| p.parse::<u32>().unwrap()),
-    );
-    (child, pids)
+    common::memhog_tree(cgroup.map(|p| p.as_path()), 3)
 }
 
 fn end(mut child: std::process::Child, pids: &[u32]) {

@@ -5,8 +5,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -69,18 +67,6 @@ impl Drop for SlowFs {
     }
 }
 
-/// One `jobs` request on the control socket; returns how long the answer took.
-fn jobs_round_trip(socket: &Path) -> Duration {
-    let start = Instant::now();
-    let mut s = UnixStream::connect(socket).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(b"{\"cmd\":\"jobs\"}\n").unwrap();
-    let mut line = String::new();
-    BufReader::new(&s).read_line(&mut line).unwrap();
-    assert!(line.contains("\"ok\":true"), "{line}");
-    start.elapsed()
-}
-
 #[test]
 fn metrics_and_the_control_socket_answer_while_a_config_read_hangs() {
     let src = tempfile::tempdir().unwrap();
@@ -126,7 +112,7 @@ fn metrics_and_the_control_socket_answer_while_a_config_read_hangs() {
         worst_metrics = worst_metrics.max(t.elapsed());
         assert_eq!(status, 200);
         assert!(body.contains("memwatch_up 1"), "{body}");
-        worst_socket = worst_socket.max(jobs_round_trip(&d.socket));
+        worst_socket = worst_socket.max(common::jobs_round_trip(&d.socket));
         probes += 1;
         std::thread::sleep(Duration::from_millis(20));
     }

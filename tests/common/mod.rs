@@ -412,3 +412,48 @@ pub fn promtool_check_metrics(text: &str) -> String {
         format!("exit {:?}: {findings}", out.status.code())
     }
 }
+
+/// A job tree: memhog with `workers` sleeping workers, moved into `cgroup` (its `cgroup.procs`) first
+/// when given. Returns the child and its pids, root first.
+pub fn memhog_tree(cgroup: Option<&Path>, workers: usize) -> (Child, Vec<u32>) {
+    let enter = cgroup
+        .map(|d| format!("echo $$ > {}/cgroup.procs && ", d.display()))
+        .unwrap_or_default();
+    let mut child = Command::new("sh")
+        .args([
+            "-c",
+            &format!(
+                "{enter}exec {} --workers {workers} --total-mib 1 --hold-ms 600000",
+                memhog().display()
+            ),
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let pid = child.id();
+    let mut pids = vec![pid];
+    pids.extend(
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+            .unwrap()
+            .split_whitespace()
+            .map(|p| p.parse::<u32>().unwrap()),
+    );
+    assert_eq!(pids.len(), workers + 1, "memhog did not start its workers");
+    (child, pids)
+}
+
+/// One `jobs` request on a control socket; returns how long the answer took.
+pub fn jobs_round_trip(socket: &Path) -> Duration {
+    let start = Instant::now();
+    let mut s = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"{\"cmd\":\"jobs\"}\n").unwrap();
+    let mut line = String::new();
+    BufReader::new(&s).read_line(&mut line).unwrap();
+    assert!(line.contains("\"ok\":true"), "{line}");
+    start.elapsed()
+}

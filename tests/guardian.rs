@@ -23,16 +23,8 @@ fn job(cgroup: Option<&PathBuf>) -> (std::process::Child, Vec<u32>) {
     common::memhog_tree(cgroup.map(|p| p.as_path()), 3)
 }
 
-fn end(mut child: std::process::Child, pids: &[u32]) {
-    for p in pids.iter().rev() {
-        let _ = Command::new("kill")
-            .args(["-CONT", &p.to_string()])
-            .status();
-        let _ = Command::new("kill")
-            .args(["-KILL", &p.to_string()])
-            .status();
-    }
-    let _ = child.wait();
+fn end(child: std::process::Child, pids: &[u32]) {
+    common::end_tree(child, pids);
 }
 
 fn frozen(dir: &std::path::Path) -> bool {

@@ -146,6 +146,19 @@ impl Default for Policy {
     }
 }
 
+/// Hold times are at most an hour.
+fn holds_ok(name: &str, enter: u64, leave: u64) -> Result<(), (String, String)> {
+    for (field, v) in [("enter_hold_ms", enter), ("leave_hold_ms", leave)] {
+        if v > 3_600_000 {
+            return Err((
+                format!("policy.{name}.{field}"),
+                format!("must be at most 3600000 (1 h), got {v}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl Policy {
     /// Cross-field checks: returns the dotted key at fault and why.
     pub fn validate(&self) -> Result<(), (String, String)> {
@@ -251,17 +264,7 @@ impl Policy {
             ("job_cgroup", &self.job_cgroup),
             ("gpu_memory", &self.gpu_memory),
         ] {
-            for (field, v) in [
-                ("enter_hold_ms", r.enter_hold_ms),
-                ("leave_hold_ms", r.leave_hold_ms),
-            ] {
-                if v > 3_600_000 {
-                    return Err((
-                        format!("policy.{name}.{field}"),
-                        format!("must be at most 3600000 (1 h), got {v}"),
-                    ));
-                }
-            }
+            holds_ok(name, r.enter_hold_ms, r.leave_hold_ms)?;
         }
         for (name, t) in [
             ("gpu_temperature", &self.gpu_temperature),
@@ -289,17 +292,7 @@ impl Policy {
                     ));
                 }
             }
-            for (field, v) in [
-                ("enter_hold_ms", t.enter_hold_ms),
-                ("leave_hold_ms", t.leave_hold_ms),
-            ] {
-                if v > 3_600_000 {
-                    return Err((
-                        format!("policy.{name}.{field}"),
-                        format!("must be at most 3600000 (1 h), got {v}"),
-                    ));
-                }
-            }
+            holds_ok(name, t.enter_hold_ms, t.leave_hold_ms)?;
         }
         Ok(())
     }

@@ -457,3 +457,16 @@ pub fn jobs_round_trip(socket: &Path) -> Duration {
     assert!(line.contains("\"ok\":true"), "{line}");
     start.elapsed()
 }
+
+/// Continues and kills `pids` (children first), then reaps `child`.
+pub fn end_tree(mut child: Child, pids: &[u32]) {
+    for p in pids.iter().rev() {
+        let _ = Command::new("kill")
+            .args(["-CONT", &p.to_string()])
+            .status();
+        let _ = Command::new("kill")
+            .args(["-KILL", &p.to_string()])
+            .status();
+    }
+    let _ = child.wait();
+}

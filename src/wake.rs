@@ -5,7 +5,8 @@
 //!   megabyte of growth: well under a millisecond at 1 GiB/s.
 //! - cgroup v2 and the host: PSI triggers (`memory.pressure`, `/proc/pressure/memory`), which the
 //!   kernel raises with POLLPRI once stall time in a window passes the trigger's threshold. Their
-//!   window is 500 ms at least, so they wake fast probing; they cannot stop a fast OOM by themselves.
+//!   window is 500 ms at least (2 s, and a multiple of it, without CAP_SYS_RESOURCE; the daemon asks
+//!   for 100 ms in 2 s), so they wake fast probing; they cannot stop a fast OOM by themselves.
 //!
 //! One thread polls every descriptor and sends the key of what fired to the owner task, which probes
 //! at once. Polling stays, as the fallback and for growth rates (prediction).

@@ -4,16 +4,19 @@
 //! and out-of-range values are rejected while parsing, so the error carries the key, the line and the
 //! column (toml attaches the span of the offending value to every serde error, ours included).
 
-use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
 mod docs;
+mod example;
+mod load;
 mod policy;
 
 pub use docs::DOCS;
+pub use example::example_toml;
+pub use load::{ConfigError, load, parse};
 
 pub use policy::{Action, OnMaxPause, Policy, Ratio, RatioPolicy, TempPolicy};
 
@@ -286,256 +289,10 @@ impl Sampling {
     }
 }
 
-/// Why a configuration could not be loaded.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("invalid config file {path}: {message}")]
-    Invalid { path: PathBuf, message: String },
-}
-
-/// The largest config file read (a real one is a few kB).
-const MAX_CONFIG_BYTES: u64 = 1 << 20;
-
-/// Loads the configuration. `explicit` is the `--config` argument: a missing explicit file is an error,
-/// a missing default file means defaults.
-pub fn load(explicit: Option<&Path>) -> Result<Config, ConfigError> {
-    use std::io::Read as _;
-    let path = explicit.unwrap_or(Path::new(DEFAULT_CONFIG_PATH));
-    let invalid = |message: String| ConfigError::Invalid {
-        path: path.to_owned(),
-        message,
-    };
-    let read = std::fs::File::open(path).and_then(|f| {
-        let mut bytes = Vec::new();
-        f.take(MAX_CONFIG_BYTES + 1).read_to_end(&mut bytes)?;
-        Ok(bytes)
-    });
-    match read {
-        Ok(bytes) if bytes.len() as u64 > MAX_CONFIG_BYTES => Err(invalid(format!(
-            "larger than {MAX_CONFIG_BYTES} bytes; is this the right file?"
-        ))),
-        Ok(bytes) => parse(&utf8(&bytes).map_err(invalid)?).map_err(invalid),
-        Err(e) if explicit.is_none() && e.kind() == std::io::ErrorKind::NotFound => {
-            Ok(Config::default())
-        }
-        Err(source) => Err(ConfigError::Read {
-            path: path.to_owned(),
-            source,
-        }),
-    }
-}
-
-/// The text of a config file, or where its first invalid UTF-8 byte is.
-fn utf8(bytes: &[u8]) -> Result<String, String> {
-    std::str::from_utf8(bytes).map(str::to_owned).map_err(|e| {
-        let before = &bytes[..e.valid_up_to()];
-        let line = before.iter().filter(|b| **b == b'\n').count() + 1;
-        let column = before.len()
-            - before
-                .iter()
-                .rposition(|b| *b == b'\n')
-                .map_or(0, |i| i + 1)
-            + 1;
-        format!(
-            "line {line}, column {column}: not valid UTF-8 (byte 0x{:02x})",
-            bytes[e.valid_up_to()]
-        )
-    })
-}
-
-/// Upper bounds on counts and sizes: beyond them a value is a typo, or would exhaust the daemon.
-fn bounds(c: &Config) -> Result<(), (String, String)> {
-    let checks: [(&str, u64, u64); 8] = [
-        ("http.max_connections", c.http.max_connections.0, 65_536),
-        ("http.max_body_bytes", c.http.max_body_bytes.0, 64 << 20),
-        (
-            "control.audit_max_bytes",
-            c.control.audit_max_bytes.0,
-            1 << 30,
-        ),
-        ("control.max_connections", c.control.max_connections.0, 4096),
-        (
-            "control.max_connections_per_uid",
-            c.control.max_connections_per_uid.0,
-            c.control.max_connections.0,
-        ),
-        (
-            "control.max_jobs_per_uid",
-            c.control.max_jobs_per_uid.0,
-            1024,
-        ),
-        (
-            "control.max_directives_per_job",
-            c.control.max_directives_per_job.0,
-            4096,
-        ),
-        ("adapt.max_micro_batch", c.adapt.max_micro_batch, 1 << 20),
-    ];
-    for (key, value, max) in checks {
-        if value > max {
-            return Err((
-                key.to_owned(),
-                format!("must be at most {max}, got {value}"),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Parses configuration text; the error names the key and line.
-pub fn parse(text: &str) -> Result<Config, String> {
-    let config: Config = toml::from_str(text).map_err(|e| describe(text, &e))?;
-    let checks = [
-        bounds(&config),
-        config.policy.validate(),
-        (config.sampling.fast_interval_ms.0 > config.sampling.probe_interval_ms.0)
-            .then(|| {
-                (
-                    "sampling.fast_interval_ms".to_owned(),
-                    "must not be above `probe_interval_ms`".to_owned(),
-                )
-            })
-            .map_or(Ok(()), Err),
-    ];
-    for check in checks {
-        if let Err((key, why)) = check {
-            return Err(match line_of(text, &key) {
-                Some(line) => format!("line {line}, key `{key}`: {why}"),
-                None => format!("key `{key}`: {why}"),
-            });
-        }
-    }
-    Ok(config)
-}
-
-/// The line (1-based) where dotted `key` is set, if it is set in `text`.
-fn line_of(text: &str, key: &str) -> Option<usize> {
-    (1..=text.lines().count()).find(|&l| key_at(text, l).as_deref() == Some(key))
-}
-
-/// Turns a toml error into one line: "line L, column C, key `a.b`: message".
-fn describe(text: &str, e: &toml::de::Error) -> String {
-    let message = e.message().trim().to_owned();
-    let Some(span) = e.span() else {
-        return message;
-    };
-    let before = &text[..span.start.min(text.len())];
-    let line = before.matches('\n').count() + 1;
-    let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
-    match key_at(text, line) {
-        Some(key) => format!("line {line}, column {column}, key `{key}`: {message}"),
-        None => format!("line {line}, column {column}: {message}"),
-    }
-}
-
-/// The dotted key defined on `line` (1-based), using the last `[table]` header above it.
-fn key_at(text: &str, line: usize) -> Option<String> {
-    let mut table = String::new();
-    for (i, l) in text.lines().enumerate() {
-        let t = l.trim();
-        if t.starts_with('[') {
-            table = t.trim_matches(|c| c == '[' || c == ']').trim().to_owned();
-        }
-        if i + 1 == line {
-            let (key, _) = t.split_once('=')?;
-            let key = key.trim();
-            return Some(if table.is_empty() {
-                key.to_owned()
-            } else {
-                format!("{table}.{key}")
-            });
-        }
-    }
-    None
-}
-
-fn doc(key: &str) -> Result<&'static str, String> {
-    let generic = match key.split('.').collect::<Vec<_>>().as_slice() {
-        ["policy", _, field] => format!("policy.*.{field}"),
-        _ => String::new(),
-    };
-    DOCS.iter()
-        .find(|(k, _)| *k == key)
-        .or_else(|| DOCS.iter().find(|(k, _)| *k == generic))
-        .map(|(_, d)| *d)
-        .ok_or_else(|| format!("setting `{key}` has no documentation in config::DOCS"))
-}
-
-fn comment(out: &mut String, text: &str) {
-    for line in text.lines() {
-        let _ = writeln!(out, "# {line}");
-    }
-}
-
-/// Renders the example configuration from the defaults and [`DOCS`]. Fails if a setting is undocumented
-/// or a documented key no longer exists.
-pub fn example_toml() -> Result<String, String> {
-    let table = toml::Table::try_from(Config::default()).map_err(|e| e.to_string())?;
-    let mut out = String::from(
-        "# memwatch configuration. Every setting is shown with its default value.\n\
-         # Default location: /etc/memwatch/memwatch.toml (or pass --config PATH).\n\
-         # This file is generated from the defaults by `memwatch config example`.\n",
-    );
-    let mut seen = Vec::new();
-    emit(&mut out, "", &table, &mut seen)?;
-    let used = |k: &str| {
-        seen.iter()
-            .any(|s| s == k || (k.starts_with("policy.*.") && s.ends_with(&k[8..])))
-    };
-    if let Some((stale, _)) = DOCS.iter().find(|(k, _)| !used(k)) {
-        return Err(format!(
-            "config::DOCS documents `{stale}`, which is not a setting"
-        ));
-    }
-    Ok(out)
-}
-
-/// Writes `table`'s plain keys, then each sub-table under its `[header]`, recursively.
-fn emit(
-    out: &mut String,
-    prefix: &str,
-    table: &toml::Table,
-    seen: &mut Vec<String>,
-) -> Result<(), String> {
-    let dotted = |k: &str| {
-        if prefix.is_empty() {
-            k.to_owned()
-        } else {
-            format!("{prefix}.{k}")
-        }
-    };
-    for (key, value) in table.iter().filter(|(_, v)| !v.is_table()) {
-        let name = dotted(key);
-        if prefix.is_empty() {
-            out.push('\n');
-        }
-        comment(out, doc(&name)?);
-        let _ = writeln!(out, "{key} = {value}");
-        seen.push(name);
-    }
-    for (key, value) in table.iter() {
-        let Some(inner) = value.as_table() else {
-            continue;
-        };
-        let name = dotted(key);
-        out.push('\n');
-        comment(out, doc(&name)?);
-        let _ = writeln!(out, "[{name}]");
-        seen.push(name.clone());
-        emit(out, &name, inner, seen)?;
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn empty_file_is_defaults() {

@@ -1,0 +1,83 @@
+//! The documented example configuration, rendered from the defaults and [`DOCS`].
+
+use std::fmt::Write as _;
+
+use super::{Config, DOCS};
+
+fn doc(key: &str) -> Result<&'static str, String> {
+    let generic = match key.split('.').collect::<Vec<_>>().as_slice() {
+        ["policy", _, field] => format!("policy.*.{field}"),
+        _ => String::new(),
+    };
+    DOCS.iter()
+        .find(|(k, _)| *k == key)
+        .or_else(|| DOCS.iter().find(|(k, _)| *k == generic))
+        .map(|(_, d)| *d)
+        .ok_or_else(|| format!("setting `{key}` has no documentation in config::DOCS"))
+}
+
+fn comment(out: &mut String, text: &str) {
+    for line in text.lines() {
+        let _ = writeln!(out, "# {line}");
+    }
+}
+
+/// Renders the example configuration from the defaults and [`DOCS`]. Fails if a setting is undocumented
+/// or a documented key no longer exists.
+pub fn example_toml() -> Result<String, String> {
+    let table = toml::Table::try_from(Config::default()).map_err(|e| e.to_string())?;
+    let mut out = String::from(
+        "# memwatch configuration. Every setting is shown with its default value.\n\
+         # Default location: /etc/memwatch/memwatch.toml (or pass --config PATH).\n\
+         # This file is generated from the defaults by `memwatch config example`.\n",
+    );
+    let mut seen = Vec::new();
+    emit(&mut out, "", &table, &mut seen)?;
+    let used = |k: &str| {
+        seen.iter()
+            .any(|s| s == k || (k.starts_with("policy.*.") && s.ends_with(&k[8..])))
+    };
+    if let Some((stale, _)) = DOCS.iter().find(|(k, _)| !used(k)) {
+        return Err(format!(
+            "config::DOCS documents `{stale}`, which is not a setting"
+        ));
+    }
+    Ok(out)
+}
+
+/// Writes `table`'s plain keys, then each sub-table under its `[header]`, recursively.
+fn emit(
+    out: &mut String,
+    prefix: &str,
+    table: &toml::Table,
+    seen: &mut Vec<String>,
+) -> Result<(), String> {
+    let dotted = |k: &str| {
+        if prefix.is_empty() {
+            k.to_owned()
+        } else {
+            format!("{prefix}.{k}")
+        }
+    };
+    for (key, value) in table.iter().filter(|(_, v)| !v.is_table()) {
+        let name = dotted(key);
+        if prefix.is_empty() {
+            out.push('\n');
+        }
+        comment(out, doc(&name)?);
+        let _ = writeln!(out, "{key} = {value}");
+        seen.push(name);
+    }
+    for (key, value) in table.iter() {
+        let Some(inner) = value.as_table() else {
+            continue;
+        };
+        let name = dotted(key);
+        out.push('\n');
+        comment(out, doc(&name)?);
+        let _ = writeln!(out, "[{name}]");
+        seen.push(name.clone());
+        emit(out, &name, inner, seen)?;
+    }
+    Ok(())
+}

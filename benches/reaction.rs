@@ -28,25 +28,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{Daemon, memhog, state};
+
 const MIB: u64 = 1 << 20;
 const LIMIT: u64 = 512 * MIB;
 const CRITICAL: u64 = LIMIT * 95 / 100;
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn memhog() -> PathBuf {
-    let ok = Command::new(env!("CARGO"))
-        .args(["build", "--release", "--quiet", "-p", "memwatch-memhog"])
-        .current_dir(repo())
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(ok, "cannot build memhog");
-    repo().join("target/release/memhog")
-}
-
-/// A v1 memory cgroup, and a v1 freezer cgroup for the runs where the hog owns one.
 struct Cg {
     mem: PathBuf,
     freezer: PathBuf,
@@ -111,66 +100,6 @@ impl Drop for Cg {
         self.thaw();
         let _ = std::fs::remove_dir(&self.mem);
         let _ = std::fs::remove_dir(&self.freezer);
-    }
-}
-
-fn state(pid: u32) -> Option<char> {
-    let t = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    t[t.rfind(')')? + 1..].trim_start().chars().next()
-}
-
-struct Daemon {
-    child: Child,
-    socket: PathBuf,
-    _dir: tempfile::TempDir,
-}
-impl Daemon {
-    fn start(policy: &str) -> Daemon {
-        let dir = tempfile::tempdir().unwrap();
-        let socket = dir.path().join("control.sock");
-        let config = dir.path().join("memwatch.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "listen = \"127.0.0.1:0\"\n[gpu]\nenabled = false\n[control]\nsocket = {socket:?}\nstate_dir = {:?}\n{policy}",
-                dir.path().join("state")
-            ),
-        )
-        .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_memwatch"))
-            .args([
-                "--config",
-                config.to_str().unwrap(),
-                "--log-level",
-                "error",
-                "run",
-            ])
-            .spawn()
-            .unwrap();
-        let start = Instant::now();
-        while !socket.exists() && start.elapsed() < Duration::from_secs(10) {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Daemon {
-            child,
-            socket,
-            _dir: dir,
-        }
-    }
-    fn ctl(&self, args: &[&str]) -> bool {
-        Command::new(env!("CARGO_BIN_EXE_memwatch"))
-            .args(args)
-            .arg("--socket")
-            .arg(&self.socket)
-            .stdout(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    }
-}
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

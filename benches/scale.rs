@@ -10,25 +10,14 @@
 //!
 //! `cargo bench --bench scale` (ONLY=calm for the calm figures alone; CALM_SECONDS, default 60).
 
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+mod common;
 
-fn memhog() -> PathBuf {
-    let ok = Command::new(env!("CARGO"))
-        .args(["build", "--release", "--quiet", "-p", "memwatch-memhog"])
-        .current_dir(repo())
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(ok, "cannot build memhog");
-    repo().join("target/release/memhog")
-}
+use common::{Daemon, memhog, state};
 
 fn ticks(pid: u32) -> u64 {
     let t = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -49,69 +38,6 @@ fn rss_kib(pid: u32) -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
         .unwrap_or(0)
-}
-
-fn state(pid: u32) -> Option<char> {
-    let t = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    t[t.rfind(')')? + 1..].trim_start().chars().next()
-}
-
-struct Daemon {
-    child: Child,
-    socket: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Daemon {
-    fn start() -> Daemon {
-        let dir = tempfile::tempdir().unwrap();
-        let socket = dir.path().join("control.sock");
-        let config = dir.path().join("memwatch.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "listen = \"127.0.0.1:0\"\n[gpu]\nenabled = false\n[control]\nsocket = {socket:?}\nstate_dir = {:?}\n\
-                 max_jobs_per_uid = 1024\n",
-                dir.path().join("state")
-            ),
-        )
-        .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_memwatch"))
-            .args([
-                "--config",
-                config.to_str().unwrap(),
-                "--log-level",
-                "error",
-                "run",
-            ])
-            .spawn()
-            .unwrap();
-        let start = Instant::now();
-        while !socket.exists() && start.elapsed() < Duration::from_secs(10) {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Daemon {
-            child,
-            socket,
-            _dir: dir,
-        }
-    }
-
-    fn request(&self, json: &str) -> String {
-        let mut s = UnixStream::connect(&self.socket).unwrap();
-        s.write_all(json.as_bytes()).unwrap();
-        s.write_all(b"\n").unwrap();
-        let mut line = String::new();
-        BufReader::new(&s).read_line(&mut line).unwrap();
-        line
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// A job of `n` processes (memhog and n − 1 sleeping workers of 1 MiB), in `freezer` when given.
@@ -191,7 +117,7 @@ fn main() {
         100.0 / clk / calm_secs as f64
     );
     {
-        let d = Daemon::start();
+        let d = Daemon::start("");
         std::thread::sleep(Duration::from_secs(2));
         let t0 = ticks(d.child.id());
         std::thread::sleep(Duration::from_secs(calm_secs));
@@ -205,7 +131,7 @@ fn main() {
     }
     {
         // The calm attached job of 8 processes, with the guardian's share (it sleeps on a pipe).
-        let d = Daemon::start();
+        let d = Daemon::start("");
         let (child, pids) = job(&hog, 8, None);
         let r = d.request(&format!(
             r#"{{"cmd":"attach","pid":{},"name":"calm"}}"#,
@@ -266,7 +192,7 @@ fn main() {
     }
     println!("jobs of N processes, {secs} s each:");
     for n in [8usize, 64, 256, 1024] {
-        let d = Daemon::start();
+        let d = Daemon::start("");
         let (child, pids) = job(&hog, n, None);
         let r = d.request(&format!(
             r#"{{"cmd":"attach","pid":{},"name":"scale"}}"#,
@@ -309,7 +235,7 @@ fn main() {
         drop(d);
         end(child, &pids);
         if have_freezer {
-            let d = Daemon::start();
+            let d = Daemon::start("");
             let (child, pids) = job(&hog, n, Some(&freezer));
             let r = d.request(&format!(
                 r#"{{"cmd":"attach","pid":{},"name":"scale"}}"#,

@@ -420,7 +420,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             _ = tokio::time::sleep_until(next_probe), if probing.is_some() => {
                 next_probe = run_probe(&config, &mut engine, &shared, &settled_tx, clock.now_ms());
                 // A new job's cgroup limit is first known from its first probe.
-                watches.sync(&mut engine);
+                if watches.limit_unknown {
+                    watches.sync(&mut engine);
+                }
             }
         }
     }
@@ -475,6 +477,8 @@ struct Watches {
     /// Per job: the thresholds registered (v1) or empty (a v2 PSI trigger, or no limit), and whether
     /// the cgroup has no limit.
     jobs: std::collections::HashMap<String, (Vec<u64>, bool)>,
+    /// A v1 job's limit is not known yet: sync again after the next probe, which reads it.
+    limit_unknown: bool,
 }
 
 impl Watches {
@@ -504,6 +508,7 @@ impl Watches {
         Watches {
             wakers,
             jobs: Default::default(),
+            limit_unknown: false,
         }
     }
 
@@ -513,6 +518,9 @@ impl Watches {
             return;
         };
         let plan = engine.wake_plan();
+        self.limit_unknown = plan
+            .iter()
+            .any(|p| p.dir.version == 1 && p.thresholds.is_empty() && !p.limitless);
         for p in &plan {
             let key = (p.thresholds.clone(), p.limitless);
             if self.jobs.get(&p.job) == Some(&key) {
@@ -527,8 +535,8 @@ impl Watches {
                     .watch_psi(
                         Some(p.job.clone()),
                         &p.dir.dir.join("memory.pressure"),
-                        50_000,
-                        500_000,
+                        PSI_STALL_US,
+                        PSI_WINDOW_US,
                     )
                     .map(|()| false),
                 _ => Ok(false),

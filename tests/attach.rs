@@ -48,16 +48,8 @@ fn tree() -> (Child, Vec<u32>) {
 }
 
 /// Kills a memhog tree: its workers, then the parent.
-fn kill_tree(c: Child, pids: &[u32]) {
-    for p in &pids[1..] {
-        let _ = Command::new("kill")
-            .args(["-CONT", &p.to_string()])
-            .status();
-        let _ = Command::new("kill")
-            .args(["-KILL", &p.to_string()])
-            .status();
-    }
-    kill(c);
+fn kill_tree(mut c: Child, pids: &[u32]) {
+    common::end_tree(&mut c, pids);
 }
 
 fn kill(mut c: Child) {

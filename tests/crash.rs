@@ -79,15 +79,7 @@ impl Drop for Job {
             };
             let _ = std::fs::write(dir.join(file), thawed);
         }
-        for p in self.pids.iter().rev() {
-            let _ = Command::new("kill")
-                .args(["-CONT", &p.to_string()])
-                .status();
-            let _ = Command::new("kill")
-                .args(["-KILL", &p.to_string()])
-                .status();
-        }
-        let _ = self.child.wait();
+        common::end_tree(&mut self.child, &self.pids);
         if let Some((dir, _)) = &self.cgroup {
             for _ in 0..100 {
                 if std::fs::remove_dir(dir).is_ok() {

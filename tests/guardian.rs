@@ -23,8 +23,8 @@ fn job(cgroup: Option<&PathBuf>) -> (std::process::Child, Vec<u32>) {
     common::memhog_tree(cgroup.map(|p| p.as_path()), 3)
 }
 
-fn end(child: std::process::Child, pids: &[u32]) {
-    common::end_tree(child, pids);
+fn end(mut child: std::process::Child, pids: &[u32]) {
+    common::end_tree(&mut child, pids);
 }
 
 fn frozen(dir: &std::path::Path) -> bool {

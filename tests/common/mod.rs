@@ -459,7 +459,7 @@ pub fn jobs_round_trip(socket: &Path) -> Duration {
 }
 
 /// Continues and kills `pids` (children first), then reaps `child`.
-pub fn end_tree(mut child: Child, pids: &[u32]) {
+pub fn end_tree(child: &mut Child, pids: &[u32]) {
     for p in pids.iter().rev() {
         let _ = Command::new("kill")
             .args(["-CONT", &p.to_string()])

@@ -1,0 +1,102 @@
+//! What the benchmarks share: the release memhog, a process's state, and a release daemon on a private
+//! socket and state directory, GPU off.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Builds memhog in release mode and returns its path.
+pub fn memhog() -> PathBuf {
+    let ok = Command::new(env!("CARGO"))
+        .args(["build", "--release", "--quiet", "-p", "memwatch-memhog"])
+        .current_dir(repo())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "cannot build memhog");
+    repo().join("target/release/memhog")
+}
+
+/// A process's state letter (R, S, T …), or None when it is gone.
+pub fn state(pid: u32) -> Option<char> {
+    let t = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    t[t.rfind(')')? + 1..].trim_start().chars().next()
+}
+
+/// The daemon under test; killed on drop.
+pub struct Daemon {
+    pub child: Child,
+    pub socket: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Daemon {
+    /// Starts `memwatch run` with `extra` appended to its config (e.g. a `[policy]` table).
+    pub fn start(extra: &str) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("control.sock");
+        let config = dir.path().join("memwatch.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "listen = \"127.0.0.1:0\"\n[gpu]\nenabled = false\n[control]\nsocket = {socket:?}\n\
+                 state_dir = {:?}\nmax_jobs_per_uid = 1024\n{extra}",
+                dir.path().join("state")
+            ),
+        )
+        .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_memwatch"))
+            .args([
+                "--config",
+                config.to_str().unwrap(),
+                "--log-level",
+                "error",
+                "run",
+            ])
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        while !socket.exists() && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Daemon {
+            child,
+            socket,
+            _dir: dir,
+        }
+    }
+
+    /// Runs `memwatch <args> --socket …`; whether it succeeded.
+    pub fn ctl(&self, args: &[&str]) -> bool {
+        Command::new(env!("CARGO_BIN_EXE_memwatch"))
+            .args(args)
+            .arg("--socket")
+            .arg(&self.socket)
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    /// One JSON request on the control socket; the answer line.
+    pub fn request(&self, json: &str) -> String {
+        let mut s = UnixStream::connect(&self.socket).unwrap();
+        s.write_all(json.as_bytes()).unwrap();
+        s.write_all(b"\n").unwrap();
+        let mut line = String::new();
+        BufReader::new(&s).read_line(&mut line).unwrap();
+        line
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

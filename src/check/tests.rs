@@ -180,5 +180,5 @@ fn configs_are_ready_to_use() {
     );
     let y = accelerate_yaml(&r.recommendation, 4);
     assert!(y.contains("num_processes: 4\n") && y.contains("distributed_type: DEEPSPEED\n"));
-    assert!(crate::rewrite::leaves(crate::rewrite::Format::Yaml, &y).is_ok());
+    assert!(crate::rewrite::parse(crate::rewrite::Format::Yaml, &y).is_ok());
 }

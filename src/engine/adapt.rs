@@ -161,7 +161,7 @@ pub fn run_adapt_task(t: AdaptTask) -> AdaptDone {
         .iter()
         .map(|ch| (ch.path.clone(), ch.new.clone()))
         .collect();
-    match write::rewrite(&t.file, t.format, t.owner, &edits) {
+    match write::rewrite(&t.file, t.format, write::Owner::Uid(t.owner), &edits) {
         Ok(_) => {
             let d = Directive {
                 generation: t.generation,

@@ -1,6 +1,8 @@
-//! JSON: a small scanner that finds each value's byte span by path, so an edit replaces only that span.
+//! JSON: validated by serde_json (which bounds the nesting), then scanned once for every value's byte
+//! span, so that an edit replaces only that span.
 
-use super::{Leaves, Scalar};
+use super::Scalar;
+use super::doc::{Doc, MAX_DEPTH, Node, TOP};
 
 fn to_scalar(v: &serde_json::Value) -> Option<Scalar> {
     match v {
@@ -15,44 +17,33 @@ fn to_scalar(v: &serde_json::Value) -> Option<Scalar> {
     }
 }
 
-fn flatten(prefix: &str, v: &serde_json::Value, out: &mut Leaves) {
-    let join = |k: &str| {
-        if prefix.is_empty() {
-            k.to_owned()
-        } else {
-            format!("{prefix}.{k}")
-        }
+pub fn parse(text: &str) -> Result<Doc, String> {
+    // Syntax first, without building anything.
+    serde_json::from_str::<serde::de::IgnoredAny>(text)
+        .map_err(|e| format!("not valid JSON: {e}"))?;
+    let mut s = Scanner {
+        b: text.as_bytes(),
+        text,
+        i: 0,
+        doc: Doc::default(),
+        rooted: false,
     };
-    match v {
-        serde_json::Value::Object(m) => m.iter().for_each(|(k, v)| flatten(&join(k), v, out)),
-        serde_json::Value::Array(a) => a
-            .iter()
-            .enumerate()
-            .for_each(|(i, v)| flatten(&join(&i.to_string()), v, out)),
-        leaf => {
-            if let Some(s) = to_scalar(leaf) {
-                out.insert(prefix.to_owned(), s);
-            }
-        }
-    }
-}
-
-pub fn leaves(text: &str) -> Result<Leaves, String> {
-    let v: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
-    let mut out = Leaves::new();
-    flatten("", &v, &mut out);
-    Ok(out)
+    s.value(TOP, String::new(), 0)?;
+    Ok(s.doc)
 }
 
 struct Scanner<'a> {
     b: &'a [u8],
+    text: &'a str,
     i: usize,
+    doc: Doc,
+    /// The top-level mapping or list is not a node: its entries are top-level.
+    rooted: bool,
 }
 
 impl Scanner<'_> {
     fn ws(&mut self) {
-        while self.i < self.b.len() && self.b[self.i].is_ascii_whitespace() {
+        while self.i < self.b.len() && matches!(self.b[self.i], b' ' | b'\t' | b'\n' | b'\r') {
             self.i += 1;
         }
     }
@@ -64,71 +55,72 @@ impl Scanner<'_> {
                 b'\\' => self.i += 2,
                 b'"' => {
                     self.i += 1;
-                    let raw =
-                        std::str::from_utf8(&self.b[start..self.i]).map_err(|e| e.to_string())?;
-                    return serde_json::from_str(raw).map_err(|e| e.to_string());
+                    return serde_json::from_str(&self.text[start..self.i])
+                        .map_err(|e| e.to_string());
                 }
                 _ => self.i += 1,
             }
         }
         Err("unterminated string".into())
     }
-    /// Skips one value, returning its span; records the span of `target` when found.
-    fn value(
-        &mut self,
-        path: &str,
-        target: &str,
-        found: &mut Option<(usize, usize)>,
-    ) -> Result<(), String> {
+    fn container(&mut self, parent: u32, key: String) -> Result<u32, String> {
+        if !self.rooted {
+            self.rooted = true;
+            return Ok(TOP);
+        }
+        self.doc.push(Node {
+            parent,
+            key,
+            value: None,
+            span: None,
+        })
+    }
+    /// One value (already validated by serde_json) with everything inside it.
+    fn value(&mut self, parent: u32, key: String, depth: usize) -> Result<(), String> {
+        if depth > MAX_DEPTH {
+            return Err(format!("nested deeper than {MAX_DEPTH} levels"));
+        }
         self.ws();
         let start = self.i;
         match self.b.get(self.i) {
             Some(b'{') => {
+                let me = self.container(parent, key)?;
                 self.i += 1;
                 loop {
                     self.ws();
                     match self.b.get(self.i) {
                         Some(b'}') => {
                             self.i += 1;
-                            break;
+                            return Ok(());
                         }
                         Some(b',') => self.i += 1,
                         Some(b'"') => {
-                            let key = self.string()?;
+                            let k = self.string()?;
                             self.ws();
                             if self.b.get(self.i) != Some(&b':') {
                                 return Err("expected `:`".into());
                             }
                             self.i += 1;
-                            let p = if path.is_empty() {
-                                key
-                            } else {
-                                format!("{path}.{key}")
-                            };
-                            self.value(&p, target, found)?;
+                            self.value(me, k, depth + 1)?;
                         }
                         _ => return Err("bad object".into()),
                     }
                 }
             }
             Some(b'[') => {
+                let me = self.container(parent, key)?;
                 self.i += 1;
-                let mut n = 0;
+                let mut n = 0usize;
                 loop {
                     self.ws();
                     match self.b.get(self.i) {
                         Some(b']') => {
                             self.i += 1;
-                            break;
+                            return Ok(());
                         }
                         Some(b',') => self.i += 1,
                         Some(_) => {
-                            let p = if path.is_empty() {
-                                n.to_string()
-                            } else {
-                                format!("{path}.{n}")
-                            };
-                            self.value(&p, target, found)?;
+                            self.value(me, n.to_string(), depth + 1)?;
                             n += 1;
                         }
                         None => return Err("unterminated array".into()),
@@ -136,36 +128,52 @@ impl Scanner<'_> {
                 }
             }
             Some(b'"') => {
-                self.string()?;
+                let s = self.string()?;
+                self.doc.push(Node {
+                    parent,
+                    key,
+                    value: Some(Scalar::Str(s)),
+                    span: Some((start, self.i)),
+                })?;
+                Ok(())
             }
             Some(_) => {
                 while self.i < self.b.len()
-                    && !matches!(self.b[self.i], b',' | b'}' | b']')
-                    && !self.b[self.i].is_ascii_whitespace()
+                    && !matches!(
+                        self.b[self.i],
+                        b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r'
+                    )
                 {
                     self.i += 1;
                 }
+                let v: serde_json::Value =
+                    serde_json::from_str(&self.text[start..self.i]).map_err(|e| e.to_string())?;
+                self.doc.push(Node {
+                    parent,
+                    key,
+                    value: to_scalar(&v),
+                    span: Some((start, self.i)),
+                })?;
+                Ok(())
             }
-            None => return Err("unexpected end".into()),
+            None => Err("unexpected end".into()),
         }
-        if path == target {
-            *found = Some((start, self.i));
-        }
-        Ok(())
     }
 }
 
-pub fn set(text: &str, path: &str, value: &Scalar) -> Result<String, String> {
-    let mut s = Scanner {
-        b: text.as_bytes(),
-        i: 0,
-    };
-    let mut found = None;
-    s.value("", path, &mut found)?;
-    let (a, b) = found.ok_or_else(|| format!("key `{path}` not found"))?;
-    let new = match value {
-        Scalar::Str(x) => serde_json::to_string(x).map_err(|e| e.to_string())?,
-        other => other.to_string(),
-    };
-    Ok(format!("{}{new}{}", &text[..a], &text[b..]))
+/// The JSON text of a value.
+pub fn render(value: &Scalar) -> Result<String, String> {
+    match value {
+        Scalar::Str(x) => serde_json::to_string(x).map_err(|e| e.to_string()),
+        Scalar::Float(f) => super::doc::float_text(*f),
+        other => Ok(other.to_string()),
+    }
+}
+
+/// Parses a value's text on its own (to check a span).
+pub fn scalar(text: &str) -> Option<Scalar> {
+    serde_json::from_str::<serde_json::Value>(text)
+        .ok()
+        .as_ref()
+        .and_then(to_scalar)
 }

@@ -1,19 +1,23 @@
 //! Training-config rewrites: change a few values in a JSON, YAML or TOML file by dotted path, touching
 //! nothing else, and write it back safely.
 //!
-//! Each format edits the value's own text span (TOML through toml_edit), so comments, key order and
-//! formatting of everything else stay byte for byte. Every edit is then checked by parsing the old and the
-//! new text in full: the new file must parse, the edited paths must hold the new values, and every other
-//! value must be unchanged. Otherwise nothing is written.
+//! Each format parses a file into a bounded [`Doc`]: every node in document order with its key and, for
+//! a scalar, the byte span of its text. An edit replaces exactly those spans, so comments, key order
+//! and formatting of everything else stay byte for byte. A dotted path must name exactly one node (a
+//! key holding a dot, or duplicate keys, make it ambiguous and it is refused), and its span must read
+//! back on its own as the old value. The new text is then parsed in full: it must have the same nodes,
+//! the edited ones holding the new values and every other one unchanged. Otherwise nothing is written.
 
+pub mod doc;
 mod json;
 pub mod profile;
 mod toml_fmt;
 pub mod write;
 mod yaml;
 
-use std::collections::BTreeMap;
 use std::path::Path;
+
+pub use doc::Doc;
 
 use serde::{Deserialize, Serialize};
 
@@ -87,148 +91,84 @@ impl std::fmt::Display for Scalar {
     }
 }
 
-/// Every leaf of a document by dotted path (arrays by index), as comparable text.
-pub type Leaves = BTreeMap<String, Scalar>;
-
 /// Reads `path` (dotted) from `text`.
 pub fn get(format: Format, text: &str, path: &str) -> Result<Option<Scalar>, String> {
-    Ok(leaves(format, text)?.remove(path))
+    parse(format, text)?.get(path)
 }
 
-/// All leaves of the document, or why it does not parse.
-pub fn leaves(format: Format, text: &str) -> Result<Leaves, String> {
+/// The whole document, or why it does not parse.
+pub fn parse(format: Format, text: &str) -> Result<Doc, String> {
     match format {
-        Format::Json => json::leaves(text),
-        Format::Yaml => yaml::leaves(text),
-        Format::Toml => toml_fmt::leaves(text),
+        Format::Json => json::parse(text),
+        Format::Yaml => yaml::parse(text),
+        Format::Toml => toml_fmt::parse(text),
     }
 }
 
-/// Applies `edits` to `text`. The result parses, holds the new values, and differs in nothing else.
+fn render(format: Format, value: &Scalar) -> Result<String, String> {
+    match format {
+        Format::Json => json::render(value),
+        Format::Yaml => yaml::render(value),
+        Format::Toml => toml_fmt::render(value),
+    }
+}
+
+/// A value's text read on its own, as the format reads it.
+fn scalar(format: Format, text: &str) -> Option<Scalar> {
+    match format {
+        Format::Json => json::scalar(text),
+        Format::Yaml => yaml::scalar(text),
+        Format::Toml => toml_fmt::scalar(text),
+    }
+}
+
+/// Applies `edits` to `text`: each replaces one value's own text and nothing else. The result parses,
+/// holds the new values, and differs from the old document in nothing else; otherwise an error says why
+/// and nothing is changed.
 pub fn apply(format: Format, text: &str, edits: &[(String, Scalar)]) -> Result<String, String> {
-    let before = leaves(format, text)?;
-    let mut out = text.to_owned();
+    apply_parsed(format, text, &parse(format, text)?, edits)
+}
+
+/// [`apply`] on a document already parsed from `text`.
+pub fn apply_parsed(
+    format: Format,
+    text: &str,
+    before: &Doc,
+    edits: &[(String, Scalar)],
+) -> Result<String, String> {
+    let mut spans: Vec<(usize, usize, String)> = Vec::new();
+    let mut edited = Vec::new();
     for (path, value) in edits {
-        if !before.contains_key(path) {
-            return Err(format!(
-                "key `{path}` is not in the file (memwatch changes existing keys only)"
-            ));
-        }
-        out = match format {
-            Format::Json => json::set(&out, path, value)?,
-            Format::Yaml => yaml::set(&out, path, value)?,
-            Format::Toml => toml_fmt::set(&out, path, value)?,
+        let i = before.find(path)?.ok_or_else(|| {
+            format!("key `{path}` is not in the file (memwatch changes existing keys only)")
+        })?;
+        let node = &before.nodes[i];
+        let Some(old) = &node.value else {
+            return Err(format!("`{path}` is a table or a list, not a value"));
         };
+        // The span must hold exactly the old value, read on its own.
+        let (a, b) = node
+            .span
+            .filter(|&(a, b)| text.get(a..b).and_then(|t| scalar(format, t)).is_some_and(|v| doc::same(&v, old)))
+            .ok_or_else(|| {
+                format!("`{path}` is not a plain one-line value (an alias, a tagged or block value); edit it by hand")
+            })?;
+        if edited.iter().any(|(e, _)| *e == i) {
+            return Err(format!("`{path}` is set twice"));
+        }
+        spans.push((a, b, render(format, value)?));
+        edited.push((i, value.clone()));
     }
-    let after = leaves(format, &out)
+    spans.sort_by_key(|s| std::cmp::Reverse(s.0));
+    let mut out = text.to_owned();
+    for (a, b, new) in spans {
+        out.replace_range(a..b, &new);
+    }
+    let after = parse(format, &out)
         .map_err(|e| format!("the edited file would not parse ({e}); nothing written"))?;
-    let mut expected = before;
-    for (path, value) in edits {
-        expected.insert(path.clone(), value.clone());
-    }
-    if after != expected {
-        let diff: Vec<&String> = after
-            .keys()
-            .chain(expected.keys())
-            .filter(|k| after.get(*k) != expected.get(*k))
-            .collect();
-        return Err(format!(
-            "the edit would also change {diff:?}; nothing written"
-        ));
-    }
+    before.check_edit(&after, &edited)?;
     Ok(out)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const JSON: &str = r#"{
-  // not valid JSON, so not here
-}"#;
-
-    #[test]
-    fn json_keeps_everything_else() {
-        let text = "{\n  \"train_micro_batch_size_per_gpu\": 32,\n  \"gradient_accumulation_steps\":2 ,\n  \"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": {\"device\": \"none\"}},\n  \"list\": [1, 2.50, \"x\"],\n  \"fp16\": {\"enabled\": true}\n}\n";
-        let out = apply(
-            Format::Json,
-            text,
-            &[
-                ("train_micro_batch_size_per_gpu".into(), Scalar::Int(16)),
-                ("gradient_accumulation_steps".into(), Scalar::Int(4)),
-            ],
-        )
-        .unwrap();
-        assert_eq!(out, text.replace(": 32,", ": 16,").replace(":2 ,", ":4 ,"));
-        assert_eq!(
-            get(Format::Json, &out, "zero_optimization.stage").unwrap(),
-            Some(Scalar::Int(2))
-        );
-        assert!(apply(Format::Json, text, &[("nope".into(), Scalar::Int(1))]).is_err());
-        assert!(leaves(Format::Json, JSON).is_err());
-    }
-
-    #[test]
-    fn yaml_keeps_comments_and_layout() {
-        let text = "# accelerate config\ncompute_environment: LOCAL_MACHINE\ndeepspeed_config:\n  gradient_accumulation_steps: 4   # tuned by hand\n  zero_stage: 2\nper_device_train_batch_size: 8\ndataloader_pin_memory: true\nlist:\n  - 1\n  - two\n";
-        let out = apply(
-            Format::Yaml,
-            text,
-            &[
-                (
-                    "deepspeed_config.gradient_accumulation_steps".into(),
-                    Scalar::Int(8),
-                ),
-                ("per_device_train_batch_size".into(), Scalar::Int(4)),
-                ("dataloader_pin_memory".into(), Scalar::Bool(false)),
-            ],
-        )
-        .unwrap();
-        assert_eq!(
-            out,
-            text.replace("steps: 4   #", "steps: 8   #")
-                .replace("size: 8", "size: 4")
-                .replace("memory: true", "memory: false")
-        );
-    }
-
-    #[test]
-    fn toml_keeps_comments_and_layout() {
-        let text = "# trainer\n[train]\nbatch_size = 32 # per device\naccum = 2\n\n[data]\nworkers = 8\npin_memory = true\n";
-        let out = apply(
-            Format::Toml,
-            text,
-            &[
-                ("train.batch_size".into(), Scalar::Int(16)),
-                ("data.pin_memory".into(), Scalar::Bool(false)),
-            ],
-        )
-        .unwrap();
-        assert_eq!(
-            out,
-            text.replace("= 32 #", "= 16 #")
-                .replace("= true", "= false")
-        );
-    }
-
-    #[test]
-    fn unparsable_files_are_refused() {
-        assert!(
-            apply(
-                Format::Json,
-                "{\"a\": 1,,}",
-                &[("a".into(), Scalar::Int(2))]
-            )
-            .is_err()
-        );
-        assert!(
-            apply(
-                Format::Yaml,
-                "a: [1, 2\nb: 3\n",
-                &[("b".into(), Scalar::Int(2))]
-            )
-            .is_err()
-        );
-        assert!(apply(Format::Toml, "a = = 1", &[("a".into(), Scalar::Int(2))]).is_err());
-    }
-}
+mod tests;

@@ -1,84 +1,130 @@
-//! TOML through toml_edit, which keeps comments and formatting.
+//! TOML: parsed by toml_edit with spans; an edit replaces the value's own span.
 
-use toml_edit::{DocumentMut, Item, Value};
+use toml_edit::{Item, Table, Value};
 
-use super::{Leaves, Scalar};
+use super::Scalar;
+use super::doc::{Doc, MAX_DEPTH, MAX_NODES, Node, TOP};
 
-fn flatten(prefix: &str, item: &Item, out: &mut Leaves) {
-    let join = |k: &str| {
-        if prefix.is_empty() {
-            k.to_owned()
-        } else {
-            format!("{prefix}.{k}")
+struct Walk {
+    doc: Doc,
+}
+
+impl Walk {
+    fn node(
+        &mut self,
+        parent: u32,
+        key: &str,
+        value: Option<Scalar>,
+        span: Option<(usize, usize)>,
+    ) -> Result<u32, String> {
+        self.doc.push(Node {
+            parent,
+            key: key.to_owned(),
+            value,
+            span,
+        })
+    }
+
+    fn table(&mut self, me: u32, t: &Table, depth: usize) -> Result<(), String> {
+        for (k, item) in t.iter() {
+            self.item(me, k, item, depth + 1)?;
         }
-    };
-    match item {
-        Item::Table(t) => t.iter().for_each(|(k, v)| flatten(&join(k), v, out)),
-        Item::ArrayOfTables(a) => a.iter().enumerate().for_each(|(i, t)| {
-            t.iter()
-                .for_each(|(k, v)| flatten(&format!("{}.{k}", join(&i.to_string())), v, out))
-        }),
-        Item::Value(v) => value(prefix, v, out),
-        Item::None => {}
+        Ok(())
+    }
+
+    fn item(&mut self, parent: u32, key: &str, item: &Item, depth: usize) -> Result<(), String> {
+        if depth > MAX_DEPTH {
+            return Err(format!("nested deeper than {MAX_DEPTH} levels"));
+        }
+        match item {
+            Item::None => Ok(()),
+            Item::Table(t) => {
+                let me = self.node(parent, key, None, None)?;
+                self.table(me, t, depth)
+            }
+            Item::ArrayOfTables(a) => {
+                let me = self.node(parent, key, None, None)?;
+                for (i, t) in a.iter().enumerate() {
+                    let each = self.node(me, &i.to_string(), None, None)?;
+                    self.table(each, t, depth + 1)?;
+                }
+                Ok(())
+            }
+            Item::Value(v) => self.value(parent, key, v, depth),
+        }
+    }
+
+    fn value(&mut self, parent: u32, key: &str, v: &Value, depth: usize) -> Result<(), String> {
+        if depth > MAX_DEPTH {
+            return Err(format!("nested deeper than {MAX_DEPTH} levels"));
+        }
+        let scalar = match v {
+            Value::Boolean(b) => Scalar::Bool(*b.value()),
+            Value::Integer(i) => Scalar::Int(*i.value()),
+            Value::Float(f) => Scalar::Float(*f.value()),
+            Value::String(s) => Scalar::Str(s.value().clone()),
+            Value::Datetime(d) => Scalar::Str(d.value().to_string()),
+            Value::Array(a) => {
+                let me = self.node(parent, key, None, None)?;
+                for (i, v) in a.iter().enumerate() {
+                    self.value(me, &i.to_string(), v, depth + 1)?;
+                }
+                return Ok(());
+            }
+            Value::InlineTable(t) => {
+                let me = self.node(parent, key, None, None)?;
+                for (k, v) in t.iter() {
+                    self.value(me, k, v, depth + 1)?;
+                }
+                return Ok(());
+            }
+        };
+        // Dates keep their own syntax: not edited in place.
+        let span = match v {
+            Value::Datetime(_) => None,
+            _ => v.span().map(|r| (r.start, r.end)),
+        };
+        self.node(parent, key, Some(scalar), span)?;
+        Ok(())
     }
 }
 
-fn value(prefix: &str, v: &Value, out: &mut Leaves) {
-    let join = |k: &str| {
-        if prefix.is_empty() {
-            k.to_owned()
-        } else {
-            format!("{prefix}.{k}")
-        }
-    };
-    let s = match v {
-        Value::Boolean(b) => Scalar::Bool(*b.value()),
-        Value::Integer(i) => Scalar::Int(*i.value()),
-        Value::Float(f) => Scalar::Float(*f.value()),
-        Value::String(s) => Scalar::Str(s.value().clone()),
-        Value::Datetime(d) => Scalar::Str(d.value().to_string()),
-        Value::Array(a) => {
-            return a
-                .iter()
-                .enumerate()
-                .for_each(|(i, v)| value(&join(&i.to_string()), v, out));
-        }
-        Value::InlineTable(t) => return t.iter().for_each(|(k, v)| value(&join(k), v, out)),
-    };
-    out.insert(prefix.to_owned(), s);
-}
-
-pub fn leaves(text: &str) -> Result<Leaves, String> {
-    let doc: DocumentMut = text
-        .parse()
-        .map_err(|e: toml_edit::TomlError| format!("not valid TOML: {}", e.message()))?;
-    let mut out = Leaves::new();
-    flatten("", doc.as_item(), &mut out);
-    Ok(out)
-}
-
-pub fn set(text: &str, path: &str, scalar: &Scalar) -> Result<String, String> {
-    let mut doc: DocumentMut = text
-        .parse()
-        .map_err(|e: toml_edit::TomlError| format!("not valid TOML: {}", e.message()))?;
-    let mut item: &mut Item = doc.as_item_mut();
-    for key in path.split('.') {
-        item = match item {
-            Item::Table(t) => t.get_mut(key),
-            _ => None,
-        }
-        .ok_or_else(|| format!("key `{path}` not found (or inside an inline table or array)"))?;
+pub fn parse(text: &str) -> Result<Doc, String> {
+    // Every value follows `=`, `,` or `[`, and a key path's parts are split by `.`: a bound on what
+    // toml_edit would build, checked before it builds anything.
+    let marks = text
+        .bytes()
+        .filter(|b| matches!(b, b'=' | b',' | b'[' | b'{' | b'.'))
+        .count();
+    if marks > 4 * MAX_NODES {
+        return Err(format!(
+            "holds more than {MAX_NODES} values; memwatch reads training configs of at most that many"
+        ));
     }
-    let Item::Value(v) = item else {
-        return Err(format!("`{path}` is a table, not a value"));
+    let doc = toml_edit::Document::parse(text)
+        .map_err(|e| format!("not valid TOML: {}", e.message().trim_end()))?;
+    let mut w = Walk {
+        doc: Doc::default(),
     };
-    let decor = v.decor().clone();
-    *v = match scalar {
-        Scalar::Bool(b) => Value::from(*b),
-        Scalar::Int(i) => Value::from(*i),
-        Scalar::Float(f) => Value::from(*f),
-        Scalar::Str(s) => Value::from(s.as_str()),
-    };
-    *v.decor_mut() = decor;
-    Ok(doc.to_string())
+    w.table(TOP, doc.as_table(), 0)?;
+    Ok(w.doc)
+}
+
+/// The TOML text of a value.
+pub fn render(value: &Scalar) -> Result<String, String> {
+    Ok(match value {
+        Scalar::Bool(b) => b.to_string(),
+        Scalar::Int(i) => i.to_string(),
+        Scalar::Float(f) => super::doc::float_text(*f)?,
+        Scalar::Str(s) => Value::from(s.as_str()).decorated("", "").to_string(),
+    })
+}
+
+/// Parses a value's text on its own (to check a span).
+pub fn scalar(text: &str) -> Option<Scalar> {
+    let doc = parse(&format!("v = {text}")).ok()?;
+    match doc.nodes.as_slice() {
+        [n] if n.key == "v" => n.value.clone(),
+        _ => None,
+    }
 }

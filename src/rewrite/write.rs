@@ -1,18 +1,35 @@
-//! Writing a rewritten config safely.
+//! Reading and writing a training config safely, for its owner.
 //!
-//! - Refuses symlinks, non-regular files, and files not owned by the job's user.
-//! - Reads through `O_NOFOLLOW` and checks it read the file it inspected.
-//! - Writes with the owner's filesystem rights (`setfsuid`/`setfsgid` on a thread of its own), so memwatch
-//!   can write nothing the owner could not, and leaves no root-owned file in a user's directory.
-//! - Keeps the original once as `<file>.memwatch-orig`, writes a temp file in the same directory with the
-//!   original's mode, fsyncs it, renames it over the file and fsyncs the directory: a crash at any point
-//!   leaves the old file or the new one, never a broken one.
+//! - Every file operation runs on a thread of its own that holds exactly the file owner's rights:
+//!   filesystem uid set to the owner's, supplementary groups dropped (`setfsuid` and a per-thread
+//!   `setgroups`). memwatch can read or write nothing the owner could not, a path the owner cannot
+//!   reach answers "permission denied" whether or not the file exists, and no root-owned file is
+//!   left in a user's directory.
+//! - The directory is opened once; the file, the temp file and the backup are all reached relative to
+//!   it, the file through `O_NOFOLLOW`, its ownership checked on the opened descriptor.
+//! - Run as root by hand (`memwatch rewrite`), the owner is the opened file's; a root-owned file is
+//!   rewritten only when every directory and link on its path is root's, so no user can swap one in.
+//! - Files over [`MAX_BYTES`] are refused whole, never cut.
+//! - The original is kept once as `<file>.memwatch-orig`, written to a temp file and renamed without
+//!   replacing, so it is whole or absent. The new text goes to a temp file with the original's mode,
+//!   is fsynced, and, if the file is still byte for byte the one read (same inode, size, mtime and
+//!   content), renamed over it; then the directory is fsynced. A file changed in between is read again
+//!   and the edit redone (three tries), so an owner's save is never overwritten. A crash at any point
+//!   leaves the old file or the new one; temp files a crash left behind are removed on the next write.
 
-use std::io::{Read, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::ffi::OsString;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Mutex;
 
-use super::{Format, Scalar, apply, leaves};
+use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags};
+use rustix::io::Errno;
+
+use super::{Format, Scalar, apply_parsed, parse};
+
+/// Configs larger than this are refused whole (a training config is a few KiB).
+pub const MAX_BYTES: u64 = 4 << 20;
 
 /// Why a rewrite was refused or failed. Nothing was written in any case.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +46,12 @@ pub enum RewriteError {
         owner: u32,
         expected: u32,
     },
+    #[error(
+        "{path}: {size} bytes; memwatch reads configs of at most {MAX_BYTES} bytes and left it untouched"
+    )]
+    TooBig { path: PathBuf, size: u64 },
+    #[error("{path}: {message}")]
+    Untrusted { path: PathBuf, message: String },
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -43,53 +66,278 @@ pub enum RewriteError {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outcome {
     /// Each edited path with its previous value.
-    pub before: Vec<(String, Option<Scalar>)>,
+    pub before: Before,
     pub backup: PathBuf,
+    /// How many times the file changed under memwatch and was read again.
+    pub retries: u32,
 }
 
-const MAX_BYTES: u64 = 16 << 20;
+/// Whose file it is, and how its directory is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    /// The file must be this user's; its directory is opened with that user's rights.
+    Uid(u32),
+    /// Root by hand: the owner is the file's own, found on the opened descriptor; the directory is
+    /// reached with root's rights, noting whether every directory and link on the way is root's.
+    FileOwner,
+}
 
-fn io(path: &Path) -> impl Fn(std::io::Error) -> RewriteError + '_ {
+/// One config file operation at a time, process-wide: it bounds the memory config work can take.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn io_err(path: &Path) -> impl Fn(std::io::Error) -> RewriteError + '_ {
     move |source| RewriteError::Io {
         path: path.to_owned(),
         source,
     }
 }
 
-/// Reads and checks the file as it is: regular, not a link, owned by `owner`.
-pub fn read_checked(path: &Path, owner: u32) -> Result<(String, std::fs::Metadata), RewriteError> {
-    let meta = std::fs::symlink_metadata(path).map_err(io(path))?;
-    if meta.file_type().is_symlink() {
-        return Err(RewriteError::Symlink(path.to_owned()));
+fn errno(path: &Path) -> impl Fn(Errno) -> RewriteError + '_ {
+    move |e| RewriteError::Io {
+        path: path.to_owned(),
+        source: e.into(),
     }
-    if !meta.is_file() {
+}
+
+/// The group with no rights of its own (`nogroup`), held while nothing is known of the file.
+const NO_GROUP: u32 = 65534;
+
+/// Runs `f` on a fresh thread whose filesystem uid is `uid`, filesystem gid `gid`, and (when the
+/// daemon runs as root) with no supplementary groups. The thread's other credentials are untouched.
+fn as_user<T: Send>(
+    uid: u32,
+    gid: u32,
+    f: impl FnOnce() -> Result<T, RewriteError> + Send,
+) -> Result<T, RewriteError> {
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            if nix::unistd::geteuid().is_root() {
+                // The raw per-thread call: glibc's setgroups would change every thread.
+                rustix::thread::set_thread_groups(&[]).map_err(|e| RewriteError::Io {
+                    path: PathBuf::new(),
+                    source: std::io::Error::other(format!("cannot drop supplementary groups: {e}")),
+                })?;
+            }
+            set_fs_ids(uid, gid)?;
+            f()
+        })
+        .join()
+        .unwrap_or_else(|_| {
+            Err(RewriteError::Io {
+                path: PathBuf::new(),
+                source: std::io::Error::other("the config thread panicked"),
+            })
+        })
+    })
+}
+
+/// Sets this thread's filesystem uid and gid, checking that both took. Run by a user other than root,
+/// memwatch has that user's rights already and changes nothing.
+fn set_fs_ids(uid: u32, gid: u32) -> Result<(), RewriteError> {
+    use nix::unistd::{Gid, Uid, setfsgid, setfsuid};
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(());
+    }
+    setfsgid(Gid::from_raw(gid));
+    setfsuid(Uid::from_raw(uid));
+    // setfsuid answers the previous value: asking again tells whether the change took.
+    if setfsuid(Uid::from_raw(uid)).as_raw() != uid || setfsgid(Gid::from_raw(gid)).as_raw() != gid
+    {
+        return Err(RewriteError::Io {
+            path: PathBuf::new(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                format!(
+                    "cannot take the file owner's rights (uid {uid}); run the daemon as root or as that user"
+                ),
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The directory and the file name of an absolute path.
+fn split(path: &Path) -> Result<(&Path, &std::ffi::OsStr), RewriteError> {
+    match (path.parent(), path.file_name()) {
+        (Some(dir), Some(name)) if path.is_absolute() => Ok((dir, name)),
+        _ => Err(RewriteError::Content {
+            path: path.to_owned(),
+            message: "give an absolute path to a file".into(),
+        }),
+    }
+}
+
+/// Opens `dir` with root's rights, following links, and tells whether every directory and link on
+/// the way is root's (so that no other user could have swapped one in).
+fn open_dir_tracking_trust(dir: &Path) -> Result<(OwnedFd, bool), RewriteError> {
+    let err = errno(dir);
+    let mut trusted = true;
+    let mut cur = rustix::fs::open(
+        "/",
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(&err)?;
+    let mut todo: Vec<OsString> = Vec::new();
+    let push_all = |todo: &mut Vec<OsString>, p: &Path| {
+        for c in p.components().rev() {
+            match c {
+                Component::Normal(n) => todo.push(n.to_owned()),
+                Component::ParentDir => todo.push("..".into()),
+                Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+            }
+        }
+    };
+    push_all(&mut todo, dir);
+    let mut links = 0;
+    while let Some(name) = todo.pop() {
+        let next = rustix::fs::openat(
+            &cur,
+            name.as_os_str(),
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(&err)?;
+        let st = rustix::fs::fstat(&next).map_err(&err)?;
+        trusted &= st.st_uid == 0;
+        let kind = rustix::fs::FileType::from_raw_mode(st.st_mode);
+        if kind == rustix::fs::FileType::Symlink {
+            links += 1;
+            if links > 40 {
+                return Err(err(Errno::LOOP));
+            }
+            let target = rustix::fs::readlinkat(&next, "", Vec::new()).map_err(&err)?;
+            let target = PathBuf::from(std::ffi::OsStr::from_bytes(target.as_bytes()));
+            if target.is_absolute() {
+                cur = rustix::fs::open(
+                    "/",
+                    OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(&err)?;
+            }
+            push_all(&mut todo, &target);
+        } else if kind == rustix::fs::FileType::Directory {
+            cur = next;
+        } else {
+            return Err(err(Errno::NOTDIR));
+        }
+    }
+    // A real descriptor (not O_PATH), for fsync and for reading entries.
+    let fd = rustix::fs::openat(
+        &cur,
+        ".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(&err)?;
+    Ok((fd, trusted))
+}
+
+/// What was read: the text and the identity it was read under.
+struct Read {
+    text: String,
+    stat: rustix::fs::Stat,
+}
+
+fn same_file(a: &rustix::fs::Stat, b: &rustix::fs::Stat) -> bool {
+    (a.st_dev, a.st_ino, a.st_size, a.st_mtime, a.st_mtime_nsec)
+        == (b.st_dev, b.st_ino, b.st_size, b.st_mtime, b.st_mtime_nsec)
+}
+
+/// Opens `name` in `dir` (never through a link), checks it, and reads it whole.
+fn read_in(
+    dir: &OwnedFd,
+    name: &std::ffi::OsStr,
+    path: &Path,
+    owner: Option<u32>,
+) -> Result<Read, RewriteError> {
+    let fd = match rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Err(Errno::LOOP) => return Err(RewriteError::Symlink(path.to_owned())),
+        r => r.map_err(errno(path))?,
+    };
+    let stat = rustix::fs::fstat(&fd).map_err(errno(path))?;
+    if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::RegularFile {
         return Err(RewriteError::NotRegular(path.to_owned()));
     }
-    if meta.uid() != owner {
+    if let Some(expected) = owner
+        && stat.st_uid != expected
+    {
         return Err(RewriteError::ForeignOwner {
             path: path.to_owned(),
-            owner: meta.uid(),
-            expected: owner,
+            owner: stat.st_uid,
+            expected,
         });
     }
-    let mut f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(io(path))?;
-    let opened = f.metadata().map_err(io(path))?;
-    if (opened.dev(), opened.ino()) != (meta.dev(), meta.ino()) {
-        return Err(RewriteError::Content {
+    let size = stat.st_size as u64;
+    if size > MAX_BYTES {
+        return Err(RewriteError::TooBig {
             path: path.to_owned(),
-            message: "the file changed while it was read".into(),
+            size,
         });
     }
-    let mut text = String::new();
-    Read::by_ref(&mut f)
-        .take(MAX_BYTES)
-        .read_to_string(&mut text)
-        .map_err(io(path))?;
-    Ok((text, meta))
+    let mut bytes = Vec::with_capacity(size as usize);
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(std::fs::File::from(fd), MAX_BYTES + 1),
+        &mut bytes,
+    )
+    .map_err(io_err(path))?;
+    if bytes.len() as u64 > MAX_BYTES {
+        return Err(RewriteError::TooBig {
+            path: path.to_owned(),
+            size: bytes.len() as u64,
+        });
+    }
+    let text = String::from_utf8(bytes).map_err(|e| RewriteError::Content {
+        path: path.to_owned(),
+        message: format!("not UTF-8 text (at byte {})", e.utf8_error().valid_up_to()),
+    })?;
+    Ok(Read { text, stat })
+}
+
+/// Opens the directory and reads the file, as `owner` would (see the module comment); runs `then` on
+/// the same thread with the directory, the file's name and what was read.
+fn with_file<T: Send>(
+    path: &Path,
+    owner: Owner,
+    then: impl FnOnce(&OwnedFd, &std::ffi::OsStr, Read) -> Result<T, RewriteError> + Send,
+) -> Result<T, RewriteError> {
+    let (dir, name) = split(path)?;
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    match owner {
+        Owner::Uid(uid) => as_user(uid, NO_GROUP, || {
+            let dfd = rustix::fs::open(
+                dir,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(errno(dir))?;
+            let read = read_in(&dfd, name, path, Some(uid))?;
+            set_fs_ids(uid, read.stat.st_gid)?;
+            then(&dfd, name, read)
+        }),
+        Owner::FileOwner => {
+            let (dfd, trusted) = open_dir_tracking_trust(dir)?;
+            let read = read_in(&dfd, name, path, None)?;
+            let (uid, gid) = (read.stat.st_uid, read.stat.st_gid);
+            if uid == 0 && !trusted {
+                return Err(RewriteError::Untrusted {
+                    path: path.to_owned(),
+                    message: "a root-owned file reached through a directory or link another user owns; refusing (give a path through root's directories only)".into(),
+                });
+            }
+            as_user(uid, gid, || {
+                // Read again with the owner's rights: what memwatch writes is what the owner can read.
+                let read = read_in(&dfd, name, path, Some(uid))?;
+                then(&dfd, name, read)
+            })
+        }
+    }
 }
 
 /// Reads `paths` from the file (for the knobs memwatch shows and changes).
@@ -99,113 +347,207 @@ pub fn read_values(
     owner: u32,
     paths: &[&str],
 ) -> Result<Vec<Option<Scalar>>, RewriteError> {
-    let (text, _) = read_checked(path, owner)?;
-    let all = leaves(format, &text).map_err(|message| RewriteError::Content {
+    let content = |message| RewriteError::Content {
         path: path.to_owned(),
         message,
-    })?;
-    Ok(paths.iter().map(|p| all.get(*p).cloned()).collect())
-}
-
-/// Runs `f` on a fresh thread whose filesystem uid and gid are the owner's.
-fn as_owner<T: Send>(
-    uid: u32,
-    gid: u32,
-    f: impl FnOnce() -> std::io::Result<T> + Send,
-) -> std::io::Result<T> {
-    std::thread::scope(|s| {
-        s.spawn(move || {
-            use nix::unistd::{Gid, Uid, setfsgid, setfsuid};
-            setfsgid(Gid::from_raw(gid));
-            setfsuid(Uid::from_raw(uid));
-            // setfsuid reports the previous value: asking again tells whether the change took.
-            if setfsuid(Uid::from_raw(uid)).as_raw() != uid || setfsgid(Gid::from_raw(gid)).as_raw() != gid {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::PermissionDenied,
-                    format!("cannot take the file owner's rights (uid {uid}); run the daemon as root or as that user"),
-                ));
-            }
-            f()
-        })
-        .join()
-        .unwrap_or_else(|_| Err(std::io::Error::other("the writer thread panicked")))
+    };
+    with_file(path, Owner::Uid(owner), |_, _, read| {
+        let doc = parse(format, &read.text).map_err(content)?;
+        paths.iter().map(|p| doc.get(p).map_err(content)).collect()
     })
 }
 
-fn sibling(path: &Path, suffix: &str) -> PathBuf {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    path.with_file_name(format!("{name}{suffix}"))
+fn sibling(name: &std::ffi::OsStr, suffix: &str) -> OsString {
+    let mut s = name.to_owned();
+    s.push(suffix);
+    s
 }
 
-/// Applies `edits` to the file at `path` owned by `owner`, safely (see the module comment).
+const TMP: &str = ".memwatch-tmp-";
+const ORIG: &str = ".memwatch-orig";
+
+/// Removes temp files of this config that a writer which is gone (killed mid-write) left behind.
+fn clean_stale_temps(dir: &OwnedFd, name: &std::ffi::OsStr) {
+    let mut prefix = b".".to_vec();
+    prefix.extend_from_slice(name.as_bytes());
+    prefix.extend_from_slice(TMP.as_bytes());
+    let Ok(entries) = rustix::fs::Dir::read_from(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let file = entry.file_name().to_bytes();
+        let Some(rest) = file.strip_prefix(prefix.as_slice()) else {
+            continue;
+        };
+        // `<pid>-<n>`: a live writer's file is its own business.
+        let pid = std::str::from_utf8(rest)
+            .ok()
+            .and_then(|r| r.split('-').next())
+            .and_then(|p| p.parse::<i32>().ok());
+        let alive = pid.is_some_and(|p| {
+            p == std::process::id() as i32
+                || nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None)
+                    != Err(nix::errno::Errno::ESRCH)
+        });
+        if !alive {
+            let _ = rustix::fs::unlinkat(dir, entry.file_name(), AtFlags::empty());
+        }
+    }
+}
+
+/// Writes `bytes` to a fresh temp file beside the config, with `mode`, fsynced; returns its name.
+fn write_temp(
+    dir: &OwnedFd,
+    name: &std::ffi::OsStr,
+    bytes: &[u8],
+    mode: u32,
+) -> Result<OsString, Errno> {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut tmp = OsString::from(".");
+    tmp.push(name);
+    tmp.push(format!("{TMP}{}-{n}", std::process::id()));
+    let fd = rustix::fs::openat(
+        dir,
+        tmp.as_os_str(),
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(mode),
+    )?;
+    let result = (|| {
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            let n = rustix::io::write(&fd, rest)?;
+            rest = &rest[n..];
+        }
+        rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))?;
+        rustix::fs::fsync(&fd)
+    })();
+    if let Err(e) = result {
+        let _ = rustix::fs::unlinkat(dir, tmp.as_os_str(), AtFlags::empty());
+        return Err(e);
+    }
+    Ok(tmp)
+}
+
+/// Keeps the original once: written whole to a temp file, then renamed without replacing.
+fn keep_original(
+    dir: &OwnedFd,
+    name: &std::ffi::OsStr,
+    text: &str,
+    mode: u32,
+) -> Result<(), Errno> {
+    let backup = sibling(name, ORIG);
+    match rustix::fs::statat(dir, backup.as_os_str(), AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(_) => return Ok(()),
+        Err(Errno::NOENT) => {}
+        Err(e) => return Err(e),
+    }
+    let tmp = write_temp(dir, name, text.as_bytes(), mode)?;
+    let placed = match rustix::fs::renameat_with(
+        dir,
+        tmp.as_os_str(),
+        dir,
+        backup.as_os_str(),
+        RenameFlags::NOREPLACE,
+    ) {
+        // Filesystems without renameat2: a hard link also never replaces.
+        Err(Errno::INVAL) | Err(Errno::NOSYS) => rustix::fs::linkat(
+            dir,
+            tmp.as_os_str(),
+            dir,
+            backup.as_os_str(),
+            AtFlags::empty(),
+        ),
+        r => r,
+    };
+    let _ = rustix::fs::unlinkat(dir, tmp.as_os_str(), AtFlags::empty());
+    match placed {
+        Ok(()) | Err(Errno::EXIST) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Each edited path with the value it held before the edit.
+type Before = Vec<(String, Option<Scalar>)>;
+
+/// Tries to apply the edits once. `Ok(None)`: the file changed under memwatch; read it again.
+fn try_rewrite(
+    dir: &OwnedFd,
+    name: &std::ffi::OsStr,
+    path: &Path,
+    format: Format,
+    read: Read,
+    edits: &[(String, Scalar)],
+) -> Result<Option<Before>, RewriteError> {
+    let content = |message| RewriteError::Content {
+        path: path.to_owned(),
+        message,
+    };
+    let doc = parse(format, &read.text).map_err(content)?;
+    let new_text = apply_parsed(format, &read.text, &doc, edits).map_err(content)?;
+    let before = edits
+        .iter()
+        .map(|(p, _)| Ok((p.clone(), doc.get(p)?)))
+        .collect::<Result<Vec<_>, String>>()
+        .map_err(content)?;
+    let mode = read.stat.st_mode & 0o7777;
+    let err = errno(path);
+    clean_stale_temps(dir, name);
+    keep_original(dir, name, &read.text, mode).map_err(&err)?;
+    let tmp = write_temp(dir, name, new_text.as_bytes(), mode).map_err(&err)?;
+    // Still the file that was read? An owner's save in the meantime must not be lost.
+    let unchanged = match read_in(dir, name, path, Some(read.stat.st_uid)) {
+        Ok(now) => same_file(&now.stat, &read.stat) && now.text == read.text,
+        Err(_) => false,
+    };
+    if !unchanged {
+        let _ = rustix::fs::unlinkat(dir, tmp.as_os_str(), AtFlags::empty());
+        return Ok(None);
+    }
+    if let Err(e) = rustix::fs::renameat(dir, tmp.as_os_str(), dir, name) {
+        let _ = rustix::fs::unlinkat(dir, tmp.as_os_str(), AtFlags::empty());
+        return Err(err(e));
+    }
+    rustix::fs::fsync(dir).map_err(&err)?;
+    Ok(Some(before))
+}
+
+/// How many times a file that keeps changing is read again before the rewrite is refused.
+const TRIES: u32 = 3;
+
+/// Applies `edits` to the file at `path` for `owner`, safely (see the module comment).
 pub fn rewrite(
     path: &Path,
     format: Format,
-    owner: u32,
+    owner: Owner,
     edits: &[(String, Scalar)],
 ) -> Result<Outcome, RewriteError> {
-    let (text, meta) = read_checked(path, owner)?;
-    let old = leaves(format, &text).map_err(|message| RewriteError::Content {
+    let (_, name) = split(path)?;
+    let backup = path.with_file_name(sibling(name, ORIG));
+    for retries in 0..TRIES {
+        let done = with_file(path, owner, |dir, name, read| {
+            try_rewrite(dir, name, path, format, read, edits)
+        })?;
+        if let Some(before) = done {
+            return Ok(Outcome {
+                before,
+                backup,
+                retries,
+            });
+        }
+    }
+    Err(RewriteError::Content {
         path: path.to_owned(),
-        message,
-    })?;
-    let new_text = apply(format, &text, edits).map_err(|message| RewriteError::Content {
-        path: path.to_owned(),
-        message,
-    })?;
-    let before = edits
-        .iter()
-        .map(|(p, _)| (p.clone(), old.get(p).cloned()))
-        .collect();
-    let mode = meta.permissions().mode() & 0o7777;
-    let dir = path
-        .parent()
-        .map(Path::to_owned)
-        .unwrap_or_else(|| PathBuf::from("."));
-    let backup = sibling(path, ".memwatch-orig");
-    let tmp = dir.join(format!(
-        ".{}.memwatch-tmp-{}",
-        path.file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        std::process::id()
-    ));
-    let write = |target: &Path, bytes: &[u8], exclusive: bool| -> std::io::Result<()> {
-        let mut o = std::fs::OpenOptions::new();
-        o.write(true).mode(mode).custom_flags(nix::libc::O_NOFOLLOW);
-        if exclusive {
-            o.create_new(true);
-        } else {
-            o.create(true).truncate(true);
-        }
-        let mut f = o.open(target)?;
-        f.write_all(bytes)?;
-        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
-        f.sync_all()
-    };
-    as_owner(meta.uid(), meta.gid(), || {
-        if !backup.exists() {
-            write(&backup, text.as_bytes(), true)?;
-        }
-        let _ = std::fs::remove_file(&tmp);
-        let result =
-            write(&tmp, new_text.as_bytes(), true).and_then(|()| std::fs::rename(&tmp, path));
-        if result.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        result?;
-        std::fs::File::open(&dir)?.sync_all()
+        message: format!(
+            "the file changed while memwatch was writing it, {TRIES} times; left as its owner saved it"
+        ),
     })
-    .map_err(io(path))?;
-    Ok(Outcome { before, backup })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn refuses_links_foreign_files_and_garbage_leaving_them_untouched() {
@@ -215,33 +557,64 @@ mod tests {
         let me = nix::unistd::geteuid().as_raw();
         let link = dir.path().join("link.json");
         std::os::unix::fs::symlink(&f, &link).unwrap();
-        let e = rewrite(&link, Format::Json, me, &[("batch".into(), Scalar::Int(4))]).unwrap_err();
+        let e = rewrite(
+            &link,
+            Format::Json,
+            Owner::Uid(me),
+            &[("batch".into(), Scalar::Int(4))],
+        )
+        .unwrap_err();
         assert!(matches!(e, RewriteError::Symlink(_)), "{e}");
         let e = rewrite(
             &f,
             Format::Json,
-            me + 1,
+            Owner::Uid(me + 1),
             &[("batch".into(), Scalar::Int(4))],
         )
         .unwrap_err();
-        assert!(e.to_string().contains("not by the job's user"), "{e}");
+        // Another user's rights cannot even read a private temp directory: refused either way.
+        assert!(
+            e.to_string().contains("not by the job's user") || e.to_string().contains("denied"),
+            "{e}"
+        );
         std::fs::write(&f, "{\"batch\": 8,,}").unwrap();
-        let e = rewrite(&f, Format::Json, me, &[("batch".into(), Scalar::Int(4))]).unwrap_err();
+        let e = rewrite(
+            &f,
+            Format::Json,
+            Owner::Uid(me),
+            &[("batch".into(), Scalar::Int(4))],
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("not valid JSON"), "{e}");
         assert_eq!(std::fs::read_to_string(&f).unwrap(), "{\"batch\": 8,,}");
-        assert!(!sibling(&f, ".memwatch-orig").exists());
+        assert!(!dir.path().join("train.json.memwatch-orig").exists());
     }
 
     #[test]
-    fn keeps_mode_and_a_backup_of_the_original() {
+    fn keeps_mode_and_a_backup_of_the_original_and_cleans_stale_temps() {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("train.toml");
         std::fs::write(&f, "batch = 8 # comment\n").unwrap();
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o640)).unwrap();
+        // Left by a writer killed mid-write (no such pid).
+        let stale = dir.path().join(".train.toml.memwatch-tmp-2147483647-0");
+        std::fs::write(&stale, "batch = 1").unwrap();
         let me = nix::unistd::geteuid().as_raw();
-        let out = rewrite(&f, Format::Toml, me, &[("batch".into(), Scalar::Int(4))]).unwrap();
+        let out = rewrite(
+            &f,
+            Format::Toml,
+            Owner::Uid(me),
+            &[("batch".into(), Scalar::Int(4))],
+        )
+        .unwrap();
         assert_eq!(out.before, vec![("batch".into(), Some(Scalar::Int(8)))]);
-        rewrite(&f, Format::Toml, me, &[("batch".into(), Scalar::Int(2))]).unwrap();
+        rewrite(
+            &f,
+            Format::Toml,
+            Owner::FileOwner,
+            &[("batch".into(), Scalar::Int(2))],
+        )
+        .unwrap();
         assert_eq!(
             std::fs::read_to_string(&f).unwrap(),
             "batch = 2 # comment\n"
@@ -259,6 +632,29 @@ mod tests {
             .flatten()
             .filter(|e| e.file_name().to_string_lossy().contains("tmp"))
             .collect();
-        assert!(leftovers.is_empty());
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+
+    #[test]
+    fn refuses_files_over_the_bound_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("big.yaml");
+        let mut text = String::from("batch: 8\n");
+        while (text.len() as u64) <= MAX_BYTES {
+            text.push_str("# padding padding padding padding padding padding padding padding\n");
+        }
+        text.push_str("last: 1\n");
+        std::fs::write(&f, &text).unwrap();
+        let me = nix::unistd::geteuid().as_raw();
+        let e = rewrite(
+            &f,
+            Format::Yaml,
+            Owner::Uid(me),
+            &[("batch".into(), Scalar::Int(4))],
+        )
+        .unwrap_err();
+        assert!(matches!(e, RewriteError::TooBig { .. }), "{e}");
+        assert_eq!(std::fs::read_to_string(&f).unwrap(), text);
+        assert!(!dir.path().join("big.yaml.memwatch-orig").exists());
     }
 }

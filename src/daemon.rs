@@ -305,14 +305,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     let (stop_http, mut http_stopped) = watch::channel(false);
     let app = crate::http::router(shared.clone(), to_http_owner, &config.http);
-    let listener = crate::http::LimitedListener::new(listener, config.http.max_connections.get());
+    let limits = crate::http::Limits {
+        max_connections: config.http.max_connections.get(),
+        request_timeout: Duration::from_millis(config.http.request_timeout_ms.0),
+    };
     let http = tokio::spawn(async move {
         let stop = async move {
             let _ = http_stopped.changed().await;
         };
-        axum::serve(listener, app)
-            .with_graceful_shutdown(stop)
-            .await
+        crate::http::serve(listener, app, limits, stop).await
     });
 
     let every = Duration::from_millis(config.sampling.interval_ms.0);
@@ -433,10 +434,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     control_task.abort();
     let _ = std::fs::remove_file(&config.control.socket);
     let _ = stop_http.send(true);
-    match tokio::time::timeout(Duration::from_secs(5), http).await {
-        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "HTTP server ended with an error"),
-        Err(_) => tracing::warn!("HTTP connections still open after 5 s; closing them"),
-        _ => {}
+    if tokio::time::timeout(Duration::from_secs(5), http)
+        .await
+        .is_err()
+    {
+        tracing::warn!("HTTP connections still open after 5 s; closing them");
     }
     tracing::info!("stopped");
     match failure {

@@ -201,18 +201,6 @@ fn a_reused_pid_is_never_signalled() {
     kill(reused);
 }
 
-fn ensure_user(name: &str) -> u32 {
-    let _ = Command::new("useradd")
-        .args(["--no-create-home", "--shell", "/usr/sbin/nologin", name])
-        .output();
-    let out = Command::new("id").args(["-u", name]).output().unwrap();
-    assert!(
-        out.status.success(),
-        "cannot create user {name} (needs root and useradd)"
-    );
-    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
-}
-
 /// Runs memwatch as `user`.
 fn as_user(user: &str, d: &Daemon, args: &[&str]) -> (i32, String) {
     let out = Command::new("runuser")
@@ -231,7 +219,7 @@ fn as_user(user: &str, d: &Daemon, args: &[&str]) -> (i32, String) {
 
 #[test]
 fn users_act_on_their_own_processes_only() {
-    let uid = ensure_user("memwatch-test");
+    let uid = common::ensure_user("memwatch-test");
     let d = daemon("");
     // The user must be able to reach the socket through the test's private temp dir.
     use std::os::unix::fs::PermissionsExt;

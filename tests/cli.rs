@@ -138,13 +138,46 @@ fn http_errors_are_clear() {
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert!(!v["points"].as_array().unwrap().is_empty());
     assert_eq!(v["points"][0]["gpus"][0]["temperature_celsius"], 57.0);
-    assert_eq!(
-        d.request(
-            "POST /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 3\r\n\r\nabc"
-        )
-        .0,
-        405
-    );
+    // Every error is JSON, also those the HTTP framework makes itself.
+    let ack = |headers: &str, body: &str| {
+        d.request(&format!(
+            "POST /api/v1/jobs/x/ack HTTP/1.1\r\nHost: x\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ))
+    };
+    for (what, (status, body), want) in [
+        (
+            "a POST to /metrics",
+            d.request(
+                "POST /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 3\r\n\r\nabc",
+            ),
+            405,
+        ),
+        ("no content type", ack("", "{}"), 415),
+        (
+            "a body that is not JSON",
+            ack("Content-Type: application/json\r\n", "{nope"),
+            400,
+        ),
+        (
+            "JSON of the wrong shape",
+            ack("Content-Type: application/json\r\n", "{\"generation\": \"x\"}"),
+            422,
+        ),
+        (
+            "a body over max_body_bytes",
+            ack("Content-Type: application/json\r\n", &" ".repeat(70_000)),
+            413,
+        ),
+    ] {
+        assert_eq!(status, want, "{what}: {body}");
+        let v: serde_json::Value = serde_json::from_str(&body)
+            .unwrap_or_else(|e| panic!("{what}: the {status} body is not JSON ({e}): {body}"));
+        assert!(
+            v["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{what}: {body}"
+        );
+    }
     // Garbage is not HTTP: 400 or a closed connection, and the daemon serves on.
     let (status, _) = d.request("\u{1}\u{2}garbage\r\n\r\n");
     assert!(status == 400 || status == 0);
@@ -155,33 +188,34 @@ fn http_errors_are_clear() {
 }
 
 #[test]
-fn connections_beyond_the_limit_wait() {
-    use std::io::Write;
+fn a_new_connection_takes_the_place_of_the_oldest_idle_one() {
+    use std::io::{Read, Write};
     let d = Daemon::start(Opts {
         extra_config: "[http]\nmax_connections = 2",
         ..Opts::default()
     });
     // Two idle connections take both slots.
-    let a = std::net::TcpStream::connect(d.addr).unwrap();
+    let mut a = std::net::TcpStream::connect(d.addr).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(50));
     let mut b = std::net::TcpStream::connect(d.addr).unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(200));
-    let mut c = std::net::TcpStream::connect(d.addr).unwrap();
-    c.set_read_timeout(Some(std::time::Duration::from_millis(700)))
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    // A third is served at once: the oldest idle connection made room.
+    let (status, _) = d.get("/-/healthy");
+    assert_eq!(status, 200);
+    a.set_read_timeout(Some(std::time::Duration::from_secs(5)))
         .unwrap();
-    c.write_all(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut buf = [0u8; 64];
-    let waited = std::io::Read::read(&mut c, &mut buf);
-    assert!(
-        waited.is_err(),
-        "a third connection was served while two were open"
+    assert_eq!(
+        a.read(&mut [0u8; 16]).unwrap(),
+        0,
+        "the oldest was not closed"
     );
-    drop(a);
+    // The younger one is still served.
     b.write_all(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         .unwrap();
-    c.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+    b.set_read_timeout(Some(std::time::Duration::from_secs(5)))
         .unwrap();
-    let n = std::io::Read::read(&mut c, &mut buf).unwrap();
+    let mut buf = [0u8; 64];
+    let n = b.read(&mut buf).unwrap();
     assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
 }
 

@@ -50,25 +50,6 @@ print(f"connected {len(conns)} open {alive}", flush=True)
 sys.stdin.read()
 "#;
 
-fn ensure_user(name: &str) {
-    let _ = Command::new("useradd")
-        .args(["--no-create-home", "--shell", "/usr/sbin/nologin", name])
-        .output();
-    assert!(
-        Command::new("id")
-            .arg(name)
-            .output()
-            .unwrap()
-            .status
-            .success(),
-        "cannot create user {name} (needs root and useradd)"
-    );
-}
-
-fn fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
-}
-
 fn rss_mib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
@@ -81,7 +62,7 @@ fn rss_mib(pid: u32) -> u64 {
 
 #[test]
 fn a_user_flooding_the_control_socket_blinds_nothing() {
-    ensure_user("memwatch-flood");
+    common::ensure_user("memwatch-flood");
     let d = Daemon::start(Opts {
         root: "/".into(),
         gpu_state: None,
@@ -93,7 +74,7 @@ fn a_user_flooding_the_control_socket_blinds_nothing() {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
     let daemon_pid = d.child.id();
-    let fds_before = fds(daemon_pid);
+    let fds_before = common::fds(daemon_pid);
 
     let mut flood = Command::new("runuser")
         .args([
@@ -130,7 +111,7 @@ fn a_user_flooding_the_control_socket_blinds_nothing() {
     for _ in 0..20 {
         worst = worst.max(common::jobs_round_trip(&d.socket));
     }
-    let (fds_during, rss) = (fds(daemon_pid), rss_mib(daemon_pid));
+    let (fds_during, rss) = (common::fds(daemon_pid), rss_mib(daemon_pid));
     eprintln!(
         "during the flood: root's requests took at most {worst:?}; the daemon holds {fds_during} descriptors (before: {fds_before}), RSS {rss} MiB"
     );

@@ -37,11 +37,17 @@ pub const DOCS: &[(&str, &str)] = &[
     ("http", "Limits of the HTTP server."),
     (
         "http.max_connections",
-        "Most connections served at once; more wait to be accepted.",
+        "Most connections open at once. When all are open, a new one takes the place of the one idle\n\
+         longest (never one with a request in flight); only when every one is busy does it wait.",
     ),
     (
         "http.max_body_bytes",
         "Largest request body accepted, in bytes.",
+    ),
+    (
+        "http.request_timeout_ms",
+        "Most time a client gets to send a request (headers and body) and to read each part of the\n\
+         answer; an idle keep-alive connection is closed after it too. 10 ms to 1 h.",
     ),
     (
         "log",

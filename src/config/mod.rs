@@ -126,6 +126,7 @@ pub struct Gpu {
 pub struct Http {
     pub max_connections: Positive,
     pub max_body_bytes: Positive,
+    pub request_timeout_ms: IntervalMs,
 }
 
 /// Logging defaults (the command line and `RUST_LOG` override them).
@@ -268,6 +269,7 @@ impl Default for Http {
         Http {
             max_connections: Positive(256),
             max_body_bytes: Positive(64 * 1024),
+            request_timeout_ms: IntervalMs(10_000),
         }
     }
 }

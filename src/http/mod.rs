@@ -4,8 +4,8 @@
 
 mod api;
 mod jobs_metrics;
-mod listener;
 pub mod metrics;
+mod serve;
 mod trainer;
 
 use std::sync::Arc;
@@ -16,7 +16,7 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 
-pub use listener::LimitedListener;
+pub use serve::{Limits, serve};
 
 use crate::config::Http;
 use crate::control::server::Envelope;
@@ -58,10 +58,51 @@ pub fn router(
         .route("/-/healthy", get(|| async { "OK\n" }))
         .route("/-/ready", get(api::ready))
         .fallback(api::not_found)
+        .layer(axum::middleware::from_fn(json_errors))
         .layer(DefaultBodyLimit::max(
             usize::try_from(limits.max_body_bytes.0).unwrap_or(usize::MAX),
         ))
         .with_state(AppState { shared, owner })
+}
+
+/// Every error answer outside the health endpoints (`/-/…`, plain text as Prometheus's) is JSON,
+/// `{"error": "…"}`, also those axum makes itself: 400, 405, 413, 415 and 422 for a body or path that
+/// does not parse.
+async fn json_errors(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let health = request.uri().path().starts_with("/-/");
+    let response = next.run(request).await;
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if health || is_json || !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, 64 * 1024)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .unwrap_or_default();
+    let message = if text.is_empty() {
+        status
+            .canonical_reason()
+            .unwrap_or("error")
+            .to_ascii_lowercase()
+    } else {
+        text
+    };
+    let mut out = api::error(status, message);
+    for (name, value) in &parts.headers {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            out.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    out
 }
 
 /// Whether the client takes gzip (`Accept-Encoding: gzip`, as Prometheus always sends), and not with q=0.

@@ -470,3 +470,21 @@ pub fn end_tree(child: &mut Child, pids: &[u32]) {
     }
     let _ = child.wait();
 }
+
+/// Creates the local user `name` if missing (needs root and useradd); returns its uid.
+pub fn ensure_user(name: &str) -> u32 {
+    let _ = Command::new("useradd")
+        .args(["--no-create-home", "--shell", "/usr/sbin/nologin", name])
+        .output();
+    let out = Command::new("id").args(["-u", name]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "cannot create user {name} (needs root and useradd)"
+    );
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+/// How many file descriptors process `pid` holds.
+pub fn fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}

@@ -196,7 +196,7 @@ fn spawn_full(
                 // pause itself walks nothing.
                 let freezer = m.as_ref().and_then(|m| {
                     let pids: Vec<u32> = m.processes.iter().map(|p| p.pid).collect();
-                    crate::act::freeze::owned(&process_root, &pids)
+                    crate::act::freeze::owned(&process_root, &pids, p.owner)
                 });
                 Measured {
                     name: p.name,

@@ -522,3 +522,101 @@ fn a_job_that_owns_its_cgroup_is_frozen_not_signalled() {
         }
     }
 }
+
+/// A user's job whose root forked a child that stayed root before dropping to the user (as a process
+/// that ran sudo or su looks from outside), then a child of the user's own. Prints
+/// "ROOT ROOTCHILD USERCHILD" once all three run; the root is put in `cgroup` first when given.
+const MIXED_TREE: &str = r#"
+import os, sys, time
+uid, cgroup = int(sys.argv[1]), sys.argv[2]
+if cgroup:
+    with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+        f.write(str(os.getpid()))
+root_child = os.fork()
+if root_child == 0:
+    os.execvp("sleep", ["sleep", "120"])
+os.setgroups([])
+os.setresgid(uid, uid, uid)
+os.setresuid(uid, uid, uid)
+user_child = os.fork()
+if user_child == 0:
+    os.execvp("sleep", ["sleep", "120"])
+print(os.getpid(), root_child, user_child, flush=True)
+time.sleep(120)
+"#;
+
+#[test]
+fn a_root_child_in_a_users_job_is_never_signalled_or_frozen() {
+    let uid = common::ensure_user("memwatch-test");
+    // Once with signals, then once in each freezable cgroup the job would otherwise own.
+    let mut places: Vec<Option<std::path::PathBuf>> = vec![None];
+    places.extend(own_cgroups().into_iter().map(|(dir, _)| Some(dir)));
+    for cgroup in places {
+        let d = daemon("");
+        use std::os::unix::fs::PermissionsExt;
+        for dir in [d.dir.path(), d.socket.parent().unwrap()] {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let mut job = Command::new("python3")
+            .args(["-c", MIXED_TREE, &uid.to_string()])
+            .arg(cgroup.as_deref().unwrap_or(std::path::Path::new("")))
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(job.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let pids: Vec<u32> = line
+            .split_whitespace()
+            .map(|p| p.parse().unwrap())
+            .collect();
+        let [root, root_child, user_child] = pids[..] else {
+            panic!("{line}")
+        };
+        let place = format!("{cgroup:?}");
+        let (code, err) = as_user(
+            "memwatch-test",
+            &d,
+            &["attach", &root.to_string(), "--name", "mixed"],
+        );
+        assert_eq!(code, 0, "{place}: {err}");
+        let (code, err) = as_user("memwatch-test", &d, &["pause", "mixed"]);
+        assert_eq!(code, 0, "{place}: {err}");
+        assert!(
+            eventually(2.0, || proc_state(root) == Some('T')
+                && proc_state(user_child) == Some('T')),
+            "{place}: the user's own processes were not paused"
+        );
+        assert_eq!(
+            d.jobs()[0]["pause"]["frozen"],
+            serde_json::Value::Null,
+            "{place}: frozen"
+        );
+        assert_eq!(
+            proc_state(root_child),
+            Some('S'),
+            "{place}: the root child was stopped"
+        );
+        let (code, err) = as_user("memwatch-test", &d, &["resume", "mixed"]);
+        assert_eq!(code, 0, "{place}: {err}");
+        assert_eq!(proc_state(user_child), Some('S'), "{place}: not resumed");
+        let _ = Command::new("kill")
+            .args([
+                "-KILL",
+                &root.to_string(),
+                &root_child.to_string(),
+                &user_child.to_string(),
+            ])
+            .status();
+        let _ = job.wait();
+        if let Some(dir) = cgroup {
+            for _ in 0..100 {
+                if std::fs::remove_dir(&dir).is_ok() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}

@@ -41,8 +41,8 @@ fn pids_below(dir: &Path, out: &mut Vec<u32>) -> bool {
         .all(|e| pids_below(&e.path(), out))
 }
 
-/// The cgroup the job owns, if any: `tree` is the job's pids, root first.
-pub fn owned(root: &Path, tree: &[u32]) -> Option<Frozen> {
+/// The cgroup the job of user `owner` owns, if any: `tree` is the job's pids, root first.
+pub fn owned(root: &Path, tree: &[u32], owner: u32) -> Option<Frozen> {
     let first = *tree.first()?;
     let path = root.join("proc").join(first.to_string()).join("cgroup");
     let text = read_text(&path).ok()?;
@@ -80,10 +80,26 @@ pub fn owned(root: &Path, tree: &[u32]) -> Option<Frozen> {
             && !pids.is_empty()
             && !pids.contains(&me)
             && pids.iter().all(|p| tree.contains(p))
+            && pids
+                .iter()
+                .all(|p| super::signal::owner_may_signal(root, *p, owner))
     })
 }
 
 impl Frozen {
+    /// Whether every process in the cgroup could be signalled by `owner` now (checked again just
+    /// before a freeze: a process may have become root since the last full sample).
+    pub fn within_reach(&self, root: &Path, owner: u32) -> bool {
+        if owner == 0 {
+            return true;
+        }
+        let mut pids = Vec::new();
+        pids_below(&self.dir, &mut pids)
+            && pids
+                .iter()
+                .all(|p| super::signal::owner_may_signal(root, *p, owner))
+    }
+
     fn is_frozen(&self) -> bool {
         match self.version {
             2 => read_text(&self.dir.join("cgroup.events"))

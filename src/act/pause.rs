@@ -14,14 +14,17 @@ use std::os::fd::OwnedFd;
 
 use std::collections::{HashMap, HashSet};
 
-use super::signal::{SignalError, alive, pidfd_open, send, send_pinned};
+use super::signal::{SignalError, alive, owner_may_signal, pidfd_open, send, send_pinned};
 use crate::proc::{ProcRef, children_files, parent_map, read_stat};
 
 /// The most walks a pause makes before it settles for what it stopped.
 const MAX_WALKS: usize = 8;
 
-/// Stops the tree under `root_ref`. Returns the processes this call stopped, root first. With `pinned`
-/// (the pidfd kept since attach) the root is checked and signalled through it.
+/// Stops the tree under `root_ref` on behalf of user `owner`. Returns the processes this call stopped,
+/// root first. With `pinned` (the pidfd kept since attach) the root is checked and signalled through
+/// it. Only processes the owner could signal themselves are stopped ([`owner_may_signal`], checked on
+/// the pinned process just before its signal): a root that is out of reach refuses the pause, a
+/// descendant out of reach (a `sudo` child) is left running and its own children are still walked.
 ///
 /// The root is stopped first, before any walk. Each child found in the walk gets a pidfd *before* its
 /// stat is read, so one read of /proc/PID/stat both identifies it (its parent is the process whose
@@ -32,7 +35,11 @@ pub fn stop_tree(
     root: &Path,
     root_ref: ProcRef,
     pinned: Option<&OwnedFd>,
+    owner: u32,
 ) -> Result<Vec<ProcRef>, SignalError> {
+    if !owner_may_signal(root, root_ref.pid, owner) {
+        return Err(SignalError::Denied(root_ref.pid));
+    }
     match pinned {
         Some(fd) => {
             if !alive(fd, root_ref.pid) {
@@ -69,7 +76,7 @@ pub fn stop_tree(
                 if known.contains(&kid) {
                     continue;
                 }
-                match stop_child(root, kid, parent) {
+                match stop_child(root, kid, parent, owner) {
                     Ok(Some(r)) => {
                         stopped.push(r);
                         known.insert(kid);
@@ -93,9 +100,15 @@ pub fn stop_tree(
     Ok(stopped)
 }
 
-/// Stops `pid` if it is a running child of `parent`. `Ok(None)`: gone, no longer that parent's
-/// child, or already stopped by someone else (a user's Ctrl-Z stays theirs to undo).
-fn stop_child(root: &Path, pid: u32, parent: u32) -> Result<Option<ProcRef>, SignalError> {
+/// Stops `pid` if it is a running child of `parent` that `owner` could signal. `Ok(None)`: gone, no
+/// longer that parent's child, already stopped by someone else (a user's Ctrl-Z stays theirs to
+/// undo), or out of the owner's reach.
+fn stop_child(
+    root: &Path,
+    pid: u32,
+    parent: u32,
+    owner: u32,
+) -> Result<Option<ProcRef>, SignalError> {
     let fd = match pidfd_open(pid) {
         Ok(fd) => fd,
         Err(SignalError::Gone(_)) => return Ok(None),
@@ -105,6 +118,15 @@ fn stop_child(root: &Path, pid: u32, parent: u32) -> Result<Option<ProcRef>, Sig
         return Ok(None);
     };
     if s.ppid != parent || s.state == 'Z' || s.is_stopped() {
+        return Ok(None);
+    }
+    // Read after the pidfd pinned the process: these are its uids, not a newcomer's.
+    if !owner_may_signal(root, pid, owner) {
+        tracing::warn!(
+            pid,
+            owner,
+            "left a process of the job running: its user could not signal it (it runs as another user)"
+        );
         return Ok(None);
     }
     let r = s.proc_ref();

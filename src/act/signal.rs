@@ -19,6 +19,17 @@ pub enum SignalError {
     Other { pid: u32, reason: String },
 }
 
+/// Whether a process of user `owner` could signal process `pid` itself, by kill(2)'s rule for an
+/// unprivileged sender: its uid is the target's real or saved uid. Root (`owner` 0) may signal any
+/// process; a process that became root (sudo, su, a set-uid program that called setresuid) is out of
+/// its user's reach, so memwatch never signals or freezes it on that user's behalf. A process whose
+/// uids cannot be read is out of reach too.
+pub fn owner_may_signal(root: &Path, pid: u32, owner: u32) -> bool {
+    owner == 0
+        || crate::proc::read_status(root, pid)
+            .is_ok_and(|s| s.uids[0] == owner || s.uids[2] == owner)
+}
+
 /// Parses "SIGUSR1", "USR1" or a number.
 pub fn signal_by_name(name: &str) -> Option<Signal> {
     if let Ok(n) = name.parse::<i32>() {

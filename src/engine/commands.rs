@@ -341,7 +341,7 @@ impl Engine {
         // From here on the root is signalled only through this descriptor.
         job.pidfd = crate::act::signal::open(root, stat.proc_ref())
             .map_err(|_| format!("no process with pid {pid}"))?;
-        job.freezer = self.freezer_of(stat.proc_ref());
+        job.freezer = self.freezer_of(stat.proc_ref(), owner);
         self.jobs.insert(name.clone(), job);
         self.save();
         self.record(

@@ -30,8 +30,12 @@ fn cause(reason: &str) -> String {
 }
 
 impl Engine {
-    /// Signals a job's root through its kept pidfd (or, without one, by pid and start time).
+    /// Signals a job's root through its kept pidfd (or, without one, by pid and start time), if its
+    /// owner could signal it.
     fn signal_root(&self, j: &Job, sig: Signal) -> Result<(), signal::SignalError> {
+        if !signal::owner_may_signal(&self.process_root, j.root.pid, j.owner_uid) {
+            return Err(signal::SignalError::Denied(j.root.pid));
+        }
         match &j.pidfd {
             Some(fd) => signal::send_pinned(fd, j.root.pid, sig),
             None => signal::send(&self.process_root, j.root, sig),
@@ -108,7 +112,9 @@ impl Engine {
                             .map(|p| p.stopped.clone())
                             .unwrap_or_default();
                         for r in &stopped {
-                            let _ = signal::send(&self.process_root, *r, Signal::SIGTERM);
+                            if signal::owner_may_signal(&self.process_root, r.pid, j.owner_uid) {
+                                let _ = signal::send(&self.process_root, *r, Signal::SIGTERM);
+                            }
                         }
                         let _ = self.signal_root(j, Signal::SIGTERM);
                         pause::resume(&self.process_root, &stopped, j.pidfd.as_deref());
@@ -149,8 +155,15 @@ impl Engine {
         if j.pause.is_some() {
             return Ok(());
         }
-        // Decided on the last full sample, so the pause itself walks nothing.
-        let candidate = if dry { None } else { j.freezer.clone() };
+        // Decided on the last full sample, so the pause itself walks nothing but the cgroup's member
+        // list: a process that became another user's since then keeps the freezer out.
+        let candidate = if dry {
+            None
+        } else {
+            j.freezer
+                .clone()
+                .filter(|f| f.within_reach(&self.process_root, j.owner_uid))
+        };
         j.pause = Some(Pause {
             since_ms: now_ms,
             by,
@@ -185,7 +198,12 @@ impl Engine {
                     if let Some((Err(e), f)) = other {
                         tracing::warn!(cgroup = %f.dir.display(), error = %e, "cannot freeze the job's cgroup; stopping it with signals");
                     }
-                    match pause::stop_tree(&self.process_root, j.root, j.pidfd.as_deref()) {
+                    match pause::stop_tree(
+                        &self.process_root,
+                        j.root,
+                        j.pidfd.as_deref(),
+                        j.owner_uid,
+                    ) {
                         Ok(s) => (s, None),
                         Err(e) => {
                             if let Some(j) = self.jobs.get_mut(name) {
@@ -210,13 +228,14 @@ impl Engine {
     pub(super) fn freezer_of(
         &self,
         root: crate::proc::ProcRef,
+        owner: u32,
     ) -> Option<crate::act::freeze::Frozen> {
         let tree = crate::proc::descendants(&self.process_root, root.pid)?;
         if tree.procs.first()?.start_time != root.start_time {
             return None;
         }
         let pids: Vec<u32> = tree.procs.iter().map(|p| p.pid).collect();
-        crate::act::freeze::owned(&self.process_root, &pids)
+        crate::act::freeze::owned(&self.process_root, &pids, owner)
     }
 
     /// Freezes that did not settle at once, for the daemon to wait on elsewhere.
@@ -240,7 +259,7 @@ impl Engine {
             return;
         }
         tracing::warn!(cgroup = %frozen.dir.display(), "the job's cgroup did not freeze; stopping it with signals");
-        let stopped = pause::stop_tree(&self.process_root, j.root, j.pidfd.as_deref());
+        let stopped = pause::stop_tree(&self.process_root, j.root, j.pidfd.as_deref(), j.owner_uid);
         let _ = frozen.thaw();
         match stopped {
             Ok(s) => {
@@ -379,7 +398,7 @@ impl Engine {
                 );
                 job.config = pj.config.clone();
                 job.pidfd = signal::open(&self.process_root, pj.root).ok().flatten();
-                job.freezer = self.freezer_of(pj.root);
+                job.freezer = self.freezer_of(pj.root, pj.owner_uid);
                 self.jobs.insert(pj.name.clone(), job);
                 self.record(
                     now_ms,

@@ -54,6 +54,8 @@ pub struct InterventionCount {
 pub struct MeasurePlan {
     pub name: String,
     pub root: crate::proc::ProcRef,
+    /// Whose job it is: a freeze reaches only what this user could signal.
+    pub owner: u32,
     pub cgroup: Option<crate::sample::cgroup::CgroupDir>,
     pub previous: Option<crate::job::JobSample>,
 }
@@ -177,6 +179,7 @@ impl Engine {
                 Some(MeasurePlan {
                     name: j.name.clone(),
                     root: j.root,
+                    owner: j.owner_uid,
                     cgroup: j.cgroup_dir.clone(),
                     previous: if detailed { None } else { j.last.clone() },
                 })

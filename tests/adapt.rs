@@ -338,3 +338,123 @@ fn advice_for_the_fixture_machine() {
             .contains("memwatch_advice_active{id=\"swap-keep\",severity=\"warn\",job=\"\"} 1\n")
     );
 }
+
+/// A daemon killed after a config file was rewritten but before its state was saved comes back knowing
+/// the rewrite: the change is journaled before the file is touched, and the restarted daemon adopts
+/// the journaled generation when the file shows it, and drops one that never reached the file. The
+/// disk is left exactly as such a kill leaves it: the state from before the rewrite, the journal's
+/// intent, and the file rewritten (by `memwatch rewrite`, the same writer) or not.
+#[test]
+fn a_rewrite_that_landed_before_a_kill_is_not_lost() {
+    let mut d = Daemon::start(Opts {
+        root: "/".into(),
+        gpu_state: None,
+        ..Opts::default()
+    });
+    let cfg = d.dir.path().join("ds.json");
+    std::fs::write(
+        &cfg,
+        "{\"train_micro_batch_size_per_gpu\": 32, \"gradient_accumulation_steps\": 2}\n",
+    )
+    .unwrap();
+    let mut job = Command::new("sleep").arg("120").spawn().unwrap();
+    let pid = job.id().to_string();
+    let (code, _, err) = d.ctl(&[
+        "attach",
+        &pid,
+        "--name",
+        "ds",
+        "--config-file",
+        cfg.to_str().unwrap(),
+        "--profile",
+        "deepspeed",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let journal = d.state.join("journal.jsonl");
+    let state = d.state.clone();
+    let intent = |generation: u64, micro: u64, accumulation: u64, old: (u64, u64)| {
+        let line = serde_json::json!({
+            "job": "ds",
+            "file": cfg,
+            "intent": {
+                "generation": generation,
+                "changes": [
+                    {"knob": "micro_batch", "path": "train_micro_batch_size_per_gpu", "old": old.0, "new": micro},
+                    {"knob": "accumulation", "path": "gradient_accumulation_steps", "old": old.1, "new": accumulation},
+                ],
+                "reason": "GPU memory at warn",
+                "staged_at_ms": 0,
+                "applied_epoch": null,
+                "applied_at_ms": null,
+            }
+        });
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&journal)
+            .unwrap();
+        writeln!(f, "{line}").unwrap();
+    };
+
+    // Killed after the rename: the file holds generation 1, the state still generation 0.
+    d.crash(true);
+    intent(1, 16, 4, (32, 2));
+    let (code, _, err) = memwatch(&[
+        "rewrite",
+        cfg.to_str().unwrap(),
+        "--set",
+        "train_micro_batch_size_per_gpu=16",
+        "--set",
+        "gradient_accumulation_steps=4",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let mut d2 = Daemon::start(Opts {
+        root: "/".into(),
+        gpu_state: None,
+        state: Some(state.clone()),
+        ..Opts::default()
+    });
+    assert!(
+        eventually(10.0, || d2
+            .jobs()
+            .first()
+            .is_some_and(|j| j["config"]["generation"] == 1)),
+        "the landed rewrite was lost: {:?}",
+        d2.jobs()
+    );
+    let j = &d2.jobs()[0];
+    assert_eq!(j["config"]["directives"][0]["changes"][0]["new"], 16, "{j}");
+    assert_eq!(j["config"]["knobs"]["micro_batch"], 16, "{j}");
+    assert!(
+        d2.events().iter().any(|e| e["detail"]
+            .as_str()
+            .is_some_and(|s| s.contains("generation 1, written before a restart"))),
+        "{:?}",
+        d2.events()
+    );
+
+    // Killed before the rename: the journal says generation 2, the file never got it.
+    d2.crash(true);
+    intent(2, 8, 8, (16, 4));
+    let d3 = Daemon::start(Opts {
+        root: "/".into(),
+        gpu_state: None,
+        state: Some(state.clone()),
+        ..Opts::default()
+    });
+    assert!(
+        eventually(10.0, || d3.events().iter().any(|e| e["detail"]
+            .as_str()
+            .is_some_and(|s| s.contains(
+                "generation 2 was journaled before a restart but never reached"
+            )))),
+        "{:?}",
+        d3.events()
+    );
+    let j = &d3.jobs()[0];
+    assert_eq!(j["config"]["generation"], 1, "{j}");
+    assert_eq!(j["config"]["knobs"]["micro_batch"], 16, "{j}");
+    let _ = job.kill();
+    let _ = job.wait();
+}

@@ -65,6 +65,10 @@ pub struct JobConfig {
     pub roomy_since_ms: Option<u64>,
     /// The last failure to read or rewrite the file, and when.
     pub last_error: Option<(u64, String)>,
+    /// A rewrite the journal says was about to happen when the previous daemon stopped, not yet in
+    /// the state: the next config read adopts it if the file shows its new values, else drops it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unconfirmed: Option<Directive>,
 }
 
 impl JobConfig {
@@ -113,22 +117,58 @@ pub struct JobConfigView {
     pub last_error: Option<String>,
 }
 
-/// A fresh random token (128 bits, hex).
-pub fn new_token() -> String {
+/// A new job token: 128 bits from the kernel's random pool (getrandom(2), which blocks only until the
+/// pool is first seeded at boot). Fails rather than hand out a guessable token.
+pub fn new_token() -> Result<String, String> {
     let mut buf = [0u8; 16];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        let _ = std::io::Read::read_exact(&mut f, &mut buf);
+    let mut filled = 0;
+    while filled < buf.len() {
+        match rustix::rand::getrandom(&mut buf[filled..], rustix::rand::GetRandomFlags::empty()) {
+            Ok(n) => filled += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(format!("cannot make a job token: getrandom: {e}")),
+        }
     }
-    buf.iter().map(|b| format!("{b:02x}")).collect()
+    Ok(token_text(&buf))
+}
+
+fn token_text(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Whether `token` can be a token memwatch made: 32 hex digits, not all zero (a zero token is what a
+/// broken random source yields; it is never accepted).
+pub fn token_is_sound(token: &str) -> bool {
+    token.len() == 32
+        && token.bytes().all(|b| b.is_ascii_hexdigit())
+        && token.bytes().any(|b| b != b'0')
 }
 
 /// Compares tokens in time independent of where they differ.
 pub fn token_matches(expected: &str, given: &str) -> bool {
-    !expected.is_empty()
+    token_is_sound(expected)
         && expected.len() == given.len()
         && expected
             .bytes()
             .zip(given.bytes())
             .fold(0u8, |acc, (a, b)| acc | (a ^ b))
             == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_random_and_a_zero_token_never_matches() {
+        let (a, b) = (new_token().unwrap(), new_token().unwrap());
+        assert!(token_is_sound(&a) && token_is_sound(&b), "{a} {b}");
+        assert_ne!(a, b);
+        assert!(token_matches(&a, &a));
+        assert!(!token_matches(&a, &b));
+        let zero = "0".repeat(32);
+        assert!(!token_matches(&zero, &zero), "a zero token was accepted");
+        assert!(!token_matches("", ""));
+        assert!(!token_matches("abc", "abc"), "a short token was accepted");
+    }
 }

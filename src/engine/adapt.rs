@@ -52,13 +52,14 @@ pub fn open_config(
         file,
         format,
         profile,
-        token: crate::adapt::new_token(),
+        token: crate::adapt::new_token()?,
         generation: 0,
         directives: Vec::new(),
         progress: None,
         knobs,
         roomy_since_ms: None,
         last_error: None,
+        unconfirmed: None,
     })
 }
 
@@ -79,7 +80,7 @@ fn read_knobs(
 }
 
 /// The journal of staged changes in the state directory.
-const JOURNAL: &str = "journal.jsonl";
+pub(super) const JOURNAL: &str = "journal.jsonl";
 /// The journal is rotated (to `journal.jsonl.1`) past this size.
 const JOURNAL_MAX_BYTES: u64 = 4 << 20;
 
@@ -99,6 +100,8 @@ pub struct AdaptTask {
     /// The generation a new directive gets.
     generation: u64,
     journal: PathBuf,
+    /// A rewrite journaled before a restart: adopted if the file shows it, else dropped.
+    unconfirmed: Option<Directive>,
 }
 
 /// What became of a staged change.
@@ -110,6 +113,10 @@ pub enum Staged {
     Written(Directive),
     /// The rewrite was refused; the file is unchanged.
     Refused(String),
+    /// A rewrite journaled by the previous daemon that landed in the file: the directive to queue.
+    Recovered(Directive),
+    /// A rewrite journaled by the previous daemon that never reached the file.
+    NeverWritten(u64),
 }
 
 /// A finished [`AdaptTask`].
@@ -133,6 +140,18 @@ pub fn run_adapt_task(t: AdaptTask) -> AdaptDone {
         Ok(k) => k,
         Err(e) => return done(Err(e.to_string()), Staged::Nothing),
     };
+    if let Some(d) = t.unconfirmed.clone() {
+        let landed = d
+            .changes
+            .iter()
+            .all(|ch| knobs.get(&ch.knob) == Some(&ch.new));
+        let staged = if landed {
+            Staged::Recovered(d)
+        } else {
+            Staged::NeverWritten(d.generation)
+        };
+        return done(Ok(knobs), staged);
+    }
     let proposal = if t.hold {
         None
     } else {
@@ -161,41 +180,79 @@ pub fn run_adapt_task(t: AdaptTask) -> AdaptDone {
         .iter()
         .map(|ch| (ch.path.clone(), ch.new.clone()))
         .collect();
+    let d = Directive {
+        generation: t.generation,
+        changes,
+        reason: p.reason,
+        staged_at_ms: 0,
+        applied_epoch: None,
+        applied_at_ms: None,
+    };
+    // Write-ahead: the intent is durable before the file changes, so a daemon killed between the
+    // rename and its next state save comes back knowing which rewrite may have landed.
+    let intent = serde_json::json!({ "job": t.job, "file": t.file, "intent": d });
+    if let Err(e) = journal(&t.journal, &intent) {
+        return done(
+            Ok(knobs),
+            Staged::Refused(format!("cannot journal the change first: {e}")),
+        );
+    }
     match write::rewrite(&t.file, t.format, write::Owner::Uid(t.owner), &edits) {
         Ok(_) => {
-            let d = Directive {
-                generation: t.generation,
-                changes,
-                reason: p.reason,
-                staged_at_ms: 0,
-                applied_epoch: None,
-                applied_at_ms: None,
-            };
-            journal(&t.journal, &t.job, &d);
+            let written = serde_json::json!({ "job": t.job, "directive": d });
+            if let Err(e) = journal(&t.journal, &written) {
+                tracing::warn!(path = %t.journal.display(), error = %e, "cannot write the journal of changes");
+            }
             done(Ok(knobs), Staged::Written(d))
         }
         Err(e) => done(Ok(knobs), Staged::Refused(e.to_string())),
     }
 }
 
-/// Appends a directive to the journal of changes, rotating it when it grows past its bound.
-fn journal(path: &Path, name: &str, d: &Directive) {
+/// The last rewrite of `file` the journal at `path` (and its rotated predecessor) shows memwatch was
+/// about to make for job `name` as generation `generation`.
+pub(super) fn journaled_intent(
+    path: &Path,
+    name: &str,
+    file: &Path,
+    generation: u64,
+) -> Option<Directive> {
+    let mut found = None;
+    for p in [path.with_extension("jsonl.1"), path.to_owned()] {
+        let Ok(text) = std::fs::read_to_string(&p) else {
+            continue;
+        };
+        for line in text.lines() {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            if v["job"] != name || v["file"].as_str() != file.to_str() {
+                continue;
+            }
+            if let Ok(d) = serde_json::from_value::<Directive>(v["intent"].clone()) {
+                if d.generation == generation {
+                    found = Some(d);
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Appends a record to the journal of changes (fsync'd), rotating it when it grows past its bound.
+fn journal(path: &Path, line: &serde_json::Value) -> std::io::Result<()> {
     use std::io::Write;
     if std::fs::metadata(path).is_ok_and(|m| m.len() > JOURNAL_MAX_BYTES) {
         let _ = std::fs::rename(path, path.with_extension("jsonl.1"));
     }
-    let line = serde_json::json!({ "job": name, "directive": d });
-    let result = std::fs::OpenOptions::new()
+    std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(path)
         .and_then(|mut f| {
             writeln!(f, "{line}")?;
             f.sync_all()
-        });
-    if let Err(e) = result {
-        tracing::warn!(path = %path.display(), error = %e, "cannot write the journal of changes");
-    }
+        })
 }
 
 /// The knobs advice looks at.
@@ -309,6 +366,7 @@ impl Engine {
                 signals,
                 roomy_since,
                 hold: c.pending().next().is_some() || settling,
+                unconfirmed: c.unconfirmed.clone(),
                 adapt: self.cfg.adapt.clone(),
                 dry_run: self.cfg.policy.dry_run,
                 generation: c.generation + 1,
@@ -341,8 +399,26 @@ impl Engine {
         c.knobs = knobs;
         c.roomy_since_ms = done.roomy_since;
         c.last_error = None;
-        match done.staged {
-            Staged::Nothing => {}
+        c.unconfirmed = None;
+        let (staged, recovered) = match done.staged {
+            Staged::Recovered(d) => (Staged::Written(d), true),
+            other => (other, false),
+        };
+        match staged {
+            Staged::Nothing | Staged::Recovered(_) => {}
+            Staged::NeverWritten(generation) => {
+                self.record(
+                    now_ms,
+                    "rewrite",
+                    &name,
+                    "restart",
+                    format!(
+                        "generation {generation} was journaled before a restart but never reached {}; nothing changed",
+                        c.file.display()
+                    ),
+                    false,
+                );
+            }
             Staged::WouldChange(what) => {
                 self.record(now_ms, "rewrite", &name, "adapt", what, true);
             }
@@ -365,8 +441,13 @@ impl Engine {
                     .map(|ch| format!("{} {} → {}", ch.path, ch.old, ch.new))
                     .collect();
                 let detail = format!(
-                    "generation {}: {} ({})",
+                    "generation {}{}: {} ({})",
                     d.generation,
+                    if recovered {
+                        ", written before a restart"
+                    } else {
+                        ""
+                    },
                     summary.join(", "),
                     d.reason
                 );

@@ -397,6 +397,15 @@ impl Engine {
                     self.cfg.sampling.growth_window_ms.0,
                 );
                 job.config = pj.config.clone();
+                if let Some(c) = job.config.as_mut() {
+                    // A rewrite may have landed after the last state save: the journal knows.
+                    c.unconfirmed = super::adapt::journaled_intent(
+                        &self.cfg.control.state_dir.join(super::adapt::JOURNAL),
+                        &pj.name,
+                        &c.file,
+                        c.generation + 1,
+                    );
+                }
                 job.pidfd = signal::open(&self.process_root, pj.root).ok().flatten();
                 job.freezer = self.freezer_of(pj.root, pj.owner_uid);
                 self.jobs.insert(pj.name.clone(), job);

@@ -261,6 +261,42 @@ fn users_act_on_their_own_processes_only() {
     }
     assert_eq!(proc_state(root_proc.id()), Some('S'));
 
+    // A config path in a directory the user cannot read: the same answer whether the file exists or
+    // not (the daemon opens it with the user's rights), so no oracle for other users' files.
+    let private = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(private.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::write(
+        private.path().join("secret.json"),
+        "{\"train_micro_batch_size_per_gpu\": 4}",
+    )
+    .unwrap();
+    let answers: Vec<String> = ["secret.json", "missing.json"]
+        .iter()
+        .map(|f| {
+            let path = private.path().join(f);
+            let (code, err) = as_user(
+                "memwatch-test",
+                &d,
+                &[
+                    "attach",
+                    &up,
+                    "--config-file",
+                    path.to_str().unwrap(),
+                    "--profile",
+                    "deepspeed",
+                ],
+            );
+            assert_ne!(code, 0, "{f}: {err}");
+            err.replace(f, "FILE")
+        })
+        .collect();
+    assert_eq!(
+        answers[0], answers[1],
+        "the answers tell an existing file from a missing one"
+    );
+    assert!(answers[0].contains("ermission denied"), "{}", answers[0]);
+    assert!(d.jobs().iter().all(|j| j["name"] != "mine"));
+
     let (code, err) = as_user("memwatch-test", &d, &["attach", &up, "--name", "mine"]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(as_user("memwatch-test", &d, &["pause", "mine"]).0, 0);

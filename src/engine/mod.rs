@@ -32,6 +32,9 @@ pub struct View {
     pub events: Vec<Event>,
     pub interventions: Vec<InterventionCount>,
     pub advice: Vec<crate::advice::Advice>,
+    /// Each job's token, so that HTTP can show a job's details to whoever presents it; never served.
+    #[serde(skip)]
+    pub tokens: std::collections::HashMap<String, String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -340,6 +343,11 @@ impl Engine {
         View {
             dry_run: self.cfg.policy.dry_run,
             jobs: self.jobs.values().map(|j| self.job_view(j)).collect(),
+            tokens: self
+                .jobs
+                .values()
+                .filter_map(|j| Some((j.name.clone(), j.config.as_ref()?.token.clone())))
+                .collect(),
             levels: self
                 .policy
                 .levels

@@ -80,11 +80,64 @@ pub async fn not_found(uri: Uri) -> Response {
     )
 }
 
-/// `GET /api/v1/jobs`: attached jobs with their processes, cgroup, GPU memory and limits, and the
-/// current level of every resource.
-pub async fn jobs(State(shared): State<Arc<Shared>>) -> Response {
+/// `GET /api/v1/jobs`: attached jobs with their state, memory, GPU memory and limits, and the current
+/// level of every resource.
+///
+/// HTTP cannot tell who is calling, and every local user can reach it: a job's details (its
+/// processes' names, its config file, knobs, directives and the trainer's progress) are shown only
+/// with that job's token (`Authorization: Bearer <token>`); everyone sees names, states, levels and
+/// numbers. The control socket shows each user all of their own jobs (docs/api.md).
+pub async fn jobs(State(shared): State<Arc<Shared>>, headers: axum::http::HeaderMap) -> Response {
     let v = shared.view();
-    Json(json!({ "dry_run": v.dry_run, "jobs": v.jobs, "levels": v.levels })).into_response()
+    let token = super::bearer(&headers);
+    let jobs: Vec<serde_json::Value> = v
+        .jobs
+        .iter()
+        .map(|j| {
+            let owner = token.as_deref().is_some_and(|t| {
+                v.tokens
+                    .get(&j.name)
+                    .is_some_and(|expected| crate::adapt::token_matches(expected, t))
+            });
+            job_json(j, owner)
+        })
+        .collect();
+    Json(json!({ "dry_run": v.dry_run, "jobs": jobs, "levels": v.levels })).into_response()
+}
+
+/// A job as HTTP shows it: with `details` only for its owner (see [`jobs`]).
+fn job_json(job: &crate::job::JobView, details: bool) -> serde_json::Value {
+    let mut v = serde_json::to_value(job).unwrap_or_default();
+    if let Some(s) = v.get_mut("sample").and_then(|s| s.as_object_mut()) {
+        let n = s
+            .get("processes")
+            .and_then(|p| p.as_array())
+            .map_or(0, Vec::len);
+        s.insert("process_count".into(), n.into());
+        if !details {
+            s.remove("processes");
+        }
+    }
+    if !details {
+        if let Some(c) = v.get_mut("config").filter(|c| !c.is_null()) {
+            *c = json!({
+                "generation": c["generation"],
+                "applied_generation": c["applied_generation"],
+            });
+        }
+    }
+    v["details"] = details.into();
+    v
+}
+
+/// Events as HTTP shows them: what happened to which job and why, for everyone; the details of
+/// config rewrites and errors (file paths, values) stay with the job's owner (the control socket).
+fn public_event(e: &crate::act::audit::Event) -> serde_json::Value {
+    let mut v = serde_json::to_value(e).unwrap_or_default();
+    if !e.job.is_empty() && matches!(e.action.as_str(), "rewrite" | "error") {
+        v["detail"] = "details for the job's owner and root: memwatch jobs --json".into();
+    }
+    v
 }
 
 /// `GET /api/v1/events?limit=N`: the newest interventions and level changes, newest last.
@@ -113,7 +166,8 @@ pub async fn events(
     };
     let v = shared.view();
     let skip = v.events.len().saturating_sub(limit);
-    Json(json!({ "events": v.events[skip..], "interventions": v.interventions })).into_response()
+    let events: Vec<serde_json::Value> = v.events[skip..].iter().map(public_event).collect();
+    Json(json!({ "events": events, "interventions": v.interventions })).into_response()
 }
 
 /// `GET /api/v1/advice[?job=NAME]`: the current advice, most severe first.

@@ -105,6 +105,12 @@ async fn json_errors(
     out
 }
 
+/// The token in `Authorization: Bearer <token>`, if any.
+fn bearer(headers: &axum::http::HeaderMap) -> Option<String> {
+    let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    v.strip_prefix("Bearer ").map(|t| t.trim().to_owned())
+}
+
 /// Whether the client takes gzip (`Accept-Encoding: gzip`, as Prometheus always sends), and not with q=0.
 fn accepts_gzip(headers: &axum::http::HeaderMap) -> bool {
     headers

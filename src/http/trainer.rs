@@ -17,14 +17,6 @@ use crate::adapt::Progress;
 use crate::control::server::Envelope;
 use crate::control::{Caller, Request};
 
-fn token(headers: &HeaderMap) -> Option<String> {
-    let v = headers
-        .get(axum::http::header::AUTHORIZATION)?
-        .to_str()
-        .ok()?;
-    v.strip_prefix("Bearer ").map(|t| t.trim().to_owned())
-}
-
 async fn ask(state: &AppState, request: Request) -> Response {
     let (reply, answer) = oneshot::channel();
     let env = Envelope {
@@ -80,7 +72,7 @@ pub async fn directives(
         Request::Directives {
             target: job,
             since: q.since,
-            token: token(&headers),
+            token: super::bearer(&headers),
         },
     )
     .await
@@ -106,7 +98,7 @@ pub async fn ack(
             target: job,
             generation: b.generation,
             epoch: b.epoch,
-            token: token(&headers),
+            token: super::bearer(&headers),
         },
     )
     .await
@@ -124,7 +116,7 @@ pub async fn progress(
         Request::Progress {
             target: job,
             progress: p,
-            token: token(&headers),
+            token: super::bearer(&headers),
         },
     )
     .await

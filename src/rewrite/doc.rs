@@ -73,6 +73,26 @@ impl Doc {
                 "`{path}` names more than one entry (duplicate keys, or a key that holds a dot); edit it by hand"
             ));
         }
+        if let Some(hit) = first {
+            // A duplicated key anywhere on the way makes the entry one that parsers may not read
+            // (most keep the last of duplicates): the edit could land where nothing looks.
+            let mut i = hit as u32;
+            while i != TOP {
+                let node = &self.nodes[i as usize];
+                if self
+                    .nodes
+                    .iter()
+                    .enumerate()
+                    .any(|(j, n)| j != i as usize && n.parent == node.parent && n.key == node.key)
+                {
+                    return Err(format!(
+                        "`{path}`: the key `{}` appears more than once where it sits; edit it by hand",
+                        self.dotted(i as usize)
+                    ));
+                }
+                i = node.parent;
+            }
+        }
         Ok(first)
     }
 

@@ -244,3 +244,14 @@ fn toml_edits_only_the_value_text() {
         "a.b = 2 # dotted\n[t]\ns = 'q\"'\nx = [9, 2]\ninline = { k = 4 }\n"
     );
 }
+
+#[test]
+fn an_edit_through_a_duplicated_key_is_refused() {
+    // Found by the property run: the path is unique, but it runs through the first of two "a" keys,
+    // which JSON parsers drop (they keep the last): the edit would land where nobody reads.
+    let text = "{\"a\": [[false]], \"a\": [{}]}";
+    let e = set(Format::Json, text, "a.0.0", Scalar::Bool(true)).unwrap_err();
+    assert!(e.contains("appears more than once"), "{e}");
+    let yaml = "run: {lr: 0.1}\nrun: {batch: 2}\n";
+    assert!(set(Format::Yaml, yaml, "run.lr", Scalar::Float(0.2)).is_err());
+}

@@ -620,7 +620,7 @@ fn a_root_child_in_a_users_job_is_never_signalled_or_frozen() {
         let (code, err) = as_user("memwatch-test", &d, &["pause", "mixed"]);
         assert_eq!(code, 0, "{place}: {err}");
         assert!(
-            eventually(2.0, || proc_state(root) == Some('T')
+            eventually(10.0, || proc_state(root) == Some('T')
                 && proc_state(user_child) == Some('T')),
             "{place}: the user's own processes were not paused"
         );

@@ -139,3 +139,97 @@ fn the_guardian_leaves_after_a_clean_stop_and_is_replaced_when_killed() {
         "the guardian outlived a clean stop"
     );
 }
+
+/// A pause that cannot be written ahead is refused: with the state directory full, `pause` fails with
+/// a clear error and the job keeps running, so no crash can leave it stopped unrecorded.
+#[test]
+fn a_pause_that_cannot_be_saved_is_refused() {
+    let top = tempfile::tempdir().unwrap();
+    let state = top.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=256k", "tmpfs"])
+        .arg(&state)
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "mount a small tmpfs (needs root)");
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(state.clone());
+    let d = Daemon::start(Opts {
+        root: "/".into(),
+        gpu_state: None,
+        state: Some(state.clone()),
+        ..Opts::default()
+    });
+    let (child, pids) = job(None);
+    assert_eq!(
+        d.ctl(&["attach", &pids[0].to_string(), "--name", "full"]).0,
+        0
+    );
+    // Fill the rest of the file system.
+    let _ = Command::new("dd")
+        .args(["if=/dev/zero", "bs=4k"])
+        .arg(format!("of={}", state.join("filler").display()))
+        .output()
+        .unwrap();
+    let (code, _, err) = d.ctl(&["pause", "full"]);
+    assert_ne!(code, 0, "a pause that could not be recorded was accepted");
+    assert!(err.contains("cannot write"), "{err}");
+    assert!(
+        pids.iter().all(|p| proc_state(*p) != Some('T')),
+        "the refused pause stopped something"
+    );
+    assert_eq!(d.job_state("full").as_deref(), Some("running"));
+    // With room again it pauses.
+    std::fs::remove_file(state.join("filler")).unwrap();
+    assert_eq!(d.ctl(&["pause", "full"]).0, 0);
+    assert!(eventually(2.0, || proc_state(pids[0]) == Some('T')));
+    drop(d);
+    end(child, &pids);
+}
+
+/// A restart after a crash resumes the paused jobs before it binds anything: with the HTTP port taken
+/// the new daemon exits 1, and the job runs again all the same.
+#[test]
+fn a_restart_resumes_paused_jobs_even_when_the_port_is_taken() {
+    let mut d = daemon();
+    let (child, pids) = job(None);
+    assert_eq!(d.ctl(&["attach", &pids[0].to_string(), "--name", "p"]).0, 0);
+    assert_eq!(d.ctl(&["pause", "p"]).0, 0);
+    assert!(eventually(2.0, || pids
+        .iter()
+        .all(|p| proc_state(*p) == Some('T'))));
+    d.crash(true);
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let config = std::fs::read_to_string(d.dir.path().join("memwatch.toml"))
+        .unwrap()
+        .replace(
+            "listen = \"127.0.0.1:0\"",
+            &format!("listen = \"{}\"", taken.local_addr().unwrap()),
+        );
+    let path = d.dir.path().join("taken.toml");
+    std::fs::write(&path, config).unwrap();
+    let out = Command::new(common::bin())
+        .arg("--config")
+        .arg(&path)
+        .arg("run")
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        pids.iter().all(|p| proc_state(*p) != Some('T')),
+        "the job stayed stopped while the port was taken"
+    );
+    end(child, &pids);
+}

@@ -31,6 +31,9 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, Sleep};
 use tower::ServiceExt;
 
+/// The most a connection buffers of a request's head.
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+
 /// The server's limits (config `[http]`).
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -218,7 +221,9 @@ async fn connection(
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(timeout);
+        .header_read_timeout(timeout)
+        // A request's head in at most 64 KiB (hyper's default lets each connection buffer ~400 KiB).
+        .max_buf_size(MAX_HEAD_BYTES);
     let conn = builder.serve_connection(TokioIo::new(Stalling::new(stream, timeout)), service);
     tokio::pin!(conn);
     tokio::select! {

@@ -495,6 +495,8 @@ fn try_rewrite(
     clean_stale_temps(dir, name);
     keep_original(dir, name, &read.text, mode).map_err(&err)?;
     let tmp = write_temp(dir, name, new_text.as_bytes(), mode).map_err(&err)?;
+    #[cfg(test)]
+    tests::before_rename(path);
     // Still the file that was read? An owner's save in the meantime must not be lost.
     let unchanged = match read_in(dir, name, path, Some(read.stat.st_uid)) {
         Ok(now) => same_file(&now.stat, &read.stat) && now.text == read.text,
@@ -548,6 +550,98 @@ pub fn rewrite(
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    type Hook = Box<dyn Fn(&Path) + Send>;
+
+    /// What a test does between memwatch's read and its rename (an owner saving the file).
+    static BEFORE_RENAME: Mutex<Option<Hook>> = Mutex::new(None);
+
+    pub(super) fn before_rename(path: &Path) {
+        if let Some(hook) = BEFORE_RENAME
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            hook(path);
+        }
+    }
+
+    /// Runs `f` with `hook` in place; tests that set it hold ONE_AT_A_TIME's order through `rewrite`.
+    fn with_hook<T>(hook: Hook, f: impl FnOnce() -> T) -> T {
+        *BEFORE_RENAME.lock().unwrap() = Some(hook);
+        let out = f();
+        *BEFORE_RENAME.lock().unwrap() = None;
+        out
+    }
+
+    #[test]
+    fn an_owner_save_during_a_rewrite_is_never_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("train.yaml");
+        std::fs::write(&f, "lr: 0.001\nbatch: 8\n").unwrap();
+        let me = nix::unistd::geteuid().as_raw();
+        let edit = [("batch".to_owned(), Scalar::Int(4))];
+        // The owner saves once, between memwatch's read and its rename: memwatch starts over from
+        // the owner's text, and both changes are in the file.
+        let saved = std::sync::atomic::AtomicBool::new(false);
+        let saved = std::sync::Arc::new(saved);
+        let once = saved.clone();
+        let target = f.clone();
+        let out = with_hook(
+            Box::new(move |p| {
+                // Other tests' rewrites pass here too: only this file's.
+                if p == target && !once.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    std::fs::write(p, "lr: 0.0003\nbatch: 8\n").unwrap();
+                }
+            }),
+            || rewrite(&f, Format::Yaml, Owner::Uid(me), &edit),
+        )
+        .unwrap();
+        assert_eq!(out.retries, 1);
+        assert_eq!(
+            std::fs::read_to_string(&f).unwrap(),
+            "lr: 0.0003\nbatch: 4\n"
+        );
+        // An owner who keeps saving: memwatch gives up after three tries and the owner's last save
+        // stands.
+        let n = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let count = n.clone();
+        let target = f.clone();
+        let e = with_hook(
+            Box::new(move |p| {
+                if p != target {
+                    return;
+                }
+                let i = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                std::fs::write(p, format!("lr: 0.{i}1\nbatch: 4\n")).unwrap();
+            }),
+            || {
+                rewrite(
+                    &f,
+                    Format::Yaml,
+                    Owner::Uid(me),
+                    &[("batch".to_owned(), Scalar::Int(2))],
+                )
+            },
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("changed while memwatch was writing it"),
+            "{e}"
+        );
+        let last = n.load(std::sync::atomic::Ordering::SeqCst) - 1;
+        assert_eq!(
+            std::fs::read_to_string(&f).unwrap(),
+            format!("lr: 0.{last}1\nbatch: 4\n")
+        );
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains("tmp"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
 
     #[test]
     fn refuses_links_foreign_files_and_garbage_leaving_them_untouched() {

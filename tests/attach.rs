@@ -230,16 +230,7 @@ fn users_act_on_their_own_processes_only() {
     )
     .unwrap();
     let root_proc = sleeper();
-    let user_proc = Command::new("setpriv")
-        .args([
-            &format!("--reuid={uid}"),
-            &format!("--regid={uid}"),
-            "--clear-groups",
-            "sleep",
-            "120",
-        ])
-        .spawn()
-        .unwrap();
+    let user_proc = common::spawn_as(uid, &["sleep", "120"]);
     assert!(eventually(2.0, || std::fs::read_to_string(format!(
         "/proc/{}/status",
         user_proc.id()
@@ -593,7 +584,8 @@ fn a_root_child_in_a_users_job_is_never_signalled_or_frozen() {
         for dir in [d.dir.path(), d.socket.parent().unwrap()] {
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
         }
-        let mut job = Command::new("python3")
+        // Debian's python: a venv's interpreter may live where the user cannot read.
+        let mut job = Command::new("/usr/bin/python3")
             .args(["-c", MIXED_TREE, &uid.to_string()])
             .arg(cgroup.as_deref().unwrap_or(std::path::Path::new("")))
             .stdout(Stdio::piped())

@@ -488,3 +488,16 @@ pub fn ensure_user(name: &str) -> u32 {
 pub fn fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
 }
+
+/// Runs `args` as user `uid` (real, effective and saved ids, no supplementary groups).
+pub fn spawn_as(uid: u32, args: &[&str]) -> Child {
+    Command::new("setpriv")
+        .args([
+            &format!("--reuid={uid}"),
+            &format!("--regid={uid}"),
+            "--clear-groups",
+        ])
+        .args(args)
+        .spawn()
+        .unwrap()
+}

@@ -233,3 +233,86 @@ fn a_restart_resumes_paused_jobs_even_when_the_port_is_taken() {
     );
     end(child, &pids);
 }
+
+/// A paused job whose root is killed from outside (kill -9, as the OOM killer would) leaves no process
+/// stopped: its orphaned workers are continued (signals) or thawed (a cgroup v2 freezer, where a
+/// frozen root can die) before the job is dropped, and the job shows in the ended list with how it
+/// ended.
+#[test]
+fn a_paused_job_whose_root_is_killed_leaves_nothing_stopped() {
+    let mut places: Vec<Option<PathBuf>> = vec![None];
+    for base in ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"] {
+        let dir =
+            std::path::Path::new(base).join(format!("memwatch-orphans-{}", std::process::id()));
+        if std::fs::create_dir(&dir).is_ok() {
+            if dir.join("cgroup.freeze").exists() {
+                places.push(Some(dir));
+                break;
+            }
+            let _ = std::fs::remove_dir(&dir);
+        }
+    }
+    for place in places {
+        let d = daemon();
+        let (mut child, pids) = job(place.as_ref());
+        // Killed however the test ends: stopped orphans would hold the test's output open.
+        struct Reap(Vec<u32>);
+        impl Drop for Reap {
+            fn drop(&mut self) {
+                for p in &self.0 {
+                    let _ = Command::new("kill")
+                        .args(["-KILL", &p.to_string()])
+                        .status();
+                }
+            }
+        }
+        let _reap = Reap(pids.clone());
+        assert_eq!(d.ctl(&["attach", &pids[0].to_string(), "--name", "o"]).0, 0);
+        assert_eq!(d.ctl(&["pause", "o"]).0, 0);
+        let held =
+            |p: u32| proc_state(p) == Some('T') || place.as_ref().is_some_and(|dir| frozen(dir));
+        assert!(
+            eventually(2.0, || pids.iter().all(|p| held(*p))),
+            "{place:?}: not paused"
+        );
+        // The root dies; its workers are orphaned, still held.
+        let _ = Command::new("kill")
+            .args(["-KILL", &pids[0].to_string()])
+            .status();
+        child.wait().unwrap();
+        assert!(
+            eventually(5.0, || pids[1..]
+                .iter()
+                .all(|p| proc_state(*p) == Some('S'))
+                && place.as_ref().is_none_or(|dir| !frozen(dir))),
+            "{place:?}: workers left held: {:?}",
+            pids.iter().map(|p| proc_state(*p)).collect::<Vec<_>>()
+        );
+        assert!(eventually(2.0, || d.job_state("o").is_none()));
+        let (status, body) = d.get("/api/v1/jobs");
+        assert_eq!(status, 200);
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let ended = &v["ended"][0];
+        assert_eq!(ended["name"], "o", "{v}");
+        assert_eq!(ended["was_paused"], true, "{v}");
+        assert!(
+            ended["how"]
+                .as_str()
+                .is_some_and(|h| h.contains("exited while paused")),
+            "{v}"
+        );
+        let (_, out, _) = d.ctl(&["jobs"]);
+        assert!(
+            out.contains("ended:") && out.contains("exited while paused"),
+            "{out}"
+        );
+        for p in &pids[1..] {
+            let _ = Command::new("kill")
+                .args(["-KILL", &p.to_string()])
+                .status();
+        }
+        if let Some(dir) = place {
+            assert!(eventually(5.0, || std::fs::remove_dir(&dir).is_ok()));
+        }
+    }
+}

@@ -87,6 +87,13 @@ pub fn owned(root: &Path, tree: &[u32], owner: u32) -> Option<Frozen> {
 }
 
 impl Frozen {
+    /// The pids in the cgroup and its children now (empty when it cannot be read).
+    pub fn members(&self) -> Vec<u32> {
+        let mut pids = Vec::new();
+        pids_below(&self.dir, &mut pids);
+        pids
+    }
+
     /// Whether every process in the cgroup could be signalled by `owner` now (checked again just
     /// before a freeze: a process may have become root since the last full sample).
     pub fn within_reach(&self, root: &Path, owner: u32) -> bool {

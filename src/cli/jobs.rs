@@ -102,3 +102,17 @@ pub fn render(jobs: &[JobView], now_ms: u64) -> String {
     }
     o
 }
+
+/// Jobs that ended recently, newest last: how each ended and how long ago. Empty when none.
+pub fn render_ended(ended: &[crate::job::EndedJob], now_ms: u64) -> String {
+    let mut o = String::new();
+    if ended.is_empty() {
+        return o;
+    }
+    let _ = writeln!(o, "\nended:");
+    for e in ended {
+        let ago = now_ms.saturating_sub(e.ended_at_ms) / 1000;
+        let _ = writeln!(o, "  {} (pid {}), {ago} s ago: {}", e.name, e.pid, e.how);
+    }
+    o
+}

@@ -336,6 +336,10 @@ fn dispatch(cli: Cli) -> Result<(), Failure> {
                 println!("{}", serde_json::to_string_pretty(&jobs)?);
             } else {
                 print!("{}", jobs::render(&jobs, now_ms()));
+                print!(
+                    "{}",
+                    jobs::render_ended(&r.ended.unwrap_or_default(), now_ms())
+                );
             }
             Ok(())
         }

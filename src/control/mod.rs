@@ -88,6 +88,9 @@ pub struct Response {
     pub job: Option<JobView>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jobs: Option<Vec<JobView>>,
+    /// With `jobs`: the caller's jobs that ended recently, and how.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<Vec<crate::job::EndedJob>>,
     /// Given once, to the caller that attached a job with a config file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
@@ -105,6 +108,7 @@ impl Response {
             error: None,
             job: None,
             jobs: None,
+            ended: None,
             token: None,
             directives: None,
             dry_run: false,

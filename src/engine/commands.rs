@@ -68,7 +68,15 @@ impl Engine {
                     .filter(|j| caller.is_root() || j.owner_uid == caller.uid)
                     .map(|j| self.job_view(j))
                     .collect();
-                return Response::jobs(jobs);
+                let mut r = Response::jobs(jobs);
+                r.ended = Some(
+                    self.ended
+                        .iter()
+                        .filter(|e| caller.is_root() || e.owner_uid == caller.uid)
+                        .cloned()
+                        .collect(),
+                );
+                return r;
             }
         };
         match result {

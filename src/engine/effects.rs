@@ -6,6 +6,7 @@ use nix::sys::signal::Signal;
 use super::Engine;
 use crate::act::persist::{self, Persisted, PersistedJob, PersistedPause};
 use crate::act::{pause, signal};
+use crate::job::EndedJob;
 use crate::job::{Job, Pause};
 use crate::policy::{self, By, Decision};
 
@@ -306,19 +307,77 @@ impl Engine {
     }
 
     /// The job's root exited or its pid now names another process: drop it, signalling nothing.
+    /// The job's root exited (or its pid now names another process). Before the job is dropped, every
+    /// process of it memwatch stopped is continued and its frozen cgroup thawed, and, when memwatch
+    /// held it paused, every stopped process left in the job's own cgroup too: workers orphaned by a
+    /// root killed during a pause (kill -9, the OOM killer, `terminate`) never stay stopped. The job
+    /// stays in the view's `ended` list with how it ended.
     pub(super) fn job_gone(&mut self, name: &str, now_ms: u64) {
-        if self.jobs.remove(name).is_some() {
-            policy::forget(&mut self.policy, name);
-            self.save();
-            self.record(
-                now_ms,
-                "detach",
-                name,
-                "gone",
-                "the job's process exited".into(),
-                false,
-            );
+        let Some(j) = self.jobs.get(name) else {
+            return;
+        };
+        let (mut continued, mut thawed) = (0usize, None);
+        if let Some(p) = &j.pause {
+            if let Some(f) = &p.frozen {
+                match f.thaw() {
+                    Ok(()) => thawed = Some(f.dir.clone()),
+                    Err(e) => {
+                        tracing::error!(cgroup = %f.dir.display(), error = %e, "cannot thaw the cgroup of a job that ended")
+                    }
+                }
+            }
+            for r in p.stopped.iter().rev() {
+                if signal::send(&self.process_root, *r, Signal::SIGCONT).is_ok() {
+                    continued += 1;
+                }
+            }
+            // Orphans: whatever of the job's own cgroup is still stopped.
+            if let Some(f) = p.frozen.as_ref().or(j.freezer.as_ref()) {
+                for pid in f.members() {
+                    let Ok(s) = crate::proc::read_stat(&self.process_root, pid) else {
+                        continue;
+                    };
+                    let r = s.proc_ref();
+                    if s.is_stopped()
+                        && !p.stopped.contains(&r)
+                        && signal::owner_may_signal(&self.process_root, pid, j.owner_uid)
+                        && signal::send(&self.process_root, r, Signal::SIGCONT).is_ok()
+                    {
+                        continued += 1;
+                    }
+                }
+            }
         }
+        let was_paused = j.pause.is_some();
+        let how = match (was_paused, &thawed) {
+            (false, _) => "its root process exited".to_owned(),
+            (true, Some(dir)) => format!(
+                "its root process exited while paused; thawed {} and continued {continued} process(es) left behind",
+                dir.display()
+            ),
+            (true, None) => format!(
+                "its root process exited while paused; continued {continued} process(es) left behind"
+            ),
+        };
+        let ended = EndedJob {
+            name: j.name.clone(),
+            pid: j.root.pid,
+            owner_uid: j.owner_uid,
+            attached_at_ms: j.attached_at_ms,
+            ended_at_ms: now_ms,
+            was_paused,
+            continued,
+            thawed,
+            how: how.clone(),
+        };
+        self.jobs.remove(name);
+        policy::forget(&mut self.policy, name);
+        self.ended.push_back(ended);
+        while self.ended.len() > super::ENDED_KEPT {
+            self.ended.pop_front();
+        }
+        self.save();
+        self.record(now_ms, "detach", name, "gone", how, false);
     }
 
     fn persisted(&self) -> Persisted {

@@ -19,7 +19,7 @@ use serde::Serialize;
 
 use crate::act::audit::{Audit, Event};
 use crate::config::Config;
-use crate::job::{Growth, Job, JobView};
+use crate::job::{EndedJob, Growth, Job, JobView};
 use crate::policy;
 use crate::sample::Sample;
 
@@ -32,6 +32,8 @@ pub struct View {
     pub events: Vec<Event>,
     pub interventions: Vec<InterventionCount>,
     pub advice: Vec<crate::advice::Advice>,
+    /// Jobs that ended recently, newest last.
+    pub ended: Vec<EndedJob>,
     /// Each job's token, so that HTTP can show a job's details to whoever presents it; never served.
     #[serde(skip)]
     pub tokens: std::collections::HashMap<String, String>,
@@ -114,7 +116,12 @@ pub struct Engine {
     adapting: std::collections::BTreeSet<String>,
     /// A PSI trigger on /proc/pressure/memory wakes the daemon.
     host_watched: bool,
+    /// Jobs that ended, newest last, and how (at most `ENDED_KEPT`).
+    ended: std::collections::VecDeque<EndedJob>,
 }
+
+/// How many ended jobs the view keeps.
+pub const ENDED_KEPT: usize = 32;
 
 impl Engine {
     pub fn new(cfg: Config, clock_anchor: Option<crate::act::persist::ClockAnchor>) -> Self {
@@ -123,6 +130,7 @@ impl Engine {
             state: crate::act::persist::StateWriter::new(&cfg.control.state_dir),
             clock_anchor,
             unsettled: Vec::new(),
+            ended: std::collections::VecDeque::new(),
             adapt_tasks: Vec::new(),
             adapting: Default::default(),
             host_watched: false,
@@ -343,6 +351,7 @@ impl Engine {
         View {
             dry_run: self.cfg.policy.dry_run,
             jobs: self.jobs.values().map(|j| self.job_view(j)).collect(),
+            ended: self.ended.iter().cloned().collect(),
             tokens: self
                 .jobs
                 .values()

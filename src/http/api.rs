@@ -102,7 +102,8 @@ pub async fn jobs(State(shared): State<Arc<Shared>>, headers: axum::http::Header
             job_json(j, owner)
         })
         .collect();
-    Json(json!({ "dry_run": v.dry_run, "jobs": jobs, "levels": v.levels })).into_response()
+    Json(json!({ "dry_run": v.dry_run, "jobs": jobs, "ended": v.ended, "levels": v.levels }))
+        .into_response()
 }
 
 /// A job as HTTP shows it: with `details` only for its owner (see [`jobs`]).

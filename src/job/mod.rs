@@ -155,3 +155,20 @@ pub struct JobView {
     #[serde(default)]
     pub config: Option<crate::adapt::JobConfigView>,
 }
+
+/// A job that ended, and how: shown for a while after it is gone.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EndedJob {
+    pub name: String,
+    pub pid: u32,
+    pub owner_uid: u32,
+    pub attached_at_ms: u64,
+    pub ended_at_ms: u64,
+    /// Whether memwatch held it paused when its root exited.
+    pub was_paused: bool,
+    /// Processes of the job memwatch continued, and the cgroup it thawed, after the root exited.
+    pub continued: usize,
+    pub thawed: Option<std::path::PathBuf>,
+    /// For people.
+    pub how: String,
+}

@@ -492,3 +492,65 @@ fn a_rewrite_that_landed_before_a_kill_is_not_lost() {
     let _ = job.kill();
     let _ = job.wait();
 }
+
+/// Verify, don't trust: a trainer in a memory cgroup at warn gets "workers 4 → 2". The honest one stops
+/// two workers and acknowledges: verified. The one that only acknowledges keeps 4 workers alive: after
+/// `verify_seconds` the change is marked unverified (API, event, metric).
+#[test]
+fn an_acknowledged_change_that_did_not_happen_is_caught() {
+    for honest in [true, false] {
+        let d = Daemon::start(Opts {
+            root: "/".into(),
+            gpu_state: None,
+            extra_config: "[adapt]\nverify_seconds = 2\n",
+            ..Opts::default()
+        });
+        let cfg = d.dir.path().join("train.json");
+        std::fs::write(
+            &cfg,
+            "{\"train\": {\"workers\": 4, \"pin_memory\": true}}\n",
+        )
+        .unwrap();
+        let cg = common::cgroup::MemCgroup::new(256 << 20).expect("a memory cgroup (needs root)");
+        let mut trainer = cg.spawn(
+            std::path::Path::new("/usr/bin/python3"),
+            &[
+                common::repo()
+                    .join("tests/trainer/workers.py")
+                    .to_str()
+                    .unwrap(),
+                cfg.to_str().unwrap(),
+                d.socket.to_str().unwrap(),
+                &d.url(),
+                "205",
+                if honest { "1" } else { "0" },
+            ],
+        );
+        let want = if honest { "verified" } else { "unverified" };
+        let state = |d: &Daemon| {
+            d.jobs().first().and_then(|j| {
+                j["config"]["directives"][0]["verification"]["state"]
+                    .as_str()
+                    .map(str::to_owned)
+            })
+        };
+        assert!(
+            eventually(30.0, || state(&d).as_deref() == Some(want)),
+            "honest={honest}: {:?}",
+            d.jobs()
+        );
+        let j = &d.jobs()[0];
+        let changes = &j["config"]["directives"][0]["changes"];
+        assert!(changes.to_string().contains("workers"), "{j}");
+        let unverified = d
+            .metrics()
+            .contains("memwatch_job_config_unverified_changes{job=\"workers\"} 1\n");
+        assert_eq!(unverified, !honest, "honest={honest}");
+        let _ = trainer.kill();
+        let _ = trainer.wait();
+        let _ = Command::new("pkill")
+            .args(["-KILL", "-f", "tests/trainer/workers.py"])
+            .status();
+        drop(cg);
+    }
+}

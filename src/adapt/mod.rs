@@ -34,6 +34,69 @@ pub struct Directive {
     /// Set when the trainer acknowledged it: (epoch, when).
     pub applied_epoch: Option<u64>,
     pub applied_at_ms: Option<u64>,
+    /// Whether memwatch saw the acknowledged change take effect (only for what it can see).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verification: Option<Verification>,
+}
+
+/// Verify, don't trust: what memwatch looks for after an acknowledgement, and what it found.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Verification {
+    pub state: VerifyState,
+    /// What memwatch looks for, for people.
+    pub expect: String,
+    /// The job's process count must fall to at most this.
+    pub max_processes: usize,
+    /// When the acknowledgement came (engine clock, ms).
+    pub since_ms: u64,
+    /// When it was verified or given up on.
+    pub settled_at_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VerifyState {
+    Pending,
+    Verified,
+    Unverified,
+}
+
+/// What to look for once `d` is acknowledged, for a job of `processes` processes now: fewer DataLoader
+/// workers must show as fewer processes. `None` when nothing in `d` is visible from outside (a
+/// micro-batch change shows in GPU memory only when the trainer empties PyTorch's cache).
+pub fn expectation(d: &Directive, processes: usize, now_ms: u64) -> Option<Verification> {
+    let ch = d.changes.iter().find(|c| c.knob == Knob::Workers)?;
+    let (old, new) = (ch.old.as_u64()?, ch.new.as_u64()?);
+    let fewer = usize::try_from(old.checked_sub(new).filter(|n| *n > 0)?).ok()?;
+    let max_processes = processes.saturating_sub(fewer);
+    Some(Verification {
+        state: VerifyState::Pending,
+        expect: format!(
+            "DataLoader workers {old} → {new}: the job's processes fall from {processes} to at most {max_processes}"
+        ),
+        max_processes,
+        since_ms: now_ms,
+        settled_at_ms: None,
+    })
+}
+
+impl Verification {
+    /// Looks at the job's process count now: verified once it has fallen far enough, unverified once
+    /// `window_ms` passed without that. `true` when the state changed.
+    pub fn check(&mut self, processes: usize, now_ms: u64, window_ms: u64) -> bool {
+        if self.state != VerifyState::Pending {
+            return false;
+        }
+        if processes <= self.max_processes {
+            self.state = VerifyState::Verified;
+        } else if now_ms.saturating_sub(self.since_ms) >= window_ms {
+            self.state = VerifyState::Unverified;
+        } else {
+            return false;
+        }
+        self.settled_at_ms = Some(now_ms);
+        true
+    }
 }
 
 /// What the trainer last reported.
@@ -170,5 +233,53 @@ mod tests {
         assert!(!token_matches(&zero, &zero), "a zero token was accepted");
         assert!(!token_matches("", ""));
         assert!(!token_matches("abc", "abc"), "a short token was accepted");
+    }
+
+    #[test]
+    fn fewer_workers_must_show_as_fewer_processes() {
+        let change = |knob, old: i64, new: i64| Change {
+            knob,
+            path: "x".into(),
+            old: Scalar::Int(old),
+            new: Scalar::Int(new),
+        };
+        let d = Directive {
+            generation: 1,
+            changes: vec![
+                change(Knob::Workers, 4, 2),
+                change(Knob::MicroBatch, 32, 16),
+            ],
+            reason: String::new(),
+            staged_at_ms: 0,
+            applied_epoch: Some(1),
+            applied_at_ms: Some(0),
+            verification: None,
+        };
+        let mut v = expectation(&d, 5, 1_000).unwrap();
+        assert_eq!(v.max_processes, 3);
+        assert!(!v.check(5, 2_000, 30_000), "decided before the window");
+        assert!(v.check(3, 3_000, 30_000));
+        assert_eq!(
+            (v.state, v.settled_at_ms),
+            (VerifyState::Verified, Some(3_000))
+        );
+        assert!(
+            !v.check(5, 90_000, 30_000),
+            "a settled verdict never changes"
+        );
+        let mut v = expectation(&d, 5, 1_000).unwrap();
+        assert!(v.check(5, 31_000, 30_000));
+        assert_eq!(v.state, VerifyState::Unverified);
+        // Nothing visible to check: more workers, or only the micro-batch.
+        let grow = Directive {
+            changes: vec![change(Knob::Workers, 2, 4)],
+            ..d.clone()
+        };
+        assert!(expectation(&grow, 3, 0).is_none());
+        let batch = Directive {
+            changes: vec![change(Knob::MicroBatch, 32, 16)],
+            ..d
+        };
+        assert!(expectation(&batch, 3, 0).is_none());
     }
 }

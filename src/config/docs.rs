@@ -224,6 +224,11 @@ pub const DOCS: &[(&str, &str)] = &[
          (PyTorch's caching allocator keeps what it reserved).",
     ),
     (
+        "adapt.verify_seconds",
+        "After the trainer acknowledged fewer DataLoader workers, the job's process count must fall within\n\
+         this long; else the change is marked unverified (the trainer said so, the job does not show it).",
+    ),
+    (
         "policy.*.action",
         "pause: pause the jobs the resource concerns; warn: record and report only.",
     ),

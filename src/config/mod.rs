@@ -50,6 +50,7 @@ pub struct Adapt {
     pub max_accumulation: u64,
     pub min_workers: u64,
     pub settle_seconds: u64,
+    pub verify_seconds: u64,
 }
 
 impl Default for Adapt {
@@ -62,6 +63,7 @@ impl Default for Adapt {
             max_accumulation: 1024,
             min_workers: 0,
             settle_seconds: 120,
+            verify_seconds: 30,
         }
     }
 }

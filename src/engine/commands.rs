@@ -199,6 +199,12 @@ impl Engine {
     ) -> Response {
         let mut acked = Vec::new();
         let mut job = String::new();
+        let processes = self
+            .jobs
+            .values()
+            .find(|j| j.name == target)
+            .and_then(|j| j.last.as_ref())
+            .map(|s| s.processes.len());
         let r = self.with_config(target, token, caller, |name, c| {
             if generation > c.generation {
                 return Response::error(format!(
@@ -213,6 +219,7 @@ impl Engine {
             {
                 d.applied_epoch = Some(epoch);
                 d.applied_at_ms = Some(now_ms);
+                d.verification = processes.and_then(|n| crate::adapt::expectation(d, n, now_ms));
                 acked.push(d.generation);
             }
             job = name.to_owned();

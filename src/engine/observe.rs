@@ -57,11 +57,54 @@ impl Engine {
                 None => self.job_gone(&name, now_ms),
             }
         }
+        self.verify(now_ms);
         self.previous = self.latest.replace(sample);
         self.dirty = true;
         self.step(now_ms);
         self.adapt(now_ms);
         self.refresh_advice();
+    }
+
+    /// Verify, don't trust: checks every acknowledged change memwatch can see against the job's
+    /// latest measurement; records what it found.
+    fn verify(&mut self, now_ms: u64) {
+        let window_ms = self.cfg.adapt.verify_seconds.saturating_mul(1000);
+        let mut found = Vec::new();
+        for j in self.jobs.values_mut() {
+            let Some(processes) = j.last.as_ref().map(|s| s.processes.len()) else {
+                continue;
+            };
+            let Some(c) = j.config.as_mut() else {
+                continue;
+            };
+            for d in &mut c.directives {
+                if let Some(v) = d.verification.as_mut() {
+                    if v.check(processes, now_ms, window_ms) {
+                        found.push((j.name.clone(), d.generation, v.clone(), processes));
+                    }
+                }
+            }
+        }
+        for (job, generation, v, processes) in found {
+            let verified = v.state == crate::adapt::VerifyState::Verified;
+            let detail = if verified {
+                format!("generation {generation} verified: {}", v.expect)
+            } else {
+                tracing::warn!(
+                    job,
+                    generation,
+                    processes,
+                    "an acknowledged change did not take effect"
+                );
+                format!(
+                    "generation {generation} unverified: acknowledged, but after {} s the job still has {processes} processes ({})",
+                    self.cfg.adapt.verify_seconds, v.expect
+                )
+            };
+            let action = if verified { "verified" } else { "unverified" };
+            self.record(now_ms, action, &job, "trainer", detail, false);
+            self.save();
+        }
     }
 
     /// A cheap probe: MemAvailable and each job's cgroup.

@@ -22,7 +22,7 @@ fn esc(v: &str) -> String {
 /// Appends the job and intervention series to `out`.
 pub fn render(out: &mut String, v: &View) {
     type Get = fn(&crate::job::JobView) -> Option<f64>;
-    let series: [(&str, &str, Get); 17] = [
+    let series: [(&str, &str, Get); 18] = [
         (
             "memwatch_job_config_generation",
             "Newest generation of config changes staged for the job.",
@@ -32,6 +32,22 @@ pub fn render(out: &mut String, v: &View) {
             "memwatch_job_config_applied_generation",
             "Newest generation the trainer acknowledged.",
             |j| j.config.as_ref().map(|c| c.applied_generation as f64),
+        ),
+        (
+            "memwatch_job_config_unverified_changes",
+            "Acknowledged config changes memwatch did not see take effect (verify_seconds passed).",
+            |j| {
+                j.config.as_ref().map(|c| {
+                    c.directives
+                        .iter()
+                        .filter(|d| {
+                            d.verification
+                                .as_ref()
+                                .is_some_and(|v| v.state == crate::adapt::VerifyState::Unverified)
+                        })
+                        .count() as f64
+                })
+            },
         ),
         (
             "memwatch_job_config_pending_changes",

@@ -34,6 +34,10 @@ pub struct Directive {
     /// Set when the trainer acknowledged it: (epoch, when).
     pub applied_epoch: Option<u64>,
     pub applied_at_ms: Option<u64>,
+    /// The trainer answered that it cannot apply this change, and why: the change stays in the file
+    /// (for the next start) and no longer holds back later ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub declined: Option<String>,
     /// Whether memwatch saw the acknowledged change take effect (only for what it can see).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verification: Option<Verification>,
@@ -137,7 +141,9 @@ pub struct JobConfig {
 impl JobConfig {
     /// Directives not yet acknowledged.
     pub fn pending(&self) -> impl Iterator<Item = &Directive> {
-        self.directives.iter().filter(|d| d.applied_epoch.is_none())
+        self.directives
+            .iter()
+            .filter(|d| d.applied_epoch.is_none() && d.declined.is_none())
     }
 
     /// What the API shows (everything but the token).
@@ -253,6 +259,7 @@ mod tests {
             staged_at_ms: 0,
             applied_epoch: Some(1),
             applied_at_ms: Some(0),
+            declined: None,
             verification: None,
         };
         let mut v = expectation(&d, 5, 1_000).unwrap();

@@ -71,6 +71,10 @@ enum Command {
         /// KNOB=dotted.path (batch, accumulation, workers, pin_memory, seq_len, world_size); repeatable
         #[arg(long = "key", value_name = "KNOB=PATH", requires = "config_file")]
         keys: Vec<String>,
+        /// Also write the job's token to FILE (mode 0600, yours), for a trainer someone else attached:
+        /// it reads the token from there (docs/protocol.md)
+        #[arg(long, value_name = "FILE", requires = "config_file")]
+        token_file: Option<PathBuf>,
         #[command(flatten)]
         socket: SocketArg,
     },
@@ -250,8 +254,15 @@ fn dispatch(cli: Cli) -> Result<(), Failure> {
             config_file,
             profile,
             keys,
+            token_file,
             socket,
         } => {
+            // The token file is opened before the attach, so a path that cannot be written fails
+            // before anything changes.
+            let mut token_out = match token_file {
+                Some(path) => Some((path, open_private(path)?)),
+                None => None,
+            };
             // Absolute, but not resolved: the daemon refuses symlinks itself.
             let config_file = match config_file {
                 Some(f) => Some(
@@ -260,7 +271,7 @@ fn dispatch(cli: Cli) -> Result<(), Failure> {
                 ),
                 None => None,
             };
-            let r = control_call(
+            let attached = control_call(
                 &cli,
                 socket,
                 Request::Attach {
@@ -270,8 +281,25 @@ fn dispatch(cli: Cli) -> Result<(), Failure> {
                     profile: profile.clone(),
                     keys: keys.clone(),
                 },
-            )?;
+            );
+            let r = match attached {
+                Ok(r) if r.ok => r,
+                other => {
+                    if let Some((path, _)) = token_out.take() {
+                        let _ = std::fs::remove_file(path);
+                    }
+                    other?
+                }
+            };
             let token = r.token.clone();
+            if let (Some((path, file)), Some(t)) = (token_out.as_mut(), token.as_ref()) {
+                use std::io::Write;
+                writeln!(file, "{t}")
+                    .and_then(|()| file.sync_all())
+                    .map_err(|e| {
+                        anyhow::anyhow!("{}: cannot write the token: {e}", path.display())
+                    })?;
+            }
             print_job("attached", r)?;
             if let Some(t) = token {
                 println!("token: {t}");
@@ -443,4 +471,22 @@ fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+/// Creates `path` for a secret: new or truncated, mode 0600, never through a symbolic link.
+fn open_private(path: &std::path::Path) -> Result<std::fs::File, Failure> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| {
+            usage(anyhow::anyhow!(
+                "{}: cannot create the token file: {e}",
+                path.display()
+            ))
+        })
 }

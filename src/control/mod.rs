@@ -50,13 +50,16 @@ pub enum Request {
         #[serde(default)]
         token: Option<String>,
     },
-    /// The trainer applied everything up to `generation` at `epoch`.
+    /// The trainer applied everything up to `generation` at `epoch`; or, with `cannot_apply`, it
+    /// cannot apply those changes, and why.
     Ack {
         target: String,
         generation: u64,
         epoch: u64,
         #[serde(default)]
         token: Option<String>,
+        #[serde(default)]
+        cannot_apply: Option<String>,
     },
     /// The trainer's progress.
     Progress {

@@ -187,6 +187,7 @@ pub fn run_adapt_task(t: AdaptTask) -> AdaptDone {
         staged_at_ms: 0,
         applied_epoch: None,
         applied_at_ms: None,
+        declined: None,
         verification: None,
     };
     // Write-ahead: the intent is durable before the file changes, so a daemon killed between the

@@ -44,7 +44,11 @@ impl Engine {
                 generation,
                 epoch,
                 token,
+                cannot_apply,
             } => {
+                if let Some(why) = cannot_apply {
+                    return self.decline(&target, generation, why, token, caller, now_ms);
+                }
                 return self.ack(&target, generation, epoch, token, caller, now_ms);
             }
             Request::Progress {
@@ -235,6 +239,55 @@ impl Engine {
                 &job,
                 "trainer",
                 format!("generation(s) {acked:?} applied at epoch {epoch}"),
+                false,
+            );
+        }
+        r
+    }
+
+    /// The trainer cannot apply the changes up to `generation`: they are marked declined with its
+    /// reason (bounded), stop holding back later changes, and are recorded.
+    fn decline(
+        &mut self,
+        target: &str,
+        generation: u64,
+        why: String,
+        token: Option<String>,
+        caller: Caller,
+        now_ms: u64,
+    ) -> Response {
+        let why: String = why.chars().take(500).collect();
+        if why.trim().is_empty() {
+            return Response::error("cannot_apply needs a reason");
+        }
+        let mut declined = Vec::new();
+        let mut job = String::new();
+        let r = self.with_config(target, token, caller, |name, c| {
+            if generation > c.generation {
+                return Response::error(format!(
+                    "generation {generation} was never staged (newest is {})",
+                    c.generation
+                ));
+            }
+            for d in c.directives.iter_mut().filter(|d| {
+                d.generation <= generation && d.applied_epoch.is_none() && d.declined.is_none()
+            }) {
+                d.declined = Some(why.clone());
+                declined.push(d.generation);
+            }
+            job = name.to_owned();
+            Response::ok()
+        });
+        if r.ok {
+            self.save();
+        }
+        if !declined.is_empty() {
+            self.record(
+                now_ms,
+                "declined",
+                &job,
+                "trainer",
+                format!("generation(s) {declined:?} cannot be applied: {why}"),
                 false,
             );
         }

@@ -56,7 +56,7 @@ pub fn render(out: &mut String, v: &View) {
                 j.config.as_ref().map(|c| {
                     c.directives
                         .iter()
-                        .filter(|d| d.applied_epoch.is_none())
+                        .filter(|d| d.applied_epoch.is_none() && d.declined.is_none())
                         .count() as f64
                 })
             },

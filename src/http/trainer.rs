@@ -82,7 +82,10 @@ pub async fn directives(
 #[serde(deny_unknown_fields)]
 pub struct AckBody {
     generation: u64,
+    #[serde(default)]
     epoch: u64,
+    #[serde(default)]
+    cannot_apply: Option<String>,
 }
 
 /// `POST /api/v1/jobs/{job}/ack` with `{"generation": G, "epoch": E}`
@@ -99,6 +102,7 @@ pub async fn ack(
             generation: b.generation,
             epoch: b.epoch,
             token: super::bearer(&headers),
+            cannot_apply: b.cannot_apply,
         },
     )
     .await

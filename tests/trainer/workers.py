@@ -1,11 +1,12 @@
 #!/usr/bin/python3
 """A stand-in trainer with 4 DataLoader-like worker processes, for memwatch's verification test.
 
-usage: workers.py CONFIG SOCKET URL BALLAST_MIB HONEST
+usage: workers.py CONFIG SOCKET URL BALLAST_MIB MODE
 
 It holds BALLAST_MIB of memory (so its cgroup sits at warn), starts 4 workers, attaches itself with its
-config (generic profile: workers, pin_memory), and polls for directives. On one it acknowledges; when
-HONEST is 1 it first stops the workers the directive takes away, when 0 it keeps all 4 (it lies).
+config (generic profile: workers, pin_memory), and polls for directives. On one, by MODE: "honest"
+stops the workers the directive takes away and acknowledges; "liar" keeps all 4 and acknowledges;
+"decline" answers that it cannot apply the change, and why.
 """
 import json
 import multiprocessing as mp
@@ -15,7 +16,7 @@ import sys
 import time
 import urllib.request
 
-cfg_path, sock_path, url, ballast_mib, honest = sys.argv[1:6]
+cfg_path, sock_path, url, ballast_mib, mode = sys.argv[1:6]
 ballast = b"\x01" * (int(ballast_mib) << 20)
 mp.set_start_method("fork")
 workers = [mp.Process(target=time.sleep, args=(600,)) for _ in range(4)]
@@ -49,11 +50,15 @@ while True:
     if d["directives"]:
         with open(cfg_path) as f:
             want = json.load(f)["train"]["workers"]
-        if honest == "1":
+        generation = d["generation"]
+        if mode == "decline":
+            call("POST", "/api/v1/jobs/workers/ack",
+                 {"generation": generation, "cannot_apply": "workers are fixed until the next start"})
+            continue
+        if mode == "honest":
             while len(workers) > want:
                 w = workers.pop()
                 w.terminate()
                 w.join()
-        generation = d["generation"]
         call("POST", "/api/v1/jobs/workers/ack", {"generation": generation, "epoch": 1})
     time.sleep(0.2)

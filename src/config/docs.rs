@@ -141,7 +141,8 @@ pub const DOCS: &[(&str, &str)] = &[
     ),
     (
         "policy.on_max_pause",
-        "What to do when a pause reaches max_pause_seconds: resume, stay or terminate.",
+        "What to do when a pause reaches max_pause_seconds: resume, stay or terminate (SIGTERM to every\n\
+         process of the job, continued to act on it; SIGKILL 10 s later for what is left).",
     ),
     (
         "policy.checkpoint_signal",

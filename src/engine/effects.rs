@@ -20,6 +20,9 @@ pub enum PauseError {
     Unrecorded(String),
 }
 
+/// How long a terminated job's processes get to exit after SIGTERM before SIGKILL.
+pub const TERMINATE_GRACE_MS: u64 = 10_000;
+
 /// The short cause of a decision, for counting: the first resource named, without its scope.
 fn cause(reason: &str) -> String {
     reason
@@ -68,6 +71,17 @@ impl Engine {
                 self.record(now_ms, "checkpoint", &job, &cause(&reason), reason, dry);
             }
             Decision::Pause { job, reason } => {
+                if self
+                    .jobs
+                    .get(&job)
+                    .is_some_and(|j| j.terminating_since_ms.is_some())
+                {
+                    // Being terminated: never paused again (its processes must be free to exit).
+                    if let Some(js) = self.policy.jobs.get_mut(&job) {
+                        js.pause = None;
+                    }
+                    return;
+                }
                 let key = self
                     .policy
                     .jobs
@@ -106,18 +120,18 @@ impl Engine {
             Decision::Terminate { job, reason } => {
                 if let Some(j) = self.jobs.get(&job) {
                     if !dry {
-                        // TERM each process, then CONT so the stopped ones can act on it.
+                        // TERM every process of the job (its tree, its own cgroup, what was stopped),
+                        // then CONT and thaw so the stopped ones can act on it. What is left after
+                        // TERMINATE_GRACE_MS is killed (`finish_terminations`).
+                        let members = self.job_members(j);
+                        for r in &members {
+                            let _ = signal::send(&self.process_root, *r, Signal::SIGTERM);
+                        }
                         let stopped = j
                             .pause
                             .as_ref()
                             .map(|p| p.stopped.clone())
                             .unwrap_or_default();
-                        for r in &stopped {
-                            if signal::owner_may_signal(&self.process_root, r.pid, j.owner_uid) {
-                                let _ = signal::send(&self.process_root, *r, Signal::SIGTERM);
-                            }
-                        }
-                        let _ = self.signal_root(j, Signal::SIGTERM);
                         pause::resume(&self.process_root, &stopped, j.pidfd.as_deref());
                         if let Some(f) = j.pause.as_ref().and_then(|p| p.frozen.as_ref()) {
                             // A frozen tree acts on the TERM once thawed.
@@ -127,6 +141,9 @@ impl Engine {
                 }
                 if let Some(j) = self.jobs.get_mut(&job) {
                     j.pause = None;
+                    if !dry {
+                        j.terminating_since_ms = Some(now_ms);
+                    }
                 }
                 self.save();
                 self.record(now_ms, "terminate", &job, "max_pause", reason, dry);
@@ -307,6 +324,81 @@ impl Engine {
     }
 
     /// The job's root exited or its pid now names another process: drop it, signalling nothing.
+    /// Every process of the job memwatch may signal on its owner's behalf: its tree (while its root
+    /// lives), every process in its own cgroup, and what a pause stopped; never memwatch itself.
+    pub(super) fn job_members(&self, j: &Job) -> Vec<crate::proc::ProcRef> {
+        let mut out: Vec<crate::proc::ProcRef> = Vec::new();
+        let root_alive = crate::proc::read_stat(&self.process_root, j.root.pid)
+            .is_ok_and(|s| s.start_time == j.root.start_time && s.state != 'Z');
+        if root_alive {
+            if let Some(tree) = crate::proc::descendants(&self.process_root, j.root.pid) {
+                out.extend(tree.procs.iter().map(|p| p.proc_ref()));
+            }
+        }
+        let cgroup = j
+            .pause
+            .as_ref()
+            .and_then(|p| p.frozen.as_ref())
+            .or(j.freezer.as_ref());
+        if let Some(f) = cgroup {
+            out.extend(
+                f.members()
+                    .into_iter()
+                    .filter_map(|pid| crate::proc::read_stat(&self.process_root, pid).ok())
+                    .map(|s| s.proc_ref()),
+            );
+        }
+        if let Some(p) = &j.pause {
+            out.extend(p.stopped.iter().copied());
+        }
+        let me = std::process::id();
+        let mut seen = std::collections::HashSet::new();
+        out.retain(|r| {
+            r.pid != me
+                && seen.insert(r.pid)
+                && signal::owner_may_signal(&self.process_root, r.pid, j.owner_uid)
+        });
+        out
+    }
+
+    /// Kills what is left of jobs terminated more than `TERMINATE_GRACE_MS` ago.
+    pub(super) fn finish_terminations(&mut self, now_ms: u64) {
+        let due: Vec<String> = self
+            .jobs
+            .values()
+            .filter(|j| {
+                !j.killed
+                    && j.terminating_since_ms
+                        .is_some_and(|t| now_ms.saturating_sub(t) >= TERMINATE_GRACE_MS)
+            })
+            .map(|j| j.name.clone())
+            .collect();
+        for name in due {
+            let Some(j) = self.jobs.get(&name) else {
+                continue;
+            };
+            let members = self.job_members(j);
+            for r in &members {
+                let _ = signal::send(&self.process_root, *r, Signal::SIGKILL);
+            }
+            if let Some(j) = self.jobs.get_mut(&name) {
+                j.killed = true;
+            }
+            self.record(
+                now_ms,
+                "kill",
+                &name,
+                "max_pause",
+                format!(
+                    "{} process(es) still alive {} s after SIGTERM were killed",
+                    members.len(),
+                    TERMINATE_GRACE_MS / 1000
+                ),
+                false,
+            );
+        }
+    }
+
     /// The job's root exited (or its pid now names another process). Before the job is dropped, every
     /// process of it memwatch stopped is continued and its frozen cgroup thawed, and, when memwatch
     /// held it paused, every stopped process left in the job's own cgroup too: workers orphaned by a
@@ -348,8 +440,18 @@ impl Engine {
                 }
             }
         }
+        if j.terminating_since_ms.is_some() {
+            // Its end was asked for: what the root left behind goes too.
+            for r in self.job_members(j) {
+                let _ = signal::send(&self.process_root, r, Signal::SIGTERM);
+                let _ = signal::send(&self.process_root, r, Signal::SIGCONT);
+            }
+        }
         let was_paused = j.pause.is_some();
         let how = match (was_paused, &thawed) {
+            _ if j.terminating_since_ms.is_some() => {
+                "terminated after the longest pause (on_max_pause = \"terminate\")".to_owned()
+            }
             (false, _) => "its root process exited".to_owned(),
             (true, Some(dir)) => format!(
                 "its root process exited while paused; thawed {} and continued {continued} process(es) left behind",

@@ -58,6 +58,7 @@ impl Engine {
             }
         }
         self.verify(now_ms);
+        self.finish_terminations(now_ms);
         self.previous = self.latest.replace(sample);
         self.dirty = true;
         self.step(now_ms);

@@ -54,6 +54,11 @@ pub struct Job {
     pub watched: bool,
     /// When the job's tree was last walked and measured (engine clock, ms).
     pub walked_at_ms: u64,
+    /// `on_max_pause = "terminate"` ended it at this time: it is never paused again, and what is left
+    /// of it after the grace is killed.
+    pub terminating_since_ms: Option<u64>,
+    /// What is left of a terminating job was sent SIGKILL.
+    pub killed: bool,
 }
 
 impl Job {
@@ -81,6 +86,8 @@ impl Job {
             freezer: None,
             watched: false,
             walked_at_ms: 0,
+            terminating_since_ms: None,
+            killed: false,
         }
     }
 

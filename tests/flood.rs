@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::cgroup::MemCgroup;
-use common::{Daemon, Opts, eventually, memhog, proc_state};
+use common::{Daemon, Opts, eventually, proc_state};
 
 const MIB: u64 = 1 << 20;
 
@@ -123,22 +123,8 @@ fn a_user_flooding_the_control_socket_blinds_nothing() {
     // And a root job touching 1 GiB/s is still paused before its cgroup's OOM killer.
     let cg = MemCgroup::new(512 * MIB).expect("a memory cgroup (needs root)");
     let go = d.dir.path().join("go");
-    let mut hog = cg.spawn(
-        &memhog(),
-        &[
-            "--rate-mib",
-            "1024",
-            "--total-mib",
-            "768",
-            "--wait-file",
-            go.to_str().unwrap(),
-        ],
-    );
+    let mut hog = cg.spawn_hog(&go, &[]);
     let pid = hog.id();
-    let mut line = String::new();
-    BufReader::new(hog.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
     assert_eq!(d.ctl(&["attach", &pid.to_string(), "--name", "hog"]).0, 0);
     let oom_before = cg.oom_kills();
     std::fs::write(&go, "").unwrap();

@@ -134,26 +134,8 @@ fn terminate_ends_the_whole_job_and_leaves_nothing_stopped() {
     });
     let cg = MemCgroup::new(512 * MIB).expect("a memory cgroup (needs root)");
     let go = d.dir.path().join("go");
-    let mut hog = cg.spawn(
-        &memhog(),
-        &[
-            "--workers",
-            "3",
-            "--worker-mib",
-            "8",
-            "--rate-mib",
-            "1024",
-            "--total-mib",
-            "768",
-            "--wait-file",
-            go.to_str().unwrap(),
-        ],
-    );
+    let mut hog = cg.spawn_hog(&go, &["--workers", "3", "--worker-mib", "8"]);
     let pid = hog.id();
-    let mut line = String::new();
-    BufReader::new(hog.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
     let pids: Vec<u32> = std::iter::once(pid)
         .chain(
             std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))

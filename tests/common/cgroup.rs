@@ -97,3 +97,23 @@ impl Drop for MemCgroup {
         }
     }
 }
+
+impl MemCgroup {
+    /// memhog in the cgroup, ready to touch 768 MiB at 1 GiB/s once `go` exists (`extra`: more
+    /// memhog arguments, e.g. workers); returns once it said "ready".
+    pub fn spawn_hog(&self, go: &std::path::Path, extra: &[&str]) -> Child {
+        let mut args = vec!["--rate-mib", "1024", "--total-mib", "768"];
+        args.extend_from_slice(extra);
+        let go = go.to_str().expect("a UTF-8 path");
+        args.extend_from_slice(&["--wait-file", go]);
+        let mut hog = self.spawn(&super::memhog(), &args);
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(hog.stdout.take().expect("memhog's stdout")),
+            &mut line,
+        )
+        .expect("memhog's ready line");
+        assert_eq!(line.trim(), "ready", "memhog did not start");
+        hog
+    }
+}

@@ -545,17 +545,20 @@ fn an_acknowledged_change_that_did_not_happen_is_caught() {
         );
         let v = directive(&d);
         assert!(v["changes"].to_string().contains("workers"), "{v}");
-        let metrics = d.metrics();
-        assert_eq!(
-            metrics.contains("memwatch_job_config_unverified_changes{job=\"workers\"} 1\n"),
-            mode == "liar",
-            "{mode}"
+        // /metrics renders the snapshot published after the engine's change: wait for it.
+        let unverified = "memwatch_job_config_unverified_changes{job=\"workers\"} 1\n";
+        assert!(
+            eventually(5.0, || d.metrics().contains(unverified) == (mode == "liar")),
+            "{mode}: {}",
+            d.metrics()
         );
         if mode == "decline" {
             assert_eq!(v["declined"], "workers are fixed until the next start");
+            let pending = "memwatch_job_config_pending_changes{job=\"workers\"} 0\n";
             assert!(
-                metrics.contains("memwatch_job_config_pending_changes{job=\"workers\"} 0\n"),
-                "{metrics}"
+                eventually(5.0, || d.metrics().contains(pending)),
+                "{}",
+                d.metrics()
             );
             assert!(d.events().iter().any(|e| e["action"] == "declined"));
         }

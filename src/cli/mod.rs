@@ -5,6 +5,7 @@
 mod advise;
 mod check;
 mod jobs;
+mod launch;
 mod status;
 
 use std::path::PathBuf;
@@ -78,6 +79,9 @@ enum Command {
         #[command(flatten)]
         socket: SocketArg,
     },
+    /// Start a job under memwatch: in a cgroup of its own, attached from its first instruction, and
+    /// relaunched (with `{resume}` = 1) when it was stopped
+    Launch(launch::LaunchArgs),
     /// What a seasoned engineer would change now, for the machine or one job
     Advise {
         /// Job name (all advice when left out)
@@ -192,6 +196,15 @@ pub fn main() -> ExitCode {
         );
         return crate::guardian::run(state_dir, process_root);
     }
+    if let Command::Launch(a) = &cli.command {
+        return match launch::run(&cli, a) {
+            Ok(code) => ExitCode::from(code),
+            Err(f) => {
+                eprintln!("memwatch: {:#}", f.error);
+                ExitCode::from(f.code)
+            }
+        };
+    }
     match dispatch(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
@@ -216,6 +229,8 @@ fn daemon_url(config: &Config) -> String {
 
 fn dispatch(cli: Cli) -> Result<(), Failure> {
     match &cli.command {
+        // Handled in `main`, which passes on the job's exit code.
+        Command::Launch(_) => Ok(()),
         Command::Guardian { .. } => Ok(()),
         Command::Run { listen } => {
             let mut config = load_config(&cli)?;

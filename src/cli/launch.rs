@@ -1,0 +1,534 @@
+//! `memwatch launch`: starts a job under memwatch, in a memory cgroup of its own (cgroup v2, or v1
+//! memory and freezer), attached before its first instruction, and relaunches it when it was stopped
+//! (by memwatch's `terminate`, a signal, or its cgroup's OOM killer) — with `{resume}` in its arguments
+//! and `MEMWATCH_RESUME` in its environment set to 1, so that it resumes from its checkpoint and reads
+//! its config (which memwatch may have rewritten) afresh. It runs as the invoking user.
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+
+use super::{Failure, SocketArg, usage};
+use crate::control::Request;
+
+#[derive(clap::Args)]
+pub struct LaunchArgs {
+    /// A name for the job [default: the program's name]
+    #[arg(long)]
+    pub name: Option<String>,
+    /// The job's training config (JSON, YAML or TOML), which memwatch may rewrite between runs
+    #[arg(long, value_name = "FILE")]
+    pub config_file: Option<PathBuf>,
+    /// Where the knobs live in it: deepspeed, hf, accelerate or generic
+    #[arg(long, requires = "config_file")]
+    pub profile: Option<String>,
+    /// KNOB=dotted.path; repeatable
+    #[arg(long = "key", value_name = "KNOB=PATH", requires = "config_file")]
+    pub keys: Vec<String>,
+    /// Relaunch at most this many times after the job was stopped
+    #[arg(long, default_value_t = 3)]
+    pub max_restarts: u32,
+    /// The cgroup's memory limit: bytes, or with K, M or G (binary) [default: none of its own]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub memory_max: Option<u64>,
+    #[command(flatten)]
+    pub socket: SocketArg,
+    /// The command and its arguments; `{resume}` in them becomes 0 on the first run, 1 on relaunches
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let (digits, shift) = match s.trim().to_ascii_uppercase() {
+        t if t.ends_with('K') => (t.trim_end_matches('K').to_owned(), 10),
+        t if t.ends_with('M') => (t.trim_end_matches('M').to_owned(), 20),
+        t if t.ends_with('G') => (t.trim_end_matches('G').to_owned(), 30),
+        t => (t, 0),
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1u64 << shift))
+        .filter(|n| *n >= 1 << 20)
+        .ok_or_else(|| format!("{s:?}: give a size of at least 1M, e.g. 512M or 2G"))
+}
+
+/// The job's cgroup: one directory on v2, or a memory and a freezer directory on v1. Removed on drop
+/// (once empty).
+struct JobCgroup {
+    dirs: Vec<PathBuf>,
+    /// Where the OOM kills are counted.
+    events: PathBuf,
+    v2: bool,
+}
+
+impl JobCgroup {
+    fn create(name: &str, memory_max: Option<u64>) -> Result<JobCgroup, String> {
+        let leaf = format!("{name}-{}", std::process::id());
+        let fs = Path::new("/sys/fs/cgroup");
+        let v2_root = [fs.join("unified"), fs.to_owned()].into_iter().find(|d| {
+            std::fs::read_to_string(d.join("cgroup.controllers"))
+                .is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"))
+        });
+        let make = |dir: &Path| {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                format!(
+                    "cannot create the job's cgroup {}: {e} (run as root, or in a delegated cgroup)",
+                    dir.display()
+                )
+            })
+        };
+        let cg = if let Some(root) = v2_root {
+            let parent = root.join("memwatch");
+            make(&parent)?;
+            // Children of memwatch/ may use the memory controller.
+            let _ = std::fs::write(parent.join("cgroup.subtree_control"), "+memory");
+            let dir = parent.join(&leaf);
+            make(&dir)?;
+            JobCgroup {
+                events: dir.join("memory.events"),
+                dirs: vec![dir],
+                v2: true,
+            }
+        } else if fs.join("memory/memory.limit_in_bytes").exists() {
+            let memory = fs.join("memory/memwatch").join(&leaf);
+            make(&memory)?;
+            let mut dirs = vec![memory.clone()];
+            let freezer = fs.join("freezer/memwatch").join(&leaf);
+            if fs.join("freezer").is_dir() && make(&freezer).is_ok() {
+                dirs.push(freezer);
+            }
+            JobCgroup {
+                events: memory.join("memory.oom_control"),
+                dirs,
+                v2: false,
+            }
+        } else {
+            return Err("no memory cgroup controller to put the job in".into());
+        };
+        if let Some(bytes) = memory_max {
+            let (file, dir) = if cg.v2 {
+                ("memory.max", &cg.dirs[0])
+            } else {
+                ("memory.limit_in_bytes", &cg.dirs[0])
+            };
+            std::fs::write(dir.join(file), bytes.to_string())
+                .map_err(|e| format!("cannot set {}: {e}", dir.join(file).display()))?;
+        }
+        Ok(cg)
+    }
+
+    fn oom_kills(&self) -> u64 {
+        std::fs::read_to_string(&self.events)
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("oom_kill "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Kills whatever is left in the cgroup (workers a stopped job left behind).
+    fn kill_all(&self) {
+        for _ in 0..50 {
+            let pids: Vec<i32> = self
+                .dirs
+                .iter()
+                .filter_map(|d| std::fs::read_to_string(d.join("cgroup.procs")).ok())
+                .flat_map(|t| {
+                    t.split_whitespace()
+                        .filter_map(|p| p.parse().ok())
+                        .collect::<Vec<i32>>()
+                })
+                .collect();
+            if pids.is_empty() {
+                return;
+            }
+            for p in pids {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(p),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(p),
+                    nix::sys::signal::Signal::SIGCONT,
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// The `cgroup.procs` files the child writes itself into.
+    fn procs_files(&self) -> Result<Vec<CString>, String> {
+        self.dirs
+            .iter()
+            .map(|d| {
+                CString::new(d.join("cgroup.procs").as_os_str().as_encoded_bytes())
+                    .map_err(|_| format!("{}: a path with a NUL byte", d.display()))
+            })
+            .collect()
+    }
+}
+
+impl Drop for JobCgroup {
+    fn drop(&mut self) {
+        self.kill_all();
+        for d in &self.dirs {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// How one run ended.
+enum Ended {
+    Finished,
+    Failed(i32),
+    Stopped(String),
+}
+
+fn describe(status: std::process::ExitStatus, oom_kills: u64) -> Ended {
+    if oom_kills > 0 {
+        return Ended::Stopped(format!("its cgroup's OOM killer fired {oom_kills} time(s)"));
+    }
+    match (status.code(), status.signal()) {
+        (Some(0), _) => Ended::Finished,
+        (Some(c), _) => Ended::Failed(c),
+        (None, Some(s)) => Ended::Stopped(format!(
+            "ended by signal {}",
+            nix::sys::signal::Signal::try_from(s).map_or_else(|_| s.to_string(), |s| s.to_string())
+        )),
+        (None, None) => Ended::Failed(1),
+    }
+}
+
+/// Runs `memwatch launch`; the exit code is the job's when it finished or failed on its own.
+pub fn run(cli: &super::Cli, a: &LaunchArgs) -> Result<u8, Failure> {
+    let program = a
+        .command
+        .first()
+        .ok_or_else(|| usage(anyhow::anyhow!("no command")))?;
+    let name = a.name.clone().unwrap_or_else(|| {
+        Path::new(program)
+            .file_name()
+            .map_or_else(|| "job".into(), |n| n.to_string_lossy().into_owned())
+    });
+    let config_file = match &a.config_file {
+        Some(f) => Some(
+            std::path::absolute(f).map_err(|e| usage(anyhow::anyhow!("{}: {e}", f.display())))?,
+        ),
+        None => None,
+    };
+    let cg = JobCgroup::create(&name, a.memory_max).map_err(|e| anyhow::anyhow!(e))?;
+    let procs = cg.procs_files().map_err(|e| anyhow::anyhow!(e))?;
+    let runtime = std::env::temp_dir().join(format!("memwatch-launch-{}", std::process::id()));
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&runtime)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", runtime.display()))?;
+    }
+    let token_file = runtime.join("token");
+    let result = runs(cli, a, &name, config_file, &cg, &procs, &token_file);
+    let _ = std::fs::remove_dir_all(&runtime);
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+fn runs(
+    cli: &super::Cli,
+    a: &LaunchArgs,
+    name: &str,
+    config_file: Option<PathBuf>,
+    cg: &JobCgroup,
+    procs: &[CString],
+    token_file: &Path,
+) -> Result<u8, Failure> {
+    let mut account: Vec<String> = Vec::new();
+    for run in 0..=a.max_restarts {
+        let resume = if run == 0 { "0" } else { "1" };
+        let args: Vec<String> = a.command[1..]
+            .iter()
+            .map(|s| s.replace("{resume}", resume))
+            .collect();
+        let mut env: Vec<(String, String)> = vec![
+            ("MEMWATCH_RESUME".into(), resume.into()),
+            ("MEMWATCH_RESTART".into(), run.to_string()),
+            ("MEMWATCH_JOB".into(), name.into()),
+        ];
+        if config_file.is_some() {
+            env.push((
+                "MEMWATCH_TOKEN_FILE".into(),
+                token_file.to_string_lossy().into_owned(),
+            ));
+        }
+        let exec = Exec::new(&a.command[0], &args, &env).map_err(|e| anyhow::anyhow!(e))?;
+        let oom_before = cg.oom_kills();
+        let started = exec
+            .start(procs)
+            .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", a.command[0]))?;
+        let child = started.pid;
+        let attached = attach(cli, a, name, child, config_file.clone(), token_file);
+        // Open the gate either way: the job runs, attached or not.
+        let status = started.go();
+        if let Err(e) = attached {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            let _ = status.and_then(|p| p.wait());
+            return Err(e);
+        }
+        let status = status
+            .and_then(|p| p.wait())
+            .map_err(|e| anyhow::anyhow!("waiting for the job: {e}"))?;
+        let oom = cg.oom_kills().saturating_sub(oom_before);
+        cg.kill_all();
+        match describe(status, oom) {
+            Ended::Finished => {
+                account.push(format!("run {}: finished", run + 1));
+                eprintln!("memwatch launch: {}", account.join("; "));
+                return Ok(0);
+            }
+            Ended::Failed(code) => {
+                account.push(format!("run {}: exited with {code}", run + 1));
+                eprintln!(
+                    "memwatch launch: {}; not relaunched (the job failed on its own)",
+                    account.join("; ")
+                );
+                return Ok(u8::try_from(code).unwrap_or(1));
+            }
+            Ended::Stopped(why) => {
+                account.push(format!("run {}: stopped, {why}", run + 1));
+                if run < a.max_restarts {
+                    // The daemon must have dropped this run's job (and done with its cgroup) before
+                    // the next run joins that cgroup.
+                    wait_detached(cli, a, name);
+                    eprintln!(
+                        "memwatch launch: run {} stopped ({why}); relaunching with {{resume}} = 1 ({} of {})",
+                        run + 1,
+                        run + 1,
+                        a.max_restarts
+                    );
+                }
+            }
+        }
+    }
+    eprintln!(
+        "memwatch launch: {}; gave up after {} restart(s)",
+        account.join("; "),
+        a.max_restarts
+    );
+    Ok(1)
+}
+
+/// Waits (at most 10 s) until the daemon no longer lists a job named `name`.
+fn wait_detached(cli: &super::Cli, a: &LaunchArgs, name: &str) {
+    for _ in 0..100 {
+        let listed = super::control_call(cli, &a.socket, Request::Jobs {})
+            .ok()
+            .and_then(|r| r.jobs)
+            .is_some_and(|jobs| jobs.iter().any(|j| j.name == name));
+        if !listed {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// Attaches the waiting child (retrying while the previous run's job is still being dropped).
+fn attach(
+    cli: &super::Cli,
+    a: &LaunchArgs,
+    name: &str,
+    pid: u32,
+    config_file: Option<PathBuf>,
+    token_file: &Path,
+) -> Result<(), Failure> {
+    let request = || Request::Attach {
+        pid,
+        name: Some(name.to_owned()),
+        config_file: config_file.clone(),
+        profile: a.profile.clone(),
+        keys: a.keys.clone(),
+    };
+    let mut last = String::new();
+    for _ in 0..50 {
+        // The previous run's job is dropped at the daemon's next sample: until then its name is taken.
+        let r = match super::control_call(cli, &a.socket, request()) {
+            Ok(r) => r,
+            Err(f) if f.error.to_string().contains("already attached") => {
+                last = f.error.to_string();
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                continue;
+            }
+            Err(f) => return Err(f),
+        };
+        if r.ok {
+            if let Some(t) = r.token {
+                std::fs::write(token_file, format!("{t}\n"))
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", token_file.display()))?;
+            }
+            return Ok(());
+        }
+        last = r.error.unwrap_or_default();
+        if !last.contains("already") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    Err(anyhow::anyhow!("cannot attach the job: {last}").into())
+}
+
+/// A command ready to fork and exec: everything the child needs is built before the fork, so that
+/// between fork and exec it makes only async-signal-safe calls.
+struct Exec {
+    path: CString,
+    argv: Vec<CString>,
+    envp: Vec<CString>,
+}
+
+/// A started child, held at its gate until `go`.
+struct Started {
+    pid: u32,
+    gate: Option<OwnedFd>,
+}
+
+/// A child let through its gate.
+struct Running {
+    pid: u32,
+}
+
+impl Exec {
+    fn new(program: &str, args: &[String], env: &[(String, String)]) -> Result<Exec, String> {
+        let c = |s: &str| CString::new(s).map_err(|_| format!("{s:?}: a NUL byte"));
+        let path = if program.contains('/') {
+            PathBuf::from(program)
+        } else {
+            std::env::var_os("PATH")
+                .unwrap_or_default()
+                .to_string_lossy()
+                .split(':')
+                .map(|d| Path::new(d).join(program))
+                .find(|p| p.is_file())
+                .ok_or_else(|| format!("{program}: not found on PATH"))?
+        };
+        let path = CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|_| format!("{}: a NUL byte", path.display()))?;
+        let mut argv = vec![c(program)?];
+        for a in args {
+            argv.push(c(a)?);
+        }
+        let mut envp = Vec::new();
+        for (k, v) in std::env::vars_os() {
+            let k = k.to_string_lossy();
+            if env.iter().any(|(e, _)| *e == k) {
+                continue;
+            }
+            let mut kv = k.as_bytes().to_vec();
+            kv.push(b'=');
+            kv.extend_from_slice(v.as_encoded_bytes());
+            if let Ok(kv) = CString::new(kv) {
+                envp.push(kv);
+            }
+        }
+        for (k, v) in env {
+            envp.push(c(&format!("{k}={v}"))?);
+        }
+        Ok(Exec { path, argv, envp })
+    }
+
+    /// Forks; the child writes itself into each of `procs` (the job's cgroup), waits at a gate until
+    /// the parent has attached it, then execs. Returns the child held at the gate.
+    fn start(&self, procs: &[CString]) -> std::io::Result<Started> {
+        let (gate_read, gate_write) = nix::unistd::pipe()?;
+        // The child says on this pipe that it is in its cgroup, before the parent attaches it.
+        let (joined_read, joined_write) = nix::unistd::pipe()?;
+        let mut argv: Vec<*const nix::libc::c_char> = self.argv.iter().map(|a| a.as_ptr()).collect();
+        argv.push(std::ptr::null());
+        let mut envp: Vec<*const nix::libc::c_char> = self.envp.iter().map(|a| a.as_ptr()).collect();
+        envp.push(std::ptr::null());
+        // SAFETY: the child runs only async-signal-safe calls (getpid, open, write, close, read, execve,
+        // _exit) on memory prepared before the fork, then execs or exits.
+        match unsafe { nix::unistd::fork() }? {
+            nix::unistd::ForkResult::Child => unsafe {
+                let gate = gate_read.as_raw_fd();
+                nix::libc::close(gate_write.as_raw_fd());
+                nix::libc::close(joined_read.as_raw_fd());
+                let pid = nix::libc::getpid();
+                let mut digits = [0u8; 12];
+                let mut n = pid as u32;
+                let mut i = digits.len();
+                loop {
+                    i -= 1;
+                    digits[i] = b'0' + (n % 10) as u8;
+                    n /= 10;
+                    if n == 0 {
+                        break;
+                    }
+                }
+                for f in procs {
+                    let fd = nix::libc::open(f.as_ptr(), nix::libc::O_WRONLY | nix::libc::O_CLOEXEC);
+                    if fd < 0
+                        || nix::libc::write(fd, digits[i..].as_ptr().cast(), digits.len() - i) < 0
+                    {
+                        nix::libc::_exit(126);
+                    }
+                    nix::libc::close(fd);
+                }
+                let one = 1u8;
+                nix::libc::write(joined_write.as_raw_fd(), (&raw const one).cast(), 1);
+                nix::libc::close(joined_write.as_raw_fd());
+                let mut b = 0u8;
+                nix::libc::read(gate, (&raw mut b).cast(), 1);
+                nix::libc::close(gate);
+                nix::libc::execve(self.path.as_ptr(), argv.as_ptr(), envp.as_ptr());
+                nix::libc::_exit(127)
+            },
+            nix::unistd::ForkResult::Parent { child } => {
+                drop(gate_read);
+                drop(joined_write);
+                let mut b = [0u8; 1];
+                let joined = nix::unistd::read(&joined_read, &mut b).is_ok_and(|n| n == 1);
+                if !joined {
+                    let _ = nix::sys::wait::waitpid(child, None);
+                    return Err(std::io::Error::other(
+                        "it could not move itself into its cgroup",
+                    ));
+                }
+                Ok(Started {
+                    pid: child.as_raw() as u32,
+                    gate: Some(gate_write),
+                })
+            }
+        }
+    }
+}
+
+impl Started {
+    /// Opens the gate: the child execs.
+    fn go(mut self) -> std::io::Result<Running> {
+        drop(self.gate.take());
+        Ok(Running { pid: self.pid })
+    }
+}
+
+impl Running {
+    fn wait(self) -> std::io::Result<std::process::ExitStatus> {
+        use nix::sys::wait::{WaitStatus, waitpid};
+        let pid = nix::unistd::Pid::from_raw(self.pid as i32);
+        loop {
+            match waitpid(pid, None) {
+                Ok(WaitStatus::Exited(_, code)) => {
+                    return Ok(std::process::ExitStatus::from_raw((code & 0xff) << 8));
+                }
+                Ok(WaitStatus::Signaled(_, sig, _)) => {
+                    return Ok(std::process::ExitStatus::from_raw(sig as i32));
+                }
+                Ok(_) => continue,
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}

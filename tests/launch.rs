@@ -1,0 +1,106 @@
+//! `memwatch launch`: a job that knows nothing of memwatch runs in a memory cgroup of its own, attached
+//! from its first instruction; when memwatch stops it (`on_max_pause = "terminate"` after a pause
+//! before its cgroup's OOM killer), it is relaunched with `{resume}` = 1 and finishes. A user without
+//! the rights to make a cgroup is told so.
+
+mod common;
+
+use std::process::Command;
+
+use common::{Daemon, Opts, memhog};
+
+#[test]
+fn a_stopped_job_is_relaunched_to_resume_and_finishes() {
+    let d = Daemon::start(Opts {
+        root: "/".into(),
+        gpu_state: None,
+        extra_config: "[policy]\nmax_pause_seconds = 2\non_max_pause = \"terminate\"\n",
+        ..Opts::default()
+    });
+    let script = format!(
+        "if [ \"{{resume}}\" = 1 ]; then echo \"resumed after restart $MEMWATCH_RESTART\"; exit 0; fi; \
+         exec {} --rate-mib 1024 --total-mib 400",
+        memhog().display()
+    );
+    let out = Command::new(common::bin())
+        .args([
+            "launch",
+            "--name",
+            "l",
+            "--memory-max",
+            "256M",
+            "--max-restarts",
+            "2",
+        ])
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["--", "sh", "-c", &script])
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{stderr}\n{:?}\n{:?}",
+        d.jobs(),
+        d.events()
+    );
+    assert!(stdout.contains("resumed after restart 1"), "{stdout}");
+    assert!(
+        stderr.contains("run 1 stopped") && stderr.contains("relaunching"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("run 2: finished"), "{stderr}");
+    let events = d.events();
+    assert!(
+        events
+            .iter()
+            .any(|e| e["action"] == "pause" && e["job"] == "l"),
+        "not paused before the OOM killer: {events:?}"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e["action"] == "terminate" && e["job"] == "l"),
+        "{events:?}"
+    );
+    // Its cgroups are gone.
+    for base in [
+        "/sys/fs/cgroup/memory/memwatch",
+        "/sys/fs/cgroup/unified/memwatch",
+    ] {
+        let left: Vec<_> = std::fs::read_dir(base)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.path().is_dir())
+                    .map(|e| e.file_name())
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert!(
+            !left.iter().any(|n| n.to_string_lossy().starts_with("l-")),
+            "{base}: {left:?}"
+        );
+    }
+}
+
+#[test]
+fn a_user_without_cgroup_rights_is_told_so() {
+    common::ensure_user("memwatch-test");
+    let out = Command::new("runuser")
+        .args(["-u", "memwatch-test", "--"])
+        .arg(common::bin())
+        .args(["launch", "--socket", "/nonexistent.sock", "--", "true"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("cannot create the job's cgroup"),
+        "{stderr}"
+    );
+}

@@ -444,9 +444,11 @@ impl Exec {
         let (gate_read, gate_write) = nix::unistd::pipe()?;
         // The child says on this pipe that it is in its cgroup, before the parent attaches it.
         let (joined_read, joined_write) = nix::unistd::pipe()?;
-        let mut argv: Vec<*const nix::libc::c_char> = self.argv.iter().map(|a| a.as_ptr()).collect();
+        let mut argv: Vec<*const nix::libc::c_char> =
+            self.argv.iter().map(|a| a.as_ptr()).collect();
         argv.push(std::ptr::null());
-        let mut envp: Vec<*const nix::libc::c_char> = self.envp.iter().map(|a| a.as_ptr()).collect();
+        let mut envp: Vec<*const nix::libc::c_char> =
+            self.envp.iter().map(|a| a.as_ptr()).collect();
         envp.push(std::ptr::null());
         // SAFETY: the child runs only async-signal-safe calls (getpid, open, write, close, read, execve,
         // _exit) on memory prepared before the fork, then execs or exits.
@@ -468,7 +470,8 @@ impl Exec {
                     }
                 }
                 for f in procs {
-                    let fd = nix::libc::open(f.as_ptr(), nix::libc::O_WRONLY | nix::libc::O_CLOEXEC);
+                    let fd =
+                        nix::libc::open(f.as_ptr(), nix::libc::O_WRONLY | nix::libc::O_CLOEXEC);
                     if fd < 0
                         || nix::libc::write(fd, digits[i..].as_ptr().cast(), digits.len() - i) < 0
                     {

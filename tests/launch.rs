@@ -19,7 +19,7 @@ fn a_stopped_job_is_relaunched_to_resume_and_finishes() {
     });
     let script = format!(
         "if [ \"{{resume}}\" = 1 ]; then echo \"resumed after restart $MEMWATCH_RESTART\"; exit 0; fi; \
-         exec {} --rate-mib 1024 --total-mib 400",
+         exec {} --rate-mib 1024 --total-mib 768",
         memhog().display()
     );
     let out = Command::new(common::bin())
@@ -62,11 +62,15 @@ fn a_stopped_job_is_relaunched_to_resume_and_finishes() {
             .any(|e| e["action"] == "pause" && e["job"] == "l"),
         "not paused before the OOM killer: {events:?}"
     );
+    // Run 1 ended by memwatch's terminate at the longest pause, or (where the freezer did not settle
+    // before a charge in flight) by its cgroup's OOM killer: either way launch says which.
+    let terminated = events
+        .iter()
+        .any(|e| e["action"] == "terminate" && e["job"] == "l");
     assert!(
-        events
-            .iter()
-            .any(|e| e["action"] == "terminate" && e["job"] == "l"),
-        "{events:?}"
+        terminated && stderr.contains("ended by signal SIGTERM")
+            || stderr.contains("OOM killer fired"),
+        "{stderr}\n{events:?}"
     );
     // Its cgroups are gone.
     for base in [

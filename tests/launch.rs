@@ -17,18 +17,22 @@ fn a_stopped_job_is_relaunched_to_resume_and_finishes() {
         extra_config: "[policy]\nmax_pause_seconds = 2\non_max_pause = \"terminate\"\n",
         ..Opts::default()
     });
+    // The relaunched run says so, then waits for the test to have seen it in `memwatch jobs`.
+    let seen = d.dir.path().join("seen");
     let script = format!(
-        "if [ \"{{resume}}\" = 1 ]; then echo \"resumed after restart $MEMWATCH_RESTART\"; exit 0; fi; \
+        "if [ \"{{resume}}\" = 1 ]; then echo \"resumed after restart $MEMWATCH_RESTART\"; \
+         while [ ! -e {seen} ]; do sleep 0.05; done; exit 0; fi; \
          exec {} --rate-mib 1024 --total-mib 768",
-        memhog().display()
+        memhog().display(),
+        seen = seen.display()
     );
-    let out = Command::new(common::bin())
+    let launch = Command::new(common::bin())
         .args([
             "launch",
             "--name",
             "l",
             "--memory-max",
-            "256M",
+            "512M",
             "--max-restarts",
             "2",
         ])
@@ -36,8 +40,26 @@ fn a_stopped_job_is_relaunched_to_resume_and_finishes() {
         .arg(&d.socket)
         .args(["--", "sh", "-c", &script])
         .env_remove("RUST_LOG")
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .unwrap();
+    // `memwatch jobs` shows the relaunched run and how the first ended.
+    assert!(
+        common::eventually(20.0, || d
+            .jobs()
+            .iter()
+            .any(|j| j["name"] == "l" && j["launch"]["run"] == 2)),
+        "{:?}",
+        d.jobs()
+    );
+    let (_, text, _) = d.ctl(&["jobs"]);
+    assert!(
+        text.contains("launched: run 2 of at most 3") && text.contains("run 1: stopped"),
+        "{text}"
+    );
+    std::fs::write(&seen, "").unwrap();
+    let out = launch.wait_with_output().unwrap();
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),

@@ -65,6 +65,17 @@ pub fn render(jobs: &[JobView], now_ms: u64) -> String {
         if let Some(p) = &j.pause {
             let _ = writeln!(o, "    paused by {:?}: {}", p.by, p.reason);
         }
+        if let Some(l) = &j.launch {
+            let _ = writeln!(
+                o,
+                "    launched: run {} of at most {}",
+                l.run,
+                l.max_restarts + 1
+            );
+            for earlier in &l.previous {
+                let _ = writeln!(o, "      {earlier}");
+            }
+        }
         if let Some(c) = &j.config {
             let knobs: Vec<String> = c.knobs.iter().map(|(k, v)| format!("{k}={v}")).collect();
             let _ = writeln!(

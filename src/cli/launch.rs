@@ -268,7 +268,20 @@ fn runs(
             .start(procs)
             .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", a.command[0]))?;
         let child = started.pid;
-        let attached = attach(cli, a, name, child, config_file.clone(), token_file);
+        let launched = crate::job::Launched {
+            run: run + 1,
+            max_restarts: a.max_restarts,
+            previous: account.clone(),
+        };
+        let attached = attach(
+            cli,
+            a,
+            name,
+            child,
+            config_file.clone(),
+            token_file,
+            &launched,
+        );
         // Open the gate either way: the job runs, attached or not.
         let status = started.go();
         if let Err(e) = attached {
@@ -344,6 +357,7 @@ fn attach(
     pid: u32,
     config_file: Option<PathBuf>,
     token_file: &Path,
+    launched: &crate::job::Launched,
 ) -> Result<(), Failure> {
     let request = || Request::Attach {
         pid,
@@ -351,6 +365,7 @@ fn attach(
         config_file: config_file.clone(),
         profile: a.profile.clone(),
         keys: a.keys.clone(),
+        launch: Some(launched.clone()),
     };
     let mut last = String::new();
     for _ in 0..50 {

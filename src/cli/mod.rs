@@ -295,6 +295,7 @@ fn dispatch(cli: Cli) -> Result<(), Failure> {
                     config_file,
                     profile: profile.clone(),
                     keys: keys.clone(),
+                    launch: None,
                 },
             );
             let r = match attached {

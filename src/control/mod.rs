@@ -29,6 +29,9 @@ pub enum Request {
         /// KNOB=dotted.path overrides (all of them for the generic profile).
         #[serde(default)]
         keys: Vec<String>,
+        /// Set by `memwatch launch`: which run this is, and how the earlier ones ended.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        launch: Option<crate::job::Launched>,
     },
     /// `target` is a job name or a pid.
     Detach {

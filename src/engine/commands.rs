@@ -17,6 +17,7 @@ impl Engine {
                 config_file,
                 profile,
                 keys,
+                launch,
             } => {
                 let config = match config_file {
                     Some(f) => Some((f, profile.unwrap_or_else(|| "generic".into()), keys)),
@@ -27,6 +28,10 @@ impl Engine {
                 };
                 match self.attach(pid, name, config, caller, now_ms) {
                     Ok(name) => {
+                        if let (Some(j), Some(mut l)) = (self.jobs.get_mut(&name), launch) {
+                            l.previous.truncate(16);
+                            j.launch = Some(l);
+                        }
                         let mut r = Response::job(self.job_view(&self.jobs[&name]));
                         r.token = self.jobs[&name].config.as_ref().map(|c| c.token.clone());
                         return r;

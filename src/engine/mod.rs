@@ -406,6 +406,7 @@ impl Engine {
             tightest: crate::job::tightest(&limits).cloned(),
             limits,
             config: j.config.as_ref().map(|c| c.view()),
+            launch: j.launch.clone(),
         }
     }
 }

@@ -59,6 +59,8 @@ pub struct Job {
     pub terminating_since_ms: Option<u64>,
     /// What is left of a terminating job was sent SIGKILL.
     pub killed: bool,
+    /// Started by `memwatch launch`.
+    pub launch: Option<Launched>,
 }
 
 impl Job {
@@ -88,6 +90,7 @@ impl Job {
             walked_at_ms: 0,
             terminating_since_ms: None,
             killed: false,
+            launch: None,
         }
     }
 
@@ -161,6 +164,9 @@ pub struct JobView {
     /// The training config memwatch manages, its staged and applied changes, the trainer's progress.
     #[serde(default)]
     pub config: Option<crate::adapt::JobConfigView>,
+    /// Started by `memwatch launch`: its run and how the earlier runs ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch: Option<Launched>,
 }
 
 /// A job that ended, and how: shown for a while after it is gone.
@@ -178,4 +184,14 @@ pub struct EndedJob {
     pub thawed: Option<std::path::PathBuf>,
     /// For people.
     pub how: String,
+}
+
+/// A job started by `memwatch launch`: which run this is, and how the earlier runs ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Launched {
+    /// 1 for the first run.
+    pub run: u32,
+    pub max_restarts: u32,
+    /// How each earlier run ended, oldest first (at most 16 kept).
+    pub previous: Vec<String>,
 }

@@ -76,6 +76,7 @@ impl Link {
                 "accumulation=train.accumulation".into(),
                 "seq_len=train.seq_len".into(),
             ],
+            launch: None,
         };
         match control::client::call(&self.socket, &req) {
             Ok(r) => {

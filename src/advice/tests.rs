@@ -56,6 +56,7 @@ fn job(processes: Vec<ProcessSample>) -> JobView {
         limits: vec![],
         tightest: None,
         config: None,
+        launch: None,
     }
 }
 

@@ -11,12 +11,14 @@ use common::{Daemon, Opts, memhog};
 
 #[test]
 fn a_stopped_job_is_relaunched_to_resume_and_finishes() {
-    let d = Daemon::start(Opts {
+    let config = "[policy]\nmax_pause_seconds = 2\non_max_pause = \"terminate\"\n";
+    let mut first = Daemon::start(Opts {
         root: "/".into(),
         gpu_state: None,
-        extra_config: "[policy]\nmax_pause_seconds = 2\non_max_pause = \"terminate\"\n",
+        extra_config: config,
         ..Opts::default()
     });
+    let d = &first;
     // The relaunched run says so, then waits for the test to have seen it in `memwatch jobs`.
     let seen = d.dir.path().join("seen");
     let script = format!(
@@ -58,6 +60,18 @@ fn a_stopped_job_is_relaunched_to_resume_and_finishes() {
         text.contains("launched: run 2 of at most 3") && text.contains("run 1: stopped"),
         "{text}"
     );
+    // A restarted daemon still knows (the state file holds it).
+    let state = d.state.clone();
+    first.crash(true);
+    let d = &Daemon::start(Opts {
+        root: "/".into(),
+        gpu_state: None,
+        extra_config: config,
+        state: Some(state),
+        ..Opts::default()
+    });
+    let (_, text, _) = d.ctl(&["jobs"]);
+    assert!(text.contains("launched: run 2 of at most 3"), "{text}");
     std::fs::write(&seen, "").unwrap();
     let out = launch.wait_with_output().unwrap();
     let (stdout, stderr) = (

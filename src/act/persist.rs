@@ -33,6 +33,9 @@ pub struct PersistedJob {
     pub paused: Option<PersistedPause>,
     #[serde(default)]
     pub config: Option<crate::adapt::JobConfig>,
+    /// Started by `memwatch launch`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch: Option<crate::job::Launched>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -239,6 +242,7 @@ mod tests {
                     frozen: None,
                 }),
                 config: None,
+                launch: None,
             }],
             clock: None,
         };

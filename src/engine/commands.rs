@@ -31,6 +31,7 @@ impl Engine {
                         if let (Some(j), Some(mut l)) = (self.jobs.get_mut(&name), launch) {
                             l.previous.truncate(16);
                             j.launch = Some(l);
+                            self.save();
                         }
                         let mut r = Response::job(self.job_view(&self.jobs[&name]));
                         r.token = self.jobs[&name].config.as_ref().map(|c| c.token.clone());

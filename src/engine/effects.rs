@@ -501,6 +501,7 @@ impl Engine {
                         frozen: p.frozen.clone(),
                     }),
                     config: j.config.clone(),
+                    launch: j.launch.clone(),
                 })
                 .collect(),
             clock: self.clock_anchor.clone(),
@@ -558,6 +559,7 @@ impl Engine {
                     self.cfg.sampling.growth_window_ms.0,
                 );
                 job.config = pj.config.clone();
+                job.launch = pj.launch.clone();
                 if let Some(c) = job.config.as_mut() {
                     // A rewrite may have landed after the last state save: the journal knows.
                     c.unconfirmed = super::adapt::journaled_intent(

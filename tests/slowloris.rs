@@ -121,7 +121,9 @@ fn slow_and_idle_connections_from_a_user_never_starve_metrics() {
         report.trim()
     );
     assert!(probes >= 20, "only {probes} probes ran");
-    assert!(worst < Duration::from_secs(1), "a probe waited {worst:?}");
+    // Typically milliseconds; a probe whose SYN met a full accept backlog during the attack's churn is
+    // retransmitted by the kernel after 1 s, which is allowed once.
+    assert!(worst < Duration::from_secs(3), "a probe waited {worst:?}");
     // Every attacking connection was closed at least once by the request timeout or by eviction.
     assert!(
         closed >= 500,

@@ -43,6 +43,20 @@ fn as_user(args: &[&str]) -> (i32, String) {
     )
 }
 
+/// `memwatch attach PID --config-file FILE --profile PROFILE` as the user.
+fn attach_as_user(pid: &str, file: &Path, profile: &str, socket: &str) -> (i32, String) {
+    as_user(&[
+        "attach",
+        pid,
+        "--config-file",
+        file.to_str().unwrap(),
+        "--profile",
+        profile,
+        "--socket",
+        socket,
+    ])
+}
+
 fn stop(mut c: Child) {
     let _ = c.kill();
     let _ = c.wait();
@@ -88,16 +102,7 @@ fn an_alias_bomb_is_refused_and_the_daemon_stays_small() {
 
     // At attach: refused with a clear error.
     user_file(&file, bomb.as_bytes(), uid);
-    let (code, err) = as_user(&[
-        "attach",
-        &pid,
-        "--config-file",
-        file.to_str().unwrap(),
-        "--profile",
-        "hf",
-        "--socket",
-        &socket,
-    ]);
+    let (code, err) = attach_as_user(&pid, &file, "hf", &socket);
     assert_ne!(code, 0);
     assert!(err.contains("aliases"), "{err}");
     assert!(d.jobs().is_empty());
@@ -183,16 +188,7 @@ fn a_100_mb_config_is_refused_whole_and_left_untouched() {
         } else {
             "deepspeed"
         };
-        let (code, err) = as_user(&[
-            "attach",
-            &pid,
-            "--config-file",
-            file.to_str().unwrap(),
-            "--profile",
-            profile,
-            "--socket",
-            &socket,
-        ]);
+        let (code, err) = attach_as_user(&pid, &file, profile, &socket);
         assert_ne!(code, 0, "{name}");
         assert!(err.contains("at most 4194304 bytes"), "{name}: {err}");
         let key = if profile == "hf" {

@@ -64,12 +64,21 @@ fn a_full_gpu_halves_the_batch_at_the_next_epoch_boundary_keeping_the_effective_
         "only the two values changed"
     );
     assert!(cfg.with_file_name("train.json.memwatch-orig").exists());
+    // /metrics shows the acknowledgement while the job runs (its series end with it).
+    assert!(
+        eventually(10.0, || d.metrics().contains(
+            "memwatch_job_config_applied_generation{job=\"trainer\"} 1\n"
+        )),
+        "{}",
+        d.metrics()
+    );
+    // Read while the job runs: it is dropped once the trainer exits.
+    let job = &d.jobs()[0].clone();
     let status = trainer.wait().unwrap();
     assert!(status.success());
 
     let log: Vec<serde_json::Value> =
         serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
-    let job = &d.jobs()[0];
     let directive = &job["config"]["directives"][0];
     let staged = directive["staged_at_ms"].as_u64().unwrap();
     let applied_epoch = directive["applied_epoch"].as_u64().expect("acknowledged");
@@ -106,10 +115,6 @@ fn a_full_gpu_halves_the_batch_at_the_next_epoch_boundary_keeping_the_effective_
     let events = d.events();
     assert!(events.iter().any(|e| e["action"] == "rewrite"));
     assert!(events.iter().any(|e| e["action"] == "applied"));
-    // /metrics renders the snapshot published after the acknowledgement.
-    assert!(eventually(5.0, || d.metrics().contains(
-        "memwatch_job_config_applied_generation{job=\"trainer\"} 1\n"
-    )));
 }
 
 #[test]

@@ -211,34 +211,40 @@ pub fn run_adapt_task(t: AdaptTask) -> AdaptDone {
     }
 }
 
-/// The last rewrite of `file` the journal at `path` (and its rotated predecessor) shows memwatch was
-/// about to make for job `name` as generation `generation`.
-pub(super) fn journaled_intent(
-    path: &Path,
-    name: &str,
-    file: &Path,
-    generation: u64,
-) -> Option<Directive> {
-    let mut found = None;
-    for p in [path.with_extension("jsonl.1"), path.to_owned()] {
-        let Ok(text) = std::fs::read_to_string(&p) else {
-            continue;
-        };
-        for line in text.lines() {
-            let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+/// The rewrites the journal at `path` (and its rotated predecessor) shows memwatch was about to make,
+/// oldest first: (job, file, directive). Read once at start, for `Intents::find`.
+pub(super) struct Intents(Vec<(String, PathBuf, Directive)>);
+
+impl Intents {
+    pub(super) fn read(path: &Path) -> Intents {
+        let mut out = Vec::new();
+        for p in [path.with_extension("jsonl.1"), path.to_owned()] {
+            let Ok(text) = std::fs::read_to_string(&p) else {
                 continue;
             };
-            if v["job"] != name || v["file"].as_str() != file.to_str() {
-                continue;
-            }
-            if let Ok(d) = serde_json::from_value::<Directive>(v["intent"].clone()) {
-                if d.generation == generation {
-                    found = Some(d);
+            for line in text.lines() {
+                let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+                    continue;
+                };
+                let (Some(job), Some(file)) = (v["job"].as_str(), v["file"].as_str()) else {
+                    continue;
+                };
+                if let Ok(d) = serde_json::from_value::<Directive>(v["intent"].clone()) {
+                    out.push((job.to_owned(), PathBuf::from(file), d));
                 }
             }
         }
+        Intents(out)
     }
-    found
+
+    /// The last rewrite of `file` for job `name` as generation `generation`.
+    pub(super) fn find(&self, name: &str, file: &Path, generation: u64) -> Option<Directive> {
+        self.0
+            .iter()
+            .rev()
+            .find(|(j, f, d)| j == name && f == file && d.generation == generation)
+            .map(|(_, _, d)| d.clone())
+    }
 }
 
 /// Appends a record to the journal of changes (fsync'd), rotating it when it grows past its bound.

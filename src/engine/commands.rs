@@ -52,10 +52,11 @@ impl Engine {
                 token,
                 cannot_apply,
             } => {
-                if let Some(why) = cannot_apply {
-                    return self.decline(&target, generation, why, token, caller, now_ms);
-                }
-                return self.ack(&target, generation, epoch, token, caller, now_ms);
+                let answer = match cannot_apply {
+                    Some(why) => Answer::Declined(why),
+                    None => Answer::Applied { epoch },
+                };
+                return self.answer(&target, generation, answer, token, caller, now_ms);
             }
             Request::Progress {
                 target,
@@ -198,75 +199,35 @@ impl Engine {
         })
     }
 
-    fn ack(
+    /// The trainer's answer for the changes up to `generation`: applied at an epoch (and, where
+    /// memwatch can see it, to be verified), or declined with a reason (bounded) so that they stop
+    /// holding back later changes. Recorded either way.
+    fn answer(
         &mut self,
         target: &str,
         generation: u64,
-        epoch: u64,
+        answer: Answer,
         token: Option<String>,
         caller: Caller,
         now_ms: u64,
     ) -> Response {
-        let mut acked = Vec::new();
-        let mut job = String::new();
+        let answer = match answer {
+            Answer::Declined(why) => {
+                let why: String = why.chars().take(500).collect();
+                if why.trim().is_empty() {
+                    return Response::error("cannot_apply needs a reason");
+                }
+                Answer::Declined(why)
+            }
+            applied => applied,
+        };
         let processes = self
             .jobs
             .values()
             .find(|j| j.name == target)
             .and_then(|j| j.last.as_ref())
             .map(|s| s.processes.len());
-        let r = self.with_config(target, token, caller, |name, c| {
-            if generation > c.generation {
-                return Response::error(format!(
-                    "generation {generation} was never staged (newest is {})",
-                    c.generation
-                ));
-            }
-            for d in c
-                .directives
-                .iter_mut()
-                .filter(|d| d.generation <= generation && d.applied_epoch.is_none())
-            {
-                d.applied_epoch = Some(epoch);
-                d.applied_at_ms = Some(now_ms);
-                d.verification = processes.and_then(|n| crate::adapt::expectation(d, n, now_ms));
-                acked.push(d.generation);
-            }
-            job = name.to_owned();
-            Response::ok()
-        });
-        if r.ok {
-            self.save();
-        }
-        if !acked.is_empty() {
-            self.record(
-                now_ms,
-                "applied",
-                &job,
-                "trainer",
-                format!("generation(s) {acked:?} applied at epoch {epoch}"),
-                false,
-            );
-        }
-        r
-    }
-
-    /// The trainer cannot apply the changes up to `generation`: they are marked declined with its
-    /// reason (bounded), stop holding back later changes, and are recorded.
-    fn decline(
-        &mut self,
-        target: &str,
-        generation: u64,
-        why: String,
-        token: Option<String>,
-        caller: Caller,
-        now_ms: u64,
-    ) -> Response {
-        let why: String = why.chars().take(500).collect();
-        if why.trim().is_empty() {
-            return Response::error("cannot_apply needs a reason");
-        }
-        let mut declined = Vec::new();
+        let mut settled = Vec::new();
         let mut job = String::new();
         let r = self.with_config(target, token, caller, |name, c| {
             if generation > c.generation {
@@ -275,11 +236,22 @@ impl Engine {
                     c.generation
                 ));
             }
-            for d in c.directives.iter_mut().filter(|d| {
-                d.generation <= generation && d.applied_epoch.is_none() && d.declined.is_none()
-            }) {
-                d.declined = Some(why.clone());
-                declined.push(d.generation);
+            let open = c.directives.iter_mut().filter(|d| {
+                d.generation <= generation
+                    && d.applied_epoch.is_none()
+                    && (matches!(answer, Answer::Applied { .. }) || d.declined.is_none())
+            });
+            for d in open {
+                match &answer {
+                    Answer::Applied { epoch } => {
+                        d.applied_epoch = Some(*epoch);
+                        d.applied_at_ms = Some(now_ms);
+                        d.verification =
+                            processes.and_then(|n| crate::adapt::expectation(d, n, now_ms));
+                    }
+                    Answer::Declined(why) => d.declined = Some(why.clone()),
+                }
+                settled.push(d.generation);
             }
             job = name.to_owned();
             Response::ok()
@@ -287,15 +259,18 @@ impl Engine {
         if r.ok {
             self.save();
         }
-        if !declined.is_empty() {
-            self.record(
-                now_ms,
-                "declined",
-                &job,
-                "trainer",
-                format!("generation(s) {declined:?} cannot be applied: {why}"),
-                false,
-            );
+        if !settled.is_empty() {
+            let (action, detail) = match &answer {
+                Answer::Applied { epoch } => (
+                    "applied",
+                    format!("generation(s) {settled:?} applied at epoch {epoch}"),
+                ),
+                Answer::Declined(why) => (
+                    "declined",
+                    format!("generation(s) {settled:?} cannot be applied: {why}"),
+                ),
+            };
+            self.record(now_ms, action, &job, "trainer", detail, false);
         }
         r
     }
@@ -482,4 +457,10 @@ impl Engine {
         );
         Ok(name)
     }
+}
+
+/// What a trainer answered for a directive.
+enum Answer {
+    Applied { epoch: u64 },
+    Declined(String),
 }

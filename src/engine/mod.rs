@@ -5,6 +5,7 @@
 mod adapt;
 mod commands;
 mod effects;
+mod ending;
 mod observe;
 
 pub use adapt::{AdaptDone, AdaptTask, run_adapt_task};

@@ -86,6 +86,9 @@ impl Engine {
                 }
             }
         }
+        if !found.is_empty() {
+            self.save();
+        }
         for (job, generation, v, processes) in found {
             let verified = v.state == crate::adapt::VerifyState::Verified;
             let detail = if verified {
@@ -104,7 +107,6 @@ impl Engine {
             };
             let action = if verified { "verified" } else { "unverified" };
             self.record(now_ms, action, &job, "trainer", detail, false);
-            self.save();
         }
     }
 

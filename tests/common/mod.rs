@@ -501,3 +501,24 @@ pub fn spawn_as(uid: u32, args: &[&str]) -> Child {
         .spawn()
         .unwrap()
 }
+
+/// A fresh cgroup for a job of its own: v2 (`unified`, or the v2 root) and the v1 freezer hierarchy.
+pub fn own_cgroups() -> Vec<(std::path::PathBuf, &'static str)> {
+    let mut out = Vec::new();
+    let name = format!("memwatch-freeze-{}", std::process::id());
+    for (base, probe) in [
+        ("/sys/fs/cgroup/unified", "cgroup.freeze"),
+        ("/sys/fs/cgroup", "cgroup.freeze"),
+        ("/sys/fs/cgroup/freezer", "freezer.state"),
+    ] {
+        let dir = std::path::Path::new(base).join(&name);
+        if std::fs::create_dir(&dir).is_ok() {
+            if dir.join(probe).exists() {
+                out.push((dir, probe));
+            } else {
+                let _ = std::fs::remove_dir(&dir);
+            }
+        }
+    }
+    out
+}

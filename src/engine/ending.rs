@@ -1,0 +1,172 @@
+//! How jobs end: every process of a job memwatch may signal, killing what a `terminate` left after
+//! its grace, and dropping a job whose root exited without leaving any of it stopped.
+
+use nix::sys::signal::Signal;
+
+use super::Engine;
+use crate::act::signal;
+use crate::job::{EndedJob, Job};
+use crate::policy;
+
+/// How long a terminated job's processes get to exit after SIGTERM before SIGKILL.
+pub const TERMINATE_GRACE_MS: u64 = 10_000;
+
+impl Engine {
+    /// Every process of the job memwatch may signal on its owner's behalf: its tree (while its root
+    /// lives), every process in its own cgroup, and what a pause stopped; never memwatch itself.
+    pub(super) fn job_members(&self, j: &Job) -> Vec<crate::proc::ProcRef> {
+        let mut out: Vec<crate::proc::ProcRef> = Vec::new();
+        let root_alive = crate::proc::read_stat(&self.process_root, j.root.pid)
+            .is_ok_and(|s| s.start_time == j.root.start_time && s.state != 'Z');
+        if root_alive {
+            if let Some(tree) = crate::proc::descendants(&self.process_root, j.root.pid) {
+                out.extend(tree.procs.iter().map(|p| p.proc_ref()));
+            }
+        }
+        let cgroup = j
+            .pause
+            .as_ref()
+            .and_then(|p| p.frozen.as_ref())
+            .or(j.freezer.as_ref());
+        if let Some(f) = cgroup {
+            out.extend(
+                f.members()
+                    .into_iter()
+                    .filter_map(|pid| crate::proc::read_stat(&self.process_root, pid).ok())
+                    .map(|s| s.proc_ref()),
+            );
+        }
+        if let Some(p) = &j.pause {
+            out.extend(p.stopped.iter().copied());
+        }
+        let me = std::process::id();
+        let mut seen = std::collections::HashSet::new();
+        out.retain(|r| {
+            r.pid != me
+                && seen.insert(r.pid)
+                && signal::owner_may_signal(&self.process_root, r.pid, j.owner_uid)
+        });
+        out
+    }
+
+    /// Kills what is left of jobs terminated more than `TERMINATE_GRACE_MS` ago.
+    pub(super) fn finish_terminations(&mut self, now_ms: u64) {
+        let due: Vec<String> = self
+            .jobs
+            .values()
+            .filter(|j| {
+                !j.killed
+                    && j.terminating_since_ms
+                        .is_some_and(|t| now_ms.saturating_sub(t) >= TERMINATE_GRACE_MS)
+            })
+            .map(|j| j.name.clone())
+            .collect();
+        for name in due {
+            let Some(j) = self.jobs.get(&name) else {
+                continue;
+            };
+            let members = self.job_members(j);
+            for r in &members {
+                let _ = signal::send(&self.process_root, *r, Signal::SIGKILL);
+            }
+            if let Some(j) = self.jobs.get_mut(&name) {
+                j.killed = true;
+            }
+            self.record(
+                now_ms,
+                "kill",
+                &name,
+                "max_pause",
+                format!(
+                    "{} process(es) still alive {} s after SIGTERM were killed",
+                    members.len(),
+                    TERMINATE_GRACE_MS / 1000
+                ),
+                false,
+            );
+        }
+    }
+
+    /// The job's root exited (or its pid now names another process). Before the job is dropped, every
+    /// process of it memwatch stopped is continued and its frozen cgroup thawed, and, when memwatch
+    /// held it paused, every stopped process left in the job's own cgroup too: workers orphaned by a
+    /// root killed during a pause (kill -9, the OOM killer, `terminate`) never stay stopped. The job
+    /// stays in the view's `ended` list with how it ended.
+    pub(super) fn job_gone(&mut self, name: &str, now_ms: u64) {
+        let Some(j) = self.jobs.get(name) else {
+            return;
+        };
+        let (mut continued, mut thawed) = (0usize, None);
+        if let Some(p) = &j.pause {
+            if let Some(f) = &p.frozen {
+                match f.thaw() {
+                    Ok(()) => thawed = Some(f.dir.clone()),
+                    Err(e) => {
+                        tracing::error!(cgroup = %f.dir.display(), error = %e, "cannot thaw the cgroup of a job that ended")
+                    }
+                }
+            }
+            for r in p.stopped.iter().rev() {
+                if signal::send(&self.process_root, *r, Signal::SIGCONT).is_ok() {
+                    continued += 1;
+                }
+            }
+            // Orphans: whatever of the job's own cgroup is still stopped.
+            if let Some(f) = p.frozen.as_ref().or(j.freezer.as_ref()) {
+                for pid in f.members() {
+                    let Ok(s) = crate::proc::read_stat(&self.process_root, pid) else {
+                        continue;
+                    };
+                    let r = s.proc_ref();
+                    if s.is_stopped()
+                        && !p.stopped.contains(&r)
+                        && signal::owner_may_signal(&self.process_root, pid, j.owner_uid)
+                        && signal::send(&self.process_root, r, Signal::SIGCONT).is_ok()
+                    {
+                        continued += 1;
+                    }
+                }
+            }
+        }
+        if j.terminating_since_ms.is_some() {
+            // Its end was asked for: what the root left behind goes too.
+            for r in self.job_members(j) {
+                let _ = signal::send(&self.process_root, r, Signal::SIGTERM);
+                let _ = signal::send(&self.process_root, r, Signal::SIGCONT);
+            }
+        }
+        let was_paused = j.pause.is_some();
+        let how = match (was_paused, &thawed) {
+            _ if j.terminating_since_ms.is_some() => {
+                "terminated after the longest pause (on_max_pause = \"terminate\")".to_owned()
+            }
+            (false, _) => "its root process exited".to_owned(),
+            (true, Some(dir)) => format!(
+                "its root process exited while paused; thawed {} and continued {continued} process(es) left behind",
+                dir.display()
+            ),
+            (true, None) => format!(
+                "its root process exited while paused; continued {continued} process(es) left behind"
+            ),
+        };
+        let ended = EndedJob {
+            name: j.name.clone(),
+            pid: j.root.pid,
+            owner_uid: j.owner_uid,
+            attached_at_ms: j.attached_at_ms,
+            ended_at_ms: now_ms,
+            was_paused,
+            continued,
+            thawed,
+            how: how.clone(),
+        };
+        self.jobs.remove(name);
+        policy::forget(&mut self.policy, name);
+        self.ended.push_back(ended);
+        while self.ended.len() > super::ENDED_KEPT {
+            self.ended.pop_front();
+        }
+        self.save();
+        self.record(now_ms, "detach", name, "gone", how, false);
+    }
+}

@@ -324,6 +324,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut panics = 0u32;
     let mut failure: Option<anyhow::Error> = None;
     let (settled_tx, mut settled_rx) = mpsc::unbounded_channel::<Settled>();
+    let (way_out_tx, mut way_out_rx) = mpsc::unbounded_channel::<crate::engine::WayOutDone>();
+    let handoff = Handoff {
+        settled: settled_tx,
+        way_out: way_out_tx,
+    };
     let (wake_tx, mut wake_rx) = mpsc::unbounded_channel::<crate::wake::Key>();
     let mut watches = Watches::start(&config, &mut engine, wake_tx);
     let (adapted_tx, mut adapted_rx) = mpsc::unbounded_channel::<crate::engine::AdaptDone>();
@@ -357,7 +362,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 // The kernel saw a crossing: probe now, on this very turn.
                 let now = clock.now_ms();
                 engine.on_wake(now);
-                next_probe = run_probe(&config, &mut engine, &shared, &settled_tx, now);
+                next_probe = run_probe(&config, &mut engine, &shared, &handoff, now);
+            }
+            Some(done) = way_out_rx.recv() => {
+                engine.way_out_done(done, clock.now_ms());
+                hand_off(&mut engine, &handoff);
+                if engine.take_dirty() {
+                    shared.publish_view(engine.view());
+                }
             }
             Some(done) = adapted_rx.recv() => {
                 engine.adapt_done(done, clock.now_ms());
@@ -368,7 +380,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             Some(env) = requests.recv() => {
                 let reply = engine.handle(env.request, env.caller, clock.now_ms());
                 let _ = env.reply.send(reply);
-                hand_off_freezes(&mut engine, &settled_tx);
+                hand_off(&mut engine, &handoff);
                 watches.sync(&mut engine);
                 shared.publish_view(engine.view());
                 let _ = engine.take_dirty();
@@ -383,7 +395,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                         sampler = Some(s);
                         let sample = Arc::new(sample);
                         engine.on_sample(sample.clone(), jobs, clock.now_ms());
-                        hand_off_freezes(&mut engine, &settled_tx);
+                        hand_off(&mut engine, &handoff);
                         watches.sync(&mut engine);
                         for task in engine.take_adapt_tasks() {
                             let tx = adapted_tx.clone();
@@ -419,7 +431,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 }
             }
             _ = tokio::time::sleep_until(next_probe), if probing.is_some() => {
-                next_probe = run_probe(&config, &mut engine, &shared, &settled_tx, clock.now_ms());
+                next_probe = run_probe(&config, &mut engine, &shared, &handoff, clock.now_ms());
                 // A new job's cgroup limit is first known from its first probe.
                 if watches.limit_unknown {
                     watches.sync(&mut engine);
@@ -452,12 +464,12 @@ fn run_probe(
     config: &Config,
     engine: &mut Engine,
     shared: &Shared,
-    settled_tx: &mpsc::UnboundedSender<Settled>,
+    handoff: &Handoff,
     now: u64,
 ) -> Instant {
     let (host, cgroups) = probe(config, engine, now);
     engine.on_probe(host, cgroups, now);
-    hand_off_freezes(engine, settled_tx);
+    hand_off(engine, handoff);
     if engine.take_dirty() {
         shared.publish_view(engine.view());
     }
@@ -564,12 +576,25 @@ impl Watches {
 type Settled = (String, crate::act::freeze::Frozen, bool);
 
 /// Waits for unsettled freezes on the blocking pool; each result comes back as a message.
-fn hand_off_freezes(engine: &mut Engine, tx: &mpsc::UnboundedSender<Settled>) {
+/// Where work handed off the owner task reports back.
+struct Handoff {
+    settled: mpsc::UnboundedSender<Settled>,
+    way_out: mpsc::UnboundedSender<crate::engine::WayOutDone>,
+}
+
+/// Hands freezes still settling and swap work (mkswap, swapon, swapoff) to the blocking pool.
+fn hand_off(engine: &mut Engine, h: &Handoff) {
     for (name, frozen) in engine.take_unsettled() {
-        let tx = tx.clone();
+        let tx = h.settled.clone();
         tokio::task::spawn_blocking(move || {
             let settled = frozen.settled_within(crate::act::freeze::SETTLE);
             let _ = tx.send((name, frozen, settled));
+        });
+    }
+    for task in engine.take_way_out_tasks() {
+        let tx = h.way_out.clone();
+        tokio::task::spawn_blocking(move || {
+            let _ = tx.send(crate::engine::run_way_out_task(task));
         });
     }
 }

@@ -104,7 +104,7 @@ fn a_stopped_job_is_relaunched_to_resume_and_finishes() {
         .iter()
         .any(|e| e["action"] == "terminate" && e["job"] == "l");
     assert!(
-        terminated && stderr.contains("ended by signal SIGTERM")
+        terminated && stderr.contains("stopped by memwatch: paused for the maximum of 2 s")
             || stderr.contains("OOM killer fired"),
         "{stderr}\n{events:?}"
     );

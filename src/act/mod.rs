@@ -2,9 +2,11 @@
 
 pub mod audit;
 pub mod freeze;
+pub mod lend;
 pub mod pause;
 pub mod persist;
 pub mod recover;
 pub mod signal;
+pub mod swap;
 
 pub use signal::signal_by_name;

@@ -36,6 +36,10 @@ pub struct PersistedJob {
     /// Started by `memwatch launch`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub launch: Option<crate::job::Launched>,
+    /// Its way out, with the room memwatch holds for it (a lent limit is settled from here after a
+    /// crash).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub way_out: Option<crate::job::way_out::WayOut>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -45,6 +49,9 @@ pub struct Persisted {
     /// The engine clock's anchor and the boot it belongs to (see `clock`).
     #[serde(default)]
     pub clock: Option<ClockAnchor>,
+    /// Limits memwatch raised for jobs that ended, not yet put back (usage did not fit yet).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub loans: Vec<crate::act::lend::Loan>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -243,8 +250,10 @@ mod tests {
                 }),
                 config: None,
                 launch: None,
+                way_out: None,
             }],
             clock: None,
+            loans: Vec::new(),
         };
         save(dir.path(), &s).unwrap();
         assert_eq!(load(dir.path()).unwrap(), Some(s));

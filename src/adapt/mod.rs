@@ -41,6 +41,24 @@ pub struct Directive {
     /// Whether memwatch saw the acknowledged change take effect (only for what it can see).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verification: Option<Verification>,
+    /// Apply at the next step, not the next epoch: the job was paused and was resumed with emergency
+    /// room (swap or a lent limit) only to take this change.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub urgent: bool,
+    /// The job's process count when the change was staged: what fewer workers are counted from (the
+    /// count at the acknowledgement may already be the new one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staged_processes: Option<usize>,
+}
+
+/// memwatch asks the trainer to save a checkpoint now: the job is about to be stopped cleanly (and,
+/// under `memwatch launch`, relaunched from it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointRequest {
+    pub requested_at_ms: u64,
+    /// When the trainer acknowledged that the checkpoint is saved.
+    #[serde(default)]
+    pub saved_at_ms: Option<u64>,
 }
 
 /// Verify, don't trust: what memwatch looks for after an acknowledgement, and what it found.
@@ -72,6 +90,7 @@ pub fn expectation(d: &Directive, processes: usize, now_ms: u64) -> Option<Verif
     let ch = d.changes.iter().find(|c| c.knob == Knob::Workers)?;
     let (old, new) = (ch.old.as_u64()?, ch.new.as_u64()?);
     let fewer = usize::try_from(old.checked_sub(new).filter(|n| *n > 0)?).ok()?;
+    let processes = d.staged_processes.map_or(processes, |s| s.max(processes));
     let max_processes = processes.saturating_sub(fewer);
     Some(Verification {
         state: VerifyState::Pending,
@@ -136,6 +155,22 @@ pub struct JobConfig {
     /// the state: the next config read adopts it if the file shows its new values, else drops it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unconfirmed: Option<Directive>,
+    /// A checkpoint memwatch asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<CheckpointRequest>,
+    /// When the trainer last asked for directives: one that asks can take an urgent change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub polled_at_ms: Option<u64>,
+    /// The trainer attached itself with its config: it speaks the protocol (before its first poll).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub self_attached: bool,
+}
+
+impl JobConfig {
+    /// Whether the trainer takes directives: it attached itself, or has asked for them.
+    pub fn speaks_protocol(&self) -> bool {
+        self.self_attached || self.polled_at_ms.is_some()
+    }
 }
 
 impl JobConfig {
@@ -168,6 +203,7 @@ impl JobConfig {
             directives: self.directives.clone(),
             progress: self.progress.clone(),
             last_error: self.last_error.as_ref().map(|(_, e)| e.clone()),
+            checkpoint: self.checkpoint.clone(),
         }
     }
 }
@@ -184,6 +220,8 @@ pub struct JobConfigView {
     pub directives: Vec<Directive>,
     pub progress: Option<Progress>,
     pub last_error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<CheckpointRequest>,
 }
 
 /// A new job token: 128 bits from the kernel's random pool (getrandom(2), which blocks only until the
@@ -261,6 +299,8 @@ mod tests {
             applied_at_ms: Some(0),
             declined: None,
             verification: None,
+            urgent: false,
+            staged_processes: None,
         };
         let mut v = expectation(&d, 5, 1_000).unwrap();
         assert_eq!(v.max_processes, 3);

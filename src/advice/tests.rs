@@ -57,6 +57,7 @@ fn job(processes: Vec<ProcessSample>) -> JobView {
         tightest: None,
         config: None,
         launch: None,
+        way_out: None,
     }
 }
 

@@ -32,6 +32,10 @@ pub struct LaunchArgs {
     /// The cgroup's memory limit: bytes, or with K, M or G (binary) [default: none of its own]
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub memory_max: Option<u64>,
+    /// Let memwatch's way out raise this job's cgroup limit for a while (and lower it back) when a
+    /// pause finds no room
+    #[arg(long)]
+    pub lend: bool,
     #[command(flatten)]
     pub socket: SocketArg,
     /// The command and its arguments; `{resume}` in them becomes 0 on the first run, 1 on relaunches
@@ -272,6 +276,7 @@ fn runs(
             run: run + 1,
             max_restarts: a.max_restarts,
             previous: account.clone(),
+            lend: a.lend,
         };
         let attached = attach(
             cli,
@@ -297,7 +302,16 @@ fn runs(
             .map_err(|e| anyhow::anyhow!("waiting for the job: {e}"))?;
         let oom = cg.oom_kills().saturating_sub(oom_before);
         cg.kill_all();
-        match describe(status, oom) {
+        // memwatch stopped it (its way out's checkpoint step): relaunched whatever the exit status,
+        // since a trainer that saves on SIGTERM often exits 0.
+        let stopped = wait_detached(cli, a, name)
+            .into_iter()
+            .find(|e| e.pid == child && e.stopped_by_memwatch);
+        let ended = match stopped {
+            Some(e) => Ended::Stopped(e.how),
+            None => describe(status, oom),
+        };
+        match ended {
             Ended::Finished => {
                 account.push(format!("run {}: finished", run + 1));
                 eprintln!("memwatch launch: {}", account.join("; "));
@@ -314,9 +328,6 @@ fn runs(
             Ended::Stopped(why) => {
                 account.push(format!("run {}: stopped, {why}", run + 1));
                 if run < a.max_restarts {
-                    // The daemon must have dropped this run's job (and done with its cgroup) before
-                    // the next run joins that cgroup.
-                    wait_detached(cli, a, name);
                     eprintln!(
                         "memwatch launch: run {} stopped ({why}); relaunching with {{resume}} = 1 ({} of {})",
                         run + 1,
@@ -335,18 +346,24 @@ fn runs(
     Ok(1)
 }
 
-/// Waits (at most 10 s) until the daemon no longer lists a job named `name`.
-fn wait_detached(cli: &super::Cli, a: &LaunchArgs, name: &str) {
+/// Waits (at most 10 s) until the daemon no longer lists a job named `name` — it must have dropped
+/// this run's job (and be done with its cgroup) before the next run joins that cgroup — and returns
+/// the caller's jobs that ended, with how.
+fn wait_detached(cli: &super::Cli, a: &LaunchArgs, name: &str) -> Vec<crate::job::EndedJob> {
+    let mut ended = Vec::new();
     for _ in 0..100 {
-        let listed = super::control_call(cli, &a.socket, Request::Jobs {})
-            .ok()
-            .and_then(|r| r.jobs)
+        let r = super::control_call(cli, &a.socket, Request::Jobs {}).ok();
+        let listed = r
+            .as_ref()
+            .and_then(|r| r.jobs.as_ref())
             .is_some_and(|jobs| jobs.iter().any(|j| j.name == name));
+        ended = r.and_then(|r| r.ended).unwrap_or_default();
         if !listed {
-            return;
+            break;
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
+    ended
 }
 
 /// Attaches the waiting child (retrying while the previous run's job is still being dropped).

@@ -142,12 +142,14 @@ pub const DOCS: &[(&str, &str)] = &[
     (
         "policy.on_max_pause",
         "What to do when a pause reaches max_pause_seconds: resume, stay or terminate (SIGTERM to every\n\
-         process of the job, continued to act on it; SIGKILL 10 s later for what is left).",
+         process of the job, continued to act on it; SIGKILL 10 s later for what is left). A memory\n\
+         pause the [way_out] ladder handled is never resumed into its shortfall: it is stopped (resume,\n\
+         terminate) or stays (stay).",
     ),
     (
         "policy.checkpoint_signal",
-        "Signal sent to a job's root process before pausing it, so it can save a checkpoint\n\
-         (e.g. \"SIGUSR1\"). Empty: none. Sent only when there is time for it.",
+        "Signal sent to a job's root process so that it saves a checkpoint (e.g. \"SIGUSR1\"): before a\n\
+         pause when there is time for it, and by the way out's checkpoint step. Empty: none.",
     ),
     (
         "policy.checkpoint_grace_ms",
@@ -228,6 +230,59 @@ pub const DOCS: &[(&str, &str)] = &[
         "adapt.verify_seconds",
         "After the trainer acknowledged fewer DataLoader workers, the job's process count must fall within\n\
          this long; else the change is marked unverified (the trainer said so, the job does not show it).",
+    ),
+    (
+        "way_out",
+        "What memwatch does when a job paused for memory cannot go on: the room it needs does not come\n\
+         back within `decide_seconds`. It goes down `steps` in order, skipping a step that cannot apply,\n\
+         and records each step. A job no step helps is stopped at `policy.max_pause_seconds` (or stays\n\
+         paused with `on_max_pause = \"stay\"`); it is never resumed into the same shortfall.",
+    ),
+    (
+        "way_out.steps",
+        "The ladder, in order. \"swap\": emergency swap sized to the shortfall, the job resumed to apply an\n\
+         urgent fix (a trainer speaking the protocol); the swap is cleared once RAM can take it back.\n\
+         \"lend\": the same with the job's own cgroup limit raised for a while (only where `lend` or\n\
+         `memwatch launch --lend` allows). \"checkpoint\": ask for a checkpoint, then stop the whole job\n\
+         cleanly (`memwatch launch` relaunches it with the adapted config). [] disables the ladder.",
+    ),
+    (
+        "way_out.decide_seconds",
+        "How long a memory pause may wait for room to come back by itself before the ladder starts.",
+    ),
+    (
+        "way_out.fix_seconds",
+        "How long a job resumed with emergency room gets to apply the urgent fix and fit again.",
+    ),
+    (
+        "way_out.swap_margin_mib",
+        "Emergency swap and lent memory are the shortfall plus this margin.",
+    ),
+    (
+        "way_out.swap_max_mib",
+        "Most emergency swap memwatch adds for one job (zram is also kept under half of MemAvailable).",
+    ),
+    (
+        "way_out.zram",
+        "Make emergency swap on a zram device where the kernel has zram (/sys/class/zram-control).",
+    ),
+    (
+        "way_out.swapfile_dir",
+        "Without zram: a directory on a local disk for an emergency swapfile (never tmpfs). Empty: none.",
+    ),
+    (
+        "way_out.lend",
+        "Allow the \"lend\" step for every job whose own cgroup memwatch can write (off: only jobs\n\
+         started with `memwatch launch --lend`).",
+    ),
+    (
+        "way_out.lend_max_mib",
+        "Most memory lent to one job's cgroup; never more than the host can spare above its warn level.",
+    ),
+    (
+        "way_out.checkpoint_grace_seconds",
+        "After a checkpoint request, how long to wait for the trainer's acknowledgement (or its exit)\n\
+         before the job is stopped.",
     ),
     (
         "policy.*.action",

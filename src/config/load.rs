@@ -113,6 +113,7 @@ pub fn parse(text: &str) -> Result<Config, String> {
     let checks = [
         bounds(&config),
         config.policy.validate(),
+        config.way_out.validate(),
         (config.sampling.fast_interval_ms.0 > config.sampling.probe_interval_ms.0)
             .then(|| {
                 (

@@ -13,12 +13,14 @@ mod docs;
 mod example;
 mod load;
 mod policy;
+mod way_out;
 
 pub use docs::DOCS;
 pub use example::example_toml;
 pub use load::{ConfigError, load, parse};
 
 pub use policy::{Action, OnMaxPause, Policy, Ratio, RatioPolicy, TempPolicy};
+pub use way_out::{Step, WayOut};
 
 /// Where the daemon looks when no `--config` is given.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/memwatch/memwatch.toml";
@@ -37,6 +39,7 @@ pub struct Config {
     pub control: Control,
     pub policy: Policy,
     pub adapt: Adapt,
+    pub way_out: WayOut,
 }
 
 /// Training-config rewrites.
@@ -232,6 +235,7 @@ impl Default for Config {
             control: Control::default(),
             policy: Policy::default(),
             adapt: Adapt::default(),
+            way_out: WayOut::default(),
         }
     }
 }

@@ -57,8 +57,13 @@ pub enum Request {
     /// cannot apply those changes, and why.
     Ack {
         target: String,
+        #[serde(default)]
         generation: u64,
+        #[serde(default)]
         epoch: u64,
+        /// The checkpoint memwatch asked for is saved.
+        #[serde(default)]
+        checkpoint: bool,
         #[serde(default)]
         token: Option<String>,
         #[serde(default)]
@@ -82,6 +87,9 @@ pub struct DirectivesReply {
     pub directives: Vec<Directive>,
     /// The knobs as the file holds them now, by knob name.
     pub knobs: std::collections::BTreeMap<String, crate::rewrite::Scalar>,
+    /// memwatch asks for a checkpoint now (then stops the job cleanly).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<crate::adapt::CheckpointRequest>,
 }
 
 /// The daemon's answer.

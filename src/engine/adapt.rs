@@ -60,6 +60,9 @@ pub fn open_config(
         roomy_since_ms: None,
         last_error: None,
         unconfirmed: None,
+        checkpoint: None,
+        polled_at_ms: None,
+        self_attached: false,
     })
 }
 
@@ -189,6 +192,8 @@ pub fn run_adapt_task(t: AdaptTask) -> AdaptDone {
         applied_at_ms: None,
         declined: None,
         verification: None,
+        urgent: false,
+        staged_processes: None,
     };
     // Write-ahead: the intent is durable before the file changes, so a daemon killed between the
     // rename and its next state save comes back knowing which rewrite may have landed.
@@ -292,8 +297,10 @@ impl Engine {
         roomy_since: Option<u64>,
         now_ms: u64,
     ) -> (Signals, Option<u64>) {
+        // A job paused for memory (a projection can pause it below warn) needs the cut as much.
         let ram_warn = self.level("host_memory") >= Level::Warn
-            || self.level(&format!("job_cgroup:{name}")) >= Level::Warn;
+            || self.level(&format!("job_cgroup:{name}")) >= Level::Warn
+            || self.memory_pause(name).is_some();
         let job_gpus: Vec<u32> = match gpus {
             Some(g) => g.clone(),
             None => self
@@ -393,6 +400,9 @@ impl Engine {
     /// The result of a config task: new knobs, maybe a staged directive, or an error.
     pub fn adapt_done(&mut self, done: AdaptDone, now_ms: u64) {
         self.adapting.remove(&done.job);
+        if let Some(j) = self.jobs.get_mut(&done.job) {
+            j.adapted_at_ms = Some(now_ms);
+        }
         let name = done.job;
         let Some(mut c) = self.jobs.get(&name).and_then(|j| j.config.clone()) else {
             return;
@@ -439,6 +449,11 @@ impl Engine {
             }
             Staged::Written(mut d) => {
                 c.generation = d.generation;
+                d.staged_processes = self
+                    .jobs
+                    .get(&name)
+                    .and_then(|j| j.last.as_ref())
+                    .map(|s| s.processes.len());
                 for ch in &d.changes {
                     c.knobs.insert(ch.knob, ch.new.clone());
                 }

@@ -44,14 +44,18 @@ impl Engine {
                 target,
                 since,
                 token,
-            } => return self.directives(&target, since, token, caller),
+            } => return self.directives(&target, since, token, caller, now_ms),
             Request::Ack {
                 target,
                 generation,
                 epoch,
                 token,
                 cannot_apply,
+                checkpoint,
             } => {
+                if checkpoint {
+                    return self.checkpoint_saved(&target, token, caller, now_ms);
+                }
                 let answer = match cannot_apply {
                     Some(why) => Answer::Declined(why),
                     None => Answer::Applied { epoch },
@@ -178,8 +182,10 @@ impl Engine {
         since: u64,
         token: Option<String>,
         caller: Caller,
+        now_ms: u64,
     ) -> Response {
         self.with_config(target, token, caller, |_, c| {
+            c.polled_at_ms = Some(now_ms);
             let mut r = Response::ok();
             r.directives = Some(crate::control::DirectivesReply {
                 generation: c.generation,
@@ -194,9 +200,41 @@ impl Engine {
                     .iter()
                     .map(|(k, v)| (k.name().to_owned(), v.clone()))
                     .collect(),
+                checkpoint: c.checkpoint.clone().filter(|k| k.saved_at_ms.is_none()),
             });
             r
         })
+    }
+
+    /// The trainer saved the checkpoint memwatch asked for.
+    fn checkpoint_saved(
+        &mut self,
+        target: &str,
+        token: Option<String>,
+        caller: Caller,
+        now_ms: u64,
+    ) -> Response {
+        let mut job = String::new();
+        let r = self.with_config(target, token, caller, |name, c| match &mut c.checkpoint {
+            Some(k) if k.saved_at_ms.is_none() => {
+                k.saved_at_ms = Some(now_ms);
+                job = name.to_owned();
+                Response::ok()
+            }
+            _ => Response::error("memwatch asked for no checkpoint"),
+        });
+        if r.ok {
+            self.save();
+            self.record(
+                now_ms,
+                "checkpoint",
+                &job,
+                "trainer",
+                "the trainer saved its checkpoint".into(),
+                false,
+            );
+        }
+        r
     }
 
     /// The trainer's answer for the changes up to `generation`: applied at an epoch (and, where
@@ -386,7 +424,10 @@ impl Engine {
             cg,
             self.cfg.sampling.growth_window_ms.0,
         );
-        job.config = job_config;
+        job.config = job_config.map(|mut c| {
+            c.self_attached = caller.pid.is_some_and(|p| i64::from(p) == i64::from(pid));
+            c
+        });
         // From here on the root is signalled only through this descriptor.
         job.pidfd = crate::act::signal::open(root, stat.proc_ref())
             .map_err(|_| format!("no process with pid {pid}"))?;

@@ -32,7 +32,7 @@ fn cause(reason: &str) -> String {
 impl Engine {
     /// Signals a job's root through its kept pidfd (or, without one, by pid and start time), if its
     /// owner could signal it.
-    fn signal_root(&self, j: &Job, sig: Signal) -> Result<(), signal::SignalError> {
+    pub(super) fn signal_root(&self, j: &Job, sig: Signal) -> Result<(), signal::SignalError> {
         if !signal::owner_may_signal(&self.process_root, j.root.pid, j.owner_uid) {
             return Err(signal::SignalError::Denied(j.root.pid));
         }
@@ -114,7 +114,23 @@ impl Engine {
                 self.record(now_ms, "resume", &job, why, reason, dry);
             }
             Decision::Terminate { job, reason } => {
-                if let Some(j) = self.jobs.get(&job) {
+                let why = format!("{reason} (on_max_pause = \"terminate\")");
+                self.terminate_job(&job, &why, "max_pause", now_ms);
+            }
+            Decision::StayPaused { job, reason } => {
+                self.record(now_ms, "stay_paused", &job, "max_pause", reason, dry);
+            }
+        }
+    }
+
+    /// Ends a whole job: SIGTERM to every process of it (its tree, its own cgroup, what was stopped),
+    /// then SIGCONT and a thaw so that stopped ones act on it; what is left after `TERMINATE_GRACE_MS`
+    /// is killed (`finish_terminations`). It is never paused again.
+    pub(super) fn terminate_job(&mut self, job: &str, reason: &str, cause: &str, now_ms: u64) {
+        let dry = self.cfg.policy.dry_run;
+        {
+            {
+                if let Some(j) = self.jobs.get(job) {
                     if !dry {
                         // TERM every process of the job (its tree, its own cgroup, what was stopped),
                         // then CONT and thaw so the stopped ones can act on it. What is left after
@@ -135,17 +151,18 @@ impl Engine {
                         }
                     }
                 }
-                if let Some(j) = self.jobs.get_mut(&job) {
+                if let Some(j) = self.jobs.get_mut(job) {
                     j.pause = None;
+                    j.stop_reason = Some(reason.to_owned());
                     if !dry {
                         j.terminating_since_ms = Some(now_ms);
                     }
                 }
+                if let Some(js) = self.policy.jobs.get_mut(job) {
+                    js.pause = None;
+                }
                 self.save();
-                self.record(now_ms, "terminate", &job, "max_pause", reason, dry);
-            }
-            Decision::StayPaused { job, reason } => {
-                self.record(now_ms, "stay_paused", &job, "max_pause", reason, dry);
+                self.record(now_ms, "terminate", job, cause, reason.to_owned(), dry);
             }
         }
     }
@@ -339,9 +356,11 @@ impl Engine {
                     }),
                     config: j.config.clone(),
                     launch: j.launch.clone(),
+                    way_out: j.way_out.clone(),
                 })
                 .collect(),
             clock: self.clock_anchor.clone(),
+            loans: self.leftover_loans.clone(),
         }
     }
 
@@ -369,11 +388,10 @@ impl Engine {
 
     /// At start: continue whatever a previous daemon left stopped, and re-adopt its jobs that still run.
     pub fn recover(&mut self, state: Option<Persisted>, now_ms: u64) {
-        let Some(state) = state else {
-            return;
-        };
+        let state = state.unwrap_or_default();
         // The journal, read once and only when a job has a config.
         let mut intents = None;
+        self.leftover_loans = state.loans;
         for pj in state.jobs {
             if let Some(done) = crate::act::recover::undo_pause(&self.process_root, &pj) {
                 self.record(
@@ -399,6 +417,17 @@ impl Engine {
                 );
                 job.config = pj.config.clone();
                 job.launch = pj.launch.clone();
+                // Its pause was just undone: a way out in progress ends here, and the room it held
+                // is given back once the job fits (a new pause starts a new ladder).
+                job.way_out = pj.way_out.clone().map(|mut w| {
+                    use crate::job::way_out::Phase;
+                    if !matches!(w.phase, Phase::Done | Phase::Clearing) {
+                        w.phase = Phase::Clearing;
+                        w.phase_since_ms = now_ms;
+                    }
+                    w.swap_busy = false;
+                    w
+                });
                 if let Some(c) = job.config.as_mut() {
                     // A rewrite may have landed after the last state save: the journal knows.
                     let intents = intents.get_or_insert_with(|| {
@@ -419,8 +448,20 @@ impl Engine {
                     format!("re-adopted pid {}", pj.root.pid),
                     false,
                 );
+            } else if let Some(loan) = pj.way_out.and_then(|w| w.loan) {
+                self.leftover_loans.push(loan);
             }
         }
+        // Emergency swap no live job holds: left by a job that ended or by a killed daemon.
+        let held: Vec<crate::act::swap::Record> = self
+            .jobs
+            .values()
+            .filter_map(|j| j.way_out.as_ref()?.swap.clone())
+            .collect();
+        self.leftover_swaps = crate::act::swap::recorded(&self.cfg.control.state_dir)
+            .into_iter()
+            .filter(|r| !held.contains(r))
+            .collect();
         self.state.invalidate();
         self.save();
     }

@@ -137,9 +137,10 @@ impl Engine {
         }
         let was_paused = j.pause.is_some();
         let how = match (was_paused, &thawed) {
-            _ if j.terminating_since_ms.is_some() => {
-                "terminated after the longest pause (on_max_pause = \"terminate\")".to_owned()
-            }
+            _ if j.terminating_since_ms.is_some() => format!(
+                "stopped by memwatch: {}",
+                j.stop_reason.as_deref().unwrap_or("it was terminated")
+            ),
             (false, _) => "its root process exited".to_owned(),
             (true, Some(dir)) => format!(
                 "its root process exited while paused; thawed {} and continued {continued} process(es) left behind",
@@ -148,6 +149,16 @@ impl Engine {
             (true, None) => format!(
                 "its root process exited while paused; continued {continued} process(es) left behind"
             ),
+        };
+        let way_out = j
+            .way_out
+            .as_ref()
+            .map(|w| w.account())
+            .filter(|a| !a.is_empty());
+        let stopped_by_memwatch = j.terminating_since_ms.is_some();
+        self.way_out_ended(name);
+        let Some(j) = self.jobs.get(name) else {
+            return;
         };
         let ended = EndedJob {
             name: j.name.clone(),
@@ -159,6 +170,8 @@ impl Engine {
             continued,
             thawed,
             how: how.clone(),
+            stopped_by_memwatch,
+            way_out,
         };
         self.jobs.remove(name);
         policy::forget(&mut self.policy, name);

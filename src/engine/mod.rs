@@ -7,10 +7,12 @@ mod commands;
 mod effects;
 mod ending;
 mod observe;
+mod way_out;
 
 pub use adapt::{AdaptDone, AdaptTask, run_adapt_task};
 pub use effects::PauseError;
 pub use observe::Measured;
+pub use way_out::{WayOutDone, WayOutTask, run_way_out_task};
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -119,6 +121,14 @@ pub struct Engine {
     host_watched: bool,
     /// Jobs that ended, newest last, and how (at most `ENDED_KEPT`).
     ended: std::collections::VecDeque<EndedJob>,
+    /// Swap work planned, for the daemon to run off the owner task.
+    way_out_tasks: Vec<WayOutTask>,
+    /// Emergency swap left by jobs that ended or by a killed daemon, cleared when RAM can take it.
+    leftover_swaps: Vec<crate::act::swap::Record>,
+    /// Those of them being cleared now.
+    clearing_leftover: Vec<crate::act::swap::Record>,
+    /// Limits raised for jobs that ended, put back once usage fits.
+    leftover_loans: Vec<crate::act::lend::Loan>,
 }
 
 /// How many ended jobs the view keeps.
@@ -132,6 +142,10 @@ impl Engine {
             clock_anchor,
             unsettled: Vec::new(),
             ended: std::collections::VecDeque::new(),
+            way_out_tasks: Vec::new(),
+            leftover_swaps: Vec::new(),
+            clearing_leftover: Vec::new(),
+            leftover_loans: Vec::new(),
             adapt_tasks: Vec::new(),
             adapting: Default::default(),
             host_watched: false,
@@ -408,6 +422,7 @@ impl Engine {
             limits,
             config: j.config.as_ref().map(|c| c.view()),
             launch: j.launch.clone(),
+            way_out: j.way_out.clone(),
         }
     }
 }

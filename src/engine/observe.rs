@@ -318,11 +318,14 @@ impl Engine {
                     None if j.cgroup_dir.is_some() => Reading::Unknown,
                     None => Reading::Absent,
                 };
-                // Only limits whose resource may pause count for prediction.
+                // Only limits whose resource may pause count for prediction; a job running on
+                // emergency room is guarded by its way out on the limits the room relieves.
+                let on_room = self.runs_on_room(&j.name);
                 let limits: Vec<Limit> = self
                     .limits_with(j, true)
                     .into_iter()
                     .filter(|l| self.action_of(&l.limit) == Action::Pause)
+                    .filter(|l| !(on_room && (l.limit == "cgroup" || l.limit == "host")))
                     .collect();
                 let projections = limits
                     .iter()
@@ -358,6 +361,7 @@ impl Engine {
             .jobs
             .iter()
             .any(|j| j.soonest().is_some_and(|(_, t)| t < FAST_BELOW_MS));
+        self.relieve();
         let (next, decisions) = policy::evaluate(&self.policy, &obs, &self.cfg.policy);
         self.policy = next;
         let troubled = self.policy.levels.iter().any(|(k, l)| {
@@ -369,5 +373,6 @@ impl Engine {
         for d in decisions {
             self.apply(d, now_ms);
         }
+        self.way_out(now_ms);
     }
 }

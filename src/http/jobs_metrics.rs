@@ -22,7 +22,27 @@ fn esc(v: &str) -> String {
 /// Appends the job and intervention series to `out`.
 pub fn render(out: &mut String, v: &View) {
     type Get = fn(&crate::job::JobView) -> Option<f64>;
-    let series: [(&str, &str, Get); 18] = [
+    let series: [(&str, &str, Get); 20] = [
+        (
+            "memwatch_job_emergency_swap_bytes",
+            "Size of the emergency swap memwatch made for the job's way out (0: none).",
+            |j| {
+                j.way_out
+                    .as_ref()
+                    .map(|w| w.swap.as_ref().map_or(0.0, |s| s.bytes as f64))
+            },
+        ),
+        (
+            "memwatch_job_lent_bytes",
+            "Memory memwatch lent the job's cgroup above its own limit (0: none).",
+            |j| {
+                j.way_out.as_ref().map(|w| {
+                    w.loan
+                        .as_ref()
+                        .map_or(0.0, |l| l.raised.saturating_sub(l.original) as f64)
+                })
+            },
+        ),
         (
             "memwatch_job_config_generation",
             "Newest generation of config changes staged for the job.",
@@ -199,6 +219,28 @@ pub fn render(out: &mut String, v: &View) {
         "memwatch_job_info",
         "gauge",
         "Attached job identity; the value is always 1.",
+        &lines,
+    );
+    let mut lines = String::new();
+    for j in &v.jobs {
+        if let Some(w) = &j.way_out {
+            let phase = serde_json::to_value(w.phase)
+                .ok()
+                .and_then(|p| p.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            let _ = writeln!(
+                lines,
+                "memwatch_job_way_out{{job=\"{}\",phase=\"{phase}\",step=\"{}\"}} 1",
+                esc(&j.name),
+                w.step.map_or("", |s| s.as_str())
+            );
+        }
+    }
+    family(
+        out,
+        "memwatch_job_way_out",
+        "gauge",
+        "Where the job's way out of a memory pause is (phase, step); 1 while it has one.",
         &lines,
     );
     let mut lines = String::new();

@@ -81,7 +81,10 @@ pub async fn directives(
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AckBody {
+    #[serde(default)]
     generation: u64,
+    #[serde(default)]
+    checkpoint: bool,
     #[serde(default)]
     epoch: u64,
     #[serde(default)]
@@ -103,6 +106,7 @@ pub async fn ack(
             epoch: b.epoch,
             token: super::bearer(&headers),
             cannot_apply: b.cannot_apply,
+            checkpoint: b.checkpoint,
         },
     )
     .await

@@ -3,6 +3,7 @@
 
 mod growth;
 pub mod measure;
+pub mod way_out;
 
 use serde::{Deserialize, Serialize};
 
@@ -61,6 +62,12 @@ pub struct Job {
     pub killed: bool,
     /// Started by `memwatch launch`.
     pub launch: Option<Launched>,
+    /// The way out of its memory pause, while memwatch looks for one (and after, until the next).
+    pub way_out: Option<way_out::WayOut>,
+    /// Why memwatch is stopping it (a terminate, the way out's checkpoint step, no way out).
+    pub stop_reason: Option<String>,
+    /// When its config was last read (and maybe rewritten) by the rules.
+    pub adapted_at_ms: Option<u64>,
 }
 
 impl Job {
@@ -91,6 +98,9 @@ impl Job {
             terminating_since_ms: None,
             killed: false,
             launch: None,
+            way_out: None,
+            stop_reason: None,
+            adapted_at_ms: None,
         }
     }
 
@@ -167,6 +177,9 @@ pub struct JobView {
     /// Started by `memwatch launch`: its run and how the earlier runs ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub launch: Option<Launched>,
+    /// The way out of its memory pause: the step, what was tried, the room memwatch holds for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub way_out: Option<way_out::WayOut>,
 }
 
 /// A job that ended, and how: shown for a while after it is gone.
@@ -184,6 +197,13 @@ pub struct EndedJob {
     pub thawed: Option<std::path::PathBuf>,
     /// For people.
     pub how: String,
+    /// memwatch stopped it (a way out's checkpoint step, no way out, a terminate): `memwatch launch`
+    /// relaunches such a job whatever its exit status.
+    #[serde(default)]
+    pub stopped_by_memwatch: bool,
+    /// The way out it took, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub way_out: Option<String>,
 }
 
 /// A job started by `memwatch launch`: which run this is, and how the earlier runs ended.
@@ -194,4 +214,7 @@ pub struct Launched {
     pub max_restarts: u32,
     /// How each earlier run ended, oldest first (at most 16 kept).
     pub previous: Vec<String>,
+    /// `memwatch launch --lend`: the way out may raise this job's cgroup limit for a while.
+    #[serde(default)]
+    pub lend: bool,
 }

@@ -128,6 +128,10 @@ pub struct JobState {
     /// When a pause on a projection last ended by itself (ms).
     #[serde(default)]
     pub predicted_resume_ms: Option<u64>,
+    /// The engine's way out is in charge of this job's memory pause: the policy still resumes it when
+    /// room comes back, but never on the maximum pause (the engine ends it).
+    #[serde(default)]
+    pub managed: bool,
 }
 
 /// The policy's whole state.
@@ -415,7 +419,7 @@ pub fn evaluate(prev: &State, obs: &Observation, cfg: &Policy) -> (State, Vec<De
                     }
                     None => true,
                 };
-                if paused_ms >= cfg.max_pause_seconds.saturating_mul(1000) {
+                if paused_ms >= cfg.max_pause_seconds.saturating_mul(1000) && !js.managed {
                     let reason = format!("paused for the maximum of {} s", cfg.max_pause_seconds);
                     match cfg.on_max_pause {
                         OnMaxPause::Resume => {
@@ -484,6 +488,38 @@ pub fn user_resume(state: &mut State, job: &str) {
     js.pause = None;
     js.checkpoint_deadline_ms = None;
     js.overridden = critical;
+}
+
+/// The engine resumed a paused job with emergency room (swap, a lent limit) so that it can apply a fix:
+/// the resources critical now (`keys` among them) will not pause it again until they recover or the
+/// engine pauses it itself (`hold`).
+pub fn run_through(state: &mut State, job: &str, keys: &[String]) {
+    let critical: BTreeSet<String> = state
+        .levels
+        .iter()
+        .filter(|(k, l)| l.level == Level::Critical || keys.contains(k))
+        .map(|(k, _)| k.clone())
+        .collect();
+    let js = state.jobs.entry(job.to_owned()).or_default();
+    js.pause = None;
+    js.checkpoint_deadline_ms = None;
+    js.overridden.extend(critical);
+}
+
+/// The engine paused a job itself (its emergency room ran out, or its fix did not come): it stays
+/// paused until `limit` has room for `rate` again, like a repeated pause on a projection.
+pub fn hold(state: &mut State, job: &str, now_ms: u64, limit: &str, rate: f64) {
+    let js = state.jobs.entry(job.to_owned()).or_default();
+    js.overridden.clear();
+    js.checkpoint_deadline_ms = None;
+    js.pause = Some(PauseState {
+        since_ms: now_ms,
+        by: By::Policy,
+        reasons: vec!["way_out".into()],
+        projected: Some((limit.to_owned(), rate)),
+        expired: false,
+        strict: true,
+    });
 }
 
 /// The job is gone or detached.

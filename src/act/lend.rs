@@ -1,0 +1,138 @@
+//! Lending memory: raising a job's own cgroup limit for a while, and putting it back. The loan is in the
+//! state file before the limit is raised, so a daemon killed at any instant leaves a record that the
+//! next one settles.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// A raised limit and what it was.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Loan {
+    pub job: String,
+    /// The cgroup directory whose limit file was raised.
+    pub dir: PathBuf,
+    /// 1 or 2.
+    pub version: u8,
+    /// The limit before the loan (bytes).
+    pub original: u64,
+    /// The limit during the loan.
+    pub raised: u64,
+}
+
+impl Loan {
+    fn limit_file(&self) -> PathBuf {
+        self.dir.join(if self.version == 1 {
+            "memory.limit_in_bytes"
+        } else {
+            "memory.max"
+        })
+    }
+
+    fn usage_file(&self) -> PathBuf {
+        self.dir.join(if self.version == 1 {
+            "memory.usage_in_bytes"
+        } else {
+            "memory.current"
+        })
+    }
+
+    /// Raises the limit. v1 also needs room under a memory+swap limit, which is raised first.
+    pub fn raise(&self) -> Result<(), String> {
+        if self.version == 1 {
+            let memsw = self.dir.join("memory.memsw.limit_in_bytes");
+            if let Some(m) = read_u64(&memsw).filter(|m| *m < self.raised) {
+                let extra = self.raised - self.original;
+                write(&memsw, m.saturating_add(extra))?;
+            }
+        }
+        write(&self.limit_file(), self.raised)
+    }
+
+    /// The cgroup's usage now; `None` when it is gone.
+    pub fn usage(&self) -> Option<u64> {
+        read_u64(&self.usage_file())
+    }
+
+    /// Puts the limit back, only when usage fits under it with `margin` to spare: lowering a v2 limit
+    /// below usage makes the kernel reclaim and then OOM-kill. `Ok(false)`: not yet. A cgroup that is
+    /// gone counts as settled.
+    pub fn restore(&self, margin: u64) -> Result<bool, String> {
+        let Some(usage) = self.usage() else {
+            return Ok(true);
+        };
+        if usage.saturating_add(margin) > self.original {
+            return Ok(false);
+        }
+        write(&self.limit_file(), self.original)?;
+        if self.version == 1 {
+            let memsw = self.dir.join("memory.memsw.limit_in_bytes");
+            if let Some(m) = read_u64(&memsw).filter(|m| *m != u64::MAX && *m > self.original) {
+                // Lowered by what was added, never below the memory limit.
+                let extra = self.raised - self.original;
+                let _ = write(&memsw, m.saturating_sub(extra).max(self.original));
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// A job's own limit, if memwatch can lend to it: the directory's own limit file holds a number (not
+/// "max", not inherited from a parent) and the file is writable.
+pub fn own_limit(dir: &Path, version: u8) -> Option<u64> {
+    let f = dir.join(if version == 1 {
+        "memory.limit_in_bytes"
+    } else {
+        "memory.max"
+    });
+    let v = read_u64(&f)?;
+    // v1 reports "no limit" as a huge page-aligned number.
+    (v < 1 << 60).then_some(v)
+}
+
+fn read_u64(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+fn write(path: &Path, v: u64) -> Result<(), String> {
+    std::fs::write(path, v.to_string()).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_limit_goes_back_only_when_usage_fits() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("memory.max"), "1000\n").unwrap();
+        std::fs::write(d.path().join("memory.current"), "900\n").unwrap();
+        assert_eq!(own_limit(d.path(), 2), Some(1000));
+        let loan = Loan {
+            job: "j".into(),
+            dir: d.path().to_owned(),
+            version: 2,
+            original: 1000,
+            raised: 1500,
+        };
+        loan.raise().unwrap();
+        assert_eq!(read_u64(&d.path().join("memory.max")), Some(1500));
+        assert_eq!(
+            loan.restore(200),
+            Ok(false),
+            "900 + 200 does not fit in 1000"
+        );
+        assert_eq!(read_u64(&d.path().join("memory.max")), Some(1500));
+        std::fs::write(d.path().join("memory.current"), "700\n").unwrap();
+        assert_eq!(loan.restore(200), Ok(true));
+        assert_eq!(read_u64(&d.path().join("memory.max")), Some(1000));
+        std::fs::write(d.path().join("memory.max"), "max\n").unwrap();
+        assert_eq!(own_limit(d.path(), 2), None);
+        drop(d);
+        assert_eq!(
+            loan.restore(0),
+            Ok(true),
+            "a cgroup that is gone is settled"
+        );
+    }
+}

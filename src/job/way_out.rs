@@ -1,0 +1,84 @@
+//! A paused job's way out, as memwatch goes down the ladder: where it is, what it tried, and the room it
+//! holds for the job (emergency swap, a lent limit) until the job fits again.
+
+use serde::{Deserialize, Serialize};
+
+use crate::act::lend::Loan;
+use crate::act::swap;
+use crate::config::Step;
+
+/// Where a job is on the ladder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Emergency swap is being made (off the owner task).
+    MakingSwap,
+    /// Resumed with emergency room: the trainer applies the urgent fix.
+    Fixing,
+    /// The fix held: the room is given back once RAM can take it.
+    Clearing,
+    /// A checkpoint was asked for; the job is stopped when it is saved or the grace is over.
+    Checkpointing,
+    /// Being stopped cleanly (SIGTERM to every process, SIGKILL after a grace).
+    Stopping,
+    /// No step applied: the job is stopped at the maximum pause (or stays, if so configured).
+    NoWayOut,
+    /// The job fits again and the room is given back.
+    Done,
+}
+
+/// One step taken (or skipped), for people.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Taken {
+    pub step: String,
+    pub at_ms: u64,
+    pub outcome: String,
+}
+
+/// A job's way out of a memory pause.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WayOut {
+    pub started_ms: u64,
+    /// The limit that ran out: "cgroup" or "host".
+    pub limit: String,
+    /// What the job would add while its fix comes (growth at the pause × `fix_seconds`).
+    pub shortfall_bytes: u64,
+    /// The growth rate at the pause (bytes/s).
+    pub rate: f64,
+    pub phase: Phase,
+    pub phase_since_ms: u64,
+    /// The steps still to try, in order.
+    pub remaining: Vec<Step>,
+    /// The step being taken.
+    pub step: Option<Step>,
+    /// What was tried, oldest first.
+    pub taken: Vec<Taken>,
+    /// Emergency swap made for the job.
+    pub swap: Option<swap::Record>,
+    /// The most of the emergency swap in use at once, as seen on the way out's turns.
+    #[serde(default)]
+    pub swap_peak_bytes: u64,
+    /// A swap made or cleared off the owner task is not back yet.
+    #[serde(default)]
+    pub swap_busy: bool,
+    /// The job's cgroup limit memwatch raised.
+    pub loan: Option<Loan>,
+    /// The urgent directive the job was resumed to apply.
+    pub fix_generation: Option<u64>,
+}
+
+impl WayOut {
+    /// Whether memwatch holds room for the job (which must be given back).
+    pub fn holds_room(&self) -> bool {
+        self.swap.is_some() || self.loan.is_some() || self.swap_busy
+    }
+
+    /// The account so far, one line.
+    pub fn account(&self) -> String {
+        self.taken
+            .iter()
+            .map(|t| format!("{}: {}", t.step, t.outcome))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+}

@@ -1,0 +1,407 @@
+//! A pause must lead somewhere. A real PyTorch job (tests/trainer/dataloader.py: batch 32 ×
+//! accumulation 2, a DataLoader with 4 workers and pin_memory) runs in a real memory cgroup that fits it
+//! with 2 workers, not 4; the workers fill their caches within a second of epoch 0, so no epoch boundary
+//! comes before the pause. memwatch must find the way out:
+//! (a) a trainer speaking the protocol applies the cut mid-epoch on emergency swap (zram), finishes every
+//!     epoch with the effective batch kept and no OOM kill, and the swap is cleared and removed;
+//! (b) a trainer that knows nothing of memwatch, under `memwatch launch`, saves its checkpoint when asked
+//!     (SIGUSR1), is stopped cleanly, relaunched with 2 workers from the rewritten config, and finishes;
+//! (c) with every way out disabled the job ends at the maximum pause with a clear account, and no
+//!     process of it is left stopped;
+//! and a daemon killed while the job runs on emergency swap leaves, after a restart, no swap device.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Daemon, Opts, eventually};
+
+/// The Python with torch that the test command set up, if any (`MEMWATCH_SKIP_TRAINER` builds none).
+fn torch_python() -> Option<PathBuf> {
+    let out = Command::new("python3")
+        .args(["-c", "import sys, torch; print(sys.executable)"])
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+/// The trainer's config: fits 850 MiB with 2 workers of 160 MiB each, not with 4.
+fn write_config(dir: &Path, epochs: u32) -> PathBuf {
+    let cfg = dir.join("train.json");
+    std::fs::write(
+        &cfg,
+        format!(
+            "{{\"train\": {{\"micro_batch\": 32, \"accumulation\": 2, \"workers\": 4, \"pin_memory\": true}},\n \
+             \"epochs\": {epochs}, \"samples\": 2048, \"cache_mib\": 160, \"step_ms\": 20}}\n"
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
+const LIMIT: u64 = 850 << 20;
+
+fn wait_exit(child: &mut Child, secs: u64) -> Option<std::process::ExitStatus> {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(secs) {
+        if let Ok(Some(s)) = child.try_wait() {
+            return Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+fn account(out: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(out).unwrap_or_default()).unwrap_or_default()
+}
+
+/// The events of the daemon's state directory (the API redacts their details).
+fn events_text(d: &Daemon) -> String {
+    std::fs::read_to_string(d.dir.path().join("state/events.jsonl")).unwrap_or_default()
+}
+
+/// The emergency swap devices memwatch recorded (in state directory `state`) and has not removed.
+fn swap_records(state: &Path) -> usize {
+    std::fs::read_dir(state.join("emergency-swap"))
+        .map(|r| r.count())
+        .unwrap_or(0)
+}
+
+/// The emergency swap devices a daemon made, from its events ("… MiB on /dev/zramN").
+fn devices_made(events: &str) -> Vec<String> {
+    let mut out: Vec<String> = events
+        .split(" MiB on ")
+        .skip(1)
+        .filter_map(|s| s.split(['"', ' ']).next().map(str::to_owned))
+        .collect();
+    out.dedup();
+    out
+}
+
+/// Which of `devices` are still swap devices (in /proc/swaps) or still exist.
+fn still_there(devices: &[String]) -> Vec<String> {
+    let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+    devices
+        .iter()
+        .filter(|d| {
+            swaps
+                .lines()
+                .any(|l| l.split_whitespace().next() == Some(d.as_str()))
+                || Path::new(&d.replace("/dev/", "/sys/block/")).exists()
+        })
+        .cloned()
+        .collect()
+}
+
+/// Processes left stopped (state T) whose command line names `marker`.
+fn stopped_left(marker: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                .filter(|pid| {
+                    std::fs::read(format!("/proc/{pid}/cmdline"))
+                        .is_ok_and(|c| String::from_utf8_lossy(&c).contains(marker))
+                        && common::proc_state(*pid) == Some('T')
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// One line for scripts/bench-way-out.sh (seen with --nocapture).
+fn bench_line(
+    scenario: &str,
+    finished: bool,
+    oom_kills: u64,
+    marker: &str,
+    seconds: f64,
+    events: &str,
+) {
+    let peak: u64 = events
+        .split("(peak use ")
+        .skip(1)
+        .filter_map(|s| s.split(' ').next()?.parse().ok())
+        .max()
+        .unwrap_or(0);
+    println!(
+        "bench: {}",
+        serde_json::json!({
+            "scenario": scenario, "finished": finished, "oom_kills": oom_kills,
+            "stopped_left": stopped_left(marker), "seconds": seconds, "swap_peak_mib": peak,
+        })
+    );
+}
+
+/// Loads torch's libraries once outside the test cgroup, so that their page cache is not charged to it.
+fn warm(python: &Path) {
+    let _ = Command::new(python)
+        .args(["-c", "import torch.utils.data"])
+        .stderr(Stdio::null())
+        .status();
+}
+
+fn protocol_trainer(
+    d: &Daemon,
+    cg: &common::cgroup::MemCgroup,
+    python: &Path,
+    cfg: &Path,
+    out: &Path,
+) -> Child {
+    let script = common::repo().join("tests/trainer/dataloader.py");
+    cg.spawn(
+        Path::new("/usr/bin/env"),
+        &[
+            &format!("MEMWATCH_SOCKET={}", d.socket.display()),
+            &format!("MEMWATCH_URL={}", d.url()),
+            python.to_str().unwrap(),
+            script.to_str().unwrap(),
+            cfg.to_str().unwrap(),
+            out.to_str().unwrap(),
+            "protocol",
+        ],
+    )
+}
+
+#[test]
+fn a_protocol_trainer_takes_the_fix_now_on_emergency_swap() {
+    let Some(python) = torch_python() else {
+        eprintln!("skipped: no python3 with torch (MEMWATCH_SKIP_TRAINER)");
+        return;
+    };
+    warm(&python);
+    let d = Daemon::start(Opts {
+        root: "/".into(),
+        gpu_state: None,
+        extra_config: "[policy]\nmax_pause_seconds = 120\n\
+                       [adapt]\nverify_seconds = 15\n\
+                       [way_out]\nsteps = [\"swap\", \"checkpoint\"]\ndecide_seconds = 2\nfix_seconds = 40\n",
+        ..Opts::default()
+    });
+    let cfg = write_config(d.dir.path(), 3);
+    let out = d.dir.path().join("out.json");
+    let cg = common::cgroup::MemCgroup::new(LIMIT).expect("a memory cgroup (needs root)");
+    let started = Instant::now();
+    let mut trainer = protocol_trainer(&d, &cg, &python, &cfg, &out);
+    let status = wait_exit(&mut trainer, 240);
+    let seconds = started.elapsed().as_secs_f64();
+    let a = account(&out);
+    // The swap is cleared and removed (once RAM can take its pages back).
+    let cleared = eventually(60.0, || swap_records(&d.dir.path().join("state")) == 0);
+    let events = events_text(&d);
+    bench_line(
+        "a",
+        status.is_some_and(|s| s.success()) && a["epochs_done"] == 3,
+        cg.oom_kills(),
+        out.to_str().unwrap(),
+        seconds,
+        &events,
+    );
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the trainer did not finish: {status:?}\n{a}\n{events}"
+    );
+    assert_eq!(cg.oom_kills(), 0, "{events}");
+    assert_eq!(a["epochs_done"], 3, "{a}");
+    assert!(
+        a["urgent"].as_u64() >= Some(1),
+        "no urgent change: {a}\n{events}"
+    );
+    // Workers 4 → 2 mid-epoch, then 2 at every later epoch; the effective batch never moved.
+    let workers: Vec<u64> = a["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|w| w.as_u64())
+        .collect();
+    assert_eq!(workers.first(), Some(&4), "{a}");
+    assert_eq!(workers.last(), Some(&2), "{a}");
+    assert!(
+        a["effective"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e.as_u64() == Some(64)),
+        "{a}"
+    );
+    assert!(events.contains("of emergency swap (zram)"), "{events}");
+    assert!(events.contains("applied mid-epoch"), "{events}");
+    assert!(cleared, "{events}");
+    assert!(events.contains("cleared and removed"), "{events}");
+    let made = devices_made(&events);
+    assert!(!made.is_empty(), "{events}");
+    assert!(still_there(&made).is_empty(), "{made:?} left: {events}");
+}
+
+#[test]
+fn a_trainer_that_knows_nothing_is_checkpointed_stopped_and_relaunched() {
+    let Some(python) = torch_python() else {
+        eprintln!("skipped: no python3 with torch (MEMWATCH_SKIP_TRAINER)");
+        return;
+    };
+    warm(&python);
+    let d = Daemon::start(Opts {
+        root: "/".into(),
+        gpu_state: None,
+        extra_config: "[policy]\nmax_pause_seconds = 120\ncheckpoint_signal = \"SIGUSR1\"\n\
+                       [way_out]\ndecide_seconds = 2\ncheckpoint_grace_seconds = 3\n",
+        ..Opts::default()
+    });
+    let cfg = write_config(d.dir.path(), 3);
+    let out = d.dir.path().join("out.json");
+    let script = common::repo().join("tests/trainer/dataloader.py");
+    let started = Instant::now();
+    let launch = Command::new(common::bin())
+        .args(["launch", "--name", "plain", "--memory-max", "850M"])
+        .args(["--max-restarts", "3", "--config-file"])
+        .arg(&cfg)
+        .args(["--profile", "generic"])
+        .args(["--key", "batch=train.micro_batch"])
+        .args(["--key", "accumulation=train.accumulation"])
+        .args(["--key", "workers=train.workers"])
+        .args(["--key", "pin_memory=train.pin_memory"])
+        .arg("--socket")
+        .arg(&d.socket)
+        .arg("--")
+        .arg(&python)
+        .arg(&script)
+        .arg(&cfg)
+        .arg(&out)
+        .args(["plain", "{resume}"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let result = launch.wait_with_output().unwrap();
+    let seconds = started.elapsed().as_secs_f64();
+    let text = format!(
+        "{}{}\n{}",
+        String::from_utf8_lossy(&result.stdout),
+        String::from_utf8_lossy(&result.stderr),
+        events_text(&d)
+    );
+    let a = account(&out);
+    let oom_kills = text.matches("OOM killer fired").count() as u64;
+    bench_line(
+        "b",
+        result.status.success() && a["epochs_done"] == 3,
+        oom_kills,
+        out.to_str().unwrap(),
+        seconds,
+        &text,
+    );
+    assert!(result.status.success(), "{text}");
+    assert_eq!(oom_kills, 0, "{text}");
+    assert_eq!(a["epochs_done"], 3, "{a}\n{text}");
+    assert_eq!(a["resumed"], true, "{a}\n{text}");
+    assert!(a["checkpoints"].as_u64() >= Some(1), "{a}");
+    // The relaunched run read the rewritten config: 2 workers.
+    assert_eq!(a["workers"].as_array().unwrap().last().unwrap(), 2, "{a}");
+    assert!(text.contains("checkpoint requested (SIGUSR1)"), "{text}");
+    assert!(text.contains("stopped by memwatch"), "{text}");
+    assert!(text.contains("run 2: finished"), "{text}");
+}
+
+#[test]
+fn with_no_way_out_the_job_ends_with_an_account_and_nothing_stopped() {
+    let d = Daemon::start(Opts {
+        root: "/".into(),
+        gpu_state: None,
+        extra_config: "[policy]\nmax_pause_seconds = 4\n[way_out]\nsteps = []\ndecide_seconds = 1\n",
+        ..Opts::default()
+    });
+    let cg = common::cgroup::MemCgroup::new(512 << 20).expect("a memory cgroup (needs root)");
+    let go = d.dir.path().join("go");
+    let mut hog = cg.spawn_hog(&go, &["--workers", "2"]);
+    let pid = hog.id();
+    let (code, text, err) = d.ctl(&["attach", &pid.to_string(), "--name", "stuck"]);
+    assert_eq!(code, 0, "{text}{err}");
+    std::fs::write(&go, "").unwrap();
+    assert!(
+        eventually(20.0, || d.job_state("stuck").as_deref() == Some("paused")),
+        "never paused: {:?}",
+        d.jobs()
+    );
+    assert!(wait_exit(&mut hog, 30).is_some(), "the job was not ended");
+    let events = events_text(&d);
+    assert!(
+        events.contains("no way out (no step configured)"),
+        "{events}"
+    );
+    assert!(
+        events.contains("stopped cleanly 4 s into its pause"),
+        "{events}"
+    );
+    assert_eq!(cg.oom_kills(), 0, "{events}");
+    // Nothing of it left stopped: the cgroup empties (workers included).
+    assert!(
+        eventually(15.0, || std::fs::read_to_string(
+            cg.dir.join("cgroup.procs")
+        )
+        .is_ok_and(|p| p.trim().is_empty())),
+        "left behind: {:?}",
+        std::fs::read_to_string(cg.dir.join("cgroup.procs"))
+    );
+    // `memwatch jobs` says how it ended.
+    assert!(eventually(5.0, || {
+        let (_, text, _) = d.ctl(&["jobs"]);
+        text.contains("stopped by memwatch")
+    }));
+}
+
+#[test]
+fn a_daemon_killed_on_emergency_swap_leaves_no_swap_after_restart() {
+    let Some(python) = torch_python() else {
+        eprintln!("skipped: no python3 with torch (MEMWATCH_SKIP_TRAINER)");
+        return;
+    };
+    warm(&python);
+    let state = tempfile::tempdir().unwrap();
+    let config = "[policy]\nmax_pause_seconds = 120\n\
+                  [way_out]\nsteps = [\"swap\"]\ndecide_seconds = 2\nfix_seconds = 60\n";
+    // Killed as soon as the swap is on: while the job runs on it to its fix.
+    let mut d = Daemon::start(Opts {
+        root: "/".into(),
+        gpu_state: None,
+        extra_config: config,
+        state: Some(state.path().join("state")),
+        ..Opts::default()
+    });
+    let cfg = write_config(d.dir.path(), 50);
+    let out = d.dir.path().join("out.json");
+    let cg = common::cgroup::MemCgroup::new(LIMIT).expect("a memory cgroup (needs root)");
+    let mut trainer = protocol_trainer(&d, &cg, &python, &cfg, &out);
+    let events =
+        || std::fs::read_to_string(state.path().join("state/events.jsonl")).unwrap_or_default();
+    assert!(
+        eventually(90.0, || !devices_made(&events()).is_empty()),
+        "no emergency swap was made: {}",
+        events()
+    );
+    d.crash(true);
+    let made = devices_made(&events());
+    assert_eq!(still_there(&made), made, "the swap went with the daemon");
+    let _ = trainer.kill();
+    let _ = trainer.wait();
+    drop(cg);
+    let _d = Daemon::start(Opts {
+        root: "/".into(),
+        gpu_state: None,
+        extra_config: config,
+        state: Some(state.path().join("state")),
+        ..Opts::default()
+    });
+    assert!(
+        eventually(30.0, || still_there(&made).is_empty()
+            && swap_records(&state.path().join("state")) == 0),
+        "left after restart: {:?}\n{}",
+        still_there(&made),
+        events()
+    );
+}

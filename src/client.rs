@@ -158,6 +158,17 @@ impl Client {
     }
 
     /// Reports training progress.
+    /// Tells memwatch that the checkpoint it asked for is saved.
+    pub fn checkpoint_saved(&self, job: &str, token: &str) -> Result<(), ClientError> {
+        self.call::<serde_json::Value>(
+            "POST",
+            &format!("/api/v1/jobs/{job}/ack"),
+            Some(token),
+            Some(serde_json::json!({ "checkpoint": true })),
+        )
+        .map(|_| ())
+    }
+
     pub fn progress(
         &self,
         job: &str,

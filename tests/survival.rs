@@ -179,7 +179,7 @@ fn terminate_ends_the_whole_job_and_leaves_nothing_stopped() {
         eventually(5.0, || d
             .get("/api/v1/jobs")
             .1
-            .contains("terminated after the longest pause")),
+            .contains("stopped by memwatch: paused for the maximum of 2 s")),
         "{}",
         d.get("/api/v1/jobs").1
     );

@@ -1,6 +1,7 @@
 //! The trainer's link to memwatch: it registers (attaches itself with its config file), asks for
-//! directives at epoch boundaries, acknowledges them and reports progress. When the daemon is down the
-//! trainer keeps training: it warns once and retries with backoff.
+//! directives (at epoch boundaries, and between steps for urgent ones and checkpoint requests),
+//! acknowledges them and reports progress. When the daemon is down the trainer keeps training: it warns
+//! once and retries with backoff.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -23,6 +24,17 @@ pub struct Link {
 }
 
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+/// One answer to "anything for me?".
+#[derive(Debug, Default)]
+pub struct Poll {
+    /// The newest generation staged, if newer than the one applied.
+    pub staged: Option<u64>,
+    /// Some of it must be applied at the next step, not the next epoch.
+    pub urgent: bool,
+    /// memwatch asks for a checkpoint now.
+    pub checkpoint: bool,
+}
 
 impl Link {
     pub fn new(url: &str, socket: PathBuf, name: String, config_file: PathBuf) -> Link {
@@ -92,25 +104,42 @@ impl Link {
         }
     }
 
-    /// At an epoch boundary: the newest generation staged, if newer than the one applied.
-    pub fn staged(&mut self) -> Option<u64> {
+    /// What memwatch asks for now: the newest generation staged (if newer than the one applied),
+    /// whether any of it is urgent, and whether a checkpoint is requested.
+    pub fn poll(&mut self) -> Poll {
+        let none = Poll::default();
         if !self.register() {
-            return None;
+            return none;
         }
-        let token = self.token.clone()?;
+        let Some(token) = self.token.clone() else {
+            return none;
+        };
         match self.client.directives(&self.name, self.generation, &token) {
             Ok(d) => {
                 self.up();
-                (d.generation > self.generation).then_some(d.generation)
+                Poll {
+                    staged: (d.generation > self.generation).then_some(d.generation),
+                    urgent: d.directives.iter().any(|x| x.urgent),
+                    checkpoint: d.checkpoint.is_some(),
+                }
             }
             Err(memwatch::client::ClientError::Status { status: 404, .. }) => {
                 // The daemon lost the job (a fresh state directory): register again.
                 self.token = None;
-                None
+                none
             }
             Err(e) => {
                 self.down(&e.to_string());
-                None
+                none
+            }
+        }
+    }
+
+    /// Tells memwatch the checkpoint it asked for is saved.
+    pub fn checkpoint_saved(&mut self) {
+        if let Some(token) = self.token.clone() {
+            if let Err(e) = self.client.checkpoint_saved(&self.name, &token) {
+                self.down(&e.to_string());
             }
         }
     }

@@ -1,9 +1,12 @@
 //! memwatch-train: a small GPT trained on CPU (CUDA when present) that memwatch adapts while it runs.
 //!
-//! The reference client of memwatch's epoch-boundary protocol: it attaches itself with its config file,
-//! and at every epoch boundary re-reads that file, asks for directives, applies them (rebuilding its
-//! batches) and acknowledges; it reports progress, saves a checkpoint at each epoch end and on the
-//! checkpoint signal, and can resume from one. Built with `--features trainer` (needs libtorch).
+//! The reference client of memwatch's protocol: it attaches itself with its config file, and at every
+//! epoch boundary re-reads that file, asks for directives, applies them (rebuilding its batches) and
+//! acknowledges. Between steps (at most every `POLL_EVERY`) it asks too: an urgent change is applied
+//! at the next step (an optimizer step is an accumulation boundary, so micro × accumulation stays
+//! exact), and a checkpoint request is answered with a checkpoint and an acknowledgement. It reports
+//! progress, saves a checkpoint at each epoch end and on the checkpoint signal, and can resume from
+//! one. Built with `--features trainer` (needs libtorch).
 //!
 //! `memwatch-train [--config memwatch-train.toml] [--resume] [--log-json FILE] [--no-memwatch]`
 
@@ -22,6 +25,9 @@ use tch::{Device, nn, nn::OptimizerConfig};
 use settings::Settings;
 
 static CHECKPOINT_REQUESTED: AtomicBool = AtomicBool::new(false);
+
+/// How often the trainer asks memwatch for urgent changes and checkpoint requests between steps.
+const POLL_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
 extern "C" fn on_checkpoint_signal(_: nix::libc::c_int) {
     CHECKPOINT_REQUESTED.store(true, Ordering::SeqCst);
@@ -144,7 +150,7 @@ fn run() -> anyhow::Result<()> {
     for epoch in start_epoch..s.train.epochs {
         // --- epoch boundary: the only place the batch changes ---
         if let Some(l) = link.as_mut() {
-            let staged = l.staged();
+            let staged = l.poll().staged;
             match Settings::load(&a.config) {
                 Ok(fresh) => s.train = fresh.train,
                 Err(e) => eprintln!("memwatch-train: keeping the current settings: {e:#}"),
@@ -154,7 +160,9 @@ fn run() -> anyhow::Result<()> {
                 eprintln!("memwatch-train: applied generation {g} at epoch {epoch}");
             }
         }
-        let (micro, accum, seq) = (s.train.micro_batch, s.train.accumulation, s.train.seq_len);
+        let (mut micro, mut accum, mut seq) =
+            (s.train.micro_batch, s.train.accumulation, s.train.seq_len);
+        let mut polled = Instant::now();
         println!(
             "epoch {epoch}: micro-batch {micro}, accumulation {accum} (effective {}), seq_len {seq}",
             micro * accum
@@ -178,7 +186,29 @@ fn run() -> anyhow::Result<()> {
                 "epoch": epoch, "step": step, "micro": micro, "accum": accum, "loss": total,
                 "t_ms": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0),
             }));
-            if CHECKPOINT_REQUESTED.swap(false, Ordering::SeqCst) {
+            let mut checkpoint_asked = false;
+            if let Some(l) = link.as_mut().filter(|_| polled.elapsed() >= POLL_EVERY) {
+                polled = Instant::now();
+                let p = l.poll();
+                checkpoint_asked = p.checkpoint;
+                if let (Some(g), true) = (p.staged, p.urgent) {
+                    // Urgent: the next step runs with the new values (this is an accumulation
+                    // boundary: the optimizer just stepped).
+                    match Settings::load(&a.config) {
+                        Ok(fresh) => {
+                            s.train = fresh.train;
+                            (micro, accum, seq) =
+                                (s.train.micro_batch, s.train.accumulation, s.train.seq_len);
+                            l.ack(g, epoch);
+                            eprintln!(
+                                "memwatch-train: applied urgent generation {g} at epoch {epoch}, step {step}: micro-batch {micro}, accumulation {accum}"
+                            );
+                        }
+                        Err(e) => eprintln!("memwatch-train: cannot apply generation {g}: {e:#}"),
+                    }
+                }
+            }
+            if CHECKPOINT_REQUESTED.swap(false, Ordering::SeqCst) || checkpoint_asked {
                 let g = link.as_ref().map(|l| l.generation).unwrap_or(0);
                 save(
                     &vs,
@@ -189,6 +219,11 @@ fn run() -> anyhow::Result<()> {
                     },
                 )?;
                 eprintln!("memwatch-train: checkpoint saved on request");
+                if checkpoint_asked {
+                    if let Some(l) = link.as_mut() {
+                        l.checkpoint_saved();
+                    }
+                }
             }
             if (step + 1) % s.memwatch.progress_every.max(1) == 0 {
                 let secs = window.elapsed().as_secs_f64().max(1e-9);

@@ -405,3 +405,102 @@ fn a_daemon_killed_on_emergency_swap_leaves_no_swap_after_restart() {
         events()
     );
 }
+
+fn limit_of(cg: &common::cgroup::MemCgroup) -> u64 {
+    let file = if cg.version == 1 {
+        "memory.limit_in_bytes"
+    } else {
+        "memory.max"
+    };
+    std::fs::read_to_string(cg.dir.join(file))
+        .unwrap_or_default()
+        .trim()
+        .parse()
+        .unwrap_or(0)
+}
+
+/// The lend step (opted in): the job's own limit is raised for the fix and put back once it fits.
+#[test]
+fn a_protocol_trainer_takes_the_fix_now_on_a_lent_limit() {
+    let Some(python) = torch_python() else {
+        eprintln!("skipped: no python3 with torch (MEMWATCH_SKIP_TRAINER)");
+        return;
+    };
+    warm(&python);
+    let d = Daemon::start(Opts {
+        root: "/".into(),
+        gpu_state: None,
+        extra_config: "[policy]\nmax_pause_seconds = 120\n[adapt]\nverify_seconds = 15\n\
+                       [way_out]\nsteps = [\"lend\", \"checkpoint\"]\nlend = true\ndecide_seconds = 2\nfix_seconds = 40\n",
+        ..Opts::default()
+    });
+    let cfg = write_config(d.dir.path(), 2);
+    let out = d.dir.path().join("out.json");
+    let cg = common::cgroup::MemCgroup::new(LIMIT).expect("a memory cgroup (needs root)");
+    let mut trainer = protocol_trainer(&d, &cg, &python, &cfg, &out);
+    let status = wait_exit(&mut trainer, 240);
+    let a = account(&out);
+    let back = eventually(30.0, || events_text(&d).contains("back at 850 MiB"));
+    let events = events_text(&d);
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{status:?}\n{a}\n{events}"
+    );
+    assert_eq!(cg.oom_kills(), 0, "{events}");
+    assert_eq!(a["epochs_done"], 2, "{a}");
+    assert!(events.contains("from 850 to"), "never lent: {events}");
+    assert!(events.contains("applied mid-epoch"), "{events}");
+    assert!(back, "the limit was not put back: {events}");
+    assert_eq!(limit_of(&cg), LIMIT);
+}
+
+/// A daemon killed while it lends leaves, after a restart, the limit as it was.
+#[test]
+fn a_daemon_killed_while_lending_leaves_no_raised_limit_after_restart() {
+    let Some(python) = torch_python() else {
+        eprintln!("skipped: no python3 with torch (MEMWATCH_SKIP_TRAINER)");
+        return;
+    };
+    warm(&python);
+    let state = tempfile::tempdir().unwrap();
+    let config = "[policy]\nmax_pause_seconds = 120\n\
+                  [way_out]\nsteps = [\"lend\"]\nlend = true\ndecide_seconds = 2\nfix_seconds = 60\n";
+    let mut d = Daemon::start(Opts {
+        root: "/".into(),
+        gpu_state: None,
+        extra_config: config,
+        state: Some(state.path().join("state")),
+        ..Opts::default()
+    });
+    let cfg = write_config(d.dir.path(), 50);
+    let out = d.dir.path().join("out.json");
+    let cg = common::cgroup::MemCgroup::new(LIMIT).expect("a memory cgroup (needs root)");
+    let mut trainer = protocol_trainer(&d, &cg, &python, &cfg, &out);
+    assert!(
+        eventually(90.0, || limit_of(&cg) > LIMIT),
+        "never lent: {}",
+        std::fs::read_to_string(state.path().join("state/events.jsonl")).unwrap_or_default()
+    );
+    d.crash(true);
+    assert!(limit_of(&cg) > LIMIT, "the loan went with the daemon");
+    // The job ends (its workers too), as if it had been killed while the daemon was down.
+    for pid in std::fs::read_to_string(cg.dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .split_whitespace()
+    {
+        let _ = Command::new("kill").args(["-KILL", pid]).status();
+    }
+    let _ = trainer.wait();
+    let _d = Daemon::start(Opts {
+        root: "/".into(),
+        gpu_state: None,
+        extra_config: config,
+        state: Some(state.path().join("state")),
+        ..Opts::default()
+    });
+    assert!(
+        eventually(30.0, || limit_of(&cg) == LIMIT),
+        "the limit stayed at {} after the restart",
+        limit_of(&cg)
+    );
+}

@@ -65,6 +65,9 @@ pub fn render(jobs: &[JobView], now_ms: u64) -> String {
         if let Some(p) = &j.pause {
             let _ = writeln!(o, "    paused by {:?}: {}", p.by, p.reason);
         }
+        if let Some(w) = &j.way_out {
+            way_out(&mut o, w, now_ms);
+        }
         if let Some(l) = &j.launch {
             let _ = writeln!(
                 o,
@@ -91,9 +94,22 @@ pub fn render(jobs: &[JobView], now_ms: u64) -> String {
                     .iter()
                     .map(|ch| format!("{} {} → {}", ch.path, ch.old, ch.new))
                     .collect();
-                let state = match d.applied_epoch {
-                    Some(e) => format!("applied at epoch {e}"),
-                    None => "pending: applies at the next epoch boundary".into(),
+                let state = match (d.applied_epoch, &d.declined, d.urgent) {
+                    (_, Some(why), _) => format!("declined: {why}"),
+                    (Some(e), _, _) => match d.verification.as_ref().map(|v| v.state) {
+                        Some(crate::adapt::VerifyState::Verified) => {
+                            format!("applied at epoch {e}, verified")
+                        }
+                        Some(crate::adapt::VerifyState::Unverified) => {
+                            format!("applied at epoch {e}, UNVERIFIED: not seen in the job")
+                        }
+                        Some(crate::adapt::VerifyState::Pending) => {
+                            format!("applied at epoch {e}, being verified")
+                        }
+                        None => format!("applied at epoch {e}"),
+                    },
+                    (None, None, true) => "pending, urgent: applies at the next step".into(),
+                    (None, None, false) => "pending: applies at the next epoch boundary".into(),
                 };
                 let _ = writeln!(
                     o,
@@ -114,6 +130,42 @@ pub fn render(jobs: &[JobView], now_ms: u64) -> String {
     o
 }
 
+/// A job's way out of its memory pause: where it is, the room memwatch holds, what was tried.
+fn way_out(o: &mut String, w: &crate::job::way_out::WayOut, now_ms: u64) {
+    use crate::job::way_out::Phase;
+    let phase = match w.phase {
+        Phase::MakingSwap => "making emergency swap",
+        Phase::Fixing => "running on emergency room until its fix applies",
+        Phase::Clearing => "fixed; giving the emergency room back",
+        Phase::Checkpointing => "waiting for its checkpoint",
+        Phase::Stopping => "being stopped cleanly",
+        Phase::NoWayOut => "no way out: stopped at the longest pause",
+        Phase::Done => "done",
+    };
+    let secs = now_ms.saturating_sub(w.phase_since_ms) / 1000;
+    let mut room = Vec::new();
+    if let Some(s) = &w.swap {
+        room.push(format!("emergency swap {} on {}", human(s.bytes), s.device));
+    }
+    if let Some(l) = &w.loan {
+        room.push(format!(
+            "limit lent {} → {}",
+            human(l.original),
+            human(l.raised)
+        ));
+    }
+    let room = if room.is_empty() {
+        String::new()
+    } else {
+        format!("; {}", room.join(", "))
+    };
+    let _ = writeln!(o, "    way out: {phase} ({secs}s){room}");
+    for t in &w.taken {
+        let ago = now_ms.saturating_sub(t.at_ms) / 1000;
+        let _ = writeln!(o, "      {}: {} ({ago}s ago)", t.step, t.outcome);
+    }
+}
+
 /// Jobs that ended recently, newest last: how each ended and how long ago. Empty when none.
 pub fn render_ended(ended: &[crate::job::EndedJob], now_ms: u64) -> String {
     let mut o = String::new();
@@ -124,6 +176,9 @@ pub fn render_ended(ended: &[crate::job::EndedJob], now_ms: u64) -> String {
     for e in ended {
         let ago = now_ms.saturating_sub(e.ended_at_ms) / 1000;
         let _ = writeln!(o, "  {} (pid {}), {ago} s ago: {}", e.name, e.pid, e.how);
+        if let Some(w) = &e.way_out {
+            let _ = writeln!(o, "    way out: {w}");
+        }
     }
     o
 }

@@ -171,17 +171,33 @@ fn protocol_trainer(
 
 #[test]
 fn a_protocol_trainer_takes_the_fix_now_on_emergency_swap() {
+    fix_now_on_swap("", "zram", "a");
+}
+
+/// The same without zram: a swapfile on a local disk.
+#[test]
+fn a_protocol_trainer_takes_the_fix_now_on_an_emergency_swapfile() {
+    fix_now_on_swap(
+        "zram = false\nswapfile_dir = \"/var/tmp\"\nswap_max_mib = 1024\n",
+        "swapfile",
+        "a-swapfile",
+    );
+}
+
+fn fix_now_on_swap(way_out: &str, kind: &str, scenario: &str) {
     let Some(python) = torch_python() else {
         eprintln!("skipped: no python3 with torch (MEMWATCH_SKIP_TRAINER)");
         return;
     };
     warm(&python);
+    let config = format!(
+        "[policy]\nmax_pause_seconds = 120\n[adapt]\nverify_seconds = 15\n\
+         [way_out]\nsteps = [\"swap\", \"checkpoint\"]\ndecide_seconds = 2\nfix_seconds = 40\n{way_out}"
+    );
     let d = Daemon::start(Opts {
         root: "/".into(),
         gpu_state: None,
-        extra_config: "[policy]\nmax_pause_seconds = 120\n\
-                       [adapt]\nverify_seconds = 15\n\
-                       [way_out]\nsteps = [\"swap\", \"checkpoint\"]\ndecide_seconds = 2\nfix_seconds = 40\n",
+        extra_config: &config,
         ..Opts::default()
     });
     let cfg = write_config(d.dir.path(), 3);
@@ -196,7 +212,7 @@ fn a_protocol_trainer_takes_the_fix_now_on_emergency_swap() {
     let cleared = eventually(60.0, || swap_records(&d.dir.path().join("state")) == 0);
     let events = events_text(&d);
     bench_line(
-        "a",
+        scenario,
         status.is_some_and(|s| s.success()) && a["epochs_done"] == 3,
         cg.oom_kills(),
         out.to_str().unwrap(),
@@ -230,7 +246,10 @@ fn a_protocol_trainer_takes_the_fix_now_on_emergency_swap() {
             .all(|e| e.as_u64() == Some(64)),
         "{a}"
     );
-    assert!(events.contains("of emergency swap (zram)"), "{events}");
+    assert!(
+        events.contains(&format!("of emergency swap ({kind})")),
+        "{events}"
+    );
     assert!(events.contains("applied mid-epoch"), "{events}");
     assert!(cleared, "{events}");
     assert!(events.contains("cleared and removed"), "{events}");

@@ -139,6 +139,17 @@ fn bench_line(
     );
 }
 
+/// The Python with torch, its libraries loaded once outside the test cgroup; `None` (the test is
+/// skipped, and says so) where the test command set up none.
+fn ready_python() -> Option<PathBuf> {
+    let Some(python) = torch_python() else {
+        eprintln!("skipped: no python3 with torch (MEMWATCH_SKIP_TRAINER)");
+        return None;
+    };
+    warm(&python);
+    Some(python)
+}
+
 /// Loads torch's libraries once outside the test cgroup, so that their page cache is not charged to it.
 fn warm(python: &Path) {
     let _ = Command::new(python)
@@ -185,11 +196,9 @@ fn a_protocol_trainer_takes_the_fix_now_on_an_emergency_swapfile() {
 }
 
 fn fix_now_on_swap(way_out: &str, kind: &str, scenario: &str) {
-    let Some(python) = torch_python() else {
-        eprintln!("skipped: no python3 with torch (MEMWATCH_SKIP_TRAINER)");
+    let Some(python) = ready_python() else {
         return;
     };
-    warm(&python);
     let config = format!(
         "[policy]\nmax_pause_seconds = 120\n[adapt]\nverify_seconds = 15\n\
          [way_out]\nsteps = [\"swap\", \"checkpoint\"]\ndecide_seconds = 2\nfix_seconds = 40\n{way_out}"
@@ -260,11 +269,9 @@ fn fix_now_on_swap(way_out: &str, kind: &str, scenario: &str) {
 
 #[test]
 fn a_trainer_that_knows_nothing_is_checkpointed_stopped_and_relaunched() {
-    let Some(python) = torch_python() else {
-        eprintln!("skipped: no python3 with torch (MEMWATCH_SKIP_TRAINER)");
+    let Some(python) = ready_python() else {
         return;
     };
-    warm(&python);
     let d = Daemon::start(Opts {
         root: "/".into(),
         gpu_state: None,
@@ -374,57 +381,6 @@ fn with_no_way_out_the_job_ends_with_an_account_and_nothing_stopped() {
     }));
 }
 
-#[test]
-fn a_daemon_killed_on_emergency_swap_leaves_no_swap_after_restart() {
-    let Some(python) = torch_python() else {
-        eprintln!("skipped: no python3 with torch (MEMWATCH_SKIP_TRAINER)");
-        return;
-    };
-    warm(&python);
-    let state = tempfile::tempdir().unwrap();
-    let config = "[policy]\nmax_pause_seconds = 120\n\
-                  [way_out]\nsteps = [\"swap\"]\ndecide_seconds = 2\nfix_seconds = 60\n";
-    // Killed as soon as the swap is on: while the job runs on it to its fix.
-    let mut d = Daemon::start(Opts {
-        root: "/".into(),
-        gpu_state: None,
-        extra_config: config,
-        state: Some(state.path().join("state")),
-        ..Opts::default()
-    });
-    let cfg = write_config(d.dir.path(), 50);
-    let out = d.dir.path().join("out.json");
-    let cg = common::cgroup::MemCgroup::new(LIMIT).expect("a memory cgroup (needs root)");
-    let mut trainer = protocol_trainer(&d, &cg, &python, &cfg, &out);
-    let events =
-        || std::fs::read_to_string(state.path().join("state/events.jsonl")).unwrap_or_default();
-    assert!(
-        eventually(90.0, || !devices_made(&events()).is_empty()),
-        "no emergency swap was made: {}",
-        events()
-    );
-    d.crash(true);
-    let made = devices_made(&events());
-    assert_eq!(still_there(&made), made, "the swap went with the daemon");
-    let _ = trainer.kill();
-    let _ = trainer.wait();
-    drop(cg);
-    let _d = Daemon::start(Opts {
-        root: "/".into(),
-        gpu_state: None,
-        extra_config: config,
-        state: Some(state.path().join("state")),
-        ..Opts::default()
-    });
-    assert!(
-        eventually(30.0, || still_there(&made).is_empty()
-            && swap_records(&state.path().join("state")) == 0),
-        "left after restart: {:?}\n{}",
-        still_there(&made),
-        events()
-    );
-}
-
 fn limit_of(cg: &common::cgroup::MemCgroup) -> u64 {
     let file = if cg.version == 1 {
         "memory.limit_in_bytes"
@@ -441,11 +397,9 @@ fn limit_of(cg: &common::cgroup::MemCgroup) -> u64 {
 /// The lend step (opted in): the job's own limit is raised for the fix and put back once it fits.
 #[test]
 fn a_protocol_trainer_takes_the_fix_now_on_a_lent_limit() {
-    let Some(python) = torch_python() else {
-        eprintln!("skipped: no python3 with torch (MEMWATCH_SKIP_TRAINER)");
+    let Some(python) = ready_python() else {
         return;
     };
-    warm(&python);
     let d = Daemon::start(Opts {
         root: "/".into(),
         gpu_state: None,
@@ -473,36 +427,78 @@ fn a_protocol_trainer_takes_the_fix_now_on_a_lent_limit() {
     assert_eq!(limit_of(&cg), LIMIT);
 }
 
+#[test]
+fn a_daemon_killed_on_emergency_swap_leaves_no_swap_after_restart() {
+    let config = "[policy]\nmax_pause_seconds = 120\n\
+                  [way_out]\nsteps = [\"swap\"]\ndecide_seconds = 2\nfix_seconds = 60\n";
+    // Killed as soon as the swap is on: while the job runs on it to its fix.
+    let made = std::cell::RefCell::new(Vec::new());
+    crash_on_the_way_out(
+        config,
+        |state, _| {
+            *made.borrow_mut() = devices_made(&read_events(state));
+            !made.borrow().is_empty()
+        },
+        |_, _| {
+            let made = made.borrow();
+            assert_eq!(still_there(&made), *made, "the swap went with the daemon");
+        },
+        |state, _| still_there(&made.borrow()).is_empty() && swap_records(state) == 0,
+    );
+}
+
 /// A daemon killed while it lends leaves, after a restart, the limit as it was.
 #[test]
 fn a_daemon_killed_while_lending_leaves_no_raised_limit_after_restart() {
-    let Some(python) = torch_python() else {
-        eprintln!("skipped: no python3 with torch (MEMWATCH_SKIP_TRAINER)");
-        return;
-    };
-    warm(&python);
-    let state = tempfile::tempdir().unwrap();
     let config = "[policy]\nmax_pause_seconds = 120\n\
                   [way_out]\nsteps = [\"lend\"]\nlend = true\ndecide_seconds = 2\nfix_seconds = 60\n";
-    let mut d = Daemon::start(Opts {
-        root: "/".into(),
-        gpu_state: None,
-        extra_config: config,
-        state: Some(state.path().join("state")),
-        ..Opts::default()
-    });
+    crash_on_the_way_out(
+        config,
+        |_, cg| limit_of(cg) > LIMIT,
+        |_, cg| assert!(limit_of(cg) > LIMIT, "the loan went with the daemon"),
+        |_, cg| limit_of(cg) == LIMIT,
+    );
+}
+
+fn read_events(state: &Path) -> String {
+    std::fs::read_to_string(state.join("events.jsonl")).unwrap_or_default()
+}
+
+/// Runs the protocol trainer (50 epochs) under a daemon with `config`; once `taken` holds, kills the
+/// daemon and its guardian (`after_crash` checks what was left), ends the job as if it had been killed
+/// while the daemon was down, restarts the daemon on the same state and waits for `settled`.
+fn crash_on_the_way_out(
+    config: &str,
+    taken: impl Fn(&Path, &common::cgroup::MemCgroup) -> bool,
+    after_crash: impl Fn(&Path, &common::cgroup::MemCgroup),
+    settled: impl Fn(&Path, &common::cgroup::MemCgroup) -> bool,
+) {
+    let Some(python) = ready_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let start = || {
+        Daemon::start(Opts {
+            root: "/".into(),
+            gpu_state: None,
+            extra_config: config,
+            state: Some(state.clone()),
+            ..Opts::default()
+        })
+    };
+    let mut d = start();
     let cfg = write_config(d.dir.path(), 50);
     let out = d.dir.path().join("out.json");
     let cg = common::cgroup::MemCgroup::new(LIMIT).expect("a memory cgroup (needs root)");
     let mut trainer = protocol_trainer(&d, &cg, &python, &cfg, &out);
     assert!(
-        eventually(90.0, || limit_of(&cg) > LIMIT),
-        "never lent: {}",
-        std::fs::read_to_string(state.path().join("state/events.jsonl")).unwrap_or_default()
+        eventually(90.0, || taken(&state, &cg)),
+        "the step was never taken: {}",
+        read_events(&state)
     );
     d.crash(true);
-    assert!(limit_of(&cg) > LIMIT, "the loan went with the daemon");
-    // The job ends (its workers too), as if it had been killed while the daemon was down.
+    after_crash(&state, &cg);
     for pid in std::fs::read_to_string(cg.dir.join("cgroup.procs"))
         .unwrap_or_default()
         .split_whitespace()
@@ -510,16 +506,11 @@ fn a_daemon_killed_while_lending_leaves_no_raised_limit_after_restart() {
         let _ = Command::new("kill").args(["-KILL", pid]).status();
     }
     let _ = trainer.wait();
-    let _d = Daemon::start(Opts {
-        root: "/".into(),
-        gpu_state: None,
-        extra_config: config,
-        state: Some(state.path().join("state")),
-        ..Opts::default()
-    });
+    let _d = start();
     assert!(
-        eventually(30.0, || limit_of(&cg) == LIMIT),
-        "the limit stayed at {} after the restart",
-        limit_of(&cg)
+        eventually(30.0, || settled(&state, &cg)),
+        "not settled after the restart: limit {}, {}",
+        limit_of(&cg),
+        read_events(&state)
     );
 }

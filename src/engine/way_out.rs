@@ -355,12 +355,7 @@ impl Engine {
         self.set_phase(name, Phase::NoWayOut, now_ms);
         let stay = self.cfg.policy.on_max_pause == OnMaxPause::Stay;
         let max = self.cfg.policy.max_pause_seconds;
-        let account = self
-            .jobs
-            .get(name)
-            .and_then(|j| j.way_out.as_ref())
-            .map(|w| w.account())
-            .unwrap_or_default();
+        let account = self.account_of(name);
         self.record(
             now_ms,
             "way_out",
@@ -386,14 +381,18 @@ impl Engine {
         self.save();
     }
 
-    /// Stops the whole job cleanly: the way out's last step.
-    pub(in crate::engine) fn stop(&mut self, name: &str, now_ms: u64) {
-        let account = self
-            .jobs
+    /// The account of a job's way out so far ("" when it has none).
+    fn account_of(&self, name: &str) -> String {
+        self.jobs
             .get(name)
             .and_then(|j| j.way_out.as_ref())
             .map(|w| w.account())
-            .unwrap_or_default();
+            .unwrap_or_default()
+    }
+
+    /// Stops the whole job cleanly: the way out's last step.
+    pub(in crate::engine) fn stop(&mut self, name: &str, now_ms: u64) {
+        let account = self.account_of(name);
         self.set_phase(name, Phase::Stopping, now_ms);
         let reason = if account.is_empty() {
             "no way out of its memory pause".to_owned()

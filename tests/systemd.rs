@@ -65,6 +65,51 @@ fn the_unit_verifies_and_is_hardened() {
     }
 }
 
+/// The opt-in drop-in that lets the way out make emergency swap verifies with the unit, and systemd
+/// reads it: the exposure it reports rises (administrator capability, writable kernel tunables).
+#[test]
+fn the_emergency_swap_drop_in_verifies() {
+    let exposure = |unit: &std::path::Path| -> f64 {
+        let out = Command::new("systemd-analyze")
+            .args(["security", "--offline=true"])
+            .arg(unit)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.lines()
+            .find_map(|l| l.split("memwatch.service: ").nth(1))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no exposure level in:\n{text}"))
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let unit = unit_for_this_build(dir.path());
+    let base = exposure(&unit);
+    let drop_ins = dir.path().join("memwatch.service.d");
+    std::fs::create_dir(&drop_ins).unwrap();
+    std::fs::copy(
+        common::repo().join("systemd/emergency-swap.conf"),
+        drop_ins.join("emergency-swap.conf"),
+    )
+    .unwrap();
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&unit)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && !text.contains("emergency-swap"),
+        "{text}"
+    );
+    let with = exposure(&unit);
+    assert!(with > base, "the drop-in was not read: {base} → {with}");
+}
+
 #[test]
 fn the_daemon_speaks_the_notify_protocol() {
     let dir = tempfile::tempdir().unwrap();

@@ -22,6 +22,9 @@ use crate::sample::gpu::GpuSource;
 use crate::sample::nvml::NvmlSource;
 use crate::sample::{Sample, Sampler, cgroup, meminfo};
 
+mod watches;
+use watches::Watches;
+
 /// One published moment: the latest sample and the engine's view, swapped in together so that no
 /// reader ever mixes one sample with another's view.
 #[derive(Default)]
@@ -477,99 +480,6 @@ fn run_probe(
         .probe_interval_ms(now)
         .unwrap_or(config.sampling.probe_interval_ms.0);
     Instant::now() + Duration::from_millis(wait)
-}
-
-/// PSI triggers: 100 ms of "some" stall within 2 s. A window that is a multiple of 2 s is what the
-/// kernel accepts from a process without CAP_SYS_RESOURCE (a container, a hardened unit), so one
-/// setting works everywhere.
-const PSI_STALL_US: u64 = 100_000;
-const PSI_WINDOW_US: u64 = 2_000_000;
-
-/// The kernel notifications the daemon has asked for, kept in step with the attached jobs.
-struct Watches {
-    wakers: Option<crate::wake::Wakers>,
-    /// Per job: the thresholds registered (v1) or empty (a v2 PSI trigger, or no limit), and whether
-    /// the cgroup has no limit.
-    jobs: std::collections::HashMap<String, (Vec<u64>, bool)>,
-    /// A v1 job's limit is not known yet: sync again after the next probe, which reads it.
-    limit_unknown: bool,
-}
-
-impl Watches {
-    fn start(
-        config: &Config,
-        engine: &mut Engine,
-        tx: mpsc::UnboundedSender<crate::wake::Key>,
-    ) -> Watches {
-        let wakers = match crate::wake::Wakers::start(tx) {
-            Ok(w) => Some(w),
-            Err(e) => {
-                tracing::warn!(error = %e, "no kernel notifications; polling only");
-                None
-            }
-        };
-        if let Some(w) = &wakers {
-            let psi = config.host.root.join("proc/pressure/memory");
-            if crate::wake::on_kernel_fs(&psi) {
-                match w.watch_psi(None, &psi, PSI_STALL_US, PSI_WINDOW_US) {
-                    Ok(()) => engine.set_host_watched(true),
-                    Err(e) => {
-                        tracing::info!(error = %e, "no PSI trigger on the host's memory pressure")
-                    }
-                }
-            }
-        }
-        Watches {
-            wakers,
-            jobs: Default::default(),
-            limit_unknown: false,
-        }
-    }
-
-    /// Registers what is new or changed, drops what is gone.
-    fn sync(&mut self, engine: &mut Engine) {
-        let Some(w) = &self.wakers else {
-            return;
-        };
-        let plan = engine.wake_plan();
-        self.limit_unknown = plan
-            .iter()
-            .any(|p| p.dir.version == 1 && p.thresholds.is_empty() && !p.limitless);
-        for p in &plan {
-            let key = (p.thresholds.clone(), p.limitless);
-            if self.jobs.get(&p.job) == Some(&key) {
-                continue;
-            }
-            let result = match p.dir.version {
-                _ if p.limitless => Ok(true),
-                1 if !p.thresholds.is_empty() && crate::wake::on_kernel_fs(&p.dir.dir) => w
-                    .watch_v1_thresholds(&p.job, &p.dir.dir, &p.thresholds)
-                    .map(|()| true),
-                2 if crate::wake::on_kernel_fs(&p.dir.dir) => w
-                    .watch_psi(
-                        Some(p.job.clone()),
-                        &p.dir.dir.join("memory.pressure"),
-                        PSI_STALL_US,
-                        PSI_WINDOW_US,
-                    )
-                    .map(|()| false),
-                _ => Ok(false),
-            };
-            let watched = result.unwrap_or_else(|e| {
-                tracing::info!(job = %p.job, cgroup = %p.dir.dir.display(), error = %e, "no kernel notifications for this job; probing it");
-                false
-            });
-            engine.set_watched(&p.job, watched);
-            self.jobs.insert(p.job.clone(), key);
-        }
-        self.jobs.retain(|job, _| {
-            let keep = plan.iter().any(|p| &p.job == job);
-            if !keep {
-                w.unwatch(job);
-            }
-            keep
-        });
-    }
 }
 
 /// A freeze that settled (or did not) off the owner task.

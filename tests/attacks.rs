@@ -83,9 +83,7 @@ fn open_daemon() -> Daemon {
         gpu_state: None,
         ..Opts::default()
     });
-    for dir in [d.dir.path(), d.socket.parent().unwrap()] {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
+    d.open_to_everyone();
     d
 }
 

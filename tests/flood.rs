@@ -69,10 +69,7 @@ fn a_user_flooding_the_control_socket_blinds_nothing() {
         interval_ms: 1000,
         ..Opts::default()
     });
-    use std::os::unix::fs::PermissionsExt;
-    for dir in [d.dir.path(), d.socket.parent().unwrap()] {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
+    d.open_to_everyone();
     let daemon_pid = d.child.id();
     let fds_before = common::fds(daemon_pid);
 

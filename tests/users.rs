@@ -17,10 +17,7 @@ fn daemon() -> Daemon {
         gpu_state: None,
         ..Opts::default()
     });
-    use std::os::unix::fs::PermissionsExt;
-    for dir in [d.dir.path(), d.socket.parent().unwrap()] {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
+    d.open_to_everyone();
     d
 }
 

@@ -62,6 +62,10 @@ impl Engine {
         self.previous = self.latest.replace(sample);
         self.dirty = true;
         self.step(now_ms);
+        // Swap and limits left by ended jobs or a killed daemon: checked once a sample, not per probe.
+        if !self.cfg.policy.dry_run {
+            self.clear_leftovers();
+        }
         self.adapt(now_ms);
         self.refresh_advice();
     }

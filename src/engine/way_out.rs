@@ -157,7 +157,6 @@ impl Engine {
         for name in names {
             self.way_out_turn(&name, now_ms);
         }
-        self.clear_leftovers();
     }
 
     pub(in crate::engine) fn way_out_turn(&mut self, name: &str, now_ms: u64) {
@@ -198,7 +197,7 @@ impl Engine {
                 }
             }
             Some(Phase::MakingSwap) => {}
-            Some(Phase::Fixing) => self.fixing(name, now_ms),
+            Some(Phase::Fixing) => self.fixing(name, used, now_ms),
             Some(Phase::Clearing) => {
                 if paused_since.is_some() {
                     // The fix did not hold: on down the ladder, the room kept.

@@ -78,6 +78,15 @@ impl Default for Opts<'_> {
 }
 
 impl Daemon {
+    /// Opens the daemon's directories (state and socket) to every user, so that tests acting as an
+    /// unprivileged user can reach its control socket.
+    pub fn open_to_everyone(&self) {
+        use std::os::unix::fs::PermissionsExt;
+        for dir in [self.dir.path(), self.socket.parent().unwrap()] {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+    }
+
     pub fn start(o: Opts) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         let gpu_state = dir.path().join("gpu.json");

@@ -8,7 +8,8 @@ use crate::job::way_out::Phase;
 use super::{CLEAR_MARGIN, SETTLED_RATE, SWAP_FULL, WayOutDone, WayOutTask};
 
 impl Engine {
-    pub(in crate::engine) fn fixing(&mut self, name: &str, now_ms: u64) {
+    /// `swap_used`: what /proc/swaps says of the job's emergency swap, read once this turn.
+    pub(in crate::engine) fn fixing(&mut self, name: &str, swap_used: Option<u64>, now_ms: u64) {
         let Some(j) = self.jobs.get(name) else {
             return;
         };
@@ -48,7 +49,7 @@ impl Engine {
                 && d.verification.as_ref().map(|v| v.state)
                     != Some(crate::adapt::VerifyState::Pending)
         });
-        let room_out = self.room_running_out(name);
+        let room_out = self.room_running_out(name, swap_used);
         let late = now_ms.saturating_sub(w.phase_since_ms)
             >= self.cfg.way_out.fix_seconds.saturating_mul(1000);
         if let Some(why) = failed.or(room_out).or_else(|| {
@@ -96,11 +97,15 @@ impl Engine {
     }
 
     /// Why the room the job runs on is nearly used up, if it is.
-    pub(in crate::engine) fn room_running_out(&self, name: &str) -> Option<String> {
+    pub(in crate::engine) fn room_running_out(
+        &self,
+        name: &str,
+        swap_used: Option<u64>,
+    ) -> Option<String> {
         let j = self.jobs.get(name)?;
         let w = j.way_out.as_ref()?;
         if let Some(r) = &w.swap {
-            let used = swap::used_bytes(&self.process_root, &r.device)?;
+            let used = swap_used?;
             if used as f64 >= r.bytes as f64 * SWAP_FULL {
                 return Some(format!(
                     "emergency swap {} is {} of {} MiB full",

@@ -3,7 +3,7 @@
 # binary on fixture roots with the fake NVML. Installs what the tests need when it is missing and this runs
 # as root: promtool and prometheus, systemd-analyze, chromium, node/npm, fuse3 and python3-fusepy (Debian),
 # playwright-core (npm),
-# and torch 2.13.0 for the trainer (PyPI).
+# and torch 2.13.0 for the trainer plus the Python package's pinned test dependencies (PyPI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -49,3 +49,14 @@ fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets "${features[@]}" --locked -- -D warnings
 cargo test --workspace "${features[@]}" --locked
+
+# The Python package (python/): built as a wheel, installed into the same venv next to the framework
+# versions its tests pin (python/requirements-test.txt), and tested against the daemon cargo built.
+if [ -z "${MEMWATCH_SKIP_TRAINER:-}" ]; then
+  "$venv/bin/pip" install -q -r python/requirements-test.txt
+  cargo build --locked "${features[@]}" -p memwatch -p memwatch-fake-nvml
+  rm -rf target/wheels
+  "$venv/bin/pip" wheel -q --no-deps --no-build-isolation ./python -w target/wheels
+  "$venv/bin/pip" install -q --force-reinstall --no-deps target/wheels/memwatch-*.whl
+  (cd python && "$venv/bin/python" -m pytest -q -p no:cacheprovider)
+fi

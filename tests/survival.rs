@@ -76,8 +76,11 @@ fn hog_is_paused_before_the_oom_killer_in_every_run() {
         std::thread::sleep(Duration::from_millis(1000));
         assert!(
             eventually(2.0, || proc_state(pid) == Some('T')),
-            "run {run}: not held with no room (state {:?})",
-            proc_state(pid)
+            "run {run}: not held with no room (state {:?}, OOM kills {} → {})\n{:#?}",
+            proc_state(pid),
+            oom_before,
+            cg.oom_kills(),
+            d.events().iter().rev().take(12).collect::<Vec<_>>()
         );
         std::thread::sleep(Duration::from_millis(300));
         assert_eq!(

@@ -6,6 +6,9 @@
 //! Only the job's owner may use the trainer endpoints; HTTP callers prove it with the job's token.
 
 pub mod rules;
+mod verify;
+
+pub use verify::{Verification, VerifyState, expectation, running_report};
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -61,67 +64,6 @@ pub struct CheckpointRequest {
     pub saved_at_ms: Option<u64>,
 }
 
-/// Verify, don't trust: what memwatch looks for after an acknowledgement, and what it found.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Verification {
-    pub state: VerifyState,
-    /// What memwatch looks for, for people.
-    pub expect: String,
-    /// The job's process count must fall to at most this.
-    pub max_processes: usize,
-    /// When the acknowledgement came (engine clock, ms).
-    pub since_ms: u64,
-    /// When it was verified or given up on.
-    pub settled_at_ms: Option<u64>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum VerifyState {
-    Pending,
-    Verified,
-    Unverified,
-}
-
-/// What to look for once `d` is acknowledged, for a job of `processes` processes now: fewer DataLoader
-/// workers must show as fewer processes. `None` when nothing in `d` is visible from outside (a
-/// micro-batch change shows in GPU memory only when the trainer empties PyTorch's cache).
-pub fn expectation(d: &Directive, processes: usize, now_ms: u64) -> Option<Verification> {
-    let ch = d.changes.iter().find(|c| c.knob == Knob::Workers)?;
-    let (old, new) = (ch.old.as_u64()?, ch.new.as_u64()?);
-    let fewer = usize::try_from(old.checked_sub(new).filter(|n| *n > 0)?).ok()?;
-    let processes = d.staged_processes.map_or(processes, |s| s.max(processes));
-    let max_processes = processes.saturating_sub(fewer);
-    Some(Verification {
-        state: VerifyState::Pending,
-        expect: format!(
-            "DataLoader workers {old} → {new}: the job's processes fall from {processes} to at most {max_processes}"
-        ),
-        max_processes,
-        since_ms: now_ms,
-        settled_at_ms: None,
-    })
-}
-
-impl Verification {
-    /// Looks at the job's process count now: verified once it has fallen far enough, unverified once
-    /// `window_ms` passed without that. `true` when the state changed.
-    pub fn check(&mut self, processes: usize, now_ms: u64, window_ms: u64) -> bool {
-        if self.state != VerifyState::Pending {
-            return false;
-        }
-        if processes <= self.max_processes {
-            self.state = VerifyState::Verified;
-        } else if now_ms.saturating_sub(self.since_ms) >= window_ms {
-            self.state = VerifyState::Unverified;
-        } else {
-            return false;
-        }
-        self.settled_at_ms = Some(now_ms);
-        true
-    }
-}
-
 /// What the trainer last reported.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Progress {
@@ -131,6 +73,10 @@ pub struct Progress {
     pub samples_per_second: Option<f64>,
     #[serde(default)]
     pub timestamp_ms: u64,
+    /// What the trainer says it runs with now (live DataLoader workers, micro-batch, accumulation,
+    /// pin_memory): checked against the acknowledged changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running: Option<BTreeMap<Knob, Scalar>>,
 }
 
 /// A job's training config as memwatch manages it.
@@ -303,12 +249,19 @@ mod tests {
             staged_processes: None,
         };
         let mut v = expectation(&d, 5, 1_000).unwrap();
-        assert_eq!(v.max_processes, 3);
+        assert_eq!((v.min_processes, v.max_processes), (Some(2), Some(3)));
         assert!(!v.check(5, 2_000, 30_000), "decided before the window");
-        assert!(v.check(3, 3_000, 30_000));
+        // Between two epochs there are no workers at all: that proves nothing.
+        assert!(!v.check(1, 2_500, 30_000));
+        assert!(!v.check(1, 4_000, 30_000));
+        // The new workers run: in range, but only once it has lasted.
+        assert!(!v.check(3, 4_100, 30_000));
+        assert!(!v.check(5, 4_600, 30_000), "the old count came back");
+        assert!(!v.check(3, 5_000, 30_000));
+        assert!(v.check(3, 6_000, 30_000));
         assert_eq!(
             (v.state, v.settled_at_ms),
-            (VerifyState::Verified, Some(3_000))
+            (VerifyState::Verified, Some(6_000))
         );
         assert!(
             !v.check(5, 90_000, 30_000),

@@ -222,6 +222,22 @@ pub fn run(cli: &super::Cli, a: &LaunchArgs) -> Result<u8, Failure> {
         ),
         None => None,
     };
+    // Where the job's own client (the Python package) finds the daemon.
+    let (config, socket) = match (super::load_config(cli), &a.socket.socket) {
+        (Ok(c), s) => {
+            let socket = s.clone().unwrap_or_else(|| c.control.socket.clone());
+            (Some(c), socket)
+        }
+        (Err(_), Some(s)) => (None, s.clone()),
+        (Err(e), None) => return Err(e),
+    };
+    let mut daemon = vec![(
+        "MEMWATCH_SOCKET".to_owned(),
+        socket.to_string_lossy().into_owned(),
+    )];
+    if let Some(c) = &config {
+        daemon.push(("MEMWATCH_URL".to_owned(), super::daemon_url(c)));
+    }
     let cg = JobCgroup::create(&name, a.memory_max).map_err(|e| anyhow::anyhow!(e))?;
     let procs = cg.procs_files().map_err(|e| anyhow::anyhow!(e))?;
     let runtime = std::env::temp_dir().join(format!("memwatch-launch-{}", std::process::id()));
@@ -233,7 +249,16 @@ pub fn run(cli: &super::Cli, a: &LaunchArgs) -> Result<u8, Failure> {
             .map_err(|e| anyhow::anyhow!("{}: {e}", runtime.display()))?;
     }
     let token_file = runtime.join("token");
-    let result = runs(cli, a, &name, config_file, &cg, &procs, &token_file);
+    let result = runs(
+        cli,
+        a,
+        &name,
+        config_file,
+        &cg,
+        &procs,
+        &token_file,
+        &daemon,
+    );
     let _ = std::fs::remove_dir_all(&runtime);
     result
 }
@@ -247,6 +272,7 @@ fn runs(
     cg: &JobCgroup,
     procs: &[CString],
     token_file: &Path,
+    daemon: &[(String, String)],
 ) -> Result<u8, Failure> {
     let mut account: Vec<String> = Vec::new();
     for run in 0..=a.max_restarts {
@@ -260,6 +286,7 @@ fn runs(
             ("MEMWATCH_RESTART".into(), run.to_string()),
             ("MEMWATCH_JOB".into(), name.into()),
         ];
+        env.extend(daemon.iter().cloned());
         if config_file.is_some() {
             env.push((
                 "MEMWATCH_TOKEN_FILE".into(),

@@ -322,11 +322,28 @@ impl Engine {
         now_ms: u64,
     ) -> Response {
         p.timestamp_ms = now_ms;
-        let r = self.with_config(target, token, caller, |_, c| {
+        let mut verified = Vec::new();
+        let mut job = String::new();
+        let r = self.with_config(target, token, caller, |name, c| {
+            if let Some(running) = &p.running {
+                verified = crate::adapt::running_report(&mut c.directives, running, now_ms);
+            }
+            job = name.to_owned();
             c.progress = Some(p);
             Response::ok()
         });
         self.dirty |= r.ok;
+        if !verified.is_empty() {
+            self.save();
+            self.record(
+                now_ms,
+                "verified",
+                &job,
+                "trainer",
+                format!("generation(s) {verified:?} verified: the trainer reports running with the change"),
+                false,
+            );
+        }
         r
     }
 

@@ -104,10 +104,16 @@ impl Engine {
                     processes,
                     "an acknowledged change did not take effect"
                 );
-                format!(
-                    "generation {generation} unverified: acknowledged, but after {} s the job still has {processes} processes ({})",
-                    self.cfg.adapt.verify_seconds, v.expect
-                )
+                match v.max_processes {
+                    Some(_) => format!(
+                        "generation {generation} unverified: acknowledged, but after {} s the job still has {processes} processes ({})",
+                        self.cfg.adapt.verify_seconds, v.expect
+                    ),
+                    None => format!(
+                        "generation {generation} unverified: acknowledged, but within {} s the trainer never reported running with it ({})",
+                        self.cfg.adapt.verify_seconds, v.expect
+                    ),
+                }
             };
             let action = if verified { "verified" } else { "unverified" };
             self.record(now_ms, action, &job, "trainer", detail, false);

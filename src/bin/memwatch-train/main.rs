@@ -236,6 +236,7 @@ fn run() -> anyhow::Result<()> {
                         loss: Some(total),
                         samples_per_second: Some(rate),
                         timestamp_ms: 0,
+                        running: Some(running(micro, accum, seq)),
                     });
                 }
             }
@@ -261,4 +262,21 @@ fn run() -> anyhow::Result<()> {
         std::fs::write(&path, serde_json::to_vec(&out)?)?;
     }
     Ok(())
+}
+
+/// What this trainer runs with now, as memwatch's knobs: the daemon checks it against the changes
+/// it asked for.
+fn running(
+    micro: i64,
+    accum: i64,
+    seq: i64,
+) -> std::collections::BTreeMap<memwatch::rewrite::profile::Knob, memwatch::rewrite::Scalar> {
+    use memwatch::rewrite::{Scalar, profile::Knob};
+    [
+        (Knob::MicroBatch, Scalar::Int(micro)),
+        (Knob::Accumulation, Scalar::Int(accum)),
+        (Knob::SeqLen, Scalar::Int(seq)),
+    ]
+    .into_iter()
+    .collect()
 }

@@ -1,0 +1,205 @@
+"""The Hugging Face `Trainer`: one line, `Trainer(..., callbacks=[MemwatchCallback()])`.
+
+What it changes, at the next epoch boundary: DataLoader workers, pin_memory, the per-device batch and
+gradient accumulation. It rebuilds the train DataLoader through the Trainer's own
+`get_train_dataloader()` (so sampler, collator and accelerate's wrapping stay the Trainer's), shuts
+the old one's workers down, and hands the Trainer's epoch loop the new DataLoader and its length, so
+that the epoch counter, the global step and the learning-rate schedule stay right (micro-batch ×
+accumulation is kept, so the optimizer steps per epoch do not change).
+
+Setting `num_workers` on the DataLoader a callback is handed changes nothing (accelerate's
+`DataLoaderShard` wraps the real one, and the Trainer already measured the epoch): memwatch would
+catch that as an unverified change.
+
+It cannot change anything mid-epoch: an urgent change (the job runs on emergency room) waits for the
+epoch's end, and when memwatch asks for a checkpoint the callback saves one through the Trainer
+(`should_save`) and tells memwatch, which stops the job cleanly (`memwatch launch` relaunches it with
+the rewritten config; pass `resume_from_checkpoint=True` when `MEMWATCH_RESUME` is 1).
+
+Tested with transformers 5.23; it needs a Trainer with `_run_epoch` (transformers 5), and otherwise
+answers memwatch that it cannot apply changes mid-run.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import time
+from typing import Any, Dict, Optional, Sequence
+
+from transformers import Trainer, TrainerCallback
+
+from . import _proc
+from .client import ACCUMULATION, MICRO_BATCH, PIN_MEMORY, WORKERS, Client
+
+log = logging.getLogger("memwatch")
+
+
+class MemwatchCallback(TrainerCallback):
+    """Adapts a `transformers.Trainer` run to what memwatch asks.
+
+    client: the run's `memwatch.Client` [default: one for `config_file` with the `hf` profile, or,
+    under `memwatch launch`, the job launch attached].
+    report_seconds: how often it reports progress and what it runs with.
+    """
+
+    def __init__(
+        self,
+        client: Optional[Client] = None,
+        *,
+        config_file: Optional[str] = None,
+        profile: str = "hf",
+        keys: Sequence[str] = (),
+        name: Optional[str] = None,
+        report_seconds: float = 2.0,
+    ) -> None:
+        self.client = client or Client(
+            name, config_file=config_file, profile=profile if config_file else None, keys=keys
+        )
+        self.report_seconds = report_seconds
+        self.trainer: Optional[Trainer] = None
+        self.applied: list = []
+        """(generation, epoch, values) for each change applied, for logs and tests."""
+        self._replacement: Optional[Dict[str, Any]] = None
+        self._checkpoint = "none"  # none → asked → saved
+        self._last_report = float("-inf")
+        self._loss: Optional[float] = None
+
+    # --- Trainer events ------------------------------------------------------------------------
+
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._find_trainer()
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._find_trainer()
+        self.client.attach()
+        if self.trainer is None or not hasattr(self.trainer, "_run_epoch"):
+            log.warning(
+                "memwatch: this transformers Trainer has no _run_epoch; changes apply at the next start only"
+            )
+            return
+        if not getattr(self.trainer, "_memwatch_hooked", False):
+            original = self.trainer._run_epoch
+
+            def run_epoch(**kw: Any) -> Any:
+                return original(**self._epoch_start(kw))
+
+            self.trainer._run_epoch = run_epoch  # type: ignore[method-assign]
+            self.trainer._memwatch_hooked = True  # type: ignore[attr-defined]
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        d = self.client.directives()
+        if d is not None and d.checkpoint_requested and self._checkpoint == "none":
+            log.info("memwatch asks for a checkpoint: saving one through the Trainer")
+            control.should_save = True
+            self._checkpoint = "asked"
+        if d is not None and d.pending and self.trainer is None:
+            self.client.cannot_apply(d.generation, "this transformers version cannot change the run mid-run")
+        self._report(state)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._checkpoint == "asked" and self.client.checkpoint_saved():
+            self._checkpoint = "saved"
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Optional[Dict[str, float]] = None, **kw: Any) -> None:
+        if logs and "loss" in logs:
+            self._loss = float(logs["loss"])
+
+    # --- the epoch boundary --------------------------------------------------------------------
+
+    def _epoch_start(self, kw: Dict[str, Any]) -> Dict[str, Any]:
+        d = self.client.directives(force=True)
+        if d is not None and d.pending:
+            self._apply(d, kw["epoch"], kw["train_dataloader"])
+        if self._replacement is not None:
+            kw.update(self._replacement)
+        return kw
+
+    def _apply(self, d: Any, epoch: int, current: Any) -> None:
+        t = self.trainer
+        assert t is not None
+        args = t.args
+        new = d.new_values()
+        micro = int(new.get(MICRO_BATCH, args.per_device_train_batch_size))
+        accumulation = int(new.get(ACCUMULATION, args.gradient_accumulation_steps))
+        before = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        if micro * accumulation != before:
+            why = f"micro-batch {micro} × accumulation {accumulation} is not the effective {before} per device"
+            log.error("memwatch: %s; the change is not applied", why)
+            self.client.cannot_apply(d.generation, why)
+            return
+        values = {
+            "per_device_train_batch_size": micro,
+            "gradient_accumulation_steps": accumulation,
+            "dataloader_num_workers": int(new.get(WORKERS, args.dataloader_num_workers)),
+            "dataloader_pin_memory": bool(new.get(PIN_MEMORY, args.dataloader_pin_memory)),
+        }
+        if any(getattr(args, k) != v for k, v in values.items()):
+            for k, v in values.items():
+                setattr(args, k, v)
+            t._train_batch_size = args.train_batch_size
+            t.state.train_batch_size = args.train_batch_size
+            _shut_down(self._replacement["train_dataloader"] if self._replacement else current)
+            loader = t.get_train_dataloader()
+            _forget(t, self._replacement["train_dataloader"] if self._replacement else current)
+            steps = len(loader)
+            self._replacement = {
+                "train_dataloader": loader,
+                "steps_in_epoch": steps,
+                "num_update_steps_per_epoch": max(math.ceil(steps / accumulation), 1),
+            }
+            t.callback_handler.train_dataloader = loader
+        log.info("memwatch: generation %d applied at epoch %d: %s", d.generation, epoch, values)
+        self.applied.append((d.generation, epoch, values))
+        self.client.ack(d.generation, epoch)
+        self._last_report = float("-inf")
+
+    # --- reports -------------------------------------------------------------------------------
+
+    def running(self) -> Dict[str, Any]:
+        """What the Trainer runs with now (workers counted live)."""
+        if self.trainer is None:
+            return {}
+        args = self.trainer.args
+        return {
+            WORKERS: _proc.live_workers(),
+            MICRO_BATCH: args.per_device_train_batch_size,
+            ACCUMULATION: args.gradient_accumulation_steps,
+            PIN_MEMORY: args.dataloader_pin_memory,
+        }
+
+    def _report(self, state: Any) -> None:
+        if time.monotonic() - self._last_report < self.report_seconds:
+            return
+        self._last_report = time.monotonic()
+        self.client.progress(int(state.epoch or 0), state.global_step, loss=self._loss, running=self.running())
+
+    def _find_trainer(self) -> None:
+        """The Trainer this callback belongs to: callbacks are not given it, so it is found among
+        the callers (Trainer.__init__ or train())."""
+        if self.trainer is not None:
+            return
+        frame = inspect.currentframe()
+        while frame is not None:
+            me = frame.f_locals.get("self")
+            if isinstance(me, Trainer) and self in getattr(me.callback_handler, "callbacks", []):
+                self.trainer = me
+                return
+            frame = frame.f_back
+
+
+def _shut_down(loader: Any) -> None:
+    """Ends a DataLoader's persistent workers (non-persistent ones ended with their epoch)."""
+    for dl in (loader, getattr(loader, "base_dataloader", None)):
+        it = getattr(dl, "_iterator", None)
+        if it is not None and hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
+            dl._iterator = None
+
+
+def _forget(trainer: Any, loader: Any) -> None:
+    """accelerate keeps every DataLoader it prepared; drop the one replaced."""
+    kept = getattr(trainer.accelerator, "_dataloaders", None)
+    if isinstance(kept, list) and loader in kept:
+        kept.remove(loader)

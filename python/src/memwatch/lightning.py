@@ -1,0 +1,161 @@
+"""Lightning: one line, `Trainer(..., callbacks=[MemwatchCallback()])`.
+
+At the end of an epoch with a change pending, the callback sets the datamodule's (or, without one, the
+LightningModule's) `batch_size`, `num_workers` and `pin_memory` (attribute or `hparams` entry; the
+names are configurable) and the Trainer's `accumulate_grad_batches`, and has Lightning reload the train
+DataLoader for the next epoch: `train_dataloader()` must build it from those attributes. Micro-batch ×
+accumulation is kept, so the optimizer steps per epoch, `global_step` and a schedule sized from
+`estimated_stepping_batches` stay right.
+
+Nothing changes mid-epoch. When memwatch asks for a checkpoint the callback saves one with
+`trainer.save_checkpoint` (to `checkpoint_path`, default `<default_root_dir>/memwatch.ckpt`) and tells
+memwatch, which stops the job cleanly; relaunched by `memwatch launch` (`MEMWATCH_RESUME=1`), pass that
+path as `ckpt_path` to `fit`.
+
+Tested with lightning 2.6.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Dict, Mapping, Optional, Sequence
+
+from lightning.pytorch.callbacks import Callback
+
+from . import _proc
+from .client import ACCUMULATION, MICRO_BATCH, PIN_MEMORY, WORKERS, Client
+
+log = logging.getLogger("memwatch")
+
+DEFAULT_ATTRIBUTES = {MICRO_BATCH: "batch_size", WORKERS: "num_workers", PIN_MEMORY: "pin_memory"}
+
+
+class MemwatchCallback(Callback):
+    """Adapts a Lightning run to what memwatch asks.
+
+    client: the run's `memwatch.Client` [default: one for `config_file`, or the job `memwatch launch`
+    attached]. attributes: where the DataLoader's knobs live on the datamodule or module.
+    """
+
+    def __init__(
+        self,
+        client: Optional[Client] = None,
+        *,
+        config_file: Optional[str] = None,
+        profile: Optional[str] = None,
+        keys: Sequence[str] = (),
+        name: Optional[str] = None,
+        attributes: Mapping[str, str] = DEFAULT_ATTRIBUTES,
+        checkpoint_path: Optional[str] = None,
+        report_seconds: float = 2.0,
+    ) -> None:
+        self.client = client or Client(name, config_file=config_file, profile=profile, keys=keys)
+        self.attributes = dict(attributes)
+        self.checkpoint_path = checkpoint_path
+        self.report_seconds = report_seconds
+        self.applied: list = []
+        """(generation, epoch, values) for each change applied."""
+        self._reload: Optional[int] = None
+        self._checkpointed = False
+        self._last_report = float("-inf")
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage == "fit":
+            self.client.attach()
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        if self._reload is not None:  # the DataLoader was reloaded before this hook
+            trainer.reload_dataloaders_every_n_epochs = self._reload
+            self._reload = None
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        d = self.client.directives(force=True)
+        if d is not None and d.pending:
+            self._apply(trainer, pl_module, d, trainer.current_epoch + 1)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        d = self.client.directives()
+        if d is not None and d.checkpoint_requested and not self._checkpointed:
+            path = self.checkpoint_path or os.path.join(trainer.default_root_dir, "memwatch.ckpt")
+            log.info("memwatch asks for a checkpoint: saving %s", path)
+            trainer.save_checkpoint(path)
+            self._checkpointed = self.client.checkpoint_saved()
+        if time.monotonic() - self._last_report >= self.report_seconds:
+            self._last_report = time.monotonic()
+            loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+            self.client.progress(
+                trainer.current_epoch,
+                trainer.global_step,
+                loss=float(loss) if loss is not None else None,
+                running=self.running(trainer, pl_module),
+            )
+
+    def running(self, trainer: Any, pl_module: Any) -> Dict[str, Any]:
+        """What the run uses now (workers counted live)."""
+        target = _target(trainer, pl_module)
+        out: Dict[str, Any] = {WORKERS: _proc.live_workers(), ACCUMULATION: trainer.accumulate_grad_batches}
+        for knob in (MICRO_BATCH, PIN_MEMORY):
+            v = _get(target, self.attributes.get(knob))
+            if v is not None:
+                out[knob] = v
+        return out
+
+    def _apply(self, trainer: Any, pl_module: Any, d: Any, epoch: int) -> None:
+        target = _target(trainer, pl_module)
+        new = d.new_values()
+        micro_now = _get(target, self.attributes.get(MICRO_BATCH))
+        if MICRO_BATCH in new or ACCUMULATION in new:
+            micro = int(new.get(MICRO_BATCH, micro_now or 0))
+            accumulation = int(new.get(ACCUMULATION, trainer.accumulate_grad_batches))
+            if micro_now is None or micro * accumulation != micro_now * trainer.accumulate_grad_batches:
+                why = (
+                    f"cannot keep the effective batch: {type(target).__name__}.{self.attributes.get(MICRO_BATCH)} "
+                    f"is {micro_now!r}, accumulation {trainer.accumulate_grad_batches}; asked {micro} × {accumulation}"
+                )
+                log.error("memwatch: %s", why)
+                self.client.cannot_apply(d.generation, why)
+                return
+        missing = [k for k in new if k != ACCUMULATION and _get(target, self.attributes.get(k)) is None]
+        if missing:
+            why = f"{type(target).__name__} has no attribute for {', '.join(missing)} (set `attributes`)"
+            log.error("memwatch: %s", why)
+            self.client.cannot_apply(d.generation, why)
+            return
+        values: Dict[str, Any] = {}
+        for knob, v in new.items():
+            if knob == ACCUMULATION:
+                trainer.accumulate_grad_batches = int(v)
+            else:
+                v = bool(v) if knob == PIN_MEMORY else int(v)
+                _set(target, self.attributes[knob], v)
+            values[knob] = v
+        if self._reload is None:
+            self._reload = trainer.reload_dataloaders_every_n_epochs
+        trainer.reload_dataloaders_every_n_epochs = 1
+        log.info("memwatch: generation %d applied from epoch %d: %s", d.generation, epoch, values)
+        self.applied.append((d.generation, epoch, values))
+        self.client.ack(d.generation, epoch)
+        self._last_report = float("-inf")
+
+
+def _target(trainer: Any, pl_module: Any) -> Any:
+    return getattr(trainer, "datamodule", None) or pl_module
+
+
+def _get(obj: Any, attr: Optional[str]) -> Any:
+    if attr is None:
+        return None
+    if hasattr(obj, attr):
+        return getattr(obj, attr)
+    hp = getattr(obj, "hparams", None)
+    return hp.get(attr) if isinstance(hp, Mapping) else None
+
+
+def _set(obj: Any, attr: str, value: Any) -> None:
+    if hasattr(obj, attr):
+        setattr(obj, attr, value)
+    hp = getattr(obj, "hparams", None)
+    if isinstance(hp, Mapping) and attr in hp:
+        hp[attr] = value  # type: ignore[index]

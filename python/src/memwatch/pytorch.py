@@ -1,0 +1,274 @@
+"""Plain PyTorch: a DataLoader that memwatch can change mid-run.
+
+`AdaptiveLoader` owns the DataLoader and rebuilds it when memwatch changes the DataLoader workers,
+pin_memory or the micro-batch: at the next epoch for a plain change, at the next accumulation
+boundary for an urgent one (the job runs on emergency room), over the samples the epoch has not seen
+yet. It hands out exact accumulation windows, so micro-batch × accumulation × world size never
+changes::
+
+    client = memwatch.Client(config_file="train.json", keys=[...])
+    loader = memwatch.pytorch.AdaptiveLoader(dataset, client, batch_size=32, accumulation=2)
+    for epoch in range(epochs):
+        for x, y in loader:
+            loss = loss_fn(model(x), y) / loader.window
+            loss.backward()
+            if loader.sync:                 # the last micro-batch of its window
+                opt.step(); opt.zero_grad()
+
+torch is imported when a loader is made, not with the package.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
+
+from . import _proc
+from .client import ACCUMULATION, MICRO_BATCH, PIN_MEMORY, WORKERS, Client, Directives
+
+log = logging.getLogger("memwatch")
+
+
+def accumulation_for(effective_batch: int, micro_batch: int, world_size: int = 1) -> int:
+    """The accumulation that keeps `micro_batch × accumulation × world_size == effective_batch`
+    exactly; ValueError where no whole number does."""
+    per_step = micro_batch * world_size
+    if micro_batch < 1 or world_size < 1 or effective_batch % per_step:
+        raise ValueError(
+            f"an effective batch of {effective_batch} is not a whole number of micro-batches of "
+            f"{micro_batch} × {world_size} processes"
+        )
+    return effective_batch // per_step
+
+
+class AdaptiveLoader:
+    """An epoch-at-a-time iterable over `dataset` whose DataLoader memwatch may change.
+
+    client: the run's `memwatch.Client` (None: a plain loader that never changes).
+    batch_size, accumulation, num_workers, pin_memory: the starting values (the config file's).
+    shuffle, seed: a fresh permutation each epoch from `seed + epoch` (so a resumed run sees the
+    same order). rank, world_size: this process's share of each epoch (padded to equal shares).
+    checkpoint: called with `state_dict()` at an accumulation boundary when memwatch asks for a
+    checkpoint (before it stops the job cleanly); memwatch is told once it returns.
+    prepare: wraps each new DataLoader (e.g. `accelerator.prepare`).
+    report_seconds: how often it reports what it runs with.
+    Other keyword arguments go to every DataLoader (collate_fn, …).
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        client: Optional[Client] = None,
+        *,
+        batch_size: int,
+        accumulation: int = 1,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        rank: int = 0,
+        world_size: int = 1,
+        checkpoint: Optional[Callable[[Dict[str, Any]], None]] = None,
+        prepare: Optional[Callable[[Any], Any]] = None,
+        report_seconds: float = 2.0,
+        **loader_kwargs: Any,
+    ) -> None:
+        self.dataset = dataset
+        self.client = client
+        self.micro_batch = int(batch_size)
+        self.accumulation = int(accumulation)
+        self.num_workers = int(num_workers)
+        self.pin_memory = bool(pin_memory)
+        self.world_size = int(world_size)
+        self.effective_batch = self.micro_batch * self.accumulation * self.world_size
+        self.shuffle, self.seed, self.drop_last, self.rank = shuffle, seed, drop_last, rank
+        self.checkpoint = checkpoint
+        self.prepare = prepare
+        self.report_seconds = report_seconds
+        self.loader_kwargs = loader_kwargs
+        self.epoch = 0
+        self.position = 0
+        """Samples of this epoch's share already trained on (whole accumulation windows)."""
+        self.step = 0
+        """Micro-batches handed out in this epoch."""
+        self.window = self.accumulation
+        """Micro-batches in the current accumulation window (fewer only at an epoch's end)."""
+        self.sync = False
+        """True for the last micro-batch of its window: step the optimizer after it."""
+        self.rebuilds = 0
+        self._last_report = float("-inf")
+        self._checkpointed = False
+
+    # --- what it runs with ---------------------------------------------------------------------
+
+    def running(self) -> Dict[str, Any]:
+        """What the loader runs with now, as memwatch's knobs (workers counted live)."""
+        return {
+            WORKERS: _proc.live_workers(),
+            MICRO_BATCH: self.micro_batch,
+            ACCUMULATION: self.accumulation,
+            PIN_MEMORY: self.pin_memory,
+        }
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "seed": self.seed,
+            MICRO_BATCH: self.micro_batch,
+            ACCUMULATION: self.accumulation,
+            WORKERS: self.num_workers,
+            PIN_MEMORY: self.pin_memory,
+            "generation": self.client.generation if self.client else 0,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resumes where `state_dict()` was taken: the same epoch, past the samples it had seen. The
+        knobs come from the config (which memwatch may have rewritten since), not from the state."""
+        self.epoch = int(state["epoch"])
+        self.position = int(state["position"])
+        self.seed = int(state.get("seed", self.seed))
+
+    # --- iteration -----------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Micro-batches in a whole epoch at the current micro-batch."""
+        n = len(self._order())
+        return n // self.micro_batch if self.drop_last else math.ceil(n / self.micro_batch)
+
+    def __iter__(self) -> Iterator[Any]:
+        self._at_epoch_start()
+        order = self._order()
+        n = len(order)
+        self.step = 0
+        while self._batches_left(n) > 0:
+            loader = iter(self._build(order[self.position :]))
+            while self._batches_left(n) > 0:
+                # A window boundary: the optimizer has stepped on everything handed out so far.
+                if self._urgent_change():
+                    break
+                self._maybe_checkpoint()
+                self.window = min(self.accumulation, self._batches_left(n))
+                self._window_start()
+                for i in range(self.window):
+                    batch = next(loader)
+                    self.sync = i == self.window - 1
+                    self.step += 1
+                    yield batch
+                self.position = min(n, self.position + self.window * self.micro_batch)
+                self._report()
+            del loader  # its workers exit now, with their memory
+        self.epoch += 1
+        self.position = 0
+        self.sync = False
+
+    def _batches_left(self, n: int) -> int:
+        left = n - self.position
+        return left // self.micro_batch if self.drop_last else math.ceil(left / self.micro_batch)
+
+    def _order(self) -> List[int]:
+        n = len(self.dataset)
+        order = list(range(n))
+        if self.shuffle:
+            random.Random(self.seed + self.epoch).shuffle(order)
+        if self.world_size > 1:
+            total = math.ceil(n / self.world_size) * self.world_size
+            order = (order + order[: total - n])[self.rank :: self.world_size]
+        return order
+
+    def _build(self, indices: List[int]) -> Any:
+        from torch.utils.data import DataLoader, Subset
+
+        self.rebuilds += 1
+        dl = DataLoader(
+            Subset(self.dataset, indices),
+            batch_size=self.micro_batch,
+            shuffle=False,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            drop_last=self.drop_last,
+            **self.loader_kwargs,
+        )
+        return self.prepare(dl) if self.prepare else dl
+
+    def _window_start(self) -> None:
+        """Called as each accumulation window begins (`window` is set)."""
+
+    def _check(self, micro: int, accumulation: int) -> Optional[str]:
+        """Why a change to `micro` × `accumulation` cannot be applied, if it cannot."""
+        if micro * accumulation * self.world_size != self.effective_batch:
+            return (
+                f"micro-batch {micro} × accumulation {accumulation} × world size {self.world_size} "
+                f"is not the effective batch {self.effective_batch}"
+            )
+        return None
+
+    # --- memwatch ------------------------------------------------------------------------------
+
+    def _at_epoch_start(self) -> None:
+        if self.client is None:
+            return
+        d = self.client.directives(force=True)
+        if d is not None and d.pending:
+            self._apply(d)
+
+    def _urgent_change(self) -> bool:
+        if self.client is None:
+            return False
+        d = self.client.directives()
+        if d is None or not d.pending or not d.urgent:
+            return False
+        return self._apply(d)
+
+    def _apply(self, d: Directives) -> bool:
+        """Takes the directives' values; acknowledges them (or says why not). True when the
+        DataLoader must be rebuilt."""
+        assert self.client is not None
+        new = d.new_values()
+        micro = int(new.get(MICRO_BATCH, self.micro_batch))
+        accumulation = int(new.get(ACCUMULATION, self.accumulation))
+        why = self._check(micro, accumulation)
+        if why is not None:
+            log.error("memwatch: %s; the change is not applied", why)
+            self.client.cannot_apply(d.generation, why)
+            return False
+        before = (self.micro_batch, self.num_workers, self.pin_memory)
+        self.micro_batch, self.accumulation = micro, accumulation
+        self.num_workers = int(new.get(WORKERS, self.num_workers))
+        self.pin_memory = bool(new.get(PIN_MEMORY, self.pin_memory))
+        log.info(
+            "memwatch: generation %d%s at epoch %d: micro-batch %d, accumulation %d, workers %d, pin_memory %s",
+            d.generation,
+            " (urgent)" if d.urgent else "",
+            self.epoch,
+            self.micro_batch,
+            self.accumulation,
+            self.num_workers,
+            self.pin_memory,
+        )
+        self.client.ack(d.generation, self.epoch)
+        self._last_report = float("-inf")
+        return before != (self.micro_batch, self.num_workers, self.pin_memory)
+
+    def _maybe_checkpoint(self) -> None:
+        if self.client is None or self._checkpointed:
+            return
+        d = self.client.directives()
+        if d is None or not d.checkpoint_requested:
+            return
+        if self.checkpoint is None:
+            log.warning("memwatch asks for a checkpoint, and this loader was given no `checkpoint` function")
+            self._checkpointed = True
+            return
+        self.checkpoint(self.state_dict())
+        self._checkpointed = self.client.checkpoint_saved()
+
+    def _report(self) -> None:
+        if self.client is None or time.monotonic() - self._last_report < self.report_seconds:
+            return
+        self._last_report = time.monotonic()
+        self.client.progress(self.epoch, self.step, running=self.running())

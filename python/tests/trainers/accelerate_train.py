@@ -1,0 +1,67 @@
+"""An accelerate script (`accelerator.accumulate`) on memwatch.accelerate.AcceleratedLoader, recording
+every optimizer step. usage: accelerate_train.py CONFIG OUT GO OUTPUT_DIR"""
+
+import json
+import os
+import sys
+
+import torch
+from accelerate import Accelerator
+
+import memwatch
+import memwatch.accelerate
+from common import Generated, Record, gate, lm_loss, tiny_lm
+from memwatch import _proc
+
+cfg_path, out, go, output_dir = sys.argv[1:5]
+with open(cfg_path) as f:
+    cfg = json.load(f)
+train = cfg["train"]
+record = Record(out)
+
+client = memwatch.Client(
+    "accelerate",
+    config_file=cfg_path,
+    keys=["batch=train.micro_batch", "accumulation=train.accumulation", "workers=train.workers", "pin_memory=train.pin_memory"],
+)
+client.attach()
+accelerator = Accelerator(cpu=True, gradient_accumulation_plugin=memwatch.accelerate.gradient_accumulation_plugin(client))
+assert accelerator.gradient_accumulation_steps == train["accumulation"]
+loader = memwatch.accelerate.AcceleratedLoader(
+    accelerator,
+    Generated(),
+    client,
+    batch_size=train["micro_batch"],
+    accumulation=train["accumulation"],
+    num_workers=train["workers"],
+    pin_memory=train["pin_memory"],
+)
+model = tiny_lm()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+epochs = cfg["epochs"]
+total = epochs * len(loader) // loader.accumulation
+sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / total))
+model, opt, sched = accelerator.prepare(model, opt, sched)
+global_step, samples, gated = 0, 0, False
+for epoch in range(epochs):
+    for batch in loader:
+        with accelerator.accumulate(model):
+            loss = lm_loss(model, batch)
+            accelerator.backward(loss)
+            samples += batch["input_ids"].shape[0]
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+        if accelerator.sync_gradients:
+            assert loader.sync, "accelerate stepped inside a window"
+            global_step += 1
+            record("step", global_step=global_step, samples=samples, micro=loader.micro_batch, accumulation=loader.accumulation)
+            samples = 0
+            if global_step % 8 == 4:
+                record("workers", epoch=epoch, live=_proc.live_workers())
+            if not gated:
+                gated = True
+                gate(go, record, pid=os.getpid(), workers=_proc.live_workers())
+inner = sched.scheduler
+record("end", epoch=loader.epoch, global_step=global_step, max_steps=total, scheduler_steps=inner.last_epoch, lr=inner.get_last_lr()[0])
+gate(go + ".done", record, kind="finished")

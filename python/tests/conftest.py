@@ -27,15 +27,16 @@ TRAINERS = Path(__file__).resolve().parent / "trainers"
 MIB = 1 << 20
 
 
-def eventually(seconds: float, check: Callable[[], Any], what: str) -> Any:
-    """Waits for `check()` to return something true; fails with `what` after `seconds`."""
+def eventually(seconds: float, check: Callable[[], Any], what: "str | Callable[[], str]") -> Any:
+    """Waits for `check()` to return something true; fails with `what` (or what it returns) after
+    `seconds`."""
     end = time.monotonic() + seconds
     while True:
         v = check()
         if v:
             return v
         if time.monotonic() > end:
-            pytest.fail(f"timed out after {seconds} s: {what}")
+            pytest.fail(f"timed out after {seconds} s: {what if isinstance(what, str) else what()}")
         time.sleep(0.05)
 
 

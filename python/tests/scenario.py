@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from conftest import TRAINERS, Daemon, MemCgroup, eventually, python
+from conftest import MIB, TRAINERS, Daemon, MemCgroup, eventually, python
 
 # Fast rules for a test: a change a second, verification within 10 s, bounds that allow exactly one
 # cut of each knob (workers 4 → 2, micro-batch 8 → 4), and no pause (the cgroup's critical level is
@@ -88,11 +88,17 @@ def under_pressure(
         assert ready["workers"] == 4, ready
         eventually(20, lambda: d.job(name), f"{name} was never attached")
         oom_before = cg.oom_kills()
-        # The workers' memory crosses warn: the limit comes down to where the cgroup sits at 86 %.
-        cg.set_limit(int(cg.working_set() / 0.86))
         if gpu:
             d.set_gpu(p.pid, 0.92)
-        eventually(30, lambda: _staged(d, name), "memwatch staged no change")
+        # The workers' memory crosses warn: the limit comes down to where the cgroup sits at 86 %.
+        cg.set_limit(int(cg.working_set() / 0.86))
+        eventually(
+            30,
+            lambda: _staged(d, name),
+            lambda: f"memwatch staged no change: cgroup {cg.dir} at {cg.working_set() / MIB:.0f} MiB, limit "
+            f"{(cg.dir / ('memory.limit_in_bytes' if cg.version == 1 else 'memory.max')).read_text().strip()} "
+            f"job {d.job(name)}, events {d.events()[-5:]}",
+        )
         go.touch()
         eventually(timeout, lambda: _first(out, "finished") or _exited(p), "the trainer never finished")
         assert p.poll() is None, f"the trainer failed with exit code {p.returncode}"

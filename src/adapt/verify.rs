@@ -53,7 +53,8 @@ pub fn expectation(d: &Directive, processes: usize, now_ms: u64) -> Option<Verif
     let ch = d.changes.iter().find(|c| c.knob == Knob::Workers)?;
     let (old, new) = (ch.old.as_u64()?, ch.new.as_u64()?);
     let fewer = usize::try_from(old.checked_sub(new).filter(|n| *n > 0)?).ok()?;
-    let processes = d.staged_processes.map_or(processes, |s| s.max(processes));
+    // The usual count when the change was staged; the count now may already be the new one.
+    let processes = d.staged_processes.unwrap_or(processes);
     let max_processes = processes.saturating_sub(fewer);
     let min_processes = max_processes.saturating_sub(usize::try_from(new).ok()?.saturating_sub(1));
     let range = if min_processes == max_processes {

@@ -452,8 +452,7 @@ impl Engine {
                 d.staged_processes = self
                     .jobs
                     .get(&name)
-                    .and_then(|j| j.last.as_ref())
-                    .map(|s| s.processes.len());
+                    .and_then(crate::job::Job::usual_processes);
                 for ch in &d.changes {
                     c.knobs.insert(ch.knob, ch.new.clone());
                 }

@@ -413,9 +413,7 @@ impl Engine {
             },
             pause: j.pause.clone(),
             sample: j.last.clone().map(|mut s| {
-                if let Some(p) = &j.probe {
-                    s.cgroup = Some(p.clone());
-                }
+                s.cgroup = j.cgroup().cloned();
                 s
             }),
             tightest: crate::job::tightest(&limits).cloned(),

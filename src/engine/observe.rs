@@ -46,11 +46,13 @@ impl Engine {
                             j.gpu_growth.push(now_ms, g as f64);
                         }
                         if let Some(cg) = &s.cgroup {
-                            if j.probe.is_none() {
+                            if !j.probing() {
                                 j.cgroup_growth.push(now_ms, cg.working_set_bytes() as f64);
                             }
                         }
+                        j.note_processes(s.processes.len());
                         j.last = Some(s);
+                        j.sampled_at_ms = now_ms;
                         j.freezer = freezer;
                     }
                 }
@@ -134,6 +136,7 @@ impl Engine {
             if let Some(j) = self.jobs.get_mut(&name) {
                 j.cgroup_growth.push(now_ms, cg.working_set_bytes() as f64);
                 j.probe = Some(cg);
+                j.probed_at_ms = now_ms;
             }
         }
         if self.probe_matters(now_ms) {

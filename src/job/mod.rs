@@ -40,6 +40,10 @@ pub struct Job {
     pub last: Option<JobSample>,
     /// The latest cheap cgroup probe.
     pub probe: Option<CgroupMemory>,
+    /// When the probe was taken and when the last full sample arrived (engine clock, ms): probes
+    /// stop while the kernel watches the cgroup, and a stale probe must not hide a fresh sample.
+    pub probed_at_ms: u64,
+    pub sampled_at_ms: u64,
     /// Working set of the job's cgroup over time.
     pub cgroup_growth: Growth,
     /// The tree's GPU memory over time.
@@ -68,6 +72,8 @@ pub struct Job {
     pub stop_reason: Option<String>,
     /// When its config was last read (and maybe rewritten) by the rules.
     pub adapted_at_ms: Option<u64>,
+    /// The job's process counts at its last full samples (at most `RECENT`), newest last.
+    pub recent_processes: std::collections::VecDeque<usize>,
 }
 
 impl Job {
@@ -87,6 +93,8 @@ impl Job {
             cgroup_dir,
             last: None,
             probe: None,
+            probed_at_ms: 0,
+            sampled_at_ms: 0,
             cgroup_growth: Growth::new(window_ms),
             gpu_growth: Growth::new(window_ms.max(5000)),
             pause: None,
@@ -101,7 +109,25 @@ impl Job {
             way_out: None,
             stop_reason: None,
             adapted_at_ms: None,
+            recent_processes: std::collections::VecDeque::new(),
         }
+    }
+
+    /// How many of the last full samples `usual_processes` looks at.
+    pub const RECENT: usize = 16;
+
+    /// Notes the process count of a full sample.
+    pub fn note_processes(&mut self, n: usize) {
+        if self.recent_processes.len() == Self::RECENT {
+            self.recent_processes.pop_front();
+        }
+        self.recent_processes.push_back(n);
+    }
+
+    /// The job's usual process count: the most frequent over its last full samples (the larger on a
+    /// tie). A DataLoader starting its workers, or between two epochs' workers, is a passing count.
+    pub fn usual_processes(&self) -> Option<usize> {
+        most_frequent(self.recent_processes.iter().copied())
     }
 
     /// Whether the root process still exists (through the kept pidfd; `true` when there is none).
@@ -111,11 +137,18 @@ impl Job {
             .is_none_or(|fd| crate::act::signal::alive(fd, self.root.pid))
     }
 
-    /// The freshest view of the job's cgroup.
+    /// The freshest view of the job's cgroup: the probe unless a full sample came after it.
     pub fn cgroup(&self) -> Option<&CgroupMemory> {
-        self.probe
-            .as_ref()
-            .or(self.last.as_ref().and_then(|l| l.cgroup.as_ref()))
+        let sampled = self.last.as_ref().and_then(|l| l.cgroup.as_ref());
+        match &self.probe {
+            Some(p) if self.probed_at_ms >= self.sampled_at_ms || sampled.is_none() => Some(p),
+            _ => sampled,
+        }
+    }
+
+    /// Whether a probe came since the last full sample (then growth is tracked from probes).
+    pub fn probing(&self) -> bool {
+        self.probe.is_some() && self.probed_at_ms >= self.sampled_at_ms
     }
 }
 
@@ -217,4 +250,71 @@ pub struct Launched {
     /// `memwatch launch --lend`: the way out may raise this job's cgroup limit for a while.
     #[serde(default)]
     pub lend: bool,
+}
+
+/// The most frequent of `counts` (the larger on a tie).
+fn most_frequent(counts: impl Iterator<Item = usize>) -> Option<usize> {
+    let mut seen = std::collections::BTreeMap::new();
+    for n in counts {
+        *seen.entry(n).or_insert(0u32) += 1;
+    }
+    seen.into_iter()
+        .max_by_key(|(n, c)| (*c, *n))
+        .map(|(n, _)| n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cgroup(usage_bytes: u64, limit_bytes: u64) -> CgroupMemory {
+        CgroupMemory {
+            version: 1,
+            path: "/job".into(),
+            usage_bytes,
+            limit_bytes: Some(limit_bytes),
+            oom_kills: Some(0),
+            inactive_file_bytes: Some(0),
+        }
+    }
+
+    #[test]
+    fn a_stale_probe_does_not_hide_a_fresh_sample() {
+        let root = ProcRef {
+            pid: 1,
+            start_time: 1,
+        };
+        let mut j = Job::new("j".into(), root, 0, 0, None, 10_000);
+        j.probe = Some(cgroup(400, 8000));
+        j.probed_at_ms = 1_000;
+        assert_eq!(j.cgroup().map(|c| c.usage_bytes), Some(400));
+        // The limit came down and the kernel watches the cgroup now: no more probes, only samples.
+        j.last = Some(JobSample {
+            timestamp_ms: 2_000,
+            processes: Vec::new(),
+            rss_bytes: 0,
+            pss_bytes: 0,
+            swap_bytes: 0,
+            gpu_bytes: None,
+            gpus: None,
+            cgroup: Some(cgroup(650, 760)),
+        });
+        j.sampled_at_ms = 2_000;
+        assert!(!j.probing());
+        assert_eq!(j.cgroup().map(|c| c.limit_bytes), Some(Some(760)));
+        // A newer probe wins again.
+        j.probe = Some(cgroup(700, 760));
+        j.probed_at_ms = 2_100;
+        assert!(j.probing());
+        assert_eq!(j.cgroup().map(|c| c.usage_bytes), Some(700));
+    }
+
+    #[test]
+    fn the_usual_count_ignores_passing_ones() {
+        // 1 main process and 4 workers, with an epoch's gap and an overlap of two loaders' workers.
+        let counts = [5, 5, 1, 5, 5, 9, 5, 3, 5];
+        assert_eq!(most_frequent(counts.into_iter()), Some(5));
+        assert_eq!(most_frequent([3, 5, 5, 3].into_iter()), Some(5));
+        assert_eq!(most_frequent(std::iter::empty()), None);
+    }
 }

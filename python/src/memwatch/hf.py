@@ -94,7 +94,7 @@ class MemwatchCallback(TrainerCallback):
             log.info("memwatch asks for a checkpoint: saving one through the Trainer")
             control.should_save = True
             self._checkpoint = "asked"
-        if d is not None and d.pending and self.trainer is None:
+        if d is not None and d.pending and not getattr(self.trainer, "_memwatch_hooked", False):
             self.client.cannot_apply(d.generation, "this transformers version cannot change the run mid-run")
         self._report(state)
 

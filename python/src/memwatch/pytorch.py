@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
 
@@ -102,6 +103,12 @@ class AdaptiveLoader:
         self.rebuilds = 0
         self._last_report = float("-inf")
         self._checkpointed = False
+        # A checkpoint request must be answered also while the loop waits for a batch from workers
+        # memwatch has paused (only the root runs then): a watcher thread saves it meanwhile. The
+        # lock keeps the loop from going on while it does, and the client to one thread at a time.
+        self._lock = threading.Lock()
+        self._waiting_since: Optional[float] = None
+        self._watcher: Optional[threading.Thread] = None
 
     # --- what it runs with ---------------------------------------------------------------------
 
@@ -141,6 +148,9 @@ class AdaptiveLoader:
         return n // self.micro_batch if self.drop_last else math.ceil(n / self.micro_batch)
 
     def __iter__(self) -> Iterator[Any]:
+        if self.client is not None and self.checkpoint is not None and self._watcher is None:
+            self._watcher = threading.Thread(target=self._watch, name="memwatch-checkpoint", daemon=True)
+            self._watcher.start()
         self._at_epoch_start()
         order = self._order()
         n = len(order)
@@ -151,11 +161,12 @@ class AdaptiveLoader:
                 # A window boundary: the optimizer has stepped on everything handed out so far.
                 if self._urgent_change():
                     break
-                self._maybe_checkpoint()
+                with self._lock:
+                    self._maybe_checkpoint()
                 self.window = min(self.accumulation, self._batches_left(n))
                 self._window_start()
                 for i in range(self.window):
-                    batch = next(loader)
+                    batch = self._next(loader)
                     self.sync = i == self.window - 1
                     self.step += 1
                     yield batch
@@ -194,6 +205,24 @@ class AdaptiveLoader:
             **self.loader_kwargs,
         )
         return self.prepare(dl) if self.prepare else dl
+
+    def _next(self, loader: Iterator[Any]) -> Any:
+        with self._lock:
+            self._waiting_since = time.monotonic()
+        try:
+            return next(loader)
+        finally:
+            with self._lock:
+                self._waiting_since = None
+
+    def _watch(self) -> None:
+        """Answers a checkpoint request while the loop has waited over a second for a batch."""
+        while not self._checkpointed:
+            time.sleep(0.25)
+            with self._lock:
+                since = self._waiting_since
+                if since is not None and time.monotonic() - since >= 1.0:
+                    self._maybe_checkpoint()
 
     def _window_start(self) -> None:
         """Called as each accumulation window begins (`window` is set)."""

@@ -5,6 +5,7 @@ checkpoint step, under `memwatch launch`, the loader saves a checkpoint when ask
 cleanly and relaunched, and it resumes where it was with the rewritten config."""
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -86,3 +87,41 @@ def test_the_loader_checkpoints_when_asked_and_resumes_after_the_relaunch(daemon
     steps = [r for r in records if r["kind"] == "step"]
     assert all(s["samples"] == EFFECTIVE for s in steps)
     assert records[-1]["kind"] == "end" and records[-1]["epochs"] == 3
+
+
+HF = {"per_device_train_batch_size": 32, "gradient_accumulation_steps": 2, "dataloader_num_workers": 4,
+      "dataloader_pin_memory": True, "num_train_epochs": 2}
+
+
+def test_the_hf_callback_checkpoints_through_the_trainer_and_the_relaunch_resumes(daemon_factory, tmp_path):
+    """The Trainer cannot take the urgent cut mid-epoch: the ladder goes on from emergency swap to
+    the checkpoint step, the callback saves through the Trainer, memwatch stops the job, and
+    `memwatch launch` relaunches it, resuming from that checkpoint with 2 workers."""
+    pytest.importorskip("transformers")
+    warm()
+    d = daemon_factory(
+        "[policy]\nmax_pause_seconds = 120\n"
+        '[way_out]\nsteps = ["swap", "checkpoint"]\ndecide_seconds = 2\nfix_seconds = 5\n'
+        "checkpoint_grace_seconds = 30\n"
+    )
+    cfg, out = tmp_path / "train.json", tmp_path / "out.jsonl"
+    cfg.write_text(json.dumps(HF))
+    launch = subprocess.run(
+        [str(BIN), "launch", "--name", "hf-way-out", "--memory-max", "850M", "--max-restarts", "3",
+         "--config-file", str(cfg), "--profile", "hf", "--socket", str(d.socket), "--",
+         python(), str(TRAINERS / "hf_way_out.py"), str(cfg), str(out)],
+        capture_output=True, text=True, timeout=400, env=dict(os.environ, PYTHONPATH=str(TRAINERS)),
+    )
+    text = launch.stdout + launch.stderr[-3000:] + (d.state / "events.jsonl").read_text()
+    assert launch.returncode == 0, text
+    assert "OOM killer fired" not in text, text
+    records = read(out)
+    starts = [r for r in records if r["kind"] == "start"]
+    assert [s["resumed"] for s in starts][:2] == [False, True], text
+    assert starts[-1]["workers"] == 2, starts
+    assert any(r["kind"] == "saved" for r in records), records
+    assert "the trainer saved its checkpoint" in text and "run 2: finished" in text, text
+    end = [r for r in records if r["kind"] == "end"][-1]
+    # The relaunched Trainer resumed at the checkpoint's step and ended where one run would have.
+    assert end["global_step"] == end["max_steps"] == 2 * 4096 // 64, end
+    assert end["epoch"] == pytest.approx(2.0), end

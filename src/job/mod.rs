@@ -114,7 +114,7 @@ impl Job {
     }
 
     /// How many of the last full samples `usual_processes` looks at.
-    pub const RECENT: usize = 16;
+    pub const RECENT: usize = 5;
 
     /// Notes the process count of a full sample.
     pub fn note_processes(&mut self, n: usize) {
@@ -124,10 +124,12 @@ impl Job {
         self.recent_processes.push_back(n);
     }
 
-    /// The job's usual process count: the most frequent over its last full samples (the larger on a
-    /// tie). A DataLoader starting its workers, or between two epochs' workers, is a passing count.
+    /// The job's usual process count: its count now, or the most frequent over its last full
+    /// samples where that is more (the larger on a tie). Between two epochs a DataLoader has no
+    /// workers for a moment: that dip is not the job's usual count.
     pub fn usual_processes(&self) -> Option<usize> {
-        most_frequent(self.recent_processes.iter().copied())
+        let now = *self.recent_processes.back()?;
+        most_frequent(self.recent_processes.iter().copied()).map(|m| m.max(now))
     }
 
     /// Whether the root process still exists (through the kept pidfd; `true` when there is none).
@@ -285,6 +287,13 @@ mod tests {
             start_time: 1,
         };
         let mut j = Job::new("j".into(), root, 0, 0, None, 10_000);
+        for n in [1, 1, 5, 5, 5, 1] {
+            j.note_processes(n);
+        }
+        assert_eq!(j.recent_processes.len(), Job::RECENT);
+        assert_eq!(j.usual_processes(), Some(5), "the dip between epochs is passing");
+        j.note_processes(9);
+        assert_eq!(j.usual_processes(), Some(9), "never less than the count now");
         j.probe = Some(cgroup(400, 8000));
         j.probed_at_ms = 1_000;
         assert_eq!(j.cgroup().map(|c| c.usage_bytes), Some(400));
@@ -311,8 +320,8 @@ mod tests {
 
     #[test]
     fn the_usual_count_ignores_passing_ones() {
-        // 1 main process and 4 workers, with an epoch's gap and an overlap of two loaders' workers.
-        let counts = [5, 5, 1, 5, 5, 9, 5, 3, 5];
+        // 1 main process and 4 workers, with an epoch's gap and a worker still starting.
+        let counts = [5, 5, 1, 5, 3, 5];
         assert_eq!(most_frequent(counts.into_iter()), Some(5));
         assert_eq!(most_frequent([3, 5, 5, 3].into_iter()), Some(5));
         assert_eq!(most_frequent(std::iter::empty()), None);

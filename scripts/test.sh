@@ -58,5 +58,5 @@ if [ -z "${MEMWATCH_SKIP_TRAINER:-}" ]; then
   rm -rf target/wheels
   "$venv/bin/pip" wheel -q --no-deps --no-build-isolation ./python -w target/wheels
   "$venv/bin/pip" install -q --force-reinstall --no-deps target/wheels/memwatch-*.whl
-  (cd python && "$venv/bin/python" -m pytest -q -p no:cacheprovider)
+  (cd python && "$venv/bin/python" -m mypy src/memwatch && "$venv/bin/python" -m pytest -q -p no:cacheprovider)
 fi

@@ -85,7 +85,7 @@ class MemwatchCallback(TrainerCallback):
             def run_epoch(**kw: Any) -> Any:
                 return original(**self._epoch_start(kw))
 
-            self.trainer._run_epoch = run_epoch  # type: ignore[method-assign]
+            self.trainer._run_epoch = run_epoch  # type: ignore[method-assign,assignment]
             self.trainer._memwatch_hooked = True  # type: ignore[attr-defined]
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -193,7 +193,7 @@ def _shut_down(loader: Any) -> None:
     """Ends a DataLoader's persistent workers (non-persistent ones ended with their epoch)."""
     for dl in (loader, getattr(loader, "base_dataloader", None)):
         it = getattr(dl, "_iterator", None)
-        if it is not None and hasattr(it, "_shutdown_workers"):
+        if dl is not None and it is not None and hasattr(it, "_shutdown_workers"):
             it._shutdown_workers()
             dl._iterator = None
 

@@ -2,7 +2,7 @@
 # The Python package's HF callback: overhead per step and the time from a staged change to the first
 # step that runs with it, against the real daemon (python/bench/bench.py). Needs what ./scripts/test.sh
 # sets up (the venv with the package installed, the memwatch binary, the fake NVML).
-# PAIRS=15 LATENCY=5 by default.
+# PAIRS=20 LATENCY=5 by default.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${MEMWATCH_VENV:-$PWD/.venv}

@@ -1,8 +1,8 @@
 """The HF callback's cost and speed, measured against the real daemon (scripts/bench-python.sh).
 
-1. Overhead: PAIRS pairs of runs of the tiny GPT-2 Trainer (no DataLoader workers, 5 epochs of 64
-   micro-batches), one without and one with `MemwatchCallback`, in alternating order, attached to a
-   daemon with nothing to change. Steps/s over each run after its first 16 steps; the ratio per pair.
+1. Overhead: PAIRS pairs of runs of the tiny GPT-2 Trainer (no DataLoader workers, 12 epochs of 64
+   micro-batches), one without and one with `MemwatchCallback`, in alternating order, both attached
+   to a daemon (default 1 s sampling) with nothing to change: the difference is the callback's. Steps/s over each run after its first 16 steps; the ratio per pair.
 2. Latency: LATENCY runs with 1 DataLoader worker, where the fake GPU goes to warn after the first
    step: the time from memwatch staging the micro-batch change to the first step run with it, and
    from the end of the epoch in which it was staged to that step.
@@ -21,7 +21,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 from conftest import Daemon  # noqa: E402
 
-PAIRS = int(os.environ.get("PAIRS", "15"))
+from memwatch import Client  # noqa: E402
+from memwatch._proc import live_workers  # noqa: E402
+
+PAIRS = int(os.environ.get("PAIRS", "20"))
 LATENCY = int(os.environ.get("LATENCY", "5"))
 CONFIG = "[adapt]\nsettle_seconds = 1\nmin_micro_batch = 4\n"
 
@@ -55,10 +58,10 @@ def rate(steps):
 
 
 def main():
-    d = Daemon(CONFIG)
+    d = Daemon(CONFIG, interval_ms=1000)  # the default sampling interval
     try:
         base = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "dataloader_num_workers": 0,
-                "dataloader_pin_memory": False, "num_train_epochs": 5}
+                "dataloader_pin_memory": False, "num_train_epochs": 12}
         ratios, without, with_ = [], [], []
         for i in range(PAIRS):
             pair = {}
@@ -73,6 +76,32 @@ def main():
             "pairs": PAIRS, "steps_per_second_without": round(statistics.median(without), 1),
             "steps_per_second_with": round(statistics.median(with_), 1),
             "ratio_median": round(statistics.median(ratios), 4), "ratio_q1": round(q[0], 4), "ratio_q3": round(q[2], 4)}}))
+
+        # The callback's own work, timed alone: one forced directives round trip (it polls at most
+        # every 0.5 s) and one progress report with the live-worker count from /proc (every 2 s).
+        sleeper = subprocess.Popen(["sleep", "600"])
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg_path = Path(tmp) / "train.json"
+            cfg_path.write_text(json.dumps({"train": {"micro_batch": 8, "accumulation": 1}}))
+            c = Client("bench-costs", config_file=str(cfg_path), socket_path=str(d.socket), pid=sleeper.pid,
+                       keys=["batch=train.micro_batch", "accumulation=train.accumulation"])
+            assert c.attach()
+        poll = []
+        for _ in range(200):
+            t = time.perf_counter()
+            c.directives(force=True)
+            poll.append(time.perf_counter() - t)
+        report = []
+        for _ in range(50):
+            t = time.perf_counter()
+            c.progress(0, 1, running={"workers": live_workers(), "micro_batch": 8})
+            report.append(time.perf_counter() - t)
+        sleeper.kill()
+        per_second = statistics.median(poll) / 0.5 + statistics.median(report) / 2.0
+        print(json.dumps({"costs_us": {
+            "directives_round_trip_median": round(statistics.median(poll) * 1e6),
+            "progress_with_live_workers_median": round(statistics.median(report) * 1e6),
+            "share_of_training_time": round(per_second, 6)}}))
 
         lat = dict(base, gradient_accumulation_steps=2, dataloader_num_workers=1, num_train_epochs=4)
         staged_to_step, boundary_to_step, epoch_ms = [], [], []

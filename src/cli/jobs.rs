@@ -100,6 +100,15 @@ pub fn render(jobs: &[JobView], now_ms: u64) -> String {
                         Some(crate::adapt::VerifyState::Verified) => {
                             format!("applied at epoch {e}, verified")
                         }
+                        Some(crate::adapt::VerifyState::Unverified)
+                            if d.verification
+                                .as_ref()
+                                .is_some_and(|v| v.max_processes.is_none()) =>
+                        {
+                            format!(
+                                "applied at epoch {e}, UNVERIFIED: the trainer never reported running with it"
+                            )
+                        }
                         Some(crate::adapt::VerifyState::Unverified) => {
                             format!("applied at epoch {e}, UNVERIFIED: not seen in the job")
                         }

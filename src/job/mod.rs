@@ -291,9 +291,17 @@ mod tests {
             j.note_processes(n);
         }
         assert_eq!(j.recent_processes.len(), Job::RECENT);
-        assert_eq!(j.usual_processes(), Some(5), "the dip between epochs is passing");
+        assert_eq!(
+            j.usual_processes(),
+            Some(5),
+            "the dip between epochs is passing"
+        );
         j.note_processes(9);
-        assert_eq!(j.usual_processes(), Some(9), "never less than the count now");
+        assert_eq!(
+            j.usual_processes(),
+            Some(9),
+            "never less than the count now"
+        );
         j.probe = Some(cgroup(400, 8000));
         j.probed_at_ms = 1_000;
         assert_eq!(j.cgroup().map(|c| c.usage_bytes), Some(400));

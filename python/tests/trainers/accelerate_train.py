@@ -10,6 +10,7 @@ from accelerate import Accelerator
 
 import memwatch
 import memwatch.accelerate
+import common
 from common import Generated, Record, gate, lm_loss, tiny_lm
 from memwatch import _proc
 
@@ -19,12 +20,7 @@ with open(cfg_path) as f:
 train = cfg["train"]
 record = Record(out)
 
-client = memwatch.Client(
-    "accelerate",
-    config_file=cfg_path,
-    keys=["batch=train.micro_batch", "accumulation=train.accumulation", "workers=train.workers", "pin_memory=train.pin_memory"],
-)
-client.attach()
+client = common.client("accelerate", cfg_path)
 accelerator = Accelerator(cpu=True, gradient_accumulation_plugin=memwatch.accelerate.gradient_accumulation_plugin(client))
 assert accelerator.gradient_accumulation_steps == train["accumulation"]
 loader = memwatch.accelerate.AcceleratedLoader(

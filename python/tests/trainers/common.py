@@ -58,6 +58,23 @@ def gate(path: str, record: Record, kind: str = "ready", **fields: Any) -> None:
         time.sleep(0.02)
 
 
+KEYS = [
+    "batch=train.micro_batch",
+    "accumulation=train.accumulation",
+    "workers=train.workers",
+    "pin_memory=train.pin_memory",
+]
+
+
+def client(name: str, cfg_path: str) -> Any:
+    """The run's memwatch client, attached with its config (generic profile, the knobs under `train`)."""
+    import memwatch
+
+    c = memwatch.Client(name, config_file=cfg_path, keys=KEYS)
+    c.attach()
+    return c
+
+
 def tiny_lm(vocab: int = 128) -> torch.nn.Module:
     """A tiny language model for the plain loops: embedding, one layer, head."""
     torch.manual_seed(0)

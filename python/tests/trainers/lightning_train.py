@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import memwatch.lightning
+import common
 from common import Generated, Record, gate, lm_loss, tiny_lm
 from memwatch import _proc
 
@@ -68,11 +69,7 @@ class Tiny(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
-client = memwatch.Client(
-    "lightning",
-    config_file=cfg_path,
-    keys=["batch=train.micro_batch", "accumulation=train.accumulation", "workers=train.workers", "pin_memory=train.pin_memory"],
-)
+client = common.client("lightning", cfg_path)
 module = Tiny()
 trainer = L.Trainer(
     max_epochs=cfg["epochs"],

@@ -13,6 +13,7 @@ import torch
 
 import memwatch
 import memwatch.pytorch
+import common
 from common import Generated, Record, gate, lm_loss, tiny_lm
 from memwatch import _proc
 
@@ -22,12 +23,7 @@ with open(cfg_path) as f:
 train = cfg["train"]
 record = Record(out)
 
-client = memwatch.Client(
-    "torch",
-    config_file=cfg_path,
-    keys=["batch=train.micro_batch", "accumulation=train.accumulation", "workers=train.workers", "pin_memory=train.pin_memory"],
-)
-client.attach()
+client = common.client("torch", cfg_path)
 loader = memwatch.pytorch.AdaptiveLoader(
     Generated(),
     client,

@@ -15,6 +15,7 @@ from torch.utils.data import Dataset
 
 import memwatch
 import memwatch.pytorch
+import common
 from common import Record
 from memwatch import _proc
 
@@ -46,12 +47,7 @@ def fill_cache(_worker):
         time.sleep(0.1)
 
 
-client = memwatch.Client(
-    "way-out",
-    config_file=cfg_path,
-    keys=["batch=train.micro_batch", "accumulation=train.accumulation", "workers=train.workers", "pin_memory=train.pin_memory"],
-)
-client.attach()
+client = common.client("way-out", cfg_path)
 model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
 opt = torch.optim.SGD(model.parameters(), lr=0.05)
 

@@ -228,8 +228,10 @@ pub const DOCS: &[(&str, &str)] = &[
     ),
     (
         "adapt.verify_seconds",
-        "After the trainer acknowledged fewer DataLoader workers, the job's process count must fall within\n\
-         this long; else the change is marked unverified (the trainer said so, the job does not show it).",
+        "After the trainer acknowledged fewer DataLoader workers, the job's process count must fall (and\n\
+         hold for a second with the new workers running) within this long; a micro-batch or accumulation\n\
+         change must show in the trainer's `running` report within this long once it reports one. Else\n\
+         the change is marked unverified (the trainer said so, the job does not show it).",
     ),
     (
         "way_out",

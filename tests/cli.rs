@@ -271,7 +271,7 @@ fn check_plans_a_model_for_this_machine() {
         ),
         (
             vec!["--config", "/dev/null", "check", "--layers", "12"],
-            "give --params too",
+            "give --params or --model-config too",
         ),
         (
             vec![
@@ -285,11 +285,69 @@ fn check_plans_a_model_for_this_machine() {
             ],
             "Adam",
         ),
+        (
+            vec!["--config", "/dev/null", "check", "--params", "7X"],
+            "unknown suffix",
+        ),
+        (
+            vec![
+                "--config",
+                "/dev/null",
+                "check",
+                "--params",
+                "7B",
+                "--gpus",
+                "0",
+            ],
+            "--gpus",
+        ),
+        (
+            vec![
+                "--config",
+                "/dev/null",
+                "check",
+                "--params",
+                "7B",
+                "--gpu-memory-gib",
+                "0",
+            ],
+            "positive number of GiB",
+        ),
+        (
+            vec![
+                "--config",
+                "/dev/null",
+                "check",
+                "--params",
+                "7B",
+                "--nodes",
+                "0",
+            ],
+            "--nodes",
+        ),
     ] {
         let (code, _, err) = memwatch(&bad);
         assert_eq!(code, 2, "{bad:?}");
         assert!(err.contains(want), "{err}");
     }
+    // Nothing fits: said, no config, exit status 3.
+    let (code, out, err) = memwatch(&[
+        "--config",
+        "/dev/null",
+        "check",
+        "--params",
+        "1.5B",
+        "--gpus",
+        "1",
+        "--gpu-memory-gib",
+        "24",
+        "--ram-gib",
+        "21",
+    ]);
+    assert_eq!(code, 3, "{out}{err}");
+    assert!(out.contains("ZeRO-3 would fit on 2 GPUs"), "{out}");
+    assert!(out.contains("nothing fits: no config is emitted"), "{out}");
+    assert!(!out.contains("train_micro_batch_size_per_gpu"), "{out}");
 }
 
 #[test]
@@ -329,7 +387,7 @@ fn check_reads_the_gpus_through_nvml() {
         text.contains("GPU 1: NVIDIA RTX A4500, 20.00 GiB"),
         "{text}"
     );
-    assert!(text.contains("the notes' tier: > 12 GB: ZeRO-2"), "{text}");
+    assert!(text.contains("the notes' tier: > 12 GiB: ZeRO-2"), "{text}");
     // The fixture host has 1.4 GiB available: no workers, no pinned memory.
     assert!(
         text.contains("DataLoader workers 0, pin_memory false"),

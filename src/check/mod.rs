@@ -6,6 +6,7 @@
 //! activations follow Korthikanti et al. 2022 (16-bit, per transformer layer: s·b·h·(34 + 5·a·s/h)
 //! bytes without recomputation, about 2·s·b·h with full recomputation).
 
+pub mod model_config;
 #[cfg(test)]
 mod tests;
 
@@ -44,10 +45,16 @@ pub struct Model {
     pub seq_len: Option<u64>,
     /// Parameters of the largest single layer; 4·h² (the MLP's up-projection) when only h is known.
     pub largest_layer_params: Option<f64>,
-    pub gpus: u64,
+    pub gpus_per_node: u64,
+    pub nodes: u64,
 }
 
 impl Model {
+    /// Every GPU of the run: the world size.
+    pub fn total_gpus(&self) -> u64 {
+        self.gpus_per_node.max(1) * self.nodes.max(1)
+    }
+
     pub fn largest_layer(&self) -> f64 {
         self.largest_layer_params
             .or_else(|| self.hidden.map(|h| 4.0 * (h as f64) * (h as f64)))
@@ -68,52 +75,67 @@ pub struct Option_ {
     pub cpu_bytes: f64,
 }
 
-/// Model-state estimates for every option, DeepSpeed's way (zero_init for ZeRO-3).
+/// Model-state estimates for every option, as DeepSpeed's current code computes them
+/// (`estimate_zero2_model_states_mem_needs` in stage_1_and_2.py and
+/// `estimate_zero3_model_states_mem_needs` in stage3.py, zero_init for ZeRO-3): per GPU, and host RAM
+/// per node. In order of preference: no offload before offload, ZeRO-2 before ZeRO-3.
 pub fn options(m: &Model) -> Vec<Option_> {
     let p = m.params;
-    let n = m.gpus.max(1) as f64;
+    let per_node = m.gpus_per_node.max(1) as f64;
+    let nodes = m.nodes.max(1) as f64;
+    let n = per_node * nodes;
     let ll = 4.0 * m.largest_layer();
+    let option =
+        |name, zero_stage, offload_optimizer, offload_params, gpu_bytes, cpu_bytes| Option_ {
+            name,
+            zero_stage,
+            offload_optimizer,
+            offload_params,
+            gpu_bytes,
+            cpu_bytes,
+        };
     vec![
-        Option_ {
-            name: "ZeRO-2",
-            zero_stage: 2,
-            offload_optimizer: false,
-            offload_params: false,
-            gpu_bytes: 4.0 * p + 16.0 * p / n,
-            cpu_bytes: p * 4.0 * n * BUFFER,
-        },
-        Option_ {
-            name: "ZeRO-2 + CPU optimizer offload",
-            zero_stage: 2,
-            offload_optimizer: true,
-            offload_params: false,
-            gpu_bytes: 2.0 * p,
-            cpu_bytes: p * (4.0 * n).max(16.0) * BUFFER,
-        },
-        Option_ {
-            name: "ZeRO-3",
-            zero_stage: 3,
-            offload_optimizer: false,
-            offload_params: false,
-            gpu_bytes: ll + 18.0 * p / n,
-            cpu_bytes: m.largest_layer() * 4.0 * n * BUFFER,
-        },
-        Option_ {
-            name: "ZeRO-3 + CPU optimizer offload",
-            zero_stage: 3,
-            offload_optimizer: true,
-            offload_params: false,
-            gpu_bytes: ll + 2.0 * p / n,
-            cpu_bytes: p * 16.0 * BUFFER,
-        },
-        Option_ {
-            name: "ZeRO-3 + CPU offload (params and optimizer)",
-            zero_stage: 3,
-            offload_optimizer: true,
-            offload_params: true,
-            gpu_bytes: ll,
-            cpu_bytes: p * 18.0 * BUFFER,
-        },
+        // 2 = 16-bit params; 18 = 16-bit and 32-bit grads, 32-bit params, Adam's two moments.
+        option(
+            "ZeRO-2",
+            2,
+            false,
+            false,
+            2.0 * p + (18.0 * p / n).trunc(),
+            p * 4.0 * per_node * BUFFER,
+        ),
+        option(
+            "ZeRO-3",
+            3,
+            false,
+            false,
+            ll + (18.0 * p / n).trunc(),
+            m.largest_layer() * 4.0 * per_node * BUFFER,
+        ),
+        option(
+            "ZeRO-2 + CPU optimizer offload",
+            2,
+            true,
+            false,
+            2.0 * p,
+            p * (4.0 * n).max(16.0) * BUFFER,
+        ),
+        option(
+            "ZeRO-3 + CPU optimizer offload",
+            3,
+            true,
+            false,
+            ll + (2.0 * p / n).trunc(),
+            p * 16.0 / nodes * BUFFER,
+        ),
+        option(
+            "ZeRO-3 + CPU offload (params and optimizer)",
+            3,
+            true,
+            true,
+            ll,
+            p * 18.0 / nodes * BUFFER,
+        ),
     ]
 }
 
@@ -132,12 +154,12 @@ pub fn activations(m: &Model, b: u64, recompute: bool) -> Option<f64> {
 /// The notes' tiers (note 004), by GPU memory per GPU: (name, zero stage, offload, micro-batch,
 /// accumulation, sequence length).
 pub fn notes_tier(gpu_bytes: u64) -> (&'static str, u8, bool, u64, u64, u64) {
-    let g = gpu_bytes as f64 / 1e9;
+    let g = gpu_bytes as f64 / GIB;
     if g > 12.0 {
-        ("> 12 GB: ZeRO-2", 2, false, 4, 4, 2048)
+        ("> 12 GiB: ZeRO-2", 2, false, 4, 4, 2048)
     } else if g >= 6.0 {
         (
-            "6–12 GB: ZeRO-2 + CPU optimizer offload",
+            "6–12 GiB: ZeRO-2 + CPU optimizer offload",
             2,
             true,
             3,
@@ -145,9 +167,9 @@ pub fn notes_tier(gpu_bytes: u64) -> (&'static str, u8, bool, u64, u64, u64) {
             1792,
         )
     } else if g >= 4.0 {
-        ("4–6 GB: ZeRO-3", 3, false, 2, 8, 1536)
+        ("4–6 GiB: ZeRO-3", 3, false, 2, 8, 1536)
     } else {
-        ("< 4 GB: ZeRO-3 + CPU offload", 3, true, 1, 16, 1024)
+        ("< 4 GiB: ZeRO-3 + CPU offload", 3, true, 1, 16, 1024)
     }
 }
 
@@ -173,6 +195,9 @@ pub struct Recommendation {
     pub pin_memory: bool,
     pub gradient_checkpointing: bool,
     pub notes: Vec<String>,
+    /// With a model: whether any layout fits (`memwatch check` exits 3 when none does, and emits no
+    /// config).
+    pub fits: Option<bool>,
 }
 
 /// The whole report.
@@ -212,6 +237,14 @@ pub fn check(machine: Machine, model: Option<Model>) -> Report {
     if let Some(m) = &model {
         if let Some(s) = m.seq_len {
             seq = s;
+        }
+        if activations(m, 1, true).is_none() {
+            notes.push(
+                "activations were not counted (give --layers, --hidden, --heads and --seq-len): the \
+                 micro-batch and sequence length come from the notes' tier, and the layout's room per \
+                 GPU must hold them"
+                    .into(),
+            );
         }
         for o in options(m) {
             // The floor: micro-batch 1 with full recomputation (gradient checkpointing).
@@ -268,15 +301,16 @@ pub fn check(machine: Machine, model: Option<Model>) -> Report {
                     ));
                 }
             }
-            (None, Some(_)) => {
+            (None, Some(g)) => {
                 let ram_short = verdicts
                     .iter()
                     .any(|v| v.fits_gpu == Some(true) && !v.fits_ram);
                 notes.push(if ram_short {
                     "the model fits the GPUs only with CPU offload, and host RAM cannot hold what offload moves there: add RAM or GPUs, or train a smaller model".into()
                 } else {
-                    "the model does not fit these GPUs in any ZeRO layout: more GPUs, a smaller model, or shorter sequences".into()
+                    "the model does not fit these GPUs in any ZeRO layout".into()
                 });
+                notes.extend(what_would_fit(m, g, machine.ram_available_bytes));
             }
             _ => notes.push(
                 "no GPU seen: the estimates are per GPU for --gpu-memory-gib / --gpus".into(),
@@ -288,6 +322,7 @@ pub fn check(machine: Machine, model: Option<Model>) -> Report {
     Report {
         recommendation: Recommendation {
             tier,
+            fits: model.as_ref().map(|_| chosen.is_some()),
             option: chosen,
             micro_batch: micro,
             accumulation: accum,
@@ -303,6 +338,37 @@ pub fn check(machine: Machine, model: Option<Model>) -> Report {
     }
 }
 
+/// What would fit when nothing does: more GPUs (ZeRO-3 partitions everything but the largest layer),
+/// a smaller model on these GPUs, or NVMe offload when even the largest layer is too big.
+fn what_would_fit(m: &Model, gpu_bytes: u64, ram_available: u64) -> Vec<String> {
+    let usable = gpu_bytes as f64 * GPU_USABLE;
+    let fixed = 4.0 * m.largest_layer() + activations(m, 1, true).unwrap_or(0.0);
+    let mut out = Vec::new();
+    if usable <= fixed {
+        out.push(format!(
+            "even the largest layer ({:.2} GiB with its activations) does not fit a GPU: parameter offload to NVMe (ZeRO-Infinity), a model with smaller layers, or GPUs with more memory",
+            fixed / GIB
+        ));
+        return out;
+    }
+    let total = (18.0 * m.params / (usable - fixed)).ceil().max(1.0) as u64;
+    let per_node = total.div_ceil(m.nodes.max(1));
+    let host = m.largest_layer() * 4.0 * per_node as f64 * BUFFER;
+    out.push(format!(
+        "ZeRO-3 would fit on {total} GPUs of this size ({per_node} per node over {} node(s)), needing {:.1} GiB of host RAM per node{}",
+        m.nodes.max(1),
+        host / GIB,
+        if host > ram_available as f64 { " (more than is available)" } else { "" }
+    ));
+    let smaller = (usable - fixed) * m.total_gpus() as f64 / 18.0;
+    out.push(format!(
+        "on these {} GPU(s), ZeRO-3 fits a model of at most {:.3e} parameters",
+        m.total_gpus(),
+        smaller
+    ));
+    out
+}
+
 /// (ZeRO stage, optimizer offloaded, parameters offloaded) of the recommendation; ZeRO-2 when none fits.
 fn layout(r: &Recommendation) -> (u8, bool, bool) {
     r.option
@@ -315,7 +381,7 @@ fn device(on: bool) -> &'static str {
     if on { "cpu" } else { "none" }
 }
 
-/// A ready DeepSpeed config for the recommendation.
+/// A ready DeepSpeed config for the recommendation, for a world of `gpus` GPUs.
 pub fn deepspeed_json(r: &Recommendation, gpus: u64) -> serde_json::Value {
     let (stage, opt, params) = layout(r);
     serde_json::json!({
@@ -334,16 +400,18 @@ pub fn deepspeed_json(r: &Recommendation, gpus: u64) -> serde_json::Value {
     })
 }
 
-/// A ready accelerate config (YAML) for the recommendation.
-pub fn accelerate_yaml(r: &Recommendation, gpus: u64) -> String {
+/// A ready accelerate config (YAML) for the recommendation, on `nodes` machines of `gpus_per_node`
+/// GPUs. Only fields accelerate reads: the micro-batch is the training script's (accelerate takes it
+/// from the DataLoader), so it is not here.
+pub fn accelerate_yaml(r: &Recommendation, gpus_per_node: u64, nodes: u64) -> String {
     let (stage, opt, params) = layout(r);
     format!(
-        "compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\ndeepspeed_config:\n  gradient_accumulation_steps: {}\n  train_micro_batch_size_per_gpu: {}\n  zero_stage: {stage}\n  offload_optimizer_device: {}\n  offload_param_device: {}\n  zero3_init_flag: {}\nmixed_precision: bf16\nnum_machines: 1\nnum_processes: {}\n",
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\ndeepspeed_config:\n  gradient_accumulation_steps: {}\n  zero_stage: {stage}\n  offload_optimizer_device: {}\n  offload_param_device: {}\n  zero3_init_flag: {}\nmixed_precision: bf16\nnum_machines: {}\nnum_processes: {}\n",
         r.accumulation,
-        r.micro_batch,
         device(opt),
         device(params),
         stage == 3,
-        gpus.max(1)
+        nodes.max(1),
+        gpus_per_node.max(1) * nodes.max(1)
     )
 }

@@ -10,9 +10,13 @@ use crate::sample::gpu::GpuSource;
 /// The command line's model and machine options.
 #[derive(clap::Args, Debug)]
 pub struct CheckArgs {
-    /// Model parameters, e.g. 1.5e9
-    #[arg(long)]
+    /// Model parameters: 1.5e9, 1.5B, 350M, 7B (K, M, B or T: thousands to trillions)
+    #[arg(long, value_parser = parse_params)]
     pub params: Option<f64>,
+    /// A Hugging Face config.json (GPT-2, Llama, Mistral, BERT or T5 style): the parameter count,
+    /// layers, hidden size, heads and sequence length come from it (the flags override)
+    #[arg(long, value_name = "PATH")]
+    pub model_config: Option<std::path::PathBuf>,
     #[arg(long)]
     pub layers: Option<u64>,
     #[arg(long)]
@@ -30,20 +34,64 @@ pub struct CheckArgs {
     /// adam or adamw (the estimates assume Adam's two moments, as DeepSpeed's do)
     #[arg(long, default_value = "adamw")]
     pub optimizer: String,
-    /// GPUs to train on [default: the GPUs seen]
-    #[arg(long)]
+    /// GPUs per node to train on [default: the GPUs seen]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub gpus: Option<u64>,
-    /// Plan for GPUs of this much memory instead of the ones seen
-    #[arg(long, value_name = "GIB")]
+    /// Nodes (machines) the run spans, each with --gpus GPUs
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub nodes: u64,
+    /// Plan for GPUs of this much memory (GiB) instead of the ones seen
+    #[arg(long, value_name = "GIB", value_parser = parse_gib)]
     pub gpu_memory_gib: Option<f64>,
-    /// Plan for this much available host RAM instead of what is available now
-    #[arg(long, value_name = "GIB")]
+    /// Plan for this much available host RAM per node (GiB) instead of what is available now
+    #[arg(long, value_name = "GIB", value_parser = parse_gib)]
     pub ram_gib: Option<f64>,
     #[arg(long)]
     pub json: bool,
 }
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// A parameter count: a number (1.5e9) or one with a suffix K, M, B (or G) or T.
+pub fn parse_params(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let (num, scale) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let scale = match c.to_ascii_uppercase() {
+                'K' => 1e3,
+                'M' => 1e6,
+                'B' | 'G' => 1e9,
+                'T' => 1e12,
+                _ => {
+                    return Err(format!(
+                        "{s:?}: unknown suffix {c:?}; use K, M, B or T (1.5B, 350M)"
+                    ));
+                }
+            };
+            (&t[..i], scale)
+        }
+        _ => (t, 1.0),
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?}: expected a parameter count such as 1.5e9, 1.5B or 350M"))?;
+    let v = v * scale;
+    if !(v.is_finite() && v >= 1.0) {
+        return Err(format!("{s:?}: expected a positive number of parameters"));
+    }
+    Ok(v)
+}
+
+/// A positive size in GiB.
+fn parse_gib(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!(
+            "{s:?}: expected a positive number of GiB, such as 24 or 79.2"
+        )),
+    }
+}
 
 fn gib(b: f64) -> String {
     format!("{:.2} GiB", b / GIB)
@@ -96,25 +144,35 @@ pub fn model(a: &CheckArgs, gpus_seen: usize) -> anyhow::Result<Option<Model>> {
             a.optimizer
         );
     }
-    let Some(params) = a.params else {
+    let shape = match &a.model_config {
+        Some(path) => {
+            use std::io::Read as _;
+            let what = path.display().to_string();
+            let mut text = String::new();
+            std::fs::File::open(path)
+                .and_then(|f| f.take(4 << 20).read_to_string(&mut text))
+                .map_err(|e| anyhow::anyhow!("--model-config {what}: {e}"))?;
+            Some(check::model_config::parse(&text, &what).map_err(|e| anyhow::anyhow!(e))?)
+        }
+        None => None,
+    };
+    let Some(params) = a.params.or(shape.as_ref().map(|s| s.params)) else {
         if a.layers.is_some() || a.hidden.is_some() || a.heads.is_some() || a.seq_len.is_some() {
             anyhow::bail!(
-                "--layers, --hidden, --heads and --seq-len describe a model: give --params too"
+                "--layers, --hidden, --heads and --seq-len describe a model: give --params or --model-config too"
             );
         }
         return Ok(None);
     };
-    if !(params.is_finite() && params >= 1.0) {
-        anyhow::bail!("--params {params}: expected a positive number of parameters such as 1.5e9");
-    }
     Ok(Some(Model {
         params,
-        layers: a.layers,
-        hidden: a.hidden,
-        heads: a.heads,
-        seq_len: a.seq_len,
-        largest_layer_params: a.largest_layer,
-        gpus: a.gpus.unwrap_or(gpus_seen.max(1) as u64),
+        layers: a.layers.or(shape.as_ref().map(|s| s.layers)),
+        hidden: a.hidden.or(shape.as_ref().map(|s| s.hidden)),
+        heads: a.heads.or(shape.as_ref().map(|s| s.heads)),
+        seq_len: a.seq_len.or(shape.as_ref().and_then(|s| s.max_seq)),
+        largest_layer_params: a.largest_layer.or(shape.as_ref().map(|s| s.largest_layer)),
+        gpus_per_node: a.gpus.unwrap_or(gpus_seen.max(1) as u64),
+        nodes: a.nodes,
     }))
 }
 
@@ -145,21 +203,22 @@ pub fn render(r: &Report) -> String {
     if let Some(md) = &r.model {
         let _ = writeln!(
             o,
-            "model: {:.3e} parameters on {} GPU(s), largest layer {:.3e}",
+            "model: {:.3e} parameters on {} node(s) × {} GPU(s), largest layer {:.3e}",
             md.params,
-            md.gpus,
+            md.nodes,
+            md.gpus_per_node,
             md.largest_layer()
         );
         let _ = writeln!(
             o,
-            "\n{:<46}{:>14}{:>14}{:>10}{:>10}",
-            "layout", "per GPU", "host RAM", "fits GPU", "fits RAM"
+            "\n{:<46}{:>14}{:>16}{:>10}{:>10}",
+            "layout", "per GPU", "host RAM/node", "fits GPU", "fits RAM"
         );
         for v in &r.verdicts {
             let yes = |b: bool| if b { "yes" } else { "no" };
             let _ = writeln!(
                 o,
-                "{:<46}{:>14}{:>14}{:>10}{:>10}",
+                "{:<46}{:>14}{:>16}{:>10}{:>10}",
                 v.option.name,
                 gib(v.gpu_needed_bytes),
                 gib(v.option.cpu_bytes),
@@ -169,7 +228,7 @@ pub fn render(r: &Report) -> String {
         }
         let _ = writeln!(
             o,
-            "(per GPU: model states, plus activations at micro-batch 1 when the shape is given)"
+            "(GiB = 2^30 bytes; per GPU: model states, plus activations at micro-batch 1 with checkpointing when the shape is given)"
         );
     }
     let rec = &r.recommendation;
@@ -177,35 +236,65 @@ pub fn render(r: &Report) -> String {
     if let Some(opt) = &rec.option {
         let _ = writeln!(o, "  layout: {}", opt.name);
     }
-    let gpus = r
-        .model
-        .as_ref()
-        .map(|m| m.gpus)
-        .unwrap_or(r.machine.gpus.len().max(1) as u64);
-    let _ = writeln!(
-        o,
-        "  micro-batch {}, gradient accumulation {} (effective batch {} over {gpus} GPU(s)), sequence length {}",
-        rec.micro_batch,
-        rec.accumulation,
-        rec.micro_batch * rec.accumulation * gpus,
-        rec.seq_len
-    );
-    let _ = writeln!(
-        o,
-        "  DataLoader workers {}, pin_memory {}, gradient checkpointing {}",
-        rec.workers, rec.pin_memory, rec.gradient_checkpointing
-    );
+    let (per_node, nodes) = world(r);
+    let gpus = per_node * nodes;
+    if rec.fits != Some(false) {
+        let _ = writeln!(
+            o,
+            "  micro-batch {}, gradient accumulation {} (effective batch {} over {gpus} GPU(s)), sequence length {}",
+            rec.micro_batch,
+            rec.accumulation,
+            rec.micro_batch * rec.accumulation * gpus,
+            rec.seq_len
+        );
+        let _ = writeln!(
+            o,
+            "  DataLoader workers {}, pin_memory {}, gradient checkpointing {}",
+            rec.workers, rec.pin_memory, rec.gradient_checkpointing
+        );
+    }
     for n in &rec.notes {
         let _ = writeln!(o, "  note: {n}");
     }
-    if r.model.is_some() {
-        let ds =
-            serde_json::to_string_pretty(&check::deepspeed_json(rec, gpus)).unwrap_or_default();
-        let _ = writeln!(
-            o,
-            "\nDeepSpeed config (ds_config.json):\n{ds}\n\naccelerate config (accelerate.yaml):\n{}",
-            check::accelerate_yaml(rec, gpus)
-        );
+    match rec.fits {
+        Some(true) => {
+            let ds =
+                serde_json::to_string_pretty(&check::deepspeed_json(rec, gpus)).unwrap_or_default();
+            let _ = writeln!(
+                o,
+                "\nDeepSpeed config (ds_config.json):\n{ds}\n\naccelerate config (accelerate.yaml):\n{}",
+                check::accelerate_yaml(rec, per_node, nodes)
+            );
+        }
+        Some(false) => {
+            let _ = writeln!(o, "\nnothing fits: no config is emitted (exit status 3)");
+        }
+        None => {}
     }
     o
+}
+
+/// (GPUs per node, nodes) the report plans for.
+pub fn world(r: &Report) -> (u64, u64) {
+    r.model
+        .as_ref()
+        .map(|m| (m.gpus_per_node.max(1), m.nodes.max(1)))
+        .unwrap_or((r.machine.gpus.len().max(1) as u64, 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_params;
+
+    #[test]
+    fn parameter_counts_take_suffixes() {
+        assert_eq!(parse_params("1.5B"), Ok(1.5e9));
+        assert_eq!(parse_params("350M"), Ok(350e6));
+        assert_eq!(parse_params("7b"), Ok(7e9));
+        assert_eq!(parse_params("1.5e9"), Ok(1.5e9));
+        assert_eq!(parse_params("70000"), Ok(7e4));
+        for bad in ["0", "-1B", "7X", "B", "", "nan"] {
+            assert!(parse_params(bad).is_err(), "{bad:?} was accepted");
+        }
+    }
 }

@@ -392,22 +392,27 @@ fn dispatch(cli: Cli) -> Result<(), Failure> {
             let machine = check::machine(&config, a)?;
             let model = check::model(a, machine.gpus.len()).map_err(usage)?;
             let report = crate::check::check(machine, model);
+            let fits = report.recommendation.fits != Some(false);
             if a.json {
-                let gpus = report
-                    .model
-                    .as_ref()
-                    .map(|m| m.gpus)
-                    .unwrap_or(report.machine.gpus.len().max(1) as u64);
+                let (per_node, nodes) = check::world(&report);
+                let rec = &report.recommendation;
                 let v = serde_json::json!({
                     "report": report,
-                    "deepspeed": crate::check::deepspeed_json(&report.recommendation, gpus),
-                    "accelerate": crate::check::accelerate_yaml(&report.recommendation, gpus),
+                    "deepspeed": fits.then(|| crate::check::deepspeed_json(rec, per_node * nodes)),
+                    "accelerate": fits.then(|| crate::check::accelerate_yaml(rec, per_node, nodes)),
                 });
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 print!("{}", check::render(&report));
             }
-            Ok(())
+            if fits {
+                Ok(())
+            } else {
+                Err(Failure {
+                    code: 3,
+                    error: anyhow::anyhow!("the model does not fit in any layout (see the notes)"),
+                })
+            }
         }
         Command::Rewrite { file, set } => {
             let format = crate::rewrite::Format::of(file).ok_or_else(|| {

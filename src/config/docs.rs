@@ -70,7 +70,8 @@ pub const DOCS: &[(&str, &str)] = &[
     ),
     (
         "sampling.growth_window_ms",
-        "Growth rates (and so the time to exhaustion) are fitted over this window of recent probes.",
+        "Growth rates (and so the time to exhaustion) are fitted over this window of recent probes (the\n\
+         host's over at least 5 s: MemAvailable moves in steps).",
     ),
     (
         "host.process_root",

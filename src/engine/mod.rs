@@ -84,6 +84,10 @@ pub struct WakePlan {
 /// 64 or fewer on every full sample.
 const WALK_BUDGET_MS_PER_PROCESS: u64 = 5;
 
+/// The shortest window host growth is measured over: MemAvailable moves in steps of a few MiB every
+/// few hundred ms, which a 1 s window turns into rates that jump from negative to twice the truth.
+const HOST_WINDOW_MS: u64 = 5000;
+
 /// smaps_rollup (PSS, swap) is read at least this often; RSS every sample.
 const DETAILED_EVERY_MS: u64 = 5000;
 
@@ -93,8 +97,10 @@ pub struct Engine {
     jobs: BTreeMap<String, Job>,
     policy: policy::State,
     audit: Audit,
-    /// MemAvailable over time (its decline is the host's growth).
-    host_available: Growth,
+    /// Host memory in use (MemTotal − MemAvailable) over time: its growth is the host's. Tracked as
+    /// use, not as MemAvailable, so that "the steeper slope" means faster growth; over at least
+    /// `HOST_WINDOW_MS`, because MemAvailable moves in steps (the kernel folds per-CPU counts).
+    host_used: Growth,
     /// The freshest MemAvailable and MemTotal (probe or full sample).
     host_memory: Option<(u64, u64)>,
     latest: Option<Arc<Sample>>,
@@ -150,7 +156,7 @@ impl Engine {
             adapting: Default::default(),
             host_watched: false,
             process_root: cfg.host.process_root.clone(),
-            host_available: Growth::new(cfg.sampling.growth_window_ms.0),
+            host_used: Growth::new(cfg.sampling.growth_window_ms.0.max(HOST_WINDOW_MS)),
             cfg,
             jobs: BTreeMap::new(),
             policy: policy::State::default(),

@@ -190,7 +190,8 @@ impl Engine {
 
     fn note_host(&mut self, available: u64, total: u64, now_ms: u64) {
         self.host_memory = Some((available, total));
-        self.host_available.push(now_ms, available as f64);
+        self.host_used
+            .push(now_ms, total.saturating_sub(available) as f64);
     }
 
     /// Every limit a job's memory runs against, with its headroom and growth.
@@ -222,7 +223,11 @@ impl Engine {
             v.push(Limit::new(
                 "host".into(),
                 available,
-                -rate(&self.host_available),
+                if sustained {
+                    self.host_used.sustained_rate_per_second()
+                } else {
+                    self.host_used.trend_per_second()
+                },
             ));
         }
         if let (Some(sample), Some(last)) = (&self.latest, &j.last) {

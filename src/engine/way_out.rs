@@ -142,7 +142,7 @@ impl Engine {
         let measured = if limit == "cgroup" {
             j.cgroup_growth.sustained_rate_per_second()
         } else {
-            -self.host_available.sustained_rate_per_second()
+            self.host_used.sustained_rate_per_second()
         };
         let at_pause = p.projected.as_ref().map_or(0.0, |(_, r)| *r);
         Some((limit, at_pause.max(measured).max(0.0)))

@@ -66,6 +66,12 @@ impl Growth {
             .unwrap_or(0.0)
     }
 
+    /// Units per second over the whole window: the trend, for a series that moves in steps (host
+    /// memory) where the last quarter's slope is mostly the size of the last step.
+    pub fn trend_per_second(&self) -> f64 {
+        slope(self.points.iter())
+    }
+
     /// Units per second: the steeper of the slope over the whole window and over its last quarter, so
     /// the onset of fast growth is not averaged away by the calm before it. 0 with too few points.
     pub fn rate_per_second(&self) -> f64 {
@@ -169,5 +175,49 @@ mod tests {
             g.push(i * 10, i as f64 * 1e9);
         }
         assert_eq!(g.sustained_rate_per_second(), 0.0);
+    }
+
+    /// Host memory in use as the probes see it: the true use, but MemAvailable only moves when the
+    /// kernel folds its per-CPU counts (a step of about 4 MiB every 100 to 400 ms), plus noise from
+    /// the rest of the machine.
+    fn staircase(rate_mib_s: f64, seconds: f64, burst: bool) -> Vec<(u64, f64)> {
+        let mib = 1048576.0;
+        let (mut shown, mut out) = (0.0, Vec::new());
+        for i in 0..=((seconds * 10.0) as u64) {
+            let t = i * 100;
+            let secs = t as f64 / 1000.0;
+            let truth = if burst {
+                // 0.75 s of growth at 4/3 of the rate, 0.25 s of none: the same average.
+                let whole = secs.floor();
+                let part = (secs - whole).min(0.75);
+                (whole * 0.75 + part) * rate_mib_s * 4.0 / 3.0 * mib
+            } else {
+                secs * rate_mib_s * mib
+            };
+            if truth - shown >= 4.0 * mib || i % 3 == 0 {
+                shown = truth;
+            }
+            out.push((t, shown + ((i * 7919) % 5) as f64 * 65536.0));
+        }
+        out
+    }
+
+    #[test]
+    fn host_growth_follows_steady_and_bursty_use_within_ten_percent() {
+        for (rate, burst) in [(20.0, false), (120.0, false), (60.0, true)] {
+            let mut g = Growth::new(5000);
+            for (i, (t, v)) in staircase(rate, 12.0, burst).into_iter().enumerate() {
+                g.push(t, v);
+                // After a few seconds, every probe's rate is within 10 % of the truth.
+                if t >= 5000 && i % 5 == 0 {
+                    let got = g.trend_per_second() / 1048576.0;
+                    assert!(
+                        (got - rate).abs() <= rate * 0.1,
+                        "{rate} MiB/s{}: {got:.1} MiB/s at {t} ms",
+                        if burst { " in bursts" } else { "" }
+                    );
+                }
+            }
+        }
     }
 }

@@ -70,7 +70,7 @@ impl Engine {
             if w.limit == "cgroup" {
                 j.cgroup_growth.sustained_rate_per_second() < SETTLED_RATE
             } else {
-                -self.host_available.sustained_rate_per_second() < SETTLED_RATE
+                self.host_used.sustained_rate_per_second() < SETTLED_RATE
             }
         });
         if applied && settled && self.fits_without_room(name) {

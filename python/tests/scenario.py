@@ -163,5 +163,10 @@ def assert_adapted(run: Run) -> None:
         assert x.get("applied_epoch") is not None, x
         v = x.get("verification")
         assert v is not None and v["state"] == "verified", x
+    # Each rewrite cites the resource, its level and its number.
+    rewrites = [e["detail"] for e in run.events if e["action"] == "rewrite"]
+    assert rewrites and all("% used)" in r for r in rewrites), rewrites
+    assert any("the job's memory cgroup is at warn (" in r for r in rewrites), rewrites
+    assert any("GPU 0's memory is at warn (92 % used)" in r for r in rewrites), rewrites
     assert run.oom_kills == 0
     assert run.returncode == 0

@@ -16,12 +16,16 @@ use crate::rewrite::Scalar;
 use crate::rewrite::profile::Knob;
 
 /// The pressure on one job.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Signals {
     /// Host RAM or the job's memory cgroup at warn or worse.
     pub ram_warn: bool,
     /// A GPU the job uses at warn or worse.
     pub gpu_warn: bool,
+    /// What raised `ram_warn` and `gpu_warn`: the resource, its level and its number, as the
+    /// rewrite's reason cites them.
+    pub ram_evidence: Option<String>,
+    pub gpu_evidence: Option<String>,
     /// How long every resource of the job has had lots of room (ms), if it has.
     pub roomy_for_ms: Option<u64>,
 }
@@ -53,7 +57,11 @@ pub fn propose(knobs: &BTreeMap<Knob, Scalar>, s: Signals, cfg: &Adapt) -> Optio
             changes.push((Knob::PinMemory, Scalar::Bool(true), Scalar::Bool(false)));
         }
         if !changes.is_empty() {
-            why.push("host RAM or the job's memory cgroup is at warn".to_owned());
+            why.push(
+                s.ram_evidence
+                    .clone()
+                    .unwrap_or_else(|| "host RAM or the job's memory cgroup is at warn".to_owned()),
+            );
         }
     }
     if s.gpu_warn {
@@ -63,7 +71,8 @@ pub fn propose(knobs: &BTreeMap<Knob, Scalar>, s: Signals, cfg: &Adapt) -> Optio
             if nb < b && nb >= cfg.min_micro_batch && na <= cfg.max_accumulation {
                 changes.push((Knob::MicroBatch, int(b), int(nb)));
                 changes.push((Knob::Accumulation, int(a), int(na)));
-                why.push(format!("GPU memory is at warn: micro-batch {b} → {nb}, accumulation {a} → {na}, effective batch unchanged"));
+                let gpu = s.gpu_evidence.as_deref().unwrap_or("GPU memory is at warn");
+                why.push(format!("{gpu}: micro-batch {b} → {nb}, accumulation {a} → {na}, effective batch unchanged"));
             }
         }
     } else if cfg.grow
@@ -101,8 +110,39 @@ mod tests {
     const CALM: Signals = Signals {
         ram_warn: false,
         gpu_warn: false,
+        ram_evidence: None,
+        gpu_evidence: None,
         roomy_for_ms: None,
     };
+
+    #[test]
+    fn the_reason_cites_the_resource_its_level_and_its_number() {
+        let k = knobs(&[
+            (Knob::MicroBatch, Scalar::Int(16)),
+            (Knob::Accumulation, Scalar::Int(2)),
+            (Knob::Workers, Scalar::Int(4)),
+        ]);
+        let p = propose(
+            &k,
+            Signals {
+                ram_warn: true,
+                gpu_warn: true,
+                ram_evidence: Some("the job's memory cgroup is at warn (86 % used)".into()),
+                gpu_evidence: Some("GPU 0's memory is at critical (98 % used)".into()),
+                ..CALM
+            },
+            &Adapt::default(),
+        )
+        .unwrap();
+        assert!(
+            p.reason
+                .contains("the job's memory cgroup is at warn (86 % used)")
+                && p.reason
+                    .contains("GPU 0's memory is at critical (98 % used): micro-batch 16 → 8"),
+            "{}",
+            p.reason
+        );
+    }
 
     #[test]
     fn table() {
@@ -211,7 +251,11 @@ mod tests {
             roomy_for_ms: Some(1_800_000),
             ..CALM
         };
-        assert_eq!(changes(propose(&k, roomy, &cfg)), None, "growing is opt-in");
+        assert_eq!(
+            changes(propose(&k, roomy.clone(), &cfg)),
+            None,
+            "growing is opt-in"
+        );
         assert_eq!(
             changes(propose(&k, roomy, &grow)),
             Some(vec!["MicroBatch 32→64".into(), "Accumulation 2→1".into()])

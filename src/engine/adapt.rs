@@ -282,6 +282,19 @@ pub fn knobs_for_advice(c: &JobConfig) -> Knobs {
 }
 
 impl Engine {
+    /// "`what` is at critical (97 % used)" when the level at `key` is warn or worse.
+    fn evidence(&self, key: &str, what: &str) -> Option<String> {
+        let l = self.policy.levels.get(key)?;
+        (l.level >= Level::Warn).then(|| match l.value {
+            Some(v) => format!(
+                "{what} is at {} ({:.0} % used)",
+                l.level.as_str(),
+                v * 100.0
+            ),
+            None => format!("{what} is at {}", l.level.as_str()),
+        })
+    }
+
     fn level(&self, key: &str) -> Level {
         self.policy
             .levels
@@ -312,6 +325,17 @@ impl Engine {
         let gpu_warn = job_gpus
             .iter()
             .any(|i| self.level(&format!("gpu_memory:{i}")) >= Level::Warn);
+        // The evidence the rewrite cites: the resource that raised the signal, its level, its number.
+        let ram_evidence = self
+            .evidence(&format!("job_cgroup:{name}"), "the job's memory cgroup")
+            .or_else(|| self.evidence("host_memory", "host RAM"))
+            .or_else(|| {
+                ram_warn
+                    .then(|| "the job is paused for memory below warn (a projection)".to_owned())
+            });
+        let gpu_evidence = job_gpus
+            .iter()
+            .find_map(|i| self.evidence(&format!("gpu_memory:{i}"), &format!("GPU {i}'s memory")));
         let roomy = !ram_warn
             && !gpu_warn
             && self.level("host_memory") == Level::Ok
@@ -333,6 +357,8 @@ impl Engine {
             Signals {
                 ram_warn,
                 gpu_warn,
+                ram_evidence,
+                gpu_evidence,
                 roomy_for_ms: since.map(|s| now_ms.saturating_sub(s)),
             },
             since,

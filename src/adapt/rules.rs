@@ -18,14 +18,11 @@ use crate::rewrite::profile::Knob;
 /// The pressure on one job.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Signals {
-    /// Host RAM or the job's memory cgroup at warn or worse.
-    pub ram_warn: bool,
-    /// A GPU the job uses at warn or worse.
-    pub gpu_warn: bool,
-    /// What raised `ram_warn` and `gpu_warn`: the resource, its level and its number, as the
-    /// rewrite's reason cites them.
-    pub ram_evidence: Option<String>,
-    pub gpu_evidence: Option<String>,
+    /// Host RAM or the job's memory cgroup at warn or worse (or the job paused for memory), as the
+    /// rewrite's reason cites it: the resource, its level and its number.
+    pub ram: Option<String>,
+    /// A GPU the job uses at warn or worse, cited the same way.
+    pub gpu: Option<String>,
     /// How long every resource of the job has had lots of room (ms), if it has.
     pub roomy_for_ms: Option<u64>,
 }
@@ -48,7 +45,7 @@ fn int(v: u64) -> Scalar {
 pub fn propose(knobs: &BTreeMap<Knob, Scalar>, s: Signals, cfg: &Adapt) -> Option<Proposal> {
     let mut changes = Vec::new();
     let mut why = Vec::new();
-    if s.ram_warn {
+    if let Some(ram) = &s.ram {
         if let Some(w) = u(knobs, Knob::Workers).filter(|w| *w > cfg.min_workers) {
             let new = (w / 2).max(cfg.min_workers);
             changes.push((Knob::Workers, int(w), int(new)));
@@ -57,26 +54,21 @@ pub fn propose(knobs: &BTreeMap<Knob, Scalar>, s: Signals, cfg: &Adapt) -> Optio
             changes.push((Knob::PinMemory, Scalar::Bool(true), Scalar::Bool(false)));
         }
         if !changes.is_empty() {
-            why.push(
-                s.ram_evidence
-                    .clone()
-                    .unwrap_or_else(|| "host RAM or the job's memory cgroup is at warn".to_owned()),
-            );
+            why.push(ram.clone());
         }
     }
-    if s.gpu_warn {
+    if let Some(gpu) = &s.gpu {
         if let (Some(b), Some(a)) = (u(knobs, Knob::MicroBatch), u(knobs, Knob::Accumulation)) {
             let nb = smaller_divisor(b);
             let na = a * (b / nb.max(1));
             if nb < b && nb >= cfg.min_micro_batch && na <= cfg.max_accumulation {
                 changes.push((Knob::MicroBatch, int(b), int(nb)));
                 changes.push((Knob::Accumulation, int(a), int(na)));
-                let gpu = s.gpu_evidence.as_deref().unwrap_or("GPU memory is at warn");
                 why.push(format!("{gpu}: micro-batch {b} → {nb}, accumulation {a} → {na}, effective batch unchanged"));
             }
         }
     } else if cfg.grow
-        && !s.ram_warn
+        && s.ram.is_none()
         && s.roomy_for_ms
             .is_some_and(|t| t >= cfg.grow_after_seconds.saturating_mul(1000))
     {
@@ -108,10 +100,8 @@ mod tests {
     }
 
     const CALM: Signals = Signals {
-        ram_warn: false,
-        gpu_warn: false,
-        ram_evidence: None,
-        gpu_evidence: None,
+        ram: None,
+        gpu: None,
         roomy_for_ms: None,
     };
 
@@ -125,10 +115,8 @@ mod tests {
         let p = propose(
             &k,
             Signals {
-                ram_warn: true,
-                gpu_warn: true,
-                ram_evidence: Some("the job's memory cgroup is at warn (86 % used)".into()),
-                gpu_evidence: Some("GPU 0's memory is at critical (98 % used)".into()),
+                ram: Some("the job's memory cgroup is at warn (86 % used)".into()),
+                gpu: Some("GPU 0's memory is at critical (98 % used)".into()),
                 ..CALM
             },
             &Adapt::default(),
@@ -170,7 +158,7 @@ mod tests {
             changes(propose(
                 &k,
                 Signals {
-                    ram_warn: true,
+                    ram: Some("host RAM is at warn".into()),
                     ..CALM
                 },
                 &cfg
@@ -181,7 +169,7 @@ mod tests {
             changes(propose(
                 &k,
                 Signals {
-                    gpu_warn: true,
+                    gpu: Some("GPU 0's memory is at warn".into()),
                     ..CALM
                 },
                 &cfg
@@ -196,7 +184,7 @@ mod tests {
             changes(propose(
                 &odd,
                 Signals {
-                    gpu_warn: true,
+                    gpu: Some("GPU 0's memory is at warn".into()),
                     ..CALM
                 },
                 &cfg
@@ -212,7 +200,7 @@ mod tests {
             changes(propose(
                 &one,
                 Signals {
-                    gpu_warn: true,
+                    gpu: Some("GPU 0's memory is at warn".into()),
                     ..CALM
                 },
                 &cfg
@@ -224,7 +212,7 @@ mod tests {
             changes(propose(
                 &one,
                 Signals {
-                    ram_warn: true,
+                    ram: Some("host RAM is at warn".into()),
                     ..CALM
                 },
                 &cfg
@@ -239,7 +227,7 @@ mod tests {
             changes(propose(
                 &k,
                 Signals {
-                    gpu_warn: true,
+                    gpu: Some("GPU 0's memory is at warn".into()),
                     ..CALM
                 },
                 &capped

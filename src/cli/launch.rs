@@ -231,13 +231,14 @@ pub fn run(cli: &super::Cli, a: &LaunchArgs) -> Result<u8, Failure> {
         (Err(_), Some(s)) => (None, s.clone()),
         (Err(e), None) => return Err(e),
     };
-    let mut daemon = vec![(
+    let mut env = vec![(
         "MEMWATCH_SOCKET".to_owned(),
         socket.to_string_lossy().into_owned(),
     )];
     if let Some(c) = &config {
-        daemon.push(("MEMWATCH_URL".to_owned(), super::daemon_url(c)));
+        env.push(("MEMWATCH_URL".to_owned(), super::daemon_url(c)));
     }
+    let daemon = Daemon { socket, env };
     let cg = JobCgroup::create(&name, a.memory_max).map_err(|e| anyhow::anyhow!(e))?;
     let procs = cg.procs_files().map_err(|e| anyhow::anyhow!(e))?;
     let runtime = std::env::temp_dir().join(format!("memwatch-launch-{}", std::process::id()));
@@ -249,30 +250,26 @@ pub fn run(cli: &super::Cli, a: &LaunchArgs) -> Result<u8, Failure> {
             .map_err(|e| anyhow::anyhow!("{}: {e}", runtime.display()))?;
     }
     let token_file = runtime.join("token");
-    let result = runs(
-        cli,
-        a,
-        &name,
-        config_file,
-        &cg,
-        &procs,
-        &token_file,
-        &daemon,
-    );
+    let result = runs(a, &name, config_file, &cg, &procs, &token_file, &daemon);
     let _ = std::fs::remove_dir_all(&runtime);
     result
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The daemon, as resolved once at the start: its control socket, and what the job's environment says
+/// of it.
+struct Daemon {
+    socket: PathBuf,
+    env: Vec<(String, String)>,
+}
+
 fn runs(
-    cli: &super::Cli,
     a: &LaunchArgs,
     name: &str,
     config_file: Option<PathBuf>,
     cg: &JobCgroup,
     procs: &[CString],
     token_file: &Path,
-    daemon: &[(String, String)],
+    daemon: &Daemon,
 ) -> Result<u8, Failure> {
     let mut account: Vec<String> = Vec::new();
     for run in 0..=a.max_restarts {
@@ -286,7 +283,7 @@ fn runs(
             ("MEMWATCH_RESTART".into(), run.to_string()),
             ("MEMWATCH_JOB".into(), name.into()),
         ];
-        env.extend(daemon.iter().cloned());
+        env.extend(daemon.env.iter().cloned());
         if config_file.is_some() {
             env.push((
                 "MEMWATCH_TOKEN_FILE".into(),
@@ -306,7 +303,7 @@ fn runs(
             lend: a.lend,
         };
         let attached = attach(
-            cli,
+            &daemon.socket,
             a,
             name,
             child,
@@ -331,7 +328,7 @@ fn runs(
         cg.kill_all();
         // memwatch stopped it (its way out's checkpoint step): relaunched whatever the exit status,
         // since a trainer that saves on SIGTERM often exits 0.
-        let stopped = wait_detached(cli, a, name)
+        let stopped = wait_detached(&daemon.socket, name)
             .into_iter()
             .find(|e| e.pid == child && e.stopped_by_memwatch);
         let ended = match stopped {
@@ -376,10 +373,10 @@ fn runs(
 /// Waits (at most 10 s) until the daemon no longer lists a job named `name` — it must have dropped
 /// this run's job (and be done with its cgroup) before the next run joins that cgroup — and returns
 /// the caller's jobs that ended, with how.
-fn wait_detached(cli: &super::Cli, a: &LaunchArgs, name: &str) -> Vec<crate::job::EndedJob> {
+fn wait_detached(socket: &Path, name: &str) -> Vec<crate::job::EndedJob> {
     let mut ended = Vec::new();
     for _ in 0..100 {
-        let r = super::control_call(cli, &a.socket, Request::Jobs {}).ok();
+        let r = crate::control::client::call(socket, &Request::Jobs {}).ok();
         let listed = r
             .as_ref()
             .and_then(|r| r.jobs.as_ref())
@@ -395,7 +392,7 @@ fn wait_detached(cli: &super::Cli, a: &LaunchArgs, name: &str) -> Vec<crate::job
 
 /// Attaches the waiting child (retrying while the previous run's job is still being dropped).
 fn attach(
-    cli: &super::Cli,
+    socket: &Path,
     a: &LaunchArgs,
     name: &str,
     pid: u32,
@@ -414,14 +411,14 @@ fn attach(
     let mut last = String::new();
     for _ in 0..50 {
         // The previous run's job is dropped at the daemon's next sample: until then its name is taken.
-        let r = match super::control_call(cli, &a.socket, request()) {
+        let r = match crate::control::client::call(socket, &request()) {
             Ok(r) => r,
-            Err(f) if f.error.to_string().contains("already attached") => {
-                last = f.error.to_string();
+            Err(e) if e.to_string().contains("already attached") => {
+                last = e.to_string();
                 std::thread::sleep(std::time::Duration::from_millis(100));
                 continue;
             }
-            Err(f) => return Err(f),
+            Err(e) => return Err(e.into()),
         };
         if r.ok {
             if let Some(t) = r.token {

@@ -310,10 +310,15 @@ impl Engine {
         roomy_since: Option<u64>,
         now_ms: u64,
     ) -> (Signals, Option<u64>) {
-        // A job paused for memory (a projection can pause it below warn) needs the cut as much.
-        let ram_warn = self.level("host_memory") >= Level::Warn
-            || self.level(&format!("job_cgroup:{name}")) >= Level::Warn
-            || self.memory_pause(name).is_some();
+        // Each signal is the evidence the rewrite cites: the resource at warn or worse, its level, its
+        // number. A job paused for memory (a projection can pause it below warn) needs the cut as much.
+        let ram = self
+            .evidence(&format!("job_cgroup:{name}"), "the job's memory cgroup")
+            .or_else(|| self.evidence("host_memory", "host RAM"))
+            .or_else(|| {
+                self.memory_pause(name)
+                    .map(|_| "the job is paused for memory below warn (a projection)".to_owned())
+            });
         let job_gpus: Vec<u32> = match gpus {
             Some(g) => g.clone(),
             None => self
@@ -322,22 +327,11 @@ impl Engine {
                 .map(|s| s.gpus.iter().map(|g| g.index).collect())
                 .unwrap_or_default(),
         };
-        let gpu_warn = job_gpus
-            .iter()
-            .any(|i| self.level(&format!("gpu_memory:{i}")) >= Level::Warn);
-        // The evidence the rewrite cites: the resource that raised the signal, its level, its number.
-        let ram_evidence = self
-            .evidence(&format!("job_cgroup:{name}"), "the job's memory cgroup")
-            .or_else(|| self.evidence("host_memory", "host RAM"))
-            .or_else(|| {
-                ram_warn
-                    .then(|| "the job is paused for memory below warn (a projection)".to_owned())
-            });
-        let gpu_evidence = job_gpus
+        let gpu = job_gpus
             .iter()
             .find_map(|i| self.evidence(&format!("gpu_memory:{i}"), &format!("GPU {i}'s memory")));
-        let roomy = !ram_warn
-            && !gpu_warn
+        let roomy = ram.is_none()
+            && gpu.is_none()
             && self.level("host_memory") == Level::Ok
             && self.latest.as_ref().is_some_and(|s| {
                 s.gpus
@@ -355,10 +349,8 @@ impl Engine {
         };
         (
             Signals {
-                ram_warn,
-                gpu_warn,
-                ram_evidence,
-                gpu_evidence,
+                ram,
+                gpu,
                 roomy_for_ms: since.map(|s| now_ms.saturating_sub(s)),
             },
             since,

@@ -142,9 +142,10 @@ impl Job {
     /// The freshest view of the job's cgroup: the probe unless a full sample came after it.
     pub fn cgroup(&self) -> Option<&CgroupMemory> {
         let sampled = self.last.as_ref().and_then(|l| l.cgroup.as_ref());
-        match &self.probe {
-            Some(p) if self.probed_at_ms >= self.sampled_at_ms || sampled.is_none() => Some(p),
-            _ => sampled,
+        if self.probing() || sampled.is_none() {
+            self.probe.as_ref()
+        } else {
+            sampled
         }
     }
 

@@ -140,9 +140,10 @@ class MemwatchCallback(TrainerCallback):
                 setattr(args, k, v)
             t._train_batch_size = args.train_batch_size
             t.state.train_batch_size = args.train_batch_size
-            _shut_down(self._replacement["train_dataloader"] if self._replacement else current)
+            old = self._replacement["train_dataloader"] if self._replacement else current
+            _shut_down(old)
             loader = t.get_train_dataloader()
-            _forget(t, self._replacement["train_dataloader"] if self._replacement else current)
+            _forget(t, old)
             steps = len(loader)
             self._replacement = {
                 "train_dataloader": loader,

@@ -75,6 +75,21 @@ def client(name: str, cfg_path: str) -> Any:
     return c
 
 
+def loader_args(train: Dict[str, Any]) -> Dict[str, Any]:
+    """The config's `train` knobs as an AdaptiveLoader's starting values."""
+    return {
+        "batch_size": train["micro_batch"],
+        "accumulation": train["accumulation"],
+        "num_workers": train["workers"],
+        "pin_memory": train["pin_memory"],
+    }
+
+
+def linear_schedule(opt: torch.optim.Optimizer, total: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear decay to 0 over `total` optimizer steps."""
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / total))
+
+
 def tiny_lm(vocab: int = 128) -> torch.nn.Module:
     """A tiny language model for the plain loops: embedding, one layer, head."""
     torch.manual_seed(0)

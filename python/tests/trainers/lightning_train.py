@@ -65,7 +65,7 @@ class Tiny(L.LightningModule):
     def configure_optimizers(self):
         opt = torch.optim.AdamW(self.parameters(), lr=1e-3)
         total = self.trainer.estimated_stepping_batches
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / total))
+        sched = common.linear_schedule(opt, total)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 

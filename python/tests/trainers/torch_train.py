@@ -27,16 +27,13 @@ client = common.client("torch", cfg_path)
 loader = memwatch.pytorch.AdaptiveLoader(
     Generated(),
     client,
-    batch_size=train["micro_batch"],
-    accumulation=train["accumulation"],
-    num_workers=train["workers"],
-    pin_memory=train["pin_memory"],
+    **common.loader_args(train),
 )
 model = tiny_lm()
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 epochs = cfg["epochs"]
 total = epochs * len(loader) // loader.accumulation
-sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / total))
+sched = common.linear_schedule(opt, total)
 global_step, samples, gated = 0, 0, False
 for epoch in range(epochs):
     for batch in loader:

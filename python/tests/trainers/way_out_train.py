@@ -62,10 +62,7 @@ def save(loader_state):
 loader = memwatch.pytorch.AdaptiveLoader(
     Samples(),
     client,
-    batch_size=train["micro_batch"],
-    accumulation=train["accumulation"],
-    num_workers=train["workers"],
-    pin_memory=train["pin_memory"],
+    **common.loader_args(train),
     checkpoint=save,
     worker_init_fn=fill_cache,
 )

@@ -161,7 +161,9 @@ async fn shutdown_signal() {
     }
 }
 
-type FullResult = (Sampler, Sample, Vec<Measured>);
+/// The sampler back, its sample, each job's measurement, and when the sample was taken (measuring
+/// the jobs after it can take a while: the host's numbers are as old as the sample).
+type FullResult = (Sampler, Sample, Vec<Measured>, std::time::Instant);
 
 /// Awaits the in-flight full sample, or never when there is none.
 async fn in_flight(
@@ -183,6 +185,7 @@ fn spawn_full(
     let plan = engine.measure_plan(now_ms);
     tokio::task::spawn_blocking(move || {
         let sample = sampler.sample();
+        let taken = std::time::Instant::now();
         let now = sample.timestamp_ms;
         let jobs = plan
             .into_iter()
@@ -208,7 +211,7 @@ fn spawn_full(
                 }
             })
             .collect();
-        (sampler, sample, jobs)
+        (sampler, sample, jobs, taken)
     })
 }
 
@@ -393,11 +396,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             done = in_flight(&mut full) => {
                 full = None;
                 match done {
-                    Ok((s, sample, jobs)) => {
+                    Ok((s, sample, jobs, taken)) => {
                         panics = 0;
                         sampler = Some(s);
                         let sample = Arc::new(sample);
-                        engine.on_sample(sample.clone(), jobs, clock.now_ms());
+                        let now = clock.now_ms();
+                        let age = u64::try_from(taken.elapsed().as_millis()).unwrap_or(u64::MAX);
+                        engine.on_sample(sample.clone(), jobs, now, now.saturating_sub(age));
                         hand_off(&mut engine, &handoff);
                         watches.sync(&mut engine);
                         for task in engine.take_adapt_tasks() {

@@ -425,3 +425,67 @@ fn a_job_that_owns_its_cgroup_is_frozen_not_signalled() {
         }
     }
 }
+
+/// A process with only private memory, growing at 120 MiB/s in a real memory cgroup: every sample's
+/// PSS is within a tenth of its RSS (a PSS carried over from an older reading lagged 58 against
+/// 378 MB), says when it was read, and the cgroup's charged memory (anon + file) is beside it.
+#[test]
+fn pss_keeps_up_with_a_growing_job_and_says_how_old_it_is() {
+    let cg = common::cgroup::MemCgroup::new(2 << 30).expect("a memory cgroup (needs root)");
+    let d = daemon("");
+    let hog = cg.spawn(
+        &memhog(),
+        &[
+            "--rate-mib",
+            "120",
+            "--total-mib",
+            "700",
+            "--hold-ms",
+            "60000",
+        ],
+    );
+    let pid = hog.id();
+    assert_eq!(
+        d.ctl(&["attach", &pid.to_string(), "--name", "grower"]).0,
+        0
+    );
+    let mib = |v: &serde_json::Value| v.as_u64().unwrap_or(0) as f64 / 1048576.0;
+    let mut seen = std::collections::BTreeSet::new();
+    let mut checked = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while checked < 4 && std::time::Instant::now() < deadline {
+        let jobs = d.jobs();
+        let s = &jobs[0]["sample"];
+        let at = s["timestamp_ms"].as_u64().unwrap_or(0);
+        let (rss, pss) = (mib(&s["rss_bytes"]), mib(&s["pss_bytes"]));
+        if (100.0..=650.0).contains(&rss) && seen.insert(at) {
+            assert!(
+                (pss - rss).abs() <= rss * 0.1,
+                "PSS {pss:.0} MiB against RSS {rss:.0} MiB at {at}"
+            );
+            let read = s["pss_read_ms"].as_u64().expect("pss_read_ms");
+            assert!(read <= at, "read {read} after the sample {at}");
+            let cgroup = &s["cgroup"];
+            let charged = mib(&cgroup["anon_bytes"]) + mib(&cgroup["file_bytes"]);
+            assert!(
+                charged >= rss * 0.9 && charged <= mib(&cgroup["usage_bytes"]) + 1.0,
+                "charged {charged:.0} MiB, RSS {rss:.0} MiB, usage {:.0} MiB",
+                mib(&cgroup["usage_bytes"])
+            );
+            checked += 1;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        checked >= 4,
+        "saw only {checked} samples while the job grew"
+    );
+    let metrics = d.metrics();
+    for m in [
+        "memwatch_job_pss_age_seconds{job=\"grower\"}",
+        "memwatch_job_cgroup_memory_charged_bytes{job=\"grower\"}",
+    ] {
+        assert!(metrics.contains(m), "{m} missing");
+    }
+    kill(hog);
+}

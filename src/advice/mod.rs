@@ -2,12 +2,17 @@
 //! Pure: (previous sample, sample, jobs, what is known of each job's training config) → advice.
 //! Each item has an id, a severity, the numbers behind it, the concrete change and the expected saving.
 
+mod ram;
 #[cfg(test)]
 mod tests;
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 use crate::job::JobView;
+use crate::policy::{Level, LevelState};
+use crate::rewrite::profile::Knob;
 use crate::sample::Sample;
 
 /// How urgent an item is.
@@ -36,7 +41,8 @@ pub struct Advice {
     pub saving: Option<String>,
 }
 
-/// The training knobs memwatch knows for a job (from its config file), where known.
+/// The training knobs memwatch knows for a job, where known: what the trainer reports it runs with
+/// (`progress.running`), else what its config file says.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Knobs {
     pub micro_batch: Option<u64>,
@@ -45,6 +51,21 @@ pub struct Knobs {
     pub pin_memory: Option<bool>,
     pub seq_len: Option<u64>,
     pub world_size: Option<u64>,
+    /// The knobs above that come from the trainer's report of what runs; the others come from the
+    /// config file, which says what the next start (or epoch) will run with.
+    #[serde(default)]
+    pub reported: Vec<Knob>,
+}
+
+impl Knobs {
+    /// Where `knob`'s value comes from, for evidence.
+    fn source(&self, knob: Knob) -> &'static str {
+        if self.reported.contains(&knob) {
+            "the trainer reports running with it"
+        } else {
+            "the config file; the trainer has not reported what it runs with"
+        }
+    }
 }
 
 /// Everything the engine looks at.
@@ -57,6 +78,22 @@ pub struct Input<'a> {
     pub knobs: &'a [(String, Knobs)],
     /// Thermal pauses per job in the last hour.
     pub thermal_pauses: &'a [(String, u32)],
+    /// The policy's levels by key (`host_memory`, `job_cgroup:NAME`, `gpu_memory:INDEX`): memory
+    /// advice starts where one is at warn or worse, and cites it.
+    pub levels: &'a BTreeMap<String, LevelState>,
+}
+
+/// "`what` is at critical: 97 % used (`detail`)" when the level at `key` is warn or worse.
+fn at_warn(input: &Input, key: &str, what: &str, detail: &str) -> Option<(Level, String)> {
+    let l = input.levels.get(key).filter(|l| l.level >= Level::Warn)?;
+    let pct = l
+        .value
+        .map(|v| format!(": {:.0} % used", v * 100.0))
+        .unwrap_or_default();
+    Some((
+        l.level,
+        format!("{what} is at {}{pct} ({detail})", l.level.as_str()),
+    ))
 }
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
@@ -65,16 +102,10 @@ pub fn gib(b: u64) -> String {
     format!("{:.1} GiB", b as f64 / GIB)
 }
 
-fn mib(b: u64) -> String {
+pub(crate) fn mib(b: u64) -> String {
     format!("{:.0} MiB", b as f64 / 1048576.0)
 }
 
-/// Host RAM in use at or above which RAM advice starts (the policy's warn level).
-pub const HOST_RAM_WARN: f64 = 0.80;
-/// GPU memory in use at or above which GPU memory advice starts.
-pub const GPU_MEMORY_WARN: f64 = 0.90;
-/// GPUs below this much memory in use "have room" for the batch to stay as it is.
-pub const GPU_ROOM: f64 = 0.70;
 /// swapoff reads swap back at roughly this rate (a SATA SSD; NVMe is faster, disks much slower).
 const SWAPOFF_BYTES_PER_SECOND: f64 = 200.0 * 1048576.0;
 
@@ -82,7 +113,7 @@ const SWAPOFF_BYTES_PER_SECOND: f64 = 200.0 * 1048576.0;
 pub fn advise(input: &Input) -> Vec<Advice> {
     let mut out = Vec::new();
     swap(input, &mut out);
-    host_ram(input, &mut out);
+    ram::host_ram(input, &mut out);
     gpu_memory(input, &mut out);
     temperature(input, &mut out);
     out.sort_by(|a, b| b.severity.cmp(&a.severity).then(a.id.cmp(&b.id)));
@@ -165,152 +196,32 @@ fn swap(input: &Input, out: &mut Vec<Advice>) {
     }
 }
 
-fn knobs<'a>(input: &'a Input, job: &str) -> Option<&'a Knobs> {
+pub(crate) fn knobs<'a>(input: &'a Input, job: &str) -> Option<&'a Knobs> {
     input.knobs.iter().find(|(n, _)| n == job).map(|(_, k)| k)
 }
 
-fn gpu_ratio(g: &crate::sample::gpu::GpuSample) -> Option<f64> {
+pub(crate) fn gpu_ratio(g: &crate::sample::gpu::GpuSample) -> Option<f64> {
     match (g.memory_used_bytes, g.memory_total_bytes) {
         (Some(u), Some(t)) if t > 0 => Some(u as f64 / t as f64),
         _ => None,
     }
 }
 
-fn host_ram(input: &Input, out: &mut Vec<Advice>) {
-    let Some(m) = &input.sample.host.memory else {
-        return;
-    };
-    if m.total_bytes == 0 {
-        return;
-    }
-    let used = 1.0 - m.available_bytes as f64 / m.total_bytes as f64;
-    let host_tight = used >= HOST_RAM_WARN;
-    let gpus_with_room = !input.sample.gpus.is_empty()
-        && input
-            .sample
-            .gpus
-            .iter()
-            .all(|g| gpu_ratio(g).is_some_and(|r| r < GPU_ROOM));
-    for job in input.jobs {
-        let Some(s) = &job.sample else { continue };
-        let cgroup_tight = s
-            .cgroup
-            .as_ref()
-            .and_then(|c| {
-                c.limit_bytes
-                    .map(|l| c.working_set_bytes() as f64 / l as f64)
-            })
-            .is_some_and(|r| r >= HOST_RAM_WARN);
-        if !host_tight && !cgroup_tight {
-            continue;
-        }
-        let k = knobs(input, &job.name).cloned().unwrap_or_default();
-        let root = s.processes.first().map(|p| p.pid);
-        let workers: Vec<_> = s.processes.iter().filter(|p| Some(p.pid) != root).collect();
-        let where_ = if cgroup_tight && !host_tight {
-            "its memory cgroup"
-        } else {
-            "host RAM"
-        };
-        let ram = format!(
-            "host RAM {:.1} % used ({} available of {})",
-            used * 100.0,
-            gib(m.available_bytes),
-            gib(m.total_bytes)
-        );
-        let gpu_line = input
-            .sample
-            .gpus
-            .iter()
-            .filter_map(|g| {
-                gpu_ratio(g).map(|r| format!("GPU {} memory {:.0} % used", g.index, r * 100.0))
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
-        let n_workers = k.workers.unwrap_or(workers.len() as u64);
-        if n_workers > 0 || !workers.is_empty() {
-            let worker_pss: u64 = workers.iter().map(|w| w.pss_bytes).sum();
-            let mut evidence = vec![
-                ram.clone(),
-                format!(
-                    "{} worker process(es) hold {} PSS in all",
-                    workers.len(),
-                    gib(worker_pss)
-                ),
-            ];
-            evidence.extend(workers.iter().map(|w| {
-                format!(
-                    "worker pid {} ({}): {} PSS, {} RSS",
-                    w.pid,
-                    w.name,
-                    mib(w.pss_bytes),
-                    mib(w.rss_bytes)
-                )
-            }));
-            out.push(Advice {
-                id: format!("workers:{}", job.name),
-                severity: Severity::Warn,
-                job: Some(job.name.clone()),
-                title: format!("{} is short of {where_}: use fewer DataLoader workers", job.name),
-                evidence,
-                change: format!("num_workers {n_workers} → 0 (in steps if data loading becomes the bottleneck)"),
-                saving: Some(format!("about {} (each worker's PSS: its copy-on-write copy of the parent and its prefetched batches)", gib(worker_pss))),
-            });
-        }
-        if k.pin_memory != Some(false) {
-            out.push(Advice {
-                id: format!("pin-memory:{}", job.name),
-                severity: Severity::Warn,
-                job: Some(job.name.clone()),
-                title: "Turn pin_memory off".into(),
-                evidence: vec![ram.clone(), format!("pin_memory: {}", k.pin_memory.map(|b| b.to_string()).unwrap_or_else(|| "unknown".into()))],
-                change: if k.pin_memory == Some(true) {
-                    "pin_memory=True → False".into()
-                } else {
-                    "pin_memory → False, if the DataLoader has it on".into()
-                },
-                saving: Some("pinned pages cannot be swapped or reclaimed, and the caching host allocator rounds them up to powers of two; typically 1–2 GiB; host-to-GPU copies get 5–10 % slower".into()),
-            });
-        }
-        out.push(Advice {
-            id: format!("stream-dataset:{}", job.name),
-            severity: Severity::Info,
-            job: Some(job.name.clone()),
-            title: "Stream the dataset instead of holding it in RAM".into(),
-            evidence: vec![ram.clone(), format!("the job's processes hold {} PSS", gib(s.pss_bytes))],
-            change: "datasets: keep_in_memory=False / streaming=True; read parquet or arrow in batches instead of loading it whole".into(),
-            saving: Some("the dataset's in-memory copy (often the largest single item, e.g. 8–10 GB of PyArrow cache)".into()),
-        });
-        if gpus_with_room {
-            let batch = match (k.micro_batch, k.accumulation) {
-                (Some(b), Some(a)) => format!("keep micro-batch {b} and gradient accumulation {a}"),
-                _ => "keep the micro-batch and the effective batch as they are".into(),
-            };
-            out.push(Advice {
-                id: format!("keep-batch:{}", job.name),
-                severity: Severity::Info,
-                job: Some(job.name.clone()),
-                title:
-                    "Keep the batch: the GPUs have room, and host RAM is not where activations live"
-                        .into(),
-                evidence: vec![ram, gpu_line],
-                change: format!("{batch}; more gradient accumulation would not save host RAM"),
-                saving: Some("GPU utilisation stays where it is".into()),
-            });
-        }
-    }
-}
-
 fn gpu_memory(input: &Input, out: &mut Vec<Advice>) {
     let available = input.sample.host.memory.as_ref().map(|m| m.available_bytes);
     for g in &input.sample.gpus {
-        let Some(r) = gpu_ratio(g).filter(|r| *r >= GPU_MEMORY_WARN) else {
-            continue;
-        };
         let (used, total) = (
             g.memory_used_bytes.unwrap_or(0),
             g.memory_total_bytes.unwrap_or(0),
         );
+        let Some((level, trigger)) = at_warn(
+            input,
+            &format!("gpu_memory:{}", g.index),
+            &format!("GPU {}'s memory", g.index),
+            &format!("{} of {}", gib(used), gib(total)),
+        ) else {
+            continue;
+        };
         let jobs: Vec<&JobView> = input
             .jobs
             .iter()
@@ -321,13 +232,7 @@ fn gpu_memory(input: &Input, out: &mut Vec<Advice>) {
                     .is_none_or(|gs| gs.contains(&g.index))
             })
             .collect();
-        let evidence = vec![format!(
-            "GPU {} memory {} of {} ({:.0} %)",
-            g.index,
-            gib(used),
-            gib(total),
-            r * 100.0
-        )];
+        let evidence = vec![trigger];
         for job in &jobs {
             let k = knobs(input, &job.name).cloned().unwrap_or_default();
             let change = match (k.micro_batch, k.accumulation) {
@@ -339,7 +244,7 @@ fn gpu_memory(input: &Input, out: &mut Vec<Advice>) {
             };
             out.push(Advice {
                 id: format!("gpu-batch:{}:{}", job.name, g.index),
-                severity: if r >= 0.97 { Severity::Critical } else { Severity::Warn },
+                severity: if level == Level::Critical { Severity::Critical } else { Severity::Warn },
                 job: Some(job.name.clone()),
                 title: format!("GPU {} is nearly full: smaller micro-batch, more accumulation", g.index),
                 evidence: evidence.clone(),

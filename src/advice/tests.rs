@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::job::{JobSample, ProcessSample};
+use crate::sample::cgroup::CgroupMemory;
 use crate::sample::gpu::GpuSample;
 use crate::sample::meminfo::MemInfo;
 
@@ -29,6 +30,8 @@ fn proc(pid: u32, name: &str, pss: f64) -> ProcessSample {
         state: "S".into(),
         rss_bytes: gb(pss * 2.0),
         pss_bytes: gb(pss),
+        pss_read_ms: Some(0),
+        rss_at_pss_read: gb(pss * 2.0),
         swap_bytes: 0,
         gpu_bytes: None,
     }
@@ -47,6 +50,7 @@ fn job(processes: Vec<ProcessSample>) -> JobView {
             timestamp_ms: 0,
             rss_bytes: processes.iter().map(|p| p.rss_bytes).sum(),
             pss_bytes: processes.iter().map(|p| p.pss_bytes).sum(),
+            pss_read_ms: Some(0),
             swap_bytes: 0,
             cgroup: None,
             gpu_bytes: None,
@@ -91,8 +95,47 @@ fn note_001() -> (Sample, Vec<JobView>, Vec<(String, Knobs)>) {
         pin_memory: Some(true),
         seq_len: None,
         world_size: Some(3),
+        reported: vec![],
     };
     (sample, vec![job(procs)], vec![("t5".into(), knobs)])
+}
+
+/// The levels the policy would hold for this sample at its default thresholds (host RAM warn at
+/// 80 %, critical at 95 %; GPU memory 90 % and 97 %; a job's cgroup 80 % and 95 %), held long
+/// enough to have entered.
+fn levels(sample: &Sample, jobs: &[JobView]) -> BTreeMap<String, LevelState> {
+    let level = |v: f64, warn: f64, crit: f64| LevelState {
+        level: if v >= crit {
+            Level::Critical
+        } else if v >= warn {
+            Level::Warn
+        } else {
+            Level::Ok
+        },
+        pending: None,
+        value: Some(v),
+        since_ms: 0,
+    };
+    let mut out = BTreeMap::new();
+    if let Some(m) = &sample.host.memory {
+        let used = 1.0 - m.available_bytes as f64 / m.total_bytes as f64;
+        out.insert("host_memory".to_owned(), level(used, 0.80, 0.95));
+    }
+    for g in &sample.gpus {
+        if let Some(r) = gpu_ratio(g) {
+            out.insert(format!("gpu_memory:{}", g.index), level(r, 0.90, 0.97));
+        }
+    }
+    for j in jobs {
+        let Some(c) = j.sample.as_ref().and_then(|s| s.cgroup.as_ref()) else {
+            continue;
+        };
+        if let Some(l) = c.limit_bytes {
+            let r = c.working_set_bytes() as f64 / l as f64;
+            out.insert(format!("job_cgroup:{}", j.name), level(r, 0.80, 0.95));
+        }
+    }
+    out
 }
 
 fn ids(a: &[Advice]) -> Vec<&str> {
@@ -108,6 +151,7 @@ fn note_001_golden() {
         jobs: &jobs,
         knobs: &knobs,
         thermal_pauses: &[],
+        levels: &levels(&sample, &jobs),
     });
     assert_eq!(
         ids(&a),
@@ -174,6 +218,7 @@ fn swap_clear_when_ram_can_take_it() {
         jobs: &[],
         knobs: &[],
         thermal_pauses: &[],
+        levels: &levels(&sample, &[]),
     });
     assert_eq!(ids(&a), vec!["swap-clear"]);
     assert_eq!(a[0].change, "sudo swapoff -a && sudo swapon -a");
@@ -207,6 +252,7 @@ fn swap_thrash_from_vmstat_rates() {
         jobs: &[],
         knobs: &[],
         thermal_pauses: &[],
+        levels: &levels(&now, &[]),
     });
     assert_eq!(a[0].id, "swap-thrash");
     assert!(
@@ -228,6 +274,7 @@ fn full_gpu_halves_the_micro_batch_keeping_the_effective_batch() {
         jobs: &jobs,
         knobs: &knobs,
         thermal_pauses: &[],
+        levels: &levels(&sample, &jobs),
     });
     let b = a.iter().find(|x| x.id == "gpu-batch:t5:1").unwrap();
     assert_eq!(b.severity, Severity::Critical);
@@ -263,6 +310,7 @@ fn hot_gpu_gets_a_power_cap_and_repeated_pauses_are_flagged() {
         jobs: &[],
         knobs: &[],
         thermal_pauses: &[("t5".into(), 3)],
+        levels: &levels(&sample, &[]),
     });
     assert_eq!(ids(&a), vec!["gpu-power-cap:0", "thermal-pauses:t5"]);
     assert!(
@@ -270,4 +318,101 @@ fn hot_gpu_gets_a_power_cap_and_repeated_pauses_are_flagged() {
         "{}",
         a[0].change
     );
+}
+
+/// A job whose cgroup is at 86 % on a roomy host: the advice cites the cgroup, its level and its
+/// numbers (not host RAM), and what the trainer reports running with (not the file).
+#[test]
+fn cgroup_advice_cites_the_cgroup_and_what_runs() {
+    let (mut sample, mut jobs, mut knobs) = note_001();
+    if let Some(m) = sample.host.memory.as_mut() {
+        m.available_bytes = gb(27.0);
+        m.swap_free_bytes = m.swap_total_bytes;
+    }
+    let s = jobs[0].sample.as_mut().unwrap();
+    s.timestamp_ms = 9_000;
+    s.pss_read_ms = Some(5_000);
+    s.cgroup = Some(CgroupMemory {
+        version: 2,
+        path: "/train.slice/t5".into(),
+        usage_bytes: gb(17.5),
+        limit_bytes: Some(gb(20.0)),
+        oom_kills: Some(0),
+        inactive_file_bytes: Some(gb(0.3)),
+        anon_bytes: Some(gb(16.0)),
+        file_bytes: Some(gb(1.5)),
+    });
+    // The file still says 7 workers and pin_memory on; the trainer runs 3 workers with it on.
+    knobs[0].1.workers = Some(3);
+    knobs[0].1.reported = vec![Knob::Workers, Knob::PinMemory];
+    let lv = levels(&sample, &jobs);
+    let run = |knobs: &[(String, Knobs)], levels: &BTreeMap<String, LevelState>| {
+        advise(&Input {
+            sample: &sample,
+            previous: None,
+            jobs: &jobs,
+            knobs,
+            thermal_pauses: &[],
+            levels,
+        })
+    };
+    let a = run(&knobs, &lv);
+    let get = |id: &str| a.iter().find(|x| x.id == id).unwrap();
+    let pin = get("pin-memory:t5");
+    assert_eq!(
+        pin.evidence,
+        vec![
+            "the job's memory cgroup /train.slice/t5 is at warn: 86 % used (17.2 GiB working set of 20.0 GiB)",
+            "pin_memory on (the trainer reports running with it)",
+        ]
+    );
+    let w = get("workers:t5");
+    assert!(
+        w.title.contains("short of its memory cgroup"),
+        "{}",
+        w.title
+    );
+    assert_eq!(
+        w.change,
+        "num_workers 3 → 0 (in steps if data loading becomes the bottleneck)"
+    );
+    assert!(
+        w.evidence
+            .contains(&"the trainer reports 3 DataLoader worker(s) running".to_owned())
+    );
+    assert!(
+        !w.evidence.iter().any(|e| e.contains("host RAM")),
+        "{:?}",
+        w.evidence
+    );
+    let d = get("stream-dataset:t5");
+    assert!(
+        d.evidence
+            .iter()
+            .any(|e| e.ends_with("PSS (read 4 s before this sample)")),
+        "{:?}",
+        d.evidence
+    );
+    assert!(
+        d.evidence
+            .contains(&"17.5 GiB charged to its cgroup (anonymous and file pages)".to_owned())
+    );
+    // The trainer reports pin_memory off: no advice to turn it off, whatever the file says.
+    knobs[0].1.pin_memory = Some(false);
+    let a = run(&knobs, &lv);
+    assert!(!a.iter().any(|x| x.id == "pin-memory:t5"), "{a:#?}");
+    // Without a report, the file's value is cited as the file's.
+    knobs[0].1.pin_memory = Some(true);
+    knobs[0].1.reported.clear();
+    let a = run(&knobs, &lv);
+    let pin = a.iter().find(|x| x.id == "pin-memory:t5").unwrap();
+    assert_eq!(
+        pin.evidence[1],
+        "pin_memory on (the config file; the trainer has not reported what it runs with)"
+    );
+    // Below warn nothing is raised, however full the numbers look to a fixed threshold.
+    let mut lv = lv.clone();
+    lv.get_mut("job_cgroup:t5").unwrap().level = Level::Ok;
+    let a = run(&knobs, &lv);
+    assert!(!a.iter().any(|x| x.job.is_some()), "{a:#?}");
 }

@@ -9,6 +9,32 @@ fn opt(v: Option<u64>) -> String {
     v.map(human).unwrap_or_else(|| "-".into())
 }
 
+/// What the memory columns are, where it matters: a PSS read a while ago says so, and where the job
+/// has a cgroup, what is charged to it (what its limit counts, unlike PSS, which also splits
+/// shared libraries' file pages among their users).
+fn memory_line(s: &crate::job::JobSample) -> Option<String> {
+    let mut parts = Vec::new();
+    match s.pss_read_ms {
+        Some(at) if s.timestamp_ms.saturating_sub(at) >= 2000 => parts.push(format!(
+            "PSS read {} s before RSS",
+            s.timestamp_ms.saturating_sub(at) / 1000
+        )),
+        Some(_) => {}
+        None => parts.push("PSS unreadable (smaps_rollup)".into()),
+    }
+    if let Some(c) = &s.cgroup {
+        if let (Some(anon), Some(file)) = (c.anon_bytes, c.file_bytes) {
+            parts.push(format!(
+                "charged to its cgroup: {} (anon {} + file {})",
+                human(anon + file),
+                human(anon),
+                human(file)
+            ));
+        }
+    }
+    (!parts.is_empty()).then(|| format!("memory: {}", parts.join("; ")))
+}
+
 pub fn render(jobs: &[JobView], now_ms: u64) -> String {
     if jobs.is_empty() {
         return "no jobs attached (memwatch attach <pid>)\n".into();
@@ -62,6 +88,9 @@ pub fn render(jobs: &[JobView], now_ms: u64) -> String {
             cg.unwrap_or_else(|| "-".into()),
             tight.unwrap_or_else(|| "-".into()),
         );
+        if let Some(line) = s.and_then(memory_line) {
+            let _ = writeln!(o, "    {line}");
+        }
         if let Some(p) = &j.pause {
             let _ = writeln!(o, "    paused by {:?}: {}", p.by, p.reason);
         }

@@ -268,16 +268,21 @@ fn journal(path: &Path, line: &serde_json::Value) -> std::io::Result<()> {
         })
 }
 
-/// The knobs advice looks at.
+/// The knobs advice looks at: what the trainer last reported running with, else the file's.
 pub fn knobs_for_advice(c: &JobConfig) -> Knobs {
-    let u = |k| c.knobs.get(&k).and_then(Scalar::as_u64);
+    let running = c.progress.as_ref().and_then(|p| p.running.as_ref());
+    let get = |k| running.and_then(|r| r.get(&k)).or_else(|| c.knobs.get(&k));
+    let u = |k| get(k).and_then(Scalar::as_u64);
     Knobs {
         micro_batch: u(Knob::MicroBatch),
         accumulation: u(Knob::Accumulation),
         workers: u(Knob::Workers),
-        pin_memory: c.knobs.get(&Knob::PinMemory).and_then(Scalar::as_bool),
+        pin_memory: get(Knob::PinMemory).and_then(Scalar::as_bool),
         seq_len: u(Knob::SeqLen),
         world_size: u(Knob::WorldSize),
+        reported: running
+            .map(|r| r.keys().copied().collect())
+            .unwrap_or_default(),
     }
 }
 
@@ -542,6 +547,7 @@ impl Engine {
             jobs: &jobs,
             knobs: &knobs,
             thermal_pauses: &thermal,
+            levels: &self.policy.levels,
         });
     }
 }

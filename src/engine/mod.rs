@@ -88,6 +88,10 @@ const WALK_BUDGET_MS_PER_PROCESS: u64 = 5;
 /// few hundred ms, which a 1 s window turns into rates that jump from negative to twice the truth.
 const HOST_WINDOW_MS: u64 = 5000;
 
+/// MemAvailable's steps come at most this far apart while memory grows: the newest slope of the
+/// host's sustained growth spans this long.
+const HOST_STEP_MS: u64 = 1000;
+
 /// smaps_rollup (PSS, swap) is read at least this often; RSS every sample.
 const DETAILED_EVERY_MS: u64 = 5000;
 
@@ -156,7 +160,10 @@ impl Engine {
             adapting: Default::default(),
             host_watched: false,
             process_root: cfg.host.process_root.clone(),
-            host_used: Growth::new(cfg.sampling.growth_window_ms.0.max(HOST_WINDOW_MS)),
+            host_used: Growth::stepped(
+                cfg.sampling.growth_window_ms.0.max(HOST_WINDOW_MS),
+                HOST_STEP_MS,
+            ),
             cfg,
             jobs: BTreeMap::new(),
             policy: policy::State::default(),

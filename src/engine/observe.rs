@@ -26,10 +26,18 @@ const FAST_BELOW_MS: u64 = 5000;
 const FAST_FOR_MS: u64 = 3000;
 
 impl Engine {
-    /// A full sample arrived, with a fresh measurement of each job (`None`: the job is gone).
-    pub fn on_sample(&mut self, sample: Arc<Sample>, jobs: Vec<Measured>, now_ms: u64) {
+    /// A full sample arrived, with a fresh measurement of each job (`None`: the job is gone). The
+    /// sample was taken at `sampled_ms`, before the jobs were measured: host memory is placed there,
+    /// among the probes', so that its growth is not skewed by the time measuring took.
+    pub fn on_sample(
+        &mut self,
+        sample: Arc<Sample>,
+        jobs: Vec<Measured>,
+        now_ms: u64,
+        sampled_ms: u64,
+    ) {
         if let Some(m) = &sample.host.memory {
-            self.note_host(m.available_bytes, m.total_bytes, now_ms);
+            self.note_host(m.available_bytes, m.total_bytes, sampled_ms);
         }
         for Measured {
             name,

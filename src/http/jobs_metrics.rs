@@ -22,7 +22,7 @@ fn esc(v: &str) -> String {
 /// Appends the job and intervention series to `out`.
 pub fn render(out: &mut String, v: &View) {
     type Get = fn(&crate::job::JobView) -> Option<f64>;
-    let series: [(&str, &str, Get); 20] = [
+    let series: [(&str, &str, Get); 22] = [
         (
             "memwatch_job_emergency_swap_bytes",
             "Size of the emergency swap memwatch made for the job's way out (0: none).",
@@ -108,8 +108,18 @@ pub fn render(out: &mut String, v: &View) {
         ),
         (
             "memwatch_job_pss_bytes",
-            "Proportional set size summed over the job's processes: its real share of RAM.",
+            "Proportional set size summed over the job's processes (shared pages split among their users, libraries' file pages included), read memwatch_job_pss_age_seconds before the sample.",
             |j| j.sample.as_ref().map(|s| s.pss_bytes as f64),
+        ),
+        (
+            "memwatch_job_pss_age_seconds",
+            "How long before the job's sample its oldest PSS reading was taken (PSS is read every few seconds, and at once for a process whose RSS moved).",
+            |j| {
+                j.sample.as_ref().and_then(|s| {
+                    s.pss_read_ms
+                        .map(|at| s.timestamp_ms.saturating_sub(at) as f64 / 1000.0)
+                })
+            },
         ),
         (
             "memwatch_job_swap_bytes",
@@ -134,6 +144,17 @@ pub fn render(out: &mut String, v: &View) {
                     .as_ref()
                     .and_then(|s| s.cgroup.as_ref())
                     .map(|c| c.usage_bytes as f64)
+            },
+        ),
+        (
+            "memwatch_job_cgroup_memory_charged_bytes",
+            "Anonymous and file pages charged to the job's memory cgroup (memory.stat): what its limit counts, kernel memory aside.",
+            |j| {
+                j.sample
+                    .as_ref()
+                    .and_then(|s| s.cgroup.as_ref())
+                    .and_then(|c| c.charged_bytes())
+                    .map(|b| b as f64)
             },
         ),
         (

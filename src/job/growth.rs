@@ -6,6 +6,9 @@ use std::collections::VecDeque;
 pub struct Growth {
     points: VecDeque<(u64, f64)>,
     window_ms: u64,
+    /// The "newest" slope of `sustained_rate_per_second` spans at least this long (and three
+    /// points): 0 for a series read fresh each time, longer for one that moves in steps.
+    newest_ms: u64,
 }
 
 impl Growth {
@@ -13,6 +16,17 @@ impl Growth {
         Growth {
             points: VecDeque::new(),
             window_ms: window_ms.max(1),
+            newest_ms: 0,
+        }
+    }
+
+    /// For a series that moves in steps `step_ms` apart or less (MemAvailable, which the kernel
+    /// refreshes when it folds per-CPU counts): its newest points are flat between steps, which is
+    /// no sign that growth stopped, so the newest slope spans at least `step_ms`.
+    pub fn stepped(window_ms: u64, step_ms: u64) -> Self {
+        Growth {
+            newest_ms: step_ms,
+            ..Growth::new(window_ms)
         }
     }
 
@@ -56,7 +70,11 @@ impl Growth {
         let whole = slope(self.points.iter());
         // And the newest three points: if they show no growth, growth has stopped, whatever an older
         // fit says (a burst that just ended leaves a steep fit behind it).
-        let newest = slope(self.points.range(self.points.len() - 3..));
+        let newest_from = self
+            .points
+            .partition_point(|(t, _)| *t < last.0.saturating_sub(self.newest_ms))
+            .min(self.points.len() - 3);
+        let newest = slope(self.points.range(newest_from..));
         if whole.signum() != recent.signum() || newest.signum() != whole.signum() {
             return 0.0;
         }
@@ -205,7 +223,7 @@ mod tests {
     #[test]
     fn host_growth_follows_steady_and_bursty_use_within_ten_percent() {
         for (rate, burst) in [(20.0, false), (120.0, false), (60.0, true)] {
-            let mut g = Growth::new(5000);
+            let mut g = Growth::stepped(5000, 1000);
             for (i, (t, v)) in staircase(rate, 12.0, burst).into_iter().enumerate() {
                 g.push(t, v);
                 // After a few seconds, every probe's rate is within 10 % of the truth.
@@ -216,6 +234,17 @@ mod tests {
                         "{rate} MiB/s{}: {got:.1} MiB/s at {t} ms",
                         if burst { " in bursts" } else { "" }
                     );
+                    // The trend that predictions use sees steady growth through the steps (bursts
+                    // with 250 ms pauses are its business to discount, but never to negate).
+                    let sustained = g.sustained_rate_per_second() / 1048576.0;
+                    if burst {
+                        assert!(sustained >= 0.0, "{sustained:.1} MiB/s at {t} ms");
+                    } else {
+                        assert!(
+                            (sustained - rate).abs() <= rate * 0.25,
+                            "{rate} MiB/s sustained: {sustained:.1} MiB/s at {t} ms"
+                        );
+                    }
                 }
             }
         }

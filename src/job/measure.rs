@@ -16,8 +16,19 @@ pub struct ProcessSample {
     pub ppid: u32,
     pub name: String,
     pub state: String,
+    /// Resident memory from /proc/PID/stat, read at this sample.
     pub rss_bytes: u64,
+    /// Proportional set size from /proc/PID/smaps_rollup, read at `pss_read_ms`: resident pages,
+    /// each shared one divided among the processes that map it, file pages (libraries) included.
     pub pss_bytes: u64,
+    /// When `pss_bytes` and `swap_bytes` were read (the daemon's clock, ms); `None` when the read
+    /// failed and they are 0.
+    #[serde(default)]
+    pub pss_read_ms: Option<u64>,
+    /// RSS when PSS was read: how far RSS moved since says whether the reading is still close.
+    #[serde(skip)]
+    pub rss_at_pss_read: u64,
+    /// Swapped-out memory, from the same read as PSS.
     pub swap_bytes: u64,
     /// GPU memory this process holds, summed over GPUs; `None` when NVML does not say.
     pub gpu_bytes: Option<u64>,
@@ -28,8 +39,13 @@ pub struct ProcessSample {
 pub struct JobSample {
     pub timestamp_ms: u64,
     pub processes: Vec<ProcessSample>,
+    /// RSS summed over the tree (shared pages counted once per process), read at this sample.
     pub rss_bytes: u64,
+    /// PSS summed over the tree, from readings no older than `pss_read_ms`.
     pub pss_bytes: u64,
+    /// The oldest PSS reading in the sum (ms); `None` when no process's could be read.
+    #[serde(default)]
+    pub pss_read_ms: Option<u64>,
     pub swap_bytes: u64,
     pub cgroup: Option<CgroupMemory>,
     /// GPU memory held by the tree; `None` when no GPU reports processes.
@@ -52,11 +68,20 @@ fn same_process(nvml_pid: u32, pid: u32, nspid: &[u32]) -> bool {
     nvml_pid == pid || nspid.first() == Some(&nvml_pid)
 }
 
+/// RSS moved this much since a process's PSS was read, its PSS is read again rather than carried:
+/// the larger of 8 MiB and a twentieth of its RSS.
+fn moved(before: u64, now: u64) -> bool {
+    before.abs_diff(now) > (8 << 20).max(now / 20)
+}
+
 /// Measures the tree under `root_ref`; `None` when the root is gone or was replaced.
 ///
-/// With `previous` given, PSS and swap are carried over from it per pid and RSS comes from
-/// /proc/PID/stat: smaps_rollup walks a process's page tables, the costliest read memwatch makes, so
-/// the daemon asks for it every few seconds and when memory is tight, not every second.
+/// With `previous` given, PSS and swap are carried over from it, with the time they were read, for
+/// each process whose RSS has not moved much since; RSS comes from /proc/PID/stat every time.
+/// smaps_rollup walks a process's page tables, the costliest read memwatch makes, so the daemon
+/// asks for every process's every few seconds and when memory is tight, and in between only for
+/// processes that are new or growing: a carried PSS is never far from the truth, and its age says
+/// how old it is.
 pub fn measure(
     root: &Path,
     root_ref: ProcRef,
@@ -79,22 +104,38 @@ pub fn measure(
     let mut processes = Vec::with_capacity(tree.procs.len());
     for p in &tree.procs {
         let rss_now = p.rss_pages * page;
-        let carried = previous.and_then(|prev| prev.processes.iter().find(|q| q.pid == p.pid));
-        let mem = match (previous, carried) {
-            (Some(_), Some(q)) => Memory {
-                rss_bytes: rss_now,
-                pss_bytes: q.pss_bytes.min(rss_now),
-                swap_bytes: q.swap_bytes,
+        let carried = previous
+            .and_then(|prev| prev.processes.iter().find(|q| q.pid == p.pid))
+            .filter(|q| q.pss_read_ms.is_some() && !moved(q.rss_at_pss_read, rss_now));
+        let (mem, pss_read_ms, rss_at_pss_read) = match carried {
+            Some(q) => (
+                Memory {
+                    rss_bytes: rss_now,
+                    pss_bytes: q.pss_bytes,
+                    swap_bytes: q.swap_bytes,
+                },
+                q.pss_read_ms,
+                q.rss_at_pss_read,
+            ),
+            None => match proc::read_memory(root, p.pid) {
+                // smaps_rollup's own Rss is the one that goes with its PSS.
+                Ok(m) => (
+                    Memory {
+                        rss_bytes: rss_now,
+                        ..m
+                    },
+                    Some(now_ms),
+                    m.rss_bytes,
+                ),
+                Err(_) => (
+                    Memory {
+                        rss_bytes: rss_now,
+                        ..Memory::default()
+                    },
+                    None,
+                    0,
+                ),
             },
-            (Some(_), None) => Memory {
-                rss_bytes: rss_now,
-                pss_bytes: rss_now,
-                swap_bytes: 0,
-            },
-            (None, _) => proc::read_memory(root, p.pid).unwrap_or(Memory {
-                rss_bytes: rss_now,
-                ..Memory::default()
-            }),
         };
         // NSpid matters only for matching NVML's pids.
         let nspid = if gpu_known {
@@ -125,6 +166,8 @@ pub fn measure(
             state: p.state.to_string(),
             rss_bytes: mem.rss_bytes,
             pss_bytes: mem.pss_bytes,
+            pss_read_ms,
+            rss_at_pss_read,
             swap_bytes: mem.swap_bytes,
             gpu_bytes: if gpu_known {
                 Some(gpu_bytes.unwrap_or(0))
@@ -138,6 +181,7 @@ pub fn measure(
         timestamp_ms: now_ms,
         rss_bytes: processes.iter().map(|p| p.rss_bytes).sum(),
         pss_bytes: processes.iter().map(|p| p.pss_bytes).sum(),
+        pss_read_ms: processes.iter().filter_map(|p| p.pss_read_ms).min(),
         swap_bytes: processes.iter().map(|p| p.swap_bytes).sum(),
         gpu_bytes: gpu_known.then(|| processes.iter().filter_map(|p| p.gpu_bytes).sum()),
         gpus: gpu_known.then_some(used_gpus),

@@ -278,6 +278,8 @@ mod tests {
             limit_bytes: Some(limit_bytes),
             oom_kills: Some(0),
             inactive_file_bytes: Some(0),
+            anon_bytes: None,
+            file_bytes: None,
         }
     }
 
@@ -312,6 +314,7 @@ mod tests {
             processes: Vec::new(),
             rss_bytes: 0,
             pss_bytes: 0,
+            pss_read_ms: None,
             swap_bytes: 0,
             gpu_bytes: None,
             gpus: None,

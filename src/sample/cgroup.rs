@@ -25,6 +25,15 @@ pub struct CgroupMemory {
     /// Inactive page cache, which the kernel drops before it OOM-kills; usage less this is the
     /// working set (as kubelet counts it).
     pub inactive_file_bytes: Option<u64>,
+    /// Anonymous memory charged to the cgroup (v1 `total_rss`, v2 `anon`): the heap, tensors,
+    /// copy-on-write copies.
+    #[serde(default)]
+    pub anon_bytes: Option<u64>,
+    /// File pages charged to the cgroup (v1 `total_cache`, v2 `file`): page cache and shared memory
+    /// that the cgroup's processes first touched. A library mapped by many processes is charged to
+    /// one cgroup only, where PSS splits it among every process that maps it.
+    #[serde(default)]
+    pub file_bytes: Option<u64>,
 }
 
 impl CgroupMemory {
@@ -32,6 +41,12 @@ impl CgroupMemory {
     pub fn working_set_bytes(&self) -> u64 {
         self.usage_bytes
             .saturating_sub(self.inactive_file_bytes.unwrap_or(0))
+    }
+
+    /// The job's charged memory: anonymous plus file pages charged to its cgroup, what its limit
+    /// counts (kernel memory aside); `None` when memory.stat does not say.
+    pub fn charged_bytes(&self) -> Option<u64> {
+        Some(self.anon_bytes? + self.file_bytes?)
     }
 }
 
@@ -170,9 +185,10 @@ fn read_v1(mount: &Path, dir: &Path, cg: &str) -> Result<CgroupMemory, ReadError
     let oom_kills = key_value(&dir.join("memory.oom_control"), "oom_kill")
         .ok()
         .flatten();
-    let inactive_file_bytes = key_value(&dir.join("memory.stat"), "total_inactive_file")
-        .ok()
-        .flatten();
+    let [inactive_file_bytes, anon_bytes, file_bytes] = key_values(
+        &dir.join("memory.stat"),
+        ["total_inactive_file", "total_rss", "total_cache"],
+    );
     Ok(CgroupMemory {
         version: 1,
         path: cg.to_owned(),
@@ -180,6 +196,8 @@ fn read_v1(mount: &Path, dir: &Path, cg: &str) -> Result<CgroupMemory, ReadError
         limit_bytes: limit,
         oom_kills,
         inactive_file_bytes,
+        anon_bytes,
+        file_bytes,
     })
 }
 
@@ -199,9 +217,8 @@ fn read_v2(mount: &Path, dir: &Path, cg: &str) -> Result<CgroupMemory, ReadError
     let oom_kills = key_value(&dir.join("memory.events"), "oom_kill")
         .ok()
         .flatten();
-    let inactive_file_bytes = key_value(&dir.join("memory.stat"), "inactive_file")
-        .ok()
-        .flatten();
+    let [inactive_file_bytes, anon_bytes, file_bytes] =
+        key_values(&dir.join("memory.stat"), ["inactive_file", "anon", "file"]);
     Ok(CgroupMemory {
         version: 2,
         path: cg.to_owned(),
@@ -209,6 +226,8 @@ fn read_v2(mount: &Path, dir: &Path, cg: &str) -> Result<CgroupMemory, ReadError
         limit_bytes: limit,
         oom_kills,
         inactive_file_bytes,
+        anon_bytes,
+        file_bytes,
     })
 }
 
@@ -228,6 +247,23 @@ pub fn key_value(path: &Path, key: &str) -> Result<Option<u64>, ReadError> {
         }
     }
     Ok(None)
+}
+
+/// Several keys of one `key value` file, read once; a key the file lacks, or a file that cannot be
+/// read, gives `None`.
+fn key_values<const N: usize>(path: &Path, keys: [&str; N]) -> [Option<u64>; N] {
+    let mut out = [None; N];
+    let Ok(text) = read_text(path) else {
+        return out;
+    };
+    for line in text.lines() {
+        if let Some((k, v)) = line.split_once(' ') {
+            if let Some(i) = keys.iter().position(|key| *key == k) {
+                out[i] = parse_u64(path, k, v).ok();
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -265,10 +301,19 @@ mod tests {
             "sys/fs/cgroup/a/b/memory.events",
             "low 0\nhigh 0\nmax 2\noom 1\noom_kill 1\n",
         );
+        write(
+            r,
+            "sys/fs/cgroup/a/b/memory.stat",
+            "anon 400\nfile 150\nkernel 50\ninactive_file 100\n",
+        );
         let cg = read_self(r).unwrap().unwrap();
         assert_eq!(
             (cg.version, cg.usage_bytes, cg.limit_bytes, cg.oom_kills),
             (2, 600, Some(1000), Some(1))
+        );
+        assert_eq!(
+            (cg.working_set_bytes(), cg.charged_bytes()),
+            (500, Some(550))
         );
     }
 
@@ -292,10 +337,19 @@ mod tests {
             "sys/fs/cgroup/memory/job/memory.usage_in_bytes",
             "4096\n",
         );
+        write(
+            r,
+            "sys/fs/cgroup/memory/job/memory.stat",
+            "cache 1\nrss 2\ntotal_cache 1024\ntotal_rss 2048\ntotal_inactive_file 512\n",
+        );
         let cg = read_self(r).unwrap().unwrap();
         assert_eq!(
             (cg.version, cg.usage_bytes, cg.limit_bytes),
             (1, 4096, None)
+        );
+        assert_eq!(
+            (cg.anon_bytes, cg.file_bytes, cg.inactive_file_bytes),
+            (Some(2048), Some(1024), Some(512))
         );
     }
 

@@ -351,6 +351,19 @@ fn rewrite_keeps_comments_in_every_format() {
     ]);
     assert_eq!(code, 1);
     assert!(err.contains("not in the file"), "{err}");
+    // A bare file name, from its directory: rewritten, exit 0 (the directory fsync once got "").
+    let out = std::process::Command::new(common::bin())
+        .args(["rewrite", "t.toml", "--set", "train.batch=8"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let new = std::fs::read_to_string(dir.path().join("t.toml")).unwrap();
+    assert!(new.contains("batch = 8\n"), "{new}");
 }
 
 #[test]

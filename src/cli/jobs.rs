@@ -220,3 +220,50 @@ pub fn render_ended(ended: &[crate::job::EndedJob], now_ms: u64) -> String {
     }
     o
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::JobSample;
+    use crate::sample::cgroup::CgroupMemory;
+
+    #[test]
+    fn the_memory_line_says_how_old_pss_is_and_what_the_cgroup_is_charged() {
+        let mut s = JobSample {
+            timestamp_ms: 10_000,
+            processes: Vec::new(),
+            rss_bytes: 1 << 30,
+            pss_bytes: 1 << 29,
+            pss_read_ms: Some(9_500),
+            swap_bytes: 0,
+            cgroup: None,
+            gpu_bytes: None,
+            gpus: None,
+        };
+        // Fresh PSS and no cgroup: nothing to add to the columns.
+        assert_eq!(memory_line(&s), None);
+        s.pss_read_ms = Some(6_000);
+        s.cgroup = Some(CgroupMemory {
+            version: 2,
+            path: "/job".into(),
+            usage_bytes: 1 << 30,
+            limit_bytes: None,
+            oom_kills: None,
+            inactive_file_bytes: None,
+            anon_bytes: Some(900 << 20),
+            file_bytes: Some(124 << 20),
+        });
+        assert_eq!(
+            memory_line(&s).as_deref(),
+            Some(
+                "memory: PSS read 4 s before RSS; charged to its cgroup: 1.0Gi (anon 900Mi + file 124Mi)"
+            )
+        );
+        s.pss_read_ms = None;
+        s.cgroup = None;
+        assert_eq!(
+            memory_line(&s).as_deref(),
+            Some("memory: PSS unreadable (smaps_rollup)")
+        );
+    }
+}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every memwatch test: formatting, clippy, unit tests and the end-to-end tests that start the real
 # binary on fixture roots with the fake NVML. Installs what the tests need when it is missing and this runs
-# as root: promtool and prometheus, systemd-analyze, chromium, node/npm, fuse3 and python3-fusepy (Debian),
+# as root: promtool and prometheus, systemd-analyze, chromium, node/npm, tmux, fuse3 and python3-fusepy (Debian),
 # playwright-core (npm),
 # and torch 2.13.0 for the trainer plus the Python package's pinned test dependencies (PyPI).
 set -euo pipefail
@@ -24,6 +24,8 @@ have systemd-analyze || missing+=(systemd)
 have chromium || missing+=(chromium)
 have node || missing+=(nodejs)
 have npm || missing+=(npm)
+# `memwatch status` and `memwatch top` are tested in a real terminal.
+have tmux || missing+=(tmux)
 # The stall test mounts a real slow filesystem (FUSE, tests/stall/slowfs.py).
 have fusermount3 || missing+=(fuse3)
 [ -f /usr/lib/python3/dist-packages/fusepy.py ] || missing+=(python3-fusepy)

@@ -20,8 +20,10 @@ fn status_shows_memory_pressure_and_gpus() {
     let (code, out, err) = memwatch(&["status", "--url", &url]);
     assert_eq!(code, 0, "{err}");
     for want in [
+        "memwatch on gpu-box-01 (",
         "Mem:",
-        "31Gi",
+        // 30.8 GiB: free -h truncates.
+        "30Gi",
         "1.4Gi",
         "Swap:",
         "4.0Gi",
@@ -29,7 +31,7 @@ fn status_shows_memory_pressure_and_gpus() {
         "memory some",
         "12.50%",
         "memory full",
-        "cgroup v1 /job: usage 6.0Gi, limit 8.0Gi",
+        "memwatch's cgroup (v1) /job: usage 6.0Gi, limit 8.0Gi",
         "NVIDIA RTX A4500",
         "9.6Gi / 20Gi (48%)",
         "57°C",
@@ -38,7 +40,10 @@ fn status_shows_memory_pressure_and_gpus() {
         "97%",
         "throttled: SW_POWER_CAP",
         "pid 4242",
-        "coretemp/Package id 0: 71°C (crit 100°C)",
+        "coretemp/Package id 0: 71°C (critical at 100°C, 29°C away)",
+        // Levels first: the fixture host is 95 % used.
+        "CRITICAL host memory 95 %",
+        "jobs     none attached",
     ] {
         assert!(out.contains(want), "missing {want:?} in:\n{out}");
     }
@@ -47,6 +52,120 @@ fn status_shows_memory_pressure_and_gpus() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["host"]["memory"]["total_bytes"], 33_084_669_952u64);
     assert_eq!(v["gpus"][1]["power_watts"], serde_json::Value::Null);
+}
+
+/// The issue's screen: GPU 0 at 98 % and 92 °C (both critical), a job paused by hand. Levels come
+/// first, the job says why and for how long, the GPU's room is in bytes, and a terminal gets colour
+/// unless NO_COLOR is set. The tmux captures are kept in target/artifacts/.
+#[test]
+fn status_shows_levels_and_a_paused_job_at_a_glance() {
+    let d = Daemon::start(Opts::default());
+    // 23960 MiB of 24564 MiB, as nvidia-smi showed it.
+    d.set_gpu_state(
+        r#"{"devices":[{"name":"NVIDIA RTX 4090","uuid":"GPU-x","memory_total":25757220864,
+        "memory_used":25124077568,"temperature":92,"threshold_slowdown":88,"threshold_shutdown":96}]}"#,
+    );
+    d.wait_until(
+        |d| {
+            let (_, body) = d.get("/api/v1/jobs");
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            let critical = |key: &str| {
+                v["levels"].as_array().is_some_and(|l| {
+                    l.iter()
+                        .any(|l| l["resource"] == key && l["level"] == "critical")
+                })
+            };
+            critical("gpu_temperature:0") && critical("gpu_memory:0")
+        },
+        "GPU 0 critical",
+    );
+    let mut job = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let (code, out, err) = d.ctl(&["attach", &job.id().to_string(), "--name", "train"]);
+    assert_eq!(code, 0, "{out}{err}");
+    // The fixture host is 95 % used: memwatch pauses what is attached.
+    d.wait_until(
+        |d| d.job_state("train").as_deref() == Some("paused"),
+        "the job paused",
+    );
+    let (code, out, err) = memwatch(&["status", "--url", &d.url()]);
+    assert_eq!(code, 0, "{err}");
+    let first: Vec<&str> = out.lines().skip(2).take(3).collect();
+    assert!(first[0].starts_with("CRITICAL "), "{out}");
+    for want in [
+        "GPU 0 memory 98 %",
+        "GPU 0 temperature 92 °C",
+        "host memory 95 %",
+    ] {
+        assert!(first[0].contains(want), "{want:?} not in {:?}", first[0]);
+    }
+    let job_line = out
+        .lines()
+        .find(|l| l.starts_with("jobs     train (pid "))
+        .unwrap_or_else(|| panic!("no job line in:\n{out}"));
+    assert!(
+        job_line.contains(" PAUSED ") && job_line.contains(" s by memwatch: "),
+        "{job_line}"
+    );
+    // How long until the longest pause runs out, in human units.
+    assert!(
+        job_line.ends_with("memwatch resumes it in 5 min")
+            || job_line.contains("memwatch resumes it in 4 min 5"),
+        "{job_line}"
+    );
+    assert!(
+        job_line.contains("GPU 0 temperature at 92 °C; host memory at 95.5 %"),
+        "{job_line}"
+    );
+    assert!(!out.contains("Policy") && !out.contains("User"), "{out}");
+    // Room in bytes beside the percentage, rounded as free -h rounds.
+    assert!(
+        out.contains("23Gi / 23Gi (98%)") && out.contains("603Mi"),
+        "{out}"
+    );
+    // In a real terminal: colour, and none with NO_COLOR.
+    let artifacts = common::repo().join("target/artifacts");
+    std::fs::create_dir_all(&artifacts).unwrap();
+    for (no_color, file) in [(false, "status-colour.ansi"), (true, "status-no-color.txt")] {
+        let tmux = common::Tmux::start(
+            120,
+            40,
+            &[
+                if no_color { "NO_COLOR=1" } else { "NO_COLOR=" },
+                common::bin().to_str().unwrap(),
+                "status",
+                "--url",
+                &d.url(),
+            ],
+        );
+        let screen = tmux.wait_for("CRITICAL");
+        std::fs::write(artifacts.join(file), &screen).unwrap();
+        assert_eq!(
+            screen.contains("\x1b[31mCRITICAL"),
+            !no_color,
+            "NO_COLOR={no_color}:\n{screen}"
+        );
+    }
+    // --watch redraws: a detach shows without running it again.
+    let tmux = common::Tmux::start(
+        120,
+        40,
+        &[
+            common::bin().to_str().unwrap(),
+            "status",
+            "--watch",
+            "0.3",
+            "--url",
+            &d.url(),
+        ],
+    );
+    tmux.wait_for("train (pid");
+    assert_eq!(d.ctl(&["detach", "train"]).0, 0);
+    tmux.wait_for("none attached");
+    let _ = job.kill();
+    let _ = job.wait();
 }
 
 #[test]

@@ -62,6 +62,7 @@ fn job(processes: Vec<ProcessSample>) -> JobView {
         config: None,
         launch: None,
         way_out: None,
+        pause_deadline: None,
     }
 }
 

@@ -48,9 +48,11 @@ pub fn render(jobs: &[JobView], now_ms: u64) -> String {
     for j in jobs {
         let state = match &j.pause {
             Some(p) => {
-                let secs = now_ms.saturating_sub(p.since_ms) / 1000;
                 let dry = if p.dry_run { " (dry)" } else { "" };
-                format!("paused {secs}s{dry}")
+                format!(
+                    "paused {}{dry}",
+                    super::human::duration(now_ms.saturating_sub(p.since_ms) as f64 / 1000.0)
+                )
             }
             None => "running".into(),
         };
@@ -66,10 +68,14 @@ pub fn render(jobs: &[JobView], now_ms: u64) -> String {
             .tightest
             .as_ref()
             .map(|l| match l.time_to_exhaustion_seconds {
+                Some(_) if j.pause.is_some() => {
+                    format!("{}: {} left", l.limit, human(l.headroom_bytes))
+                }
                 Some(t) => format!(
-                    "{}: {} left, full in {t:.1}s",
+                    "{}: {} left, full in {}",
                     l.limit,
-                    human(l.headroom_bytes)
+                    human(l.headroom_bytes),
+                    super::human::duration(t)
                 ),
                 None => format!("{}: {} left, not growing", l.limit, human(l.headroom_bytes)),
             });
@@ -92,7 +98,12 @@ pub fn render(jobs: &[JobView], now_ms: u64) -> String {
             let _ = writeln!(o, "    {line}");
         }
         if let Some(p) = &j.pause {
-            let _ = writeln!(o, "    paused by {:?}: {}", p.by, p.reason);
+            let _ = writeln!(
+                o,
+                "    paused by {}: {}",
+                super::status::paused_by(p.by),
+                p.reason
+            );
         }
         if let Some(w) = &j.way_out {
             way_out(&mut o, w, now_ms);

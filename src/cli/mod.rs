@@ -4,6 +4,7 @@
 
 mod advise;
 mod check;
+mod human;
 mod jobs;
 mod launch;
 mod status;
@@ -48,11 +49,14 @@ enum Command {
         #[arg(long, value_name = "DIR", default_value = "/")]
         process_root: PathBuf,
     },
-    /// Show memory, swap, pressure and GPUs as the running daemon sees them
+    /// Show levels, jobs, memory, swap, pressure and GPUs as the running daemon sees them
     Status {
         /// Print the daemon's snapshot as JSON instead of a table
         #[arg(long)]
         json: bool,
+        /// Refresh every SECONDS until interrupted
+        #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "2", conflicts_with = "json")]
+        watch: Option<f64>,
         /// The daemon's base URL [default: from the config's `listen`]
         #[arg(long, value_name = "URL")]
         url: Option<String>,
@@ -250,16 +254,34 @@ fn dispatch(cli: Cli) -> Result<(), Failure> {
             runtime.block_on(crate::daemon::run(config))?;
             Ok(())
         }
-        Command::Status { json, url } => {
+        Command::Status { json, url, watch } => {
             let config = load_config(&cli)?;
             let url = url.clone().unwrap_or_else(|| daemon_url(&config));
             let client = crate::client::Client::new(&url);
-            let snapshot = client.snapshot()?;
             if *json {
-                println!("{}", serde_json::to_string_pretty(&snapshot)?);
-            } else {
-                let sample: crate::sample::Sample = serde_json::from_value(snapshot)?;
-                print!("{}", status::render(&sample, &url, now_ms()));
+                println!("{}", serde_json::to_string_pretty(&client.snapshot()?)?);
+                return Ok(());
+            }
+            let paint = human::Paint::for_stdout();
+            let screen = || -> anyhow::Result<String> {
+                let sample: crate::sample::Sample = client.sample()?;
+                let view: status::Overview = client.get("/api/v1/jobs")?;
+                Ok(status::render(&sample, &view, &url, now_ms(), paint))
+            };
+            match watch {
+                None => print!("{}", screen()?),
+                Some(secs) if !(0.1..=3600.0).contains(secs) => {
+                    return Err(usage(anyhow::anyhow!(
+                        "--watch takes 0.1 to 3600 seconds, got {secs}"
+                    )));
+                }
+                Some(secs) => loop {
+                    // Home and clear, then the screen; a daemon that went away is said in place.
+                    let text = screen().unwrap_or_else(|e| format!("{e:#}\n"));
+                    print!("\x1b[H\x1b[2J{text}");
+                    std::io::Write::flush(&mut std::io::stdout())?;
+                    std::thread::sleep(std::time::Duration::from_secs_f64(*secs));
+                },
             }
             Ok(())
         }

@@ -1,24 +1,56 @@
-//! `memwatch status`: what `free -h`, `cat /proc/pressure/*` and `nvidia-smi` would show, in one table.
+//! `memwatch status`: health at a glance, then what `free -h`, `cat /proc/pressure/*` and
+//! `nvidia-smi` would show, in one screen.
+//!
+//! First a line per level (critical, warn, ok: coloured on a terminal), then the attached jobs with
+//! their state, why and for how long they are paused, then memory, pressure and GPUs with the room
+//! left in bytes beside each percentage.
 
 use std::fmt::Write as _;
 
+use serde::Deserialize;
+
+use super::human::{self, Paint};
+use crate::job::{Limit, Pause, PauseDeadline};
+use crate::policy::{By, Level};
 use crate::sample::{Sample, psi};
 
-/// Bytes the way `free -h` writes them: 1024-based, three significant digits at most.
-pub fn human(bytes: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "Ki", "Mi", "Gi", "Ti", "Pi"];
-    let mut v = bytes as f64;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes}B")
-    } else if v < 10.0 {
-        format!("{v:.1}{}", UNITS[unit])
-    } else {
-        format!("{v:.0}{}", UNITS[unit])
+pub use human::bytes as human;
+
+/// What `/api/v1/jobs` says that status shows.
+#[derive(Debug, Default, Deserialize)]
+pub struct Overview {
+    #[serde(default)]
+    pub dry_run: bool,
+    #[serde(default)]
+    pub jobs: Vec<JobLine>,
+    #[serde(default)]
+    pub levels: Vec<LevelLine>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct JobLine {
+    pub name: String,
+    pub pid: u32,
+    pub pause: Option<Pause>,
+    #[serde(default)]
+    pub tightest: Option<Limit>,
+    #[serde(default)]
+    pub pause_deadline: Option<PauseDeadline>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct LevelLine {
+    pub resource: String,
+    pub level: Level,
+    pub value: Option<f64>,
+    pub since_ms: u64,
+}
+
+/// Who paused a job, in words.
+pub fn paused_by(by: By) -> &'static str {
+    match by {
+        By::Policy => "memwatch",
+        By::User => "hand (memwatch pause)",
     }
 }
 
@@ -34,11 +66,122 @@ fn celsius(v: Option<f64>) -> String {
     v.map(|c| format!("{c:.0}°C")).unwrap_or_else(|| "-".into())
 }
 
-/// Renders the status table. `now_ms` dates the sample's age.
-pub fn render(s: &Sample, url: &str, now_ms: u64) -> String {
+/// The levels, worst first: one line each for critical and warn with their values and how long,
+/// and one for what is ok. Resources that do not exist here (no swap, no sensor) are left out.
+fn levels(o: &mut String, levels: &[LevelLine], now_ms: u64, paint: Paint) {
+    for level in [Level::Critical, Level::Warn] {
+        let items: Vec<String> = levels
+            .iter()
+            .filter(|l| l.level == level)
+            .map(|l| {
+                format!(
+                    "{}{} for {}",
+                    human::resource(&l.resource),
+                    human::level_value(&l.resource, l.value),
+                    human::duration(now_ms.saturating_sub(l.since_ms) as f64 / 1000.0)
+                )
+            })
+            .collect();
+        if !items.is_empty() {
+            let label = format!("{:<9}", level.as_str().to_uppercase());
+            let _ = writeln!(o, "{}{}", paint.level(level, &label), items.join(" · "));
+        }
+    }
+    let ok: Vec<String> = levels
+        .iter()
+        .filter(|l| l.level == Level::Ok && l.value.is_some())
+        .map(|l| {
+            format!(
+                "{}{}",
+                human::resource(&l.resource),
+                human::level_value(&l.resource, l.value)
+            )
+        })
+        .collect();
+    if !ok.is_empty() {
+        let _ = writeln!(
+            o,
+            "{}{}",
+            paint.level(Level::Ok, &format!("{:<9}", "ok")),
+            ok.join(" · ")
+        );
+    }
+}
+
+/// Attached jobs: running with their tightest limit, or paused with why, for how long, and until when.
+fn jobs(o: &mut String, jobs: &[JobLine], now_ms: u64, paint: Paint) {
+    if jobs.is_empty() {
+        let _ = writeln!(o, "jobs     none attached (memwatch attach <pid>)");
+        return;
+    }
+    // Paused jobs first.
+    let mut sorted: Vec<&JobLine> = jobs.iter().collect();
+    sorted.sort_by_key(|j| (j.pause.is_none(), j.name.clone()));
+    for (i, j) in sorted.into_iter().enumerate() {
+        let head = if i == 0 { "jobs" } else { "" };
+        let what = match &j.pause {
+            Some(p) => {
+                let dry = if p.dry_run {
+                    " (dry run: nothing stopped)"
+                } else {
+                    ""
+                };
+                let until = j
+                    .pause_deadline
+                    .as_ref()
+                    .map(|d| {
+                        format!(
+                            "; {} in {}",
+                            match d.then.as_str() {
+                                "way out" => "its way out continues",
+                                "terminate" => "memwatch ends it",
+                                "stay" => "the pause is marked expired",
+                                _ => "memwatch resumes it",
+                            },
+                            human::duration(d.at_ms.saturating_sub(now_ms) as f64 / 1000.0)
+                        )
+                    })
+                    .unwrap_or_default();
+                paint.level(
+                    Level::Critical,
+                    &format!(
+                        "PAUSED {} by {}{dry}: {}{until}",
+                        human::duration(now_ms.saturating_sub(p.since_ms) as f64 / 1000.0),
+                        paused_by(p.by),
+                        p.reason
+                    ),
+                )
+            }
+            None => match &j.tightest {
+                Some(l) => format!(
+                    "running; {}: {} left{}",
+                    l.limit,
+                    human(l.headroom_bytes),
+                    l.time_to_exhaustion_seconds
+                        .map(|t| format!(", full in {} at this rate", human::duration(t)))
+                        .unwrap_or_else(|| ", not growing".into())
+                ),
+                None => "running".into(),
+            },
+        };
+        let _ = writeln!(o, "{head:<9}{} (pid {}) {what}", paint.bold(&j.name), j.pid);
+    }
+}
+
+/// Renders the status screen. `now_ms` dates the sample's age.
+pub fn render(s: &Sample, view: &Overview, url: &str, now_ms: u64, paint: Paint) -> String {
     let mut o = String::new();
     let age = now_ms.saturating_sub(s.timestamp_ms) as f64 / 1000.0;
-    let _ = writeln!(o, "memwatch at {url}, sample taken {age:.1} s ago\n");
+    let host = s.host.hostname.as_deref().unwrap_or("this machine");
+    let dry = if view.dry_run { ", DRY RUN" } else { "" };
+    let _ = writeln!(
+        o,
+        "memwatch on {host} ({url}{dry}), sample {} old\n",
+        human::duration(age)
+    );
+    levels(&mut o, &view.levels, now_ms, paint);
+    jobs(&mut o, &view.jobs, now_ms, paint);
+    o.push('\n');
     if let Some(m) = &s.host.memory {
         let buff_cache = m.buffers_bytes.unwrap_or(0) + m.cached_bytes.unwrap_or(0);
         let used = m
@@ -73,101 +216,32 @@ pub fn render(s: &Sample, url: &str, now_ms: u64) -> String {
         let _ = writeln!(o, "memory: unavailable (see the daemon's log)");
     }
     if let Some(cg) = &s.host.cgroup {
-        let limit = cg.limit_bytes.map(human).unwrap_or_else(|| "none".into());
+        let limit = match cg.limit_bytes {
+            Some(l) => format!(
+                "limit {}, {} left",
+                human(l),
+                human(l.saturating_sub(cg.working_set_bytes()))
+            ),
+            None => "no limit".into(),
+        };
         let _ = writeln!(
             o,
-            "cgroup v{} {}: usage {}, limit {limit}",
+            "memwatch's cgroup (v{}) {}: usage {}, {limit}",
             cg.version,
             cg.path,
             human(cg.usage_bytes)
         );
     }
     o.push('\n');
-    let p = &s.host.pressure;
-    if psi::RESOURCES.iter().all(|r| p.get(r).is_none()) {
-        let _ = writeln!(o, "pressure: this kernel has no PSI");
-    } else {
-        let _ = writeln!(
-            o,
-            "{:<14}{:>9}{:>9}{:>9}{:>14}",
-            "pressure", "avg10", "avg60", "avg300", "total"
-        );
-        for r in psi::RESOURCES {
-            let Some(psi) = p.get(r) else { continue };
-            for (kind, line) in [("some", Some(psi.some)), ("full", psi.full)] {
-                let Some(l) = line else { continue };
-                let _ = writeln!(
-                    o,
-                    "{:<14}{:>9}{:>9}{:>9}{:>13.1}s",
-                    format!("{r} {kind}"),
-                    pct(l.avg10),
-                    pct(l.avg60),
-                    pct(l.avg300),
-                    l.total_seconds
-                );
-            }
-        }
-    }
+    pressure(&mut o, s);
     o.push('\n');
-    if s.gpus.is_empty() {
-        let _ = writeln!(
-            o,
-            "GPUs: none visible (no NVIDIA driver, no GPU, or GPU sampling disabled)"
-        );
-    } else {
-        let _ = writeln!(
-            o,
-            "{:<4}{:<24}{:>22}{:>7}{:>10}{:>10}{:>15}{:>6}",
-            "GPU", "name", "memory used/total", "temp", "slowdown", "shutdown", "power", "util"
-        );
-        for g in &s.gpus {
-            let mem = match (g.memory_used_bytes, g.memory_total_bytes) {
-                (Some(u), Some(t)) if t > 0 => {
-                    format!(
-                        "{} / {} ({:.0}%)",
-                        human(u),
-                        human(t),
-                        u as f64 * 100.0 / t as f64
-                    )
-                }
-                _ => "-".into(),
-            };
-            let power = match (g.power_watts, g.power_limit_watts) {
-                (Some(p), Some(l)) => format!("{p:.0} / {l:.0} W"),
-                (Some(p), None) => format!("{p:.0} W"),
-                _ => "-".into(),
-            };
-            let util = g
-                .utilization_gpu_ratio
-                .map(|u| format!("{:.0}%", u * 100.0))
-                .unwrap_or_else(|| "-".into());
-            let name: String = g.name.as_deref().unwrap_or("-").chars().take(23).collect();
-            let _ = writeln!(
-                o,
-                "{:<4}{:<24}{:>22}{:>7}{:>10}{:>10}{:>15}{:>6}",
-                g.index,
-                name,
-                mem,
-                celsius(g.temperature_celsius),
-                celsius(g.temperature_slowdown_celsius),
-                celsius(g.temperature_shutdown_celsius),
-                power,
-                util
-            );
-            if let Some(reasons) = g.throttle_reasons.as_ref().filter(|r| !r.is_empty()) {
-                let _ = writeln!(o, "    throttled: {}", reasons.join(", "));
-            }
-            for p in g.processes.iter().flatten() {
-                let _ = writeln!(o, "    pid {:<10} {}", p.pid, opt(p.used_bytes));
-            }
-        }
-    }
+    gpus(&mut o, s);
     if !s.host.temperatures.is_empty() {
         o.push('\n');
         for t in &s.host.temperatures {
             let crit = t
                 .crit_celsius
-                .map(|c| format!(" (crit {c:.0}°C)"))
+                .map(|c| format!(" (critical at {c:.0}°C, {:.0}°C away)", c - t.celsius))
                 .unwrap_or_default();
             let _ = writeln!(o, "{}/{}: {:.0}°C{crit}", t.chip, t.sensor, t.celsius);
         }
@@ -188,15 +262,88 @@ pub fn render(s: &Sample, url: &str, now_ms: u64) -> String {
     o
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+fn pressure(o: &mut String, s: &Sample) {
+    let p = &s.host.pressure;
+    if psi::RESOURCES.iter().all(|r| p.get(r).is_none()) {
+        let _ = writeln!(o, "pressure: this kernel has no PSI");
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "{:<14}{:>9}{:>9}{:>9}{:>14}",
+        "pressure", "avg10", "avg60", "avg300", "total"
+    );
+    for r in psi::RESOURCES {
+        let Some(psi) = p.get(r) else { continue };
+        for (kind, line) in [("some", Some(psi.some)), ("full", psi.full)] {
+            let Some(l) = line else { continue };
+            let _ = writeln!(
+                o,
+                "{:<14}{:>9}{:>9}{:>9}{:>14}",
+                format!("{r} {kind}"),
+                pct(l.avg10),
+                pct(l.avg60),
+                pct(l.avg300),
+                human::duration(l.total_seconds)
+            );
+        }
+    }
+}
 
-    #[test]
-    fn human_sizes_like_free() {
-        assert_eq!(human(0), "0B");
-        assert_eq!(human(1023), "1023B");
-        assert_eq!(human(1536), "1.5Ki");
-        assert_eq!(human(24 * 1024 * 1024 * 1024), "24Gi");
+fn gpus(o: &mut String, s: &Sample) {
+    if s.gpus.is_empty() {
+        let _ = writeln!(
+            o,
+            "GPUs: none visible (no NVIDIA driver, no GPU, or GPU sampling disabled)"
+        );
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "{:<4}{:<22}{:>24}{:>9}{:>7}{:>10}{:>10}{:>13}{:>6}",
+        "GPU", "name", "memory used/total", "left", "temp", "slowdown", "shutdown", "power", "util"
+    );
+    for g in &s.gpus {
+        let (mem, left) = match (g.memory_used_bytes, g.memory_total_bytes) {
+            (Some(u), Some(t)) if t > 0 => (
+                format!(
+                    "{} / {} ({:.0}%)",
+                    human(u),
+                    human(t),
+                    u as f64 * 100.0 / t as f64
+                ),
+                human(t.saturating_sub(u)),
+            ),
+            _ => ("-".into(), "-".into()),
+        };
+        let power = match (g.power_watts, g.power_limit_watts) {
+            (Some(p), Some(l)) => format!("{p:.0} / {l:.0} W"),
+            (Some(p), None) => format!("{p:.0} W"),
+            _ => "-".into(),
+        };
+        let util = g
+            .utilization_gpu_ratio
+            .map(|u| format!("{:.0}%", u * 100.0))
+            .unwrap_or_else(|| "-".into());
+        let name: String = g.name.as_deref().unwrap_or("-").chars().take(21).collect();
+        let _ = writeln!(
+            o,
+            "{:<4}{:<22}{:>24}{:>9}{:>7}{:>10}{:>10}{:>13}{:>6}",
+            g.index,
+            name,
+            mem,
+            left,
+            celsius(g.temperature_celsius),
+            celsius(g.temperature_slowdown_celsius),
+            celsius(g.temperature_shutdown_celsius),
+            power,
+            util
+        );
+        if let Some(reasons) = g.throttle_reasons.as_ref().filter(|r| !r.is_empty()) {
+            let _ = writeln!(o, "    throttled: {}", reasons.join(", "));
+        }
+        for p in g.processes.iter().flatten() {
+            let _ = writeln!(o, "    pid {:<10} {}", p.pid, opt(p.used_bytes));
+        }
     }
 }

@@ -434,6 +434,29 @@ impl Engine {
             config: j.config.as_ref().map(|c| c.view()),
             launch: j.launch.clone(),
             way_out: j.way_out.clone(),
+            pause_deadline: self.pause_deadline(j),
         }
+    }
+
+    /// When a paused job's longest pause runs out, and what follows.
+    fn pause_deadline(&self, j: &Job) -> Option<crate::job::PauseDeadline> {
+        let pause = j.pause.as_ref()?;
+        let p = &self.cfg.policy;
+        let state = self.policy.jobs.get(&j.name);
+        let then = if state.is_some_and(|s| s.managed) {
+            "way out"
+        } else {
+            match p.on_max_pause {
+                crate::config::OnMaxPause::Resume => "resume",
+                crate::config::OnMaxPause::Terminate => "terminate",
+                crate::config::OnMaxPause::Stay => "stay",
+            }
+        };
+        Some(crate::job::PauseDeadline {
+            at_ms: pause
+                .since_ms
+                .saturating_add(p.max_pause_seconds.saturating_mul(1000)),
+            then: then.into(),
+        })
     }
 }

@@ -216,6 +216,19 @@ pub struct JobView {
     /// The way out of its memory pause: the step, what was tried, the room memwatch holds for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub way_out: Option<way_out::WayOut>,
+    /// For a paused job: when its longest pause (`policy.max_pause_seconds`) runs out, and what
+    /// memwatch does then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause_deadline: Option<PauseDeadline>,
+}
+
+/// When a pause runs out and what follows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PauseDeadline {
+    pub at_ms: u64,
+    /// "resume", "terminate" or "stay" (`policy.on_max_pause`), or "way out" where the engine's way
+    /// out is in charge of the pause.
+    pub then: String,
 }
 
 /// A job that ended, and how: shown for a while after it is gone.

@@ -285,10 +285,26 @@ fn concerns(key: &str, job: &JobObservation) -> bool {
 }
 
 fn describe(key: &str, l: &LevelState) -> String {
+    let what = words(key);
     match l.value {
-        Some(v) if key.contains("temperature") => format!("{key} at {v:.0} °C"),
-        Some(v) => format!("{key} at {:.1} %", v * 100.0),
-        None => key.to_owned(),
+        Some(v) if key.contains("temperature") => format!("{what} at {v:.0} °C"),
+        Some(v) => format!("{what} at {:.1} %", v * 100.0),
+        None => what,
+    }
+}
+
+/// A level resource key in plain words: `gpu_memory:0` → "GPU 0 memory".
+pub fn words(key: &str) -> String {
+    let (kind, arg) = key.split_once(':').unwrap_or((key, ""));
+    match kind {
+        "host_memory" => "host memory".into(),
+        "swap" => "swap".into(),
+        "pressure" => "memory pressure".into(),
+        "cpu_temperature" => "CPU temperature".into(),
+        "gpu_memory" => format!("GPU {arg} memory"),
+        "gpu_temperature" => format!("GPU {arg} temperature"),
+        "job_cgroup" => format!("{arg}'s cgroup"),
+        _ => key.replace('_', " "),
     }
 }
 

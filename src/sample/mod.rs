@@ -30,6 +30,9 @@ pub struct HostSample {
     pub temperatures: Vec<thermal::TempSensor>,
     /// The page size, to turn vmstat's page counts into bytes.
     pub page_size_bytes: u64,
+    /// The machine's host name (`/proc/sys/kernel/hostname`), for views that show many machines.
+    #[serde(default)]
+    pub hostname: Option<String>,
 }
 
 /// How one collector fared in this sample.
@@ -171,6 +174,10 @@ impl Sampler {
                 cgroup,
                 temperatures,
                 page_size_bytes: self.page_size,
+                hostname: std::fs::read_to_string(self.root.join("proc/sys/kernel/hostname"))
+                    .ok()
+                    .map(|h| h.trim().chars().take(64).collect::<String>())
+                    .filter(|h| !h.is_empty()),
             },
             gpus,
             collectors: st,

@@ -2,6 +2,9 @@
 #![allow(dead_code)]
 
 pub mod cgroup;
+pub mod tmux;
+
+pub use tmux::Tmux;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};

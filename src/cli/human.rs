@@ -1,0 +1,153 @@
+//! Numbers for people: sizes the way `free -h` writes them, durations in the units people use, and
+//! levels in colour on a terminal (never when `NO_COLOR` is set or the output is not a terminal).
+
+use crate::policy::Level;
+
+/// Bytes the way procps `free -h` writes them: 1024-based; a unit's value with one decimal when that
+/// fits in three characters ("1.5Gi", "9.9Gi"), else its whole part, truncated ("23Gi" for 23.96
+/// GiB, as free says); values of 1000 or more move up a unit ("1.0Gi" for 1000 MiB).
+pub fn bytes(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
+    if bytes < 1000 {
+        return format!("{bytes}B");
+    }
+    let mut v = bytes as f64;
+    for unit in UNITS {
+        v /= 1024.0;
+        let one = format!("{v:.1}");
+        if one.len() <= 3 {
+            return format!("{one}{unit}");
+        }
+        let whole = v.trunc();
+        if whole < 1000.0 {
+            return format!("{whole:.0}{unit}");
+        }
+    }
+    format!("{v:.0}Ei")
+}
+
+/// A duration in the units people use: "45 s", "2 min 3 s", "1 h 4 min", "3 d 2 h".
+pub fn duration(seconds: f64) -> String {
+    if !seconds.is_finite() || seconds < 0.0 {
+        return "-".into();
+    }
+    let s = seconds.round() as u64;
+    match s {
+        0..=59 if seconds < 10.0 => format!("{seconds:.1} s"),
+        0..=59 => format!("{s} s"),
+        60..=3599 => pair(s / 60, "min", s % 60, "s"),
+        3600..=86_399 => pair(s / 3600, "h", s % 3600 / 60, "min"),
+        _ => pair(s / 86_400, "d", s % 86_400 / 3600, "h"),
+    }
+}
+
+fn pair(a: u64, ua: &str, b: u64, ub: &str) -> String {
+    if b == 0 {
+        format!("{a} {ua}")
+    } else {
+        format!("{a} {ua} {b} {ub}")
+    }
+}
+
+/// A level resource key in plain words: `gpu_memory:0` → "GPU 0 memory".
+pub fn resource(key: &str) -> String {
+    crate::policy::words(key)
+}
+
+/// A level's value in its unit: a share for memory, degrees for temperatures.
+pub fn level_value(key: &str, value: Option<f64>) -> String {
+    match value {
+        None => String::new(),
+        Some(v) if key.contains("temperature") => format!(" {v:.0} °C"),
+        Some(v) if key == "pressure" => format!(" {:.1} %", v * 100.0),
+        Some(v) => format!(" {:.0} %", v * 100.0),
+    }
+}
+
+/// Colours for a terminal, or none.
+#[derive(Debug, Clone, Copy)]
+pub struct Paint {
+    pub on: bool,
+}
+
+impl Paint {
+    /// Colour when stdout is a terminal and `NO_COLOR` is unset or empty (no-color.org).
+    pub fn for_stdout() -> Paint {
+        use std::io::IsTerminal;
+        let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+        Paint {
+            on: std::io::stdout().is_terminal() && !no_color,
+        }
+    }
+
+    /// `text` in the level's colour: red and bold for critical, yellow for warn, green for ok.
+    pub fn level(self, level: Level, text: &str) -> String {
+        if !self.on {
+            return text.to_owned();
+        }
+        let code = match level {
+            Level::Critical => "1;31",
+            Level::Warn => "33",
+            Level::Ok => "32",
+        };
+        format!("\x1b[{code}m{text}\x1b[0m")
+    }
+
+    pub fn bold(self, text: &str) -> String {
+        if self.on {
+            format!("\x1b[1m{text}\x1b[0m")
+        } else {
+            text.to_owned()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_like_free() {
+        const K: u64 = 1024;
+        for (b, want) in [
+            (0, "0B"),
+            (999, "999B"),
+            (1000, "1.0Ki"),
+            (1536, "1.5Ki"),
+            (603 * K * K, "603Mi"),
+            (1000 * K * K, "1.0Gi"),
+            (24 * K * K * K, "24Gi"),
+            // 23960 MiB, as nvidia-smi showed it: free truncates to 23Gi.
+            (23960 * K * K, "23Gi"),
+            // 9.96 GiB: "10.0" is too long for one decimal, so the whole part, truncated.
+            (9 * K * K * K + 983 * K * K, "9Gi"),
+            (1434 * K * K, "1.4Gi"),
+        ] {
+            assert_eq!(bytes(b), want, "{b}");
+        }
+    }
+
+    #[test]
+    fn durations_in_human_units() {
+        assert_eq!(duration(0.4), "0.4 s");
+        assert_eq!(duration(45.0), "45 s");
+        assert_eq!(duration(123.0), "2 min 3 s");
+        assert_eq!(duration(9072.6), "2 h 31 min");
+        assert_eq!(duration(7200.0), "2 h");
+        assert_eq!(duration(3.0 * 86_400.0 + 7300.0), "3 d 2 h");
+        assert_eq!(duration(f64::INFINITY), "-");
+    }
+
+    #[test]
+    fn plain_words_and_no_colour_when_off() {
+        assert_eq!(resource("gpu_memory:0"), "GPU 0 memory");
+        assert_eq!(resource("job_cgroup:train"), "train's cgroup");
+        assert_eq!(level_value("gpu_temperature:0", Some(92.4)), " 92 °C");
+        assert_eq!(level_value("host_memory", Some(0.981)), " 98 %");
+        assert_eq!(Paint { on: false }.level(Level::Critical, "x"), "x");
+        assert_eq!(
+            Paint { on: true }.level(Level::Warn, "x"),
+            "\x1b[33mx\x1b[0m"
+        );
+    }
+}

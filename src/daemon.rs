@@ -43,6 +43,8 @@ pub struct Shared {
     pub history_seconds: u64,
     /// A sample older than this is stale: `/-/ready` answers 503 and the watchdog is not fed.
     pub stale_after_ms: u64,
+    /// Notification counts by channel and outcome, for `/metrics`.
+    pub notify: Arc<crate::notify::Stats>,
 }
 
 impl Shared {
@@ -52,6 +54,7 @@ impl Shared {
             history: RwLock::new(History::new(config.sampling.history_len())),
             history_seconds: config.sampling.history_seconds.0,
             stale_after_ms: stale_after_ms(config.sampling.interval_ms.0),
+            notify: Arc::default(),
         }
     }
 
@@ -295,6 +298,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     };
 
     let shared = Arc::new(Shared::new(&config));
+    // Notifications run beside the owner task; the engine only offers them its events.
+    let host = crate::sample::hostname(&config.host.root).unwrap_or_else(|| "memwatch".into());
+    if let Some(outbox) = crate::notify::start(&config.notify, host, shared.notify.clone()) {
+        engine.set_outbox(outbox);
+    }
     shared.publish_view(engine.view());
 
     let (to_owner, mut requests) = mpsc::channel::<Envelope>(64);
@@ -342,8 +350,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // Under systemd: ready now, and a watchdog ping from this loop while samples are fresh, so a stuck
     // owner task or a sampler that stopped is restarted (and the restarted daemon resumes what this
     // one paused).
-    crate::notify::notify("READY=1");
-    let watchdog_every = crate::notify::watchdog_interval();
+    crate::sd_notify::notify("READY=1");
+    let watchdog_every = crate::sd_notify::watchdog_interval();
     let mut watchdog = tokio::time::interval(watchdog_every.unwrap_or(Duration::from_secs(3600)));
 
     loop {
@@ -353,7 +361,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             _ = stop.as_mut() => break,
             _ = watchdog.tick(), if watchdog_every.is_some() => {
                 if shared.fresh() {
-                    crate::notify::notify("WATCHDOG=1");
+                    crate::sd_notify::notify("WATCHDOG=1");
                 } else {
                     tracing::warn!("samples are stale; not feeding the watchdog");
                 }
@@ -448,7 +456,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
     }
 
-    crate::notify::notify("STOPPING=1");
+    crate::sd_notify::notify("STOPPING=1");
     engine.shutdown(clock.now_ms());
     shared.publish_view(engine.view());
     control_task.abort();

@@ -129,7 +129,7 @@ fn status_shows_levels_and_a_paused_job_at_a_glance() {
     let artifacts = common::repo().join("target/artifacts");
     std::fs::create_dir_all(&artifacts).unwrap();
     for (no_color, file) in [(false, "status-colour.ansi"), (true, "status-no-color.txt")] {
-        let tmux = common::Tmux::start(
+        let tmux = common::tmux::Tmux::start(
             120,
             40,
             &[
@@ -149,7 +149,7 @@ fn status_shows_levels_and_a_paused_job_at_a_glance() {
         );
     }
     // --watch redraws: a detach shows without running it again.
-    let tmux = common::Tmux::start(
+    let tmux = common::tmux::Tmux::start(
         120,
         40,
         &[

@@ -51,7 +51,7 @@ pub fn render(jobs: &[JobView], now_ms: u64) -> String {
                 let dry = if p.dry_run { " (dry)" } else { "" };
                 format!(
                     "paused {}{dry}",
-                    super::human::duration(now_ms.saturating_sub(p.since_ms) as f64 / 1000.0)
+                    crate::human::duration(now_ms.saturating_sub(p.since_ms) as f64 / 1000.0)
                 )
             }
             None => "running".into(),
@@ -75,7 +75,7 @@ pub fn render(jobs: &[JobView], now_ms: u64) -> String {
                     "{}: {} left, full in {}",
                     l.limit,
                     human(l.headroom_bytes),
-                    super::human::duration(t)
+                    crate::human::duration(t)
                 ),
                 None => format!("{}: {} left, not growing", l.limit, human(l.headroom_bytes)),
             });

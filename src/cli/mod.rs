@@ -4,7 +4,6 @@
 
 mod advise;
 mod check;
-mod human;
 mod jobs;
 mod launch;
 mod status;
@@ -262,7 +261,7 @@ fn dispatch(cli: Cli) -> Result<(), Failure> {
                 println!("{}", serde_json::to_string_pretty(&client.snapshot()?)?);
                 return Ok(());
             }
-            let paint = human::Paint::for_stdout();
+            let paint = crate::human::Paint::for_stdout();
             let screen = || -> anyhow::Result<String> {
                 let sample: crate::sample::Sample = client.sample()?;
                 let view: status::Overview = client.get("/api/v1/jobs")?;

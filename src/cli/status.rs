@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 
 use serde::Deserialize;
 
-use super::human::{self, Paint};
+use crate::human::{self, Paint};
 use crate::job::{Limit, Pause, PauseDeadline};
 use crate::policy::{By, Level};
 use crate::sample::{Sample, psi};

@@ -288,6 +288,35 @@ pub const DOCS: &[(&str, &str)] = &[
          before the job is stopped.",
     ),
     (
+        "notify",
+        "Who is told when memwatch acts, and how. Each [[notify.channels]] entry has a `kind`:\n\
+         \"webhook\" (POSTs the event as JSON to `url`), \"slack\" (POSTs {\"text\": …} to a Slack or\n\
+         Mattermost incoming-webhook `url`), \"ntfy\" (POSTs the message to an ntfy topic `url` with\n\
+         Title, Priority and Tags headers) or \"command\" (runs `command` = [\"/abs/program\", \"arg\", …]\n\
+         with MEMWATCH_EVENT, MEMWATCH_JOB, MEMWATCH_REASON, MEMWATCH_DETAIL, MEMWATCH_MESSAGE,\n\
+         MEMWATCH_HOST and MEMWATCH_TIMESTAMP_MS set). Optional: `name` (logs and metrics use it, never\n\
+         the URL), `token` (webhook, ntfy: sent as a Bearer token), `events` (default: all of pause,\n\
+         resume, stop, restart, staged, applied, unverified, near_exhaustion, collector_down),\n\
+         `min_interval_seconds` (300: the same event for the same job at most this often; the next says\n\
+         how many were held back), `max_per_hour` (30), `retries` (3, backoff doubling from\n\
+         `retry_base_ms`, 1000) and `timeout_seconds` (10). URLs and tokens are secrets: they are never\n\
+         logged, shown in the API or printed by `memwatch config`. Delivery runs beside the daemon's\n\
+         work and never delays a pause. Example:\n\
+         [[notify.channels]]\n\
+         kind = \"ntfy\"\n\
+         url = \"https://ntfy.example.org/gpu-box-01\"\n\
+         events = [\"pause\", \"stop\", \"near_exhaustion\"]",
+    ),
+    (
+        "notify.near_exhaustion_seconds",
+        "A running job that will reach a limit within this long at its current (sustained) growth\n\
+         raises a near_exhaustion notification (once, until it is more than twice this far again).",
+    ),
+    (
+        "notify.channels",
+        "The channels, each a [[notify.channels]] table (see `notify`). None by default.",
+    ),
+    (
         "policy.*.action",
         "pause: pause the jobs the resource concerns; warn: record and report only.",
     ),

@@ -109,8 +109,10 @@ fn bounds(c: &Config) -> Result<(), (String, String)> {
 
 /// Parses configuration text; the error names the key and line.
 pub fn parse(text: &str) -> Result<Config, String> {
-    let config: Config = toml::from_str(text).map_err(|e| describe(text, &e))?;
+    let mut config: Config = toml::from_str(text).map_err(|e| describe(text, &e))?;
+    let named = config.notify.validate();
     let checks = [
+        named,
         bounds(&config),
         config.policy.validate(),
         config.way_out.validate(),

@@ -12,6 +12,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 mod docs;
 mod example;
 mod load;
+mod notify;
 mod policy;
 mod way_out;
 
@@ -19,6 +20,7 @@ pub use docs::DOCS;
 pub use example::example_toml;
 pub use load::{ConfigError, load, parse};
 
+pub use notify::{Channel, ChannelKind, NoticeKind, Notify, Secret};
 pub use policy::{Action, OnMaxPause, Policy, Ratio, RatioPolicy, TempPolicy};
 pub use way_out::{Step, WayOut};
 
@@ -40,6 +42,7 @@ pub struct Config {
     pub policy: Policy,
     pub adapt: Adapt,
     pub way_out: WayOut,
+    pub notify: Notify,
 }
 
 /// Training-config rewrites.
@@ -236,6 +239,7 @@ impl Default for Config {
             policy: Policy::default(),
             adapt: Adapt::default(),
             way_out: WayOut::default(),
+            notify: Notify::default(),
         }
     }
 }

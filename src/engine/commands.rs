@@ -30,8 +30,19 @@ impl Engine {
                     Ok(name) => {
                         if let (Some(j), Some(mut l)) = (self.jobs.get_mut(&name), launch) {
                             l.previous.truncate(16);
+                            let relaunch = (l.run > 1).then(|| {
+                                format!(
+                                    "run {} of at most {}: {}",
+                                    l.run,
+                                    l.max_restarts + 1,
+                                    l.previous.last().map_or("", String::as_str)
+                                )
+                            });
                             j.launch = Some(l);
                             self.save();
+                            if let Some(detail) = relaunch {
+                                self.record(now_ms, "attach", &name, "relaunch", detail, false);
+                            }
                         }
                         let mut r = Response::job(self.job_view(&self.jobs[&name]));
                         r.token = self.jobs[&name].config.as_ref().map(|c| c.token.clone());

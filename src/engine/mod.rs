@@ -6,6 +6,7 @@ mod adapt;
 mod commands;
 mod effects;
 mod ending;
+mod notice;
 mod observe;
 mod way_out;
 
@@ -118,6 +119,12 @@ pub struct Engine {
     /// When the jobs' smaps_rollup was last read.
     last_detailed_ms: u64,
     advice: Vec<crate::advice::Advice>,
+    /// Notifications, when channels are configured.
+    outbox: Option<crate::notify::Outbox>,
+    /// Jobs told to be near exhaustion, until they are well clear again.
+    near: std::collections::BTreeSet<String>,
+    /// Collectors failing in the latest sample.
+    failing: std::collections::BTreeSet<String>,
     /// The state file, written ahead of every pause.
     state: crate::act::persist::StateWriter,
     /// The clock's anchor, persisted so that a restarted daemon counts on the same line.
@@ -176,6 +183,9 @@ impl Engine {
             previous: None,
             last_detailed_ms: 0,
             advice: Vec::new(),
+            outbox: None,
+            near: Default::default(),
+            failing: Default::default(),
         }
     }
 
@@ -364,14 +374,23 @@ impl Engine {
         } else {
             tracing::info!(action, job, reason, detail = %detail, "event");
         }
-        self.audit.record(Event {
+        let event = Event {
             timestamp_ms: now_ms,
             action: action.to_owned(),
             job: job.to_owned(),
             reason: reason.to_owned(),
             detail,
             dry_run,
-        });
+        };
+        if let Some(o) = &self.outbox {
+            o.offer(&event);
+        }
+        self.audit.record(event);
+    }
+
+    /// Where events that people are told about go (`[notify]`).
+    pub fn set_outbox(&mut self, outbox: crate::notify::Outbox) {
+        self.outbox = Some(outbox);
     }
 
     /// The view the HTTP side publishes.

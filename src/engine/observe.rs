@@ -78,6 +78,7 @@ impl Engine {
         }
         self.adapt(now_ms);
         self.refresh_advice();
+        self.watch_for_notices(now_ms);
     }
 
     /// Verify, don't trust: checks every acknowledged change memwatch can see against the job's
@@ -209,7 +210,7 @@ impl Engine {
 
     /// Limits with growth as a trend only (`Growth::sustained_rate_per_second`): what prediction and
     /// resume decisions use, so bursts and per-step buffers pause nothing.
-    fn limits_with(&self, j: &crate::job::Job, sustained: bool) -> Vec<Limit> {
+    pub(super) fn limits_with(&self, j: &crate::job::Job, sustained: bool) -> Vec<Limit> {
         let rate = |g: &crate::job::Growth| {
             if sustained {
                 g.sustained_rate_per_second()

@@ -156,6 +156,23 @@ pub fn render(sample: Option<&Sample>, info: &DaemonInfo) -> String {
     w.out
 }
 
+/// Appends `memwatch_notifications_total{channel, outcome}` (nothing when no channel is set up).
+pub fn notifications(out: &mut String, counts: &[(String, &'static str, u64)]) {
+    let mut w = Writer {
+        out: std::mem::take(out),
+    };
+    {
+        let mut f = w.counter(
+            "memwatch_notifications_total",
+            "Notifications by channel and outcome: sent, retried (a try failed, another followed), failed (every try failed), held_back (rate limits), dropped (queue full).",
+        );
+        for (channel, outcome, n) in counts {
+            f.add(&[("channel", channel), ("outcome", outcome)], *n as f64);
+        }
+    }
+    *out = w.out;
+}
+
 fn collectors(w: &mut Writer, s: &Sample) {
     let mut f = w.gauge(
         "memwatch_collector_duration_seconds",

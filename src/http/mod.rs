@@ -150,6 +150,7 @@ async fn metrics_handler(
     };
     let mut body = metrics::render(snap.sample.as_deref(), &info);
     jobs_metrics::render(&mut body, &snap.view);
+    metrics::notifications(&mut body, &shared.notify.snapshot());
     if accepts_gzip(&headers) {
         if let Ok(zipped) = gzip(body.as_bytes()) {
             return (

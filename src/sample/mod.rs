@@ -45,6 +45,14 @@ pub struct CollectorStatus {
     pub errors_total: u64,
 }
 
+/// The machine's host name under `root` (`proc/sys/kernel/hostname`), at most 64 characters.
+pub fn hostname(root: &std::path::Path) -> Option<String> {
+    std::fs::read_to_string(root.join("proc/sys/kernel/hostname"))
+        .ok()
+        .map(|h| h.trim().chars().take(64).collect::<String>())
+        .filter(|h| !h.is_empty())
+}
+
 /// One timestamped sample: host, GPUs, and how each collector did.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Sample {
@@ -174,10 +182,7 @@ impl Sampler {
                 cgroup,
                 temperatures,
                 page_size_bytes: self.page_size,
-                hostname: std::fs::read_to_string(self.root.join("proc/sys/kernel/hostname"))
-                    .ok()
-                    .map(|h| h.trim().chars().take(64).collect::<String>())
-                    .filter(|h| !h.is_empty()),
+                hostname: hostname(&self.root),
             },
             gpus,
             collectors: st,

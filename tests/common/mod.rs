@@ -4,8 +4,6 @@
 pub mod cgroup;
 pub mod tmux;
 
-pub use tmux::Tmux;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};

@@ -1,5 +1,6 @@
-//! Numbers for people: sizes the way `free -h` writes them, durations in the units people use, and
-//! levels in colour on a terminal (never when `NO_COLOR` is set or the output is not a terminal).
+//! Numbers and words for people: sizes the way `free -h` writes them, durations in the units people
+//! use, resources in plain words, and levels in colour on a terminal (never when `NO_COLOR` is set or
+//! the output is not a terminal). Used by the commands and by the messages memwatch sends.
 
 use crate::policy::Level;
 

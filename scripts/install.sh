@@ -1,10 +1,27 @@
 #!/usr/bin/env bash
-# Installs memwatch as a systemd service: the binary in /usr/local/bin, the config in /etc/memwatch (the
-# documented defaults, unless one is there already), the unit in /etc/systemd/system. Run as root.
-# Then: systemctl start memwatch (this script enables and starts it when systemd is running).
+# Installs memwatch as a systemd service and starts it. Run as root.
+#
+#   sudo ./scripts/install.sh memwatch_0.1.0_amd64.deb   # a package (no Rust toolchain needed): apt-get
+#                                                        # installs it, and its postinst starts it
+#   sudo ./scripts/install.sh                            # a package in target/debian/ or beside the
+#                                                        # script, else from source: the binary in
+#                                                        # /usr/local/bin, the config in /etc/memwatch
+#                                                        # (the documented defaults, unless one is
+#                                                        # there already), the unit in /etc/systemd/system
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "scripts/install.sh: run as root" >&2; exit 1; }
+deb=${1:-}
+if [ -z "$deb" ] && ! command -v cargo >/dev/null 2>&1; then
+  deb=$(ls -t target/debian/memwatch_*.deb memwatch_*.deb 2>/dev/null | head -n 1 || true)
+  [ -n "$deb" ] || { echo "scripts/install.sh: no Rust toolchain and no memwatch_*.deb here; build one with ./scripts/build-deb.sh on a machine with cargo" >&2; exit 1; }
+fi
+if [ -n "$deb" ]; then
+  apt-get install -y "$(realpath "$deb")"
+  memwatch --config /etc/memwatch/memwatch.toml config check >/dev/null
+  [ -d /run/systemd/system ] || echo "installed; systemd is not running here, so start it with: memwatch run"
+  exit 0
+fi
 cargo build --release --locked
 install -m 0755 target/release/memwatch /usr/local/bin/memwatch
 install -d -m 0755 /etc/memwatch

@@ -26,6 +26,9 @@ have node || missing+=(nodejs)
 have npm || missing+=(npm)
 # `memwatch status` and `memwatch top` are tested in a real terminal.
 have tmux || missing+=(tmux)
+# The Debian package is built (dpkg-deb, objdump for its libc6 dependency) and installed into a fresh root.
+have dpkg-deb || missing+=(dpkg)
+have objdump || missing+=(binutils)
 # The stall test mounts a real slow filesystem (FUSE, tests/stall/slowfs.py).
 have fusermount3 || missing+=(fuse3)
 [ -f /usr/lib/python3/dist-packages/fusepy.py ] || missing+=(python3-fusepy)

@@ -135,6 +135,13 @@ enum Command {
         #[command(subcommand)]
         what: ConfigCommand,
     },
+    /// Print shell completions (bash, zsh, fish, elvish, powershell) to stdout
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff) to stdout
+    Manpage,
 }
 
 #[derive(clap::Args)]
@@ -468,6 +475,16 @@ fn dispatch(cli: Cli) -> Result<(), Failure> {
                 let old = old.map(|o| o.to_string()).unwrap_or_default();
                 println!("{path}: {old} → {new}");
             }
+            Ok(())
+        }
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(*shell, &mut cmd, "memwatch", &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Manpage => {
+            let cmd = <Cli as clap::CommandFactory>::command();
+            clap_mangen::Man::new(cmd).render(&mut std::io::stdout())?;
             Ok(())
         }
         Command::Config { what } => match what {

@@ -1,5 +1,5 @@
 //! Users act on their own processes only: attach, pause, resume and detach as another user are
-//! refused, a user sees only their own jobs and cannot probe private paths, and a root child in a
+//! refused, a user sees other users' jobs only as the summary HTTP shows everyone, cannot probe private paths, and a root child in a
 //! user's job is never signalled or frozen on the user's behalf.
 
 mod common;
@@ -112,7 +112,8 @@ fn users_act_on_their_own_processes_only() {
     assert!(eventually(1.0, || proc_state(user_proc.id()) == Some('T')));
     assert_eq!(as_user("memwatch-test", &d, &["resume", "mine"]).0, 0);
     assert_eq!(proc_state(user_proc.id()), Some('S'));
-    // The user sees only their own jobs.
+    // One rule with HTTP: the user sees every job, their own in full, root's as a summary (state,
+    // numbers, process count), without its processes or config.
     let out = Command::new("runuser")
         .args(["-u", "memwatch-test", "--"])
         .arg(common::bin())
@@ -121,8 +122,50 @@ fn users_act_on_their_own_processes_only() {
         .output()
         .unwrap();
     let jobs: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(jobs.len(), 1);
-    assert_eq!(jobs[0]["name"], "mine");
+    let job = |name: &str| jobs.iter().find(|j| j["name"] == name).cloned().unwrap();
+    assert_eq!(jobs.len(), 2, "{jobs:?}");
+    let (mine, roots) = (job("mine"), job("roots"));
+    assert_eq!(
+        (mine["details"].as_bool(), roots["details"].as_bool()),
+        (Some(true), Some(false))
+    );
+    assert_eq!(
+        mine["sample"]["processes"].as_array().map(Vec::len),
+        Some(1)
+    );
+    assert_eq!(
+        roots["sample"]["processes"].as_array().map(Vec::len),
+        Some(0)
+    );
+    assert_eq!(roots["sample"]["process_count"], 1);
+    assert_eq!(roots["state"], "running");
+    // The same as the unauthenticated HTTP API shows.
+    let (_, http) = d.get("/api/v1/jobs");
+    let http: serde_json::Value = serde_json::from_str(&http).unwrap();
+    let names = |v: &[serde_json::Value]| {
+        let mut n: Vec<String> = v.iter().map(|j| j["name"].to_string()).collect();
+        n.sort();
+        n
+    };
+    assert_eq!(names(http["jobs"].as_array().unwrap()), names(&jobs));
+    let (code, text) = {
+        let out = Command::new("runuser")
+            .args(["-u", "memwatch-test", "--"])
+            .arg(common::bin())
+            .args(["jobs", "--socket"])
+            .arg(&d.socket)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    assert_eq!(code, Some(0));
+    assert!(
+        text.contains("uid 0's job: its processes and config are shown to its owner and root"),
+        "{text}"
+    );
     assert_eq!(as_user("memwatch-test", &d, &["detach", "mine"]).0, 0);
     kill(root_proc);
     kill(user_proc);

@@ -55,6 +55,7 @@ fn job(processes: Vec<ProcessSample>) -> JobView {
             cgroup: None,
             gpu_bytes: None,
             gpus: None,
+            process_count: processes.len(),
             processes,
         }),
         limits: vec![],
@@ -63,6 +64,7 @@ fn job(processes: Vec<ProcessSample>) -> JobView {
         launch: None,
         way_out: None,
         pause_deadline: None,
+        details: true,
     }
 }
 

@@ -85,7 +85,7 @@ pub fn render(jobs: &[JobView], now_ms: u64) -> String {
             j.name,
             j.pid,
             state,
-            s.map(|s| s.processes.len().to_string())
+            s.map(|s| s.process_count.to_string())
                 .unwrap_or_else(|| "-".into()),
             opt(s.map(|s| s.pss_bytes)),
             opt(s.map(|s| s.rss_bytes)),
@@ -94,6 +94,13 @@ pub fn render(jobs: &[JobView], now_ms: u64) -> String {
             cg.unwrap_or_else(|| "-".into()),
             tight.unwrap_or_else(|| "-".into()),
         );
+        if !j.details {
+            let _ = writeln!(
+                o,
+                "    uid {}'s job: its processes and config are shown to its owner and root",
+                j.owner_uid
+            );
+        }
         if let Some(line) = s.and_then(memory_line) {
             let _ = writeln!(o, "    {line}");
         }
@@ -119,7 +126,7 @@ pub fn render(jobs: &[JobView], now_ms: u64) -> String {
                 let _ = writeln!(o, "      {earlier}");
             }
         }
-        if let Some(c) = &j.config {
+        if let Some(c) = j.config.as_ref().filter(|_| j.details) {
             let knobs: Vec<String> = c.knobs.iter().map(|(k, v)| format!("{k}={v}")).collect();
             let _ = writeln!(
                 o,
@@ -243,6 +250,7 @@ mod tests {
         let mut s = JobSample {
             timestamp_ms: 10_000,
             processes: Vec::new(),
+            process_count: 0,
             rss_bytes: 1 << 30,
             pss_bytes: 1 << 29,
             pss_read_ms: Some(9_500),

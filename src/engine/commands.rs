@@ -88,11 +88,19 @@ impl Engine {
                 return self.pause_reply(r);
             }
             Request::Jobs {} => {
+                // One rule with HTTP: every user sees every job's summary; its owner and root its
+                // details too.
                 let jobs = self
                     .jobs
                     .values()
-                    .filter(|j| caller.is_root() || j.owner_uid == caller.uid)
-                    .map(|j| self.job_view(j))
+                    .map(|j| {
+                        let v = self.job_view(j);
+                        if caller.is_root() || j.owner_uid == caller.uid {
+                            v
+                        } else {
+                            v.summary()
+                        }
+                    })
                     .collect();
                 let mut r = Response::jobs(jobs);
                 r.ended = Some(

@@ -353,8 +353,14 @@ impl Engine {
         dry_run: bool,
     ) {
         self.dirty = true;
+        // Events that are no intervention: not counted as one, logged at info.
+        let notice = matches!(
+            action,
+            "level" | "error" | "collector_down" | "collector_up" | "near_exhaustion"
+        );
         match action {
-            "level" | "attach" | "detach" | "error" => {}
+            "attach" | "detach" => {}
+            _ if notice => {}
             _ => {
                 let c = self
                     .counts
@@ -364,7 +370,7 @@ impl Engine {
                 c.1 = now_ms;
             }
         }
-        let level = if action == "level" || action == "error" {
+        let level = if notice {
             tracing::Level::INFO
         } else {
             tracing::Level::WARN
@@ -454,6 +460,7 @@ impl Engine {
             launch: j.launch.clone(),
             way_out: j.way_out.clone(),
             pause_deadline: self.pause_deadline(j),
+            details: true,
         }
     }
 

@@ -110,11 +110,6 @@ pub async fn jobs(State(shared): State<Arc<Shared>>, headers: axum::http::Header
 fn job_json(job: &crate::job::JobView, details: bool) -> serde_json::Value {
     let mut v = serde_json::to_value(job).unwrap_or_default();
     if let Some(s) = v.get_mut("sample").and_then(|s| s.as_object_mut()) {
-        let n = s
-            .get("processes")
-            .and_then(|p| p.as_array())
-            .map_or(0, Vec::len);
-        s.insert("process_count".into(), n.into());
         if !details {
             s.remove("processes");
         }

@@ -39,6 +39,9 @@ pub struct ProcessSample {
 pub struct JobSample {
     pub timestamp_ms: u64,
     pub processes: Vec<ProcessSample>,
+    /// How many processes the tree has (also where `processes` is left out of a summary).
+    #[serde(default)]
+    pub process_count: usize,
     /// RSS summed over the tree (shared pages counted once per process), read at this sample.
     pub rss_bytes: u64,
     /// PSS summed over the tree, from readings no older than `pss_read_ms`.
@@ -182,6 +185,7 @@ pub fn measure(
         rss_bytes: processes.iter().map(|p| p.rss_bytes).sum(),
         pss_bytes: processes.iter().map(|p| p.pss_bytes).sum(),
         pss_read_ms: processes.iter().filter_map(|p| p.pss_read_ms).min(),
+        process_count: processes.len(),
         swap_bytes: processes.iter().map(|p| p.swap_bytes).sum(),
         gpu_bytes: gpu_known.then(|| processes.iter().filter_map(|p| p.gpu_bytes).sum()),
         gpus: gpu_known.then_some(used_gpus),

@@ -220,6 +220,38 @@ pub struct JobView {
     /// memwatch does then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pause_deadline: Option<PauseDeadline>,
+    /// Whether this view holds the job's details (its processes and its config): for its owner,
+    /// root, or whoever presents its token. Everyone else sees the summary (docs/api.md, "Who sees
+    /// what").
+    #[serde(default = "yes")]
+    pub details: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl JobView {
+    /// The view every local user may see: name, owner, state, why and since when it is paused, its
+    /// numbers and limits, its process count and config generations; not its processes, config
+    /// file, knobs, directives or progress.
+    pub fn summary(mut self) -> JobView {
+        if let Some(s) = self.sample.as_mut() {
+            s.processes.clear();
+        }
+        // Of the config, only how far its changes have got.
+        if let Some(c) = self.config.as_mut() {
+            c.file = std::path::PathBuf::new();
+            c.profile.clear();
+            c.knobs.clear();
+            c.directives.clear();
+            c.progress = None;
+            c.last_error = None;
+            c.checkpoint = None;
+        }
+        self.details = false;
+        self
+    }
 }
 
 /// When a pause runs out and what follows.
@@ -325,6 +357,7 @@ mod tests {
         j.last = Some(JobSample {
             timestamp_ms: 2_000,
             processes: Vec::new(),
+            process_count: 0,
             rss_bytes: 0,
             pss_bytes: 0,
             pss_read_ms: None,

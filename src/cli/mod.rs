@@ -7,6 +7,7 @@ mod check;
 mod jobs;
 mod launch;
 mod status;
+mod top;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -59,6 +60,18 @@ enum Command {
         /// The daemon's base URL [default: from the config's `listen`]
         #[arg(long, value_name = "URL")]
         url: Option<String>,
+    },
+    /// A live terminal view: levels, RAM, swap, pressure and GPUs with sparklines, GPU processes, jobs;
+    /// p, r and d pause, resume and detach the selected job
+    Top {
+        /// The daemon's base URL [default: from the config's `listen`]
+        #[arg(long, value_name = "URL")]
+        url: Option<String>,
+        /// Seconds between refreshes
+        #[arg(long, value_name = "SECONDS", default_value = "1")]
+        interval: f64,
+        #[command(flatten)]
+        socket: SocketArg,
     },
     /// Follow a training job: the process and all its descendants, and protect it
     Attach {
@@ -475,6 +488,30 @@ fn dispatch(cli: Cli) -> Result<(), Failure> {
                 let old = old.map(|o| o.to_string()).unwrap_or_default();
                 println!("{path}: {old} → {new}");
             }
+            Ok(())
+        }
+        Command::Top {
+            url,
+            interval,
+            socket,
+        } => {
+            if !(0.1..=60.0).contains(interval) {
+                return Err(usage(anyhow::anyhow!(
+                    "--interval takes 0.1 to 60 seconds, got {interval}"
+                )));
+            }
+            use std::io::IsTerminal;
+            if !std::io::stdout().is_terminal() {
+                return Err(usage(anyhow::anyhow!(
+                    "memwatch top needs a terminal; use `memwatch status --watch` or `--json` otherwise"
+                )));
+            }
+            let config = load_config(&cli)?;
+            top::run(&top::Args {
+                url: url.clone().unwrap_or_else(|| daemon_url(&config)),
+                socket: socket.socket.clone().unwrap_or(config.control.socket),
+                interval: std::time::Duration::from_secs_f64(*interval),
+            })?;
             Ok(())
         }
         Command::Completions { shell } => {

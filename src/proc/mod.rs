@@ -34,6 +34,8 @@ pub struct Stat {
     pub flags: u64,
     pub start_time: u64,
     pub rss_pages: u64,
+    /// CPU time used, user plus system, in clock ticks (`utime` + `stime`).
+    pub cpu_ticks: u64,
 }
 
 const PF_KTHREAD: u64 = 0x0020_0000;
@@ -97,6 +99,7 @@ pub fn parse_stat(path: &Path, text: &str) -> Result<Stat, ReadError> {
         flags: num(9, "flags")?,
         start_time: num(22, "starttime")?,
         rss_pages: num(24, "rss")?,
+        cpu_ticks: num(14, "utime")?.saturating_add(num(15, "stime")?),
     })
 }
 

@@ -84,6 +84,14 @@ impl Shared {
         }
     }
 
+    /// History points newer than `ms`: what a client that holds up to `ms` lacks.
+    pub fn history_after(&self, ms: u64) -> Vec<Point> {
+        match self.history.read() {
+            Ok(h) => h.after(ms),
+            Err(p) => p.into_inner().after(ms),
+        }
+    }
+
     pub fn samples_total(&self) -> u64 {
         self.snapshot().samples_total
     }
@@ -105,7 +113,10 @@ impl Shared {
     }
 
     fn publish_sample(&self, sample: Arc<Sample>, view: Option<View>) {
-        let point = Point::of(&sample);
+        let point = match &view {
+            Some(v) => Point::of(&sample, &v.jobs),
+            None => Point::of(&sample, &self.snapshot().view.jobs),
+        };
         match self.history.write() {
             Ok(mut h) => h.push(point),
             Err(p) => p.into_inner().push(point),

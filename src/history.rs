@@ -18,6 +18,17 @@ pub struct GpuPoint {
     pub temperature_celsius: Option<f64>,
 }
 
+/// One attached job in a history point: what the dashboard charts per job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobPoint {
+    pub name: String,
+    pub rss_bytes: u64,
+    pub pss_bytes: u64,
+    #[serde(default)]
+    pub gpu_bytes: Option<u64>,
+    pub paused: bool,
+}
+
 /// The chartable part of a sample.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Point {
@@ -30,10 +41,14 @@ pub struct Point {
     /// PSI memory "full" over 10 s, 0–1; absent without PSI.
     pub pressure_memory_full_avg10: Option<f64>,
     pub gpus: Vec<GpuPoint>,
+    /// The attached jobs as the daemon saw them at this sample (names and memory: what everyone
+    /// may see, docs/api.md).
+    #[serde(default)]
+    pub jobs: Vec<JobPoint>,
 }
 
 impl Point {
-    pub fn of(s: &Sample) -> Point {
+    pub fn of(s: &Sample, jobs: &[crate::job::JobView]) -> Point {
         let m = s.host.memory.as_ref();
         let psi = s.host.pressure.memory.as_ref();
         Point {
@@ -51,6 +66,19 @@ impl Point {
                     memory_used_bytes: g.memory_used_bytes,
                     memory_total_bytes: g.memory_total_bytes,
                     temperature_celsius: g.temperature_celsius,
+                })
+                .collect(),
+            jobs: jobs
+                .iter()
+                .filter_map(|j| {
+                    let m = j.sample.as_ref()?;
+                    Some(JobPoint {
+                        name: j.name.clone(),
+                        rss_bytes: m.rss_bytes,
+                        pss_bytes: m.pss_bytes,
+                        gpu_bytes: m.gpu_bytes,
+                        paused: j.pause.is_some(),
+                    })
                 })
                 .collect(),
         }
@@ -79,6 +107,12 @@ impl History {
         self.points.push_back(p);
     }
 
+    /// Points newer than `ms` (exclusive), oldest first: what a client holding up to `ms` lacks.
+    pub fn after(&self, ms: u64) -> Vec<Point> {
+        let start = self.points.partition_point(|p| p.timestamp_ms <= ms);
+        self.points.range(start..).cloned().collect()
+    }
+
     /// Points no older than `seconds` before the newest point, oldest first.
     pub fn since(&self, seconds: u64) -> Vec<Point> {
         let Some(newest) = self.points.back() else {
@@ -105,10 +139,13 @@ mod tests {
     use super::*;
 
     fn point(ts: u64) -> Point {
-        Point::of(&Sample {
-            timestamp_ms: ts,
-            ..Default::default()
-        })
+        Point::of(
+            &Sample {
+                timestamp_ms: ts,
+                ..Default::default()
+            },
+            &[],
+        )
     }
 
     #[test]
@@ -122,5 +159,10 @@ mod tests {
         assert_eq!(ts, vec![3000, 4000]);
         assert_eq!(h.since(3600).len(), 3);
         assert!(History::new(5).since(10).is_empty());
+        // Incremental: what a client holding up to 3000 lacks.
+        let ts: Vec<u64> = h.after(3000).iter().map(|p| p.timestamp_ms).collect();
+        assert_eq!(ts, vec![4000]);
+        assert!(h.after(4000).is_empty());
+        assert_eq!(h.after(0).len(), 3);
     }
 }

@@ -1,6 +1,8 @@
 //! The live dashboard in a real browser: Debian's Chromium, driven by playwright-core
 //! (tests/browser/dashboard.mjs), loads the page from the daemon with no console errors, its charts
-//! fill with data, and a job the daemon pauses shows as paused within seconds, at laptop and phone
+//! fill with data, its tiles show the snapshot's numbers and levels, nothing sticks out of its box,
+//! one request per endpoint is in flight and history comes incrementally, and a job the daemon
+//! pauses shows as paused within seconds (on a phone, on the first screen), at laptop and phone
 //! widths. Screenshots go to target/dashboard-*.png.
 
 mod common;

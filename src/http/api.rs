@@ -26,18 +26,38 @@ pub async fn snapshot(State(shared): State<Arc<Shared>>) -> Response {
     }
 }
 
-/// `GET /api/v1/history?seconds=N`: points from the last N seconds (default 300).
+/// `GET /api/v1/history?seconds=N` (default 300): points from the last N seconds; or
+/// `?since_ms=T`: the points newer than T, for a client that holds the rest.
 pub async fn history(
     State(shared): State<Arc<Shared>>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
-    if let Some(k) = q.keys().find(|k| k.as_str() != "seconds") {
+    if let Some(k) = q
+        .keys()
+        .find(|k| k.as_str() != "seconds" && k.as_str() != "since_ms")
+    {
         return error(
             StatusCode::BAD_REQUEST,
-            format!("unknown query parameter `{k}`; only `seconds` is accepted"),
+            format!("unknown query parameter `{k}`; `seconds` or `since_ms` is accepted"),
         );
     }
     let max = shared.history_seconds;
+    if let Some(v) = q.get("since_ms") {
+        if q.contains_key("seconds") {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "give `seconds` or `since_ms`, not both",
+            );
+        }
+        return match v.parse::<u64>() {
+            Ok(ms) => Json(json!({ "since_ms": ms, "points": shared.history_after(ms) }))
+                .into_response(),
+            Err(_) => error(
+                StatusCode::BAD_REQUEST,
+                format!("`since_ms` must be a whole number of Unix milliseconds, got {v:?}"),
+            ),
+        };
+    }
     let seconds = match q.get("seconds") {
         None => 300.min(max),
         Some(v) => match v.parse::<u64>() {

@@ -1,7 +1,11 @@
 // Drives Debian's Chromium against memwatch's dashboard: node dashboard.mjs URL SCREENSHOT_PREFIX JOB
 // Prints "charts" once every chart has data (the test then attaches JOB, which the daemon pauses), then
-// waits for JOB to show as paused, at a laptop and at a phone width. Any console error, page error,
-// failed request, or a page wider than the screen fails it.
+// waits for JOB to show as paused, at a laptop and at a phone width, and checks:
+// - the tiles show the numbers /api/v1/snapshot gives, with the levels /api/v1/jobs gives;
+// - no element sticks out of its section, and the page is no wider than the screen;
+// - at a phone width the paused job is on the first screen;
+// - one request per endpoint in flight at a time, and history fetched incrementally after the first.
+// Any console error, page error or failed request fails it.
 import { chromium } from "playwright-core";
 import { createInterface } from "node:readline";
 
@@ -21,8 +25,20 @@ for (const viewport of [{ width: 1280, height: 900 }, { width: 390, height: 844 
   page.on("console", m => { if (m.type() === "error") errors.push(`console: ${m.text()}`); });
   page.on("pageerror", e => errors.push(`page error: ${e}`));
   page.on("requestfailed", r => errors.push(`request failed: ${r.url()}`));
+  // Requests in flight per endpoint, and the history URLs asked for.
+  const inFlight = new Map(), history = [];
+  const key = u => new URL(u).pathname;
+  page.on("request", r => {
+    const k = key(r.url());
+    if (k === "/api/v1/history") history.push(new URL(r.url()).search);
+    inFlight.set(k, (inFlight.get(k) || 0) + 1);
+    if (inFlight.get(k) > 1) errors.push(`two requests to ${k} in flight at once`);
+  });
+  const done = r => { const k = key(r.url()); inFlight.set(k, (inFlight.get(k) || 1) - 1); };
+  page.on("requestfinished", done);
+  page.on("requestfailed", done);
   await page.goto(url);
-  await page.waitForFunction(ids => ids.every(id => +document.getElementById(id).dataset.points > 0), charts, { timeout: 15000 });
+  await page.waitForFunction(ids => ids.every(id => +document.getElementById(id).dataset.points !== 0), charts, { timeout: 15000 });
   if (first) {
     console.log("charts");
     await lines.next(); // the test has attached the job
@@ -31,8 +47,56 @@ for (const viewport of [{ width: 1280, height: 900 }, { width: 390, height: 844 
   const t0 = Date.now();
   await page.waitForSelector(`tr[data-job="${job}"] [data-state="paused"]`, { timeout: 10000 });
   console.log(`paused shown after ${Date.now() - t0} ms at ${viewport.width}px`);
+  // Tiles against the API, read in the page at the same moment.
+  const tiles = await page.evaluate(async () => {
+    const snap = await (await fetch("/api/v1/snapshot")).json();
+    const jobs = await (await fetch("/api/v1/jobs")).json();
+    const t = id => document.querySelector(`[data-tile="${id}"]`);
+    const level = k => (jobs.levels.find(l => l.resource === k) || { level: "ok" }).level;
+    const out = [];
+    const m = snap.host.memory, ram = t("ram");
+    out.push(["ram total", +ram.dataset.total, m.total_bytes], ["ram available", +ram.dataset.available, m.available_bytes],
+      ["ram text", ram.querySelector("[data-value]").textContent, `${fmtBytes(m.total_bytes - m.available_bytes)} / ${fmtBytes(m.total_bytes)}`],
+      ["ram level", ram.dataset.level, level("host_memory")]);
+    const swap = t("swap");
+    out.push(["swap used", +swap.dataset.used, m.swap_total_bytes - m.swap_free_bytes], ["swap level", swap.dataset.level, level("swap")]);
+    for (const g of snap.gpus) {
+      const gm = t(`gpu-mem-${g.index}`), gt = t(`gpu-temp-${g.index}`);
+      out.push([`gpu ${g.index} used`, +gm.dataset.used, g.memory_used_bytes], [`gpu ${g.index} total`, +gm.dataset.total, g.memory_total_bytes],
+        [`gpu ${g.index} memory level`, gm.dataset.level, level(`gpu_memory:${g.index}`)],
+        [`gpu ${g.index} celsius`, +gt.dataset.celsius, g.temperature_celsius], [`gpu ${g.index} rows`,
+          document.querySelectorAll(`tr[data-gpu="${g.index}"]`).length, 1]);
+      for (const p of g.processes || []) out.push([`gpu ${g.index} pid ${p.pid} row`, document.querySelectorAll(`tr.proc[data-pid="${p.pid}"]`).length > 0, true]);
+    }
+    out.push(["host name", document.getElementById("host").textContent, snap.host.hostname]);
+    return out;
+  });
+  for (const [what, shown, api] of tiles) {
+    if (shown !== api) errors.push(`${viewport.width}px: ${what}: the page shows ${shown}, the API says ${api}`);
+  }
+  // Nothing sticks out of its section.
+  const outside = await page.evaluate(() => {
+    const bad = [];
+    for (const s of document.querySelectorAll("main section")) {
+      const box = s.getBoundingClientRect();
+      for (const el of s.querySelectorAll("*")) {
+        const r = el.getBoundingClientRect();
+        if (r.width && (r.right > box.right + 1 || r.left < box.left - 1)) bad.push(`${s.id || s.querySelector("h2").textContent}: <${el.tagName.toLowerCase()}> ${Math.round(r.left)}–${Math.round(r.right)} outside ${Math.round(box.left)}–${Math.round(box.right)}`);
+      }
+    }
+    return bad.slice(0, 5);
+  });
+  errors.push(...outside.map(b => `${viewport.width}px: ${b}`));
   const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
   if (overflow > 1) errors.push(`the page is ${overflow}px wider than a ${viewport.width}px screen`);
+  if (viewport.width < 700) {
+    const top = await page.evaluate(j => document.querySelector(`tr[data-job="${j}"]`).getBoundingClientRect().top, job);
+    if (top > viewport.height) errors.push(`the paused job is ${Math.round(top)}px down, below the first screen`);
+  }
+  // Later rounds ask for history incrementally.
+  for (const until = Date.now() + 10000; history.length < 3 && Date.now() < until;) await new Promise(r => setTimeout(r, 50));
+  if (!history[0]?.startsWith("?seconds=") || history.length < 2 || !history.slice(1).every(q => q.startsWith("?since_ms=")))
+    errors.push(`history requests: ${history.join(" ")}`);
   await page.screenshot({ path: `${shot}-${viewport.width}.png`, fullPage: true });
   await page.close();
 }

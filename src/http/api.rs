@@ -50,8 +50,9 @@ pub async fn history(
             );
         }
         return match v.parse::<u64>() {
-            Ok(ms) => Json(json!({ "since_ms": ms, "points": shared.history_after(ms) }))
-                .into_response(),
+            Ok(ms) => {
+                Json(json!({ "since_ms": ms, "points": shared.history_after(ms) })).into_response()
+            }
             Err(_) => error(
                 StatusCode::BAD_REQUEST,
                 format!("`since_ms` must be a whole number of Unix milliseconds, got {v:?}"),

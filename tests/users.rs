@@ -114,14 +114,22 @@ fn users_act_on_their_own_processes_only() {
     assert_eq!(proc_state(user_proc.id()), Some('S'));
     // One rule with HTTP: the user sees every job, their own in full, root's as a summary (state,
     // numbers, process count), without its processes or config.
-    let out = Command::new("runuser")
-        .args(["-u", "memwatch-test", "--"])
-        .arg(common::bin())
-        .args(["jobs", "--json", "--socket"])
-        .arg(&d.socket)
-        .output()
-        .unwrap();
-    let jobs: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let user_jobs = || -> Vec<serde_json::Value> {
+        let out = Command::new("runuser")
+            .args(["-u", "memwatch-test", "--"])
+            .arg(common::bin())
+            .args(["jobs", "--json", "--socket"])
+            .arg(&d.socket)
+            .output()
+            .unwrap();
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    // Once both jobs have been measured.
+    assert!(eventually(5.0, || {
+        let j = user_jobs();
+        j.len() == 2 && j.iter().all(|j| !j["sample"].is_null())
+    }));
+    let jobs = user_jobs();
     let job = |name: &str| jobs.iter().find(|j| j["name"] == name).cloned().unwrap();
     assert_eq!(jobs.len(), 2, "{jobs:?}");
     let (mine, roots) = (job("mine"), job("roots"));

@@ -489,3 +489,56 @@ fn pss_keeps_up_with_a_growing_job_and_says_how_old_it_is() {
     }
     kill(hog);
 }
+
+/// A process in a cgroup laid out as Docker's (cgroupfs driver: /docker/<id> under the memory
+/// controller) is named after its container when attached without a name; its limit is the
+/// container's, and the API and metrics carry the container id.
+#[test]
+fn a_container_job_is_named_from_its_cgroup_path() {
+    let id = "3f2a1b9c0d1e4f5a6b7c8d9e0f1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c";
+    let v1 = std::path::Path::new("/sys/fs/cgroup/memory");
+    let (dir, procs) = if v1.join("memory.limit_in_bytes").exists() {
+        (v1.join("docker").join(id), "cgroup.procs")
+    } else {
+        (
+            std::path::Path::new("/sys/fs/cgroup/system.slice").join(format!("docker-{id}.scope")),
+            "cgroup.procs",
+        )
+    };
+    std::fs::create_dir_all(&dir).expect("make the container's cgroup (needs root)");
+    let limit_file = if dir.join("memory.limit_in_bytes").exists() {
+        "memory.limit_in_bytes"
+    } else {
+        "memory.max"
+    };
+    std::fs::write(dir.join(limit_file), "805306368").unwrap();
+    let script = format!("echo $$ > {}/{procs} && exec sleep 60", dir.display());
+    let c = Command::new("sh").args(["-c", &script]).spawn().unwrap();
+    let pid = c.id();
+    assert!(eventually(2.0, || std::fs::read_to_string(format!(
+        "/proc/{pid}/cgroup"
+    ))
+    .is_ok_and(|t| t.contains(id))));
+    let d = daemon("");
+    let (code, out, err) = d.ctl(&["attach", &pid.to_string()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("docker-3f2a1b9c0d1e"), "{out}");
+    d.wait_until(|d| !d.jobs()[0]["sample"].is_null(), "the job measured");
+    let j = &d.jobs()[0];
+    assert_eq!(
+        (j["origin"]["kind"].as_str(), j["origin"]["id"].as_str()),
+        (Some("docker"), Some(id))
+    );
+    assert_eq!(j["sample"]["cgroup"]["limit_bytes"], 805306368u64, "{j}");
+    assert!(d.metrics().contains("container=\"3f2a1b9c0d1e\""));
+    kill(c);
+    assert!(c_wait_removed(&dir));
+    if let Some(parent) = dir.parent().filter(|p| p.ends_with("docker")) {
+        let _ = std::fs::remove_dir(parent);
+    }
+}
+
+/// Removes a test cgroup once its processes are gone.
+fn c_wait_removed(dir: &std::path::Path) -> bool {
+    eventually(5.0, || std::fs::remove_dir(dir).is_ok() || !dir.exists())
+}

@@ -64,6 +64,7 @@ fn job(processes: Vec<ProcessSample>) -> JobView {
         launch: None,
         way_out: None,
         pause_deadline: None,
+        origin: None,
         details: true,
     }
 }

@@ -426,7 +426,14 @@ impl Engine {
                 caller.uid
             ));
         }
-        let name = name.unwrap_or_else(|| format!("{}-{pid}", stat.comm));
+        // Unnamed: after its container or Slurm job, if it has one ("slurm-4242",
+        // "docker-3f2a1b9c0d1e"), else after its command; with the pid if that name is taken.
+        let origin = crate::job::measure::origin_of(root, pid);
+        let name = name.unwrap_or_else(|| match &origin {
+            Some(o) if !self.jobs.contains_key(&o.short()) => o.short(),
+            Some(o) => format!("{}-{pid}", o.short()),
+            None => format!("{}-{pid}", stat.comm),
+        });
         if name.is_empty()
             || name.len() > 64
             || !name
@@ -460,6 +467,7 @@ impl Engine {
             cg,
             self.cfg.sampling.growth_window_ms.0,
         );
+        job.origin = origin;
         job.config = job_config.map(|mut c| {
             c.self_attached = caller.pid.is_some_and(|p| i64::from(p) == i64::from(pid));
             c

@@ -417,6 +417,7 @@ impl Engine {
                 );
                 job.config = pj.config.clone();
                 job.launch = pj.launch.clone();
+                job.origin = crate::job::measure::origin_of(&self.process_root, pj.root.pid);
                 // Its pause was just undone: a way out in progress ends here, and the room it held
                 // is given back once the job fits (a new pause starts a new ladder).
                 job.way_out = pj.way_out.clone().map(|mut w| {

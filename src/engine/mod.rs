@@ -460,6 +460,7 @@ impl Engine {
             launch: j.launch.clone(),
             way_out: j.way_out.clone(),
             pause_deadline: self.pause_deadline(j),
+            origin: j.origin.clone(),
             details: true,
         }
     }

@@ -226,13 +226,23 @@ pub fn render(out: &mut String, v: &View) {
     let mut lines = String::new();
     for j in &v.jobs {
         let limit = j.tightest.as_ref().map(|l| l.limit.as_str()).unwrap_or("");
+        let o = j.origin.as_ref();
+        let (container, slurm) = match o {
+            Some(o) if o.kind == "slurm" => (String::new(), o.id.as_str()),
+            Some(o) => (o.id.chars().take(12).collect(), ""),
+            None => (String::new(), ""),
+        };
         let _ = writeln!(
             lines,
-            "memwatch_job_info{{job=\"{}\",pid=\"{}\",uid=\"{}\",tightest_limit=\"{}\"}} 1",
+            "memwatch_job_info{{job=\"{}\",pid=\"{}\",uid=\"{}\",tightest_limit=\"{}\",origin=\"{}\",container=\"{}\",pod=\"{}\",slurm_job_id=\"{}\"}} 1",
             esc(&j.name),
             j.pid,
             j.owner_uid,
-            esc(limit)
+            esc(limit),
+            esc(o.map_or("", |o| o.kind.as_str())),
+            esc(&container),
+            esc(o.and_then(|o| o.pod.as_deref()).unwrap_or("")),
+            esc(slurm)
         );
     }
     family(

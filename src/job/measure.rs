@@ -65,6 +65,13 @@ pub fn cgroup_of(root: &Path, pid: u32) -> Option<CgroupDir> {
     cgroup::locate(root, &m)
 }
 
+/// The container or Slurm job a process runs in, from its cgroup path.
+pub fn origin_of(root: &Path, pid: u32) -> Option<crate::job::origin::Origin> {
+    let path = proc::dir(root, pid).join("cgroup");
+    let text = crate::sample::error::read_text(&path).ok()?;
+    crate::job::origin::of_membership(&cgroup::parse_membership(&path, &text).ok()?)
+}
+
 /// Does NVML's `pid` belong to this process? NVML reports host pids; a process in a container has its
 /// own in NSpid, outermost first.
 fn same_process(nvml_pid: u32, pid: u32, nspid: &[u32]) -> bool {

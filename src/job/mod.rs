@@ -3,6 +3,7 @@
 
 mod growth;
 pub mod measure;
+pub mod origin;
 pub mod way_out;
 
 use serde::{Deserialize, Serialize};
@@ -74,6 +75,8 @@ pub struct Job {
     pub adapted_at_ms: Option<u64>,
     /// The job's process counts at its last full samples (at most `RECENT`), newest last.
     pub recent_processes: std::collections::VecDeque<usize>,
+    /// Its container or Slurm job, from its cgroup path.
+    pub origin: Option<origin::Origin>,
 }
 
 impl Job {
@@ -110,6 +113,7 @@ impl Job {
             stop_reason: None,
             adapted_at_ms: None,
             recent_processes: std::collections::VecDeque::new(),
+            origin: None,
         }
     }
 
@@ -220,6 +224,10 @@ pub struct JobView {
     /// memwatch does then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pause_deadline: Option<PauseDeadline>,
+    /// Its container (Docker, containerd, CRI-O, Podman; with its Kubernetes pod) or Slurm job, read
+    /// from its cgroup path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<origin::Origin>,
     /// Whether this view holds the job's details (its processes and its config): for its owner,
     /// root, or whoever presents its token. Everyone else sees the summary (docs/api.md, "Who sees
     /// what").

@@ -1,4 +1,5 @@
-//! dashboards/: the alert rules pass promtool's checks and unit tests, and every query of the Grafana
+//! dashboards/: the alert rules and the per-Slurm-job recording rules pass promtool's checks and unit
+//! tests, and every query of the Grafana
 //! dashboard returns data from a real Prometheus scraping two memwatch instances (the instance variable
 //! lists both: one dashboard for many machines).
 
@@ -15,6 +16,8 @@ fn alert_rules_check_and_pass_their_unit_tests() {
     for args in [
         vec!["check", "rules", "alerts.yml"],
         vec!["test", "rules", "alerts_test.yml"],
+        vec!["check", "rules", "recording.yml"],
+        vec!["test", "rules", "recording_test.yml"],
     ] {
         let out = Command::new("promtool")
             .args(&args)

@@ -51,6 +51,16 @@ fn terminate_ends_the_whole_job_and_leaves_nothing_stopped() {
         pids.iter().map(|p| (p, proc_state(*p))).collect::<Vec<_>>()
     );
     assert_eq!(cg.oom_kills(), oom_before, "the OOM killer fired");
+    // The event is published with the view after the step that sent SIGTERM; the processes can be
+    // gone before a reader sees it.
+    assert!(
+        eventually(5.0, || d
+            .events()
+            .iter()
+            .any(|e| e["action"] == "terminate")),
+        "no terminate event: {:?}",
+        d.events()
+    );
     let events = d.events();
     let terminated_at = events
         .iter()

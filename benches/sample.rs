@@ -84,7 +84,7 @@ fn main() {
     );
     let me = std::process::id();
     let root = std::path::Path::new("/");
-    let cg = memwatch::job::measure::cgroup_of(root, me);
+    let (cg, _) = memwatch::job::measure::cgroup_of(root, me);
     measure("probe: /proc/meminfo", 5000, || {
         black_box(memwatch::sample::meminfo::read(root).ok());
     });

@@ -152,9 +152,8 @@ fn every_kind_of_channel_is_told_of_a_pause() {
         a = rx.addr,
         h = hook.display()
     );
-    let config: &'static str = Box::leak(config.into_boxed_str());
     let d = Daemon::start(Opts {
-        extra_config: config,
+        extra_config: &config,
         ..Opts::default()
     });
     let mut job = sleeper();
@@ -237,9 +236,8 @@ fn retries_back_off_and_a_dead_receiver_delays_nothing() {
          [[notify.channels]]\nname = \"dead\"\nkind = \"webhook\"\nurl = \"{}/x\"\nretries = 0\ntimeout_seconds = 3\nevents = [\"pause\"]\n",
         flaky.addr, dead.addr
     );
-    let config: &'static str = Box::leak(config.into_boxed_str());
     let d = Daemon::start(Opts {
-        extra_config: config,
+        extra_config: &config,
         ..Opts::default()
     });
     let mut job = sleeper();
@@ -289,11 +287,10 @@ fn rate_limits_hold_back_and_say_so() {
          [[notify.channels]]\nname = \"capped\"\nkind = \"webhook\"\nurl = \"{}/x\"\nmin_interval_seconds = 0\nmax_per_hour = 2\nevents = [\"pause\", \"resume\"]\n",
         rx.addr, capped.addr
     );
-    let config: &'static str = Box::leak(config.into_boxed_str());
     let d = Daemon::start(Opts {
         root: "/".into(),
         gpu_state: None,
-        extra_config: config,
+        extra_config: &config,
         ..Opts::default()
     });
     let mut job = sleeper();
@@ -339,10 +336,9 @@ fn near_exhaustion_and_a_collector_down_are_told() {
         "[notify]\nnear_exhaustion_seconds = 120\n[[notify.channels]]\nname = \"ops\"\nkind = \"webhook\"\nurl = \"{}/x\"\nevents = [\"near_exhaustion\", \"collector_down\"]\n",
         rx.addr
     );
-    let config: &'static str = Box::leak(config.into_boxed_str());
     let d = Daemon::start(Opts {
         root: "/".into(),
-        extra_config: config,
+        extra_config: &config,
         ..Opts::default()
     });
     // 20 MiB/s toward 1 GiB: about 50 s away, well inside 120 s, far from warn.

@@ -9,6 +9,7 @@ use std::fmt::Write as _;
 
 use serde::Deserialize;
 
+use crate::engine::LevelView;
 use crate::human::{self, Paint};
 use crate::job::{Limit, Pause, PauseDeadline};
 use crate::policy::{By, Level};
@@ -24,7 +25,7 @@ pub struct Overview {
     #[serde(default)]
     pub jobs: Vec<JobLine>,
     #[serde(default)]
-    pub levels: Vec<LevelLine>,
+    pub levels: Vec<LevelView>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -36,14 +37,6 @@ pub struct JobLine {
     pub tightest: Option<Limit>,
     #[serde(default)]
     pub pause_deadline: Option<PauseDeadline>,
-}
-
-#[derive(Debug, Deserialize)]
-pub struct LevelLine {
-    pub resource: String,
-    pub level: Level,
-    pub value: Option<f64>,
-    pub since_ms: u64,
 }
 
 /// Who paused a job, in words.
@@ -68,7 +61,7 @@ fn celsius(v: Option<f64>) -> String {
 
 /// The levels, worst first: one line each for critical and warn with their values and how long,
 /// and one for what is ok. Resources that do not exist here (no swap, no sensor) are left out.
-fn levels(o: &mut String, levels: &[LevelLine], now_ms: u64, paint: Paint) {
+fn levels(o: &mut String, levels: &[LevelView], now_ms: u64, paint: Paint) {
     for level in [Level::Critical, Level::Warn] {
         let items: Vec<String> = levels
             .iter()

@@ -428,7 +428,7 @@ impl Engine {
         }
         // Unnamed: after its container or Slurm job, if it has one ("slurm-4242",
         // "docker-3f2a1b9c0d1e"), else after its command; with the pid if that name is taken.
-        let origin = crate::job::measure::origin_of(root, pid);
+        let (cg, origin) = crate::job::measure::cgroup_of(root, pid);
         let name = name.unwrap_or_else(|| match &origin {
             Some(o) if !self.jobs.contains_key(&o.short()) => o.short(),
             Some(o) => format!("{}-{pid}", o.short()),
@@ -458,7 +458,6 @@ impl Engine {
             }
             None => None,
         };
-        let cg = crate::job::measure::cgroup_of(root, pid);
         let mut job = Job::new(
             name.clone(),
             stat.proc_ref(),

@@ -406,7 +406,7 @@ impl Engine {
             let alive = crate::proc::read_stat(&self.process_root, pj.root.pid)
                 .is_ok_and(|s| s.start_time == pj.root.start_time && s.state != 'Z');
             if alive {
-                let cg = crate::job::measure::cgroup_of(&self.process_root, pj.root.pid);
+                let (cg, origin) = crate::job::measure::cgroup_of(&self.process_root, pj.root.pid);
                 let mut job = Job::new(
                     pj.name.clone(),
                     pj.root,
@@ -417,7 +417,7 @@ impl Engine {
                 );
                 job.config = pj.config.clone();
                 job.launch = pj.launch.clone();
-                job.origin = crate::job::measure::origin_of(&self.process_root, pj.root.pid);
+                job.origin = origin;
                 // Its pause was just undone: a way out in progress ends here, and the room it held
                 // is given back once the job fits (a new pause starts a new ladder).
                 job.way_out = pj.way_out.clone().map(|mut w| {

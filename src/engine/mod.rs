@@ -43,7 +43,7 @@ pub struct View {
     pub tokens: std::collections::HashMap<String, String>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct LevelView {
     pub resource: String,
     pub level: policy::Level,

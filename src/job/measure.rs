@@ -57,19 +57,20 @@ pub struct JobSample {
     pub gpus: Option<Vec<u32>>,
 }
 
-/// The memory cgroup a process lives in.
-pub fn cgroup_of(root: &Path, pid: u32) -> Option<CgroupDir> {
+/// The memory cgroup a process lives in, and the container or Slurm job its cgroup path names: one
+/// read of /proc/PID/cgroup.
+pub fn cgroup_of(root: &Path, pid: u32) -> (Option<CgroupDir>, Option<crate::job::origin::Origin>) {
     let path = proc::dir(root, pid).join("cgroup");
-    let text = crate::sample::error::read_text(&path).ok()?;
-    let m = cgroup::parse_membership(&path, &text).ok()?;
-    cgroup::locate(root, &m)
-}
-
-/// The container or Slurm job a process runs in, from its cgroup path.
-pub fn origin_of(root: &Path, pid: u32) -> Option<crate::job::origin::Origin> {
-    let path = proc::dir(root, pid).join("cgroup");
-    let text = crate::sample::error::read_text(&path).ok()?;
-    crate::job::origin::of_membership(&cgroup::parse_membership(&path, &text).ok()?)
+    let Some(m) = crate::sample::error::read_text(&path)
+        .ok()
+        .and_then(|text| cgroup::parse_membership(&path, &text).ok())
+    else {
+        return (None, None);
+    };
+    (
+        cgroup::locate(root, &m),
+        crate::job::origin::of_membership(&m),
+    )
 }
 
 /// Does NVML's `pid` belong to this process? NVML reports host pids; a process in a container has its

@@ -44,12 +44,19 @@ struct Failure {
     retry: bool,
 }
 
-/// Delivers each notice the dispatcher hands over, in order, with retries.
+/// Delivers each notice the dispatcher hands over, in order, with retries. One HTTP agent per
+/// channel (its TLS set-up and connection pool serve every try).
 pub async fn worker(c: Channel, mut rx: mpsc::Receiver<Notice>, stats: Arc<Stats>) {
+    let agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(c.timeout_seconds)))
+        .http_status_as_error(false)
+        .user_agent(concat!("memwatch/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .new_agent();
     while let Some(n) = rx.recv().await {
         let mut attempt = 0u32;
         loop {
-            match once(&c, &n).await {
+            match once(&c, &agent, &n).await {
                 Ok(()) => {
                     stats.add(&c.name, "sent");
                     tracing::info!(channel = %c.name, event = n.kind.as_str(), job = %n.job, "notified");
@@ -72,13 +79,12 @@ pub async fn worker(c: Channel, mut rx: mpsc::Receiver<Notice>, stats: Arc<Stats
     }
 }
 
-async fn once(c: &Channel, n: &Notice) -> Result<(), Failure> {
-    let timeout = Duration::from_secs(c.timeout_seconds);
+async fn once(c: &Channel, agent: &ureq::Agent, n: &Notice) -> Result<(), Failure> {
     match c.kind {
-        ChannelKind::Command => command(c, n, timeout).await,
+        ChannelKind::Command => command(c, n, Duration::from_secs(c.timeout_seconds)).await,
         _ => {
-            let (c, n) = (c.clone(), n.clone());
-            tokio::task::spawn_blocking(move || http(&c, &n, timeout))
+            let (c, agent, n) = (c.clone(), agent.clone(), n.clone());
+            tokio::task::spawn_blocking(move || http(&c, &agent, &n))
                 .await
                 .unwrap_or_else(|_| {
                     Err(Failure {
@@ -92,13 +98,7 @@ async fn once(c: &Channel, n: &Notice) -> Result<(), Failure> {
 
 /// One POST: the event as JSON (webhook), `{"text"}` (Slack, Mattermost), or the message with
 /// ntfy's headers.
-fn http(c: &Channel, n: &Notice, timeout: Duration) -> Result<(), Failure> {
-    let agent = ureq::Agent::config_builder()
-        .timeout_global(Some(timeout))
-        .http_status_as_error(false)
-        .user_agent(concat!("memwatch/", env!("CARGO_PKG_VERSION")))
-        .build()
-        .new_agent();
+fn http(c: &Channel, agent: &ureq::Agent, n: &Notice) -> Result<(), Failure> {
     let (title, text) = message(n);
     let mut req = agent.post(c.url.expose());
     if !c.token.expose().is_empty() {

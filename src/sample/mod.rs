@@ -79,6 +79,8 @@ pub struct Sampler {
     gpu: Option<Box<dyn GpuSource>>,
     books: [Bookkeeping; COLLECTORS.len()],
     page_size: u64,
+    /// Read once: every sample carries it, and it does not change under a running daemon.
+    hostname: Option<String>,
 }
 
 impl Sampler {
@@ -89,6 +91,7 @@ impl Sampler {
             .and_then(|v| u64::try_from(v).ok())
             .unwrap_or(4096);
         Sampler {
+            hostname: hostname(&root),
             root,
             gpu,
             books: Default::default(),
@@ -182,7 +185,7 @@ impl Sampler {
                 cgroup,
                 temperatures,
                 page_size_bytes: self.page_size,
-                hostname: hostname(&self.root),
+                hostname: self.hostname.clone(),
             },
             gpus,
             collectors: st,

@@ -22,7 +22,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,77 +30,32 @@ use std::time::{Duration, Instant};
 
 mod common;
 
+use common::cgroup::MemCgroup;
 use common::{Daemon, memhog, state};
 
 const MIB: u64 = 1 << 20;
 const LIMIT: u64 = 512 * MIB;
 const CRITICAL: u64 = LIMIT * 95 / 100;
 
-struct Cg {
-    mem: PathBuf,
-    freezer: PathBuf,
+/// The bench's cgroup: 512 MiB of v1 memory with a freezer cgroup beside, which a hog joins only on
+/// the freezer path.
+type Cg = MemCgroup;
+
+fn new_cgroup() -> Cg {
+    let mut cg = MemCgroup::new(LIMIT).expect("create a v1 memory cgroup (run as root)");
+    assert!(
+        cg.version == 1 && cg.with_freezer(),
+        "needs the v1 memory and freezer controllers"
+    );
+    cg
 }
 
-impl Cg {
-    fn new() -> Cg {
-        let name = format!("memwatch-bench-{}", std::process::id());
-        let mem = Path::new("/sys/fs/cgroup/memory").join(&name);
-        let freezer = Path::new("/sys/fs/cgroup/freezer").join(&name);
-        std::fs::create_dir_all(&mem).expect("create a v1 memory cgroup (run as root)");
-        std::fs::create_dir_all(&freezer).expect("create a v1 freezer cgroup (run as root)");
-        Cg { mem, freezer }
-    }
-    fn set(&self, bytes: u64) {
-        std::fs::write(self.mem.join("memory.limit_in_bytes"), bytes.to_string()).unwrap();
-    }
-    fn usage(&self) -> u64 {
-        std::fs::read_to_string(self.mem.join("memory.usage_in_bytes"))
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(0)
-    }
-    fn frozen(&self) -> bool {
-        std::fs::read_to_string(self.freezer.join("freezer.state"))
-            .is_ok_and(|s| s.trim() == "FROZEN")
-    }
-    fn thaw(&self) {
-        let _ = std::fs::write(self.freezer.join("freezer.state"), "THAWED");
-    }
-    fn oom_kills(&self) -> u64 {
-        std::fs::read_to_string(self.mem.join("memory.oom_control"))
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix("oom_kill ")
-                    .and_then(|v| v.trim().parse().ok())
-            })
-            .unwrap_or(0)
-    }
-    fn spawn(&self, hog: &Path, args: &str, go: &Path, own_freezer: bool) -> Child {
-        let freezer = if own_freezer {
-            format!("echo $$ > {}/cgroup.procs && ", self.freezer.display())
-        } else {
-            String::new()
-        };
-        let script = format!(
-            "echo $$ > {}/cgroup.procs && {freezer}exec {} {args} --wait-file {}",
-            self.mem.display(),
-            hog.display(),
-            go.display()
-        );
-        Command::new("sh")
-            .args(["-c", &script])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap()
-    }
-}
-impl Drop for Cg {
-    fn drop(&mut self) {
-        self.thaw();
-        let _ = std::fs::remove_dir(&self.mem);
-        let _ = std::fs::remove_dir(&self.freezer);
-    }
+/// memhog in the cgroup with `args`, waiting for `go`; in the freezer cgroup too with `own_freezer`.
+fn spawn(cg: &Cg, hog: &Path, args: &str, go: &Path, own_freezer: bool) -> Child {
+    let go = go.to_string_lossy();
+    let mut all: Vec<&str> = args.split_whitespace().collect();
+    all.extend(["--wait-file", &go]);
+    cg.spawn_with(hog, &all, own_freezer)
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -119,7 +74,7 @@ fn baseline(
     pid: u32,
     stop: Arc<AtomicBool>,
 ) -> Option<std::thread::JoinHandle<()>> {
-    let mem = cg.mem.clone();
+    let mem = cg.dir.clone();
     match w {
         Watcher::Eventfd => {
             // SAFETY: plain syscall; a non-negative return is a new descriptor we own.
@@ -177,12 +132,13 @@ struct Outcome {
 }
 
 fn run(cg: &Cg, hog: &Path, rate: u64, w: Watcher, d: Option<&Daemon>, i: usize) -> Outcome {
-    cg.set(LIMIT);
+    cg.set_limit(LIMIT);
     cg.thaw();
     let go = std::env::temp_dir().join(format!("memwatch-bench-go-{}-{i}", std::process::id()));
     let _ = std::fs::remove_file(&go);
     let own_freezer = w == Watcher::Memwatch(true);
-    let mut child = cg.spawn(
+    let mut child = spawn(
+        cg,
         hog,
         &format!("--rate-mib {rate} --total-mib 768 --chunk-mib 1 --hold-ms 200"),
         &go,
@@ -239,7 +195,7 @@ fn run(cg: &Cg, hog: &Path, rate: u64, w: Watcher, d: Option<&Daemon>, i: usize)
     if let Some(h) = watcher {
         let _ = h.join();
     }
-    cg.set(4096 * MIB);
+    cg.set_limit(4096 * MIB);
     if let Some(d) = d {
         d.ctl(&["detach", &name]);
     }
@@ -307,11 +263,11 @@ fn bursty(cg: &Cg, hog: &Path, runs: usize) {
     ] {
         let (mut paused_runs, mut pauses, mut late) = (0, 0, Vec::new());
         for i in 0..runs {
-            cg.set(LIMIT);
+            cg.set_limit(LIMIT);
             let go = std::env::temp_dir()
                 .join(format!("memwatch-bench-burst-{}-{i}", std::process::id()));
             let _ = std::fs::remove_file(&go);
-            let mut child = cg.spawn(hog, args, &go, false);
+            let mut child = spawn(cg, hog, args, &go, false);
             let pid = child.id();
             let mut line = String::new();
             let mut out = BufReader::new(child.stdout.take().unwrap());
@@ -367,7 +323,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(30);
     let hog = memhog();
-    let cg = Cg::new();
+    let cg = new_cgroup();
     // ONLY=bursty runs the false-pause part alone.
     if std::env::var("ONLY").is_ok_and(|v| v == "bursty") {
         bursty(&cg, &hog, runs.min(10));

@@ -96,13 +96,9 @@ fn main() {
                 black_box(memwatch::sample::cgroup::read_dir(cg).ok());
             },
         );
-        let usage = cg.dir.join(if cg.version == 1 {
-            "memory.usage_in_bytes"
-        } else {
-            "memory.current"
-        });
+        // The daemon's own probe reader (what `probe` in daemon.rs calls), not a bare file read.
         measure("probe: job cgroup, usage file only", 5000, || {
-            black_box(std::fs::read_to_string(&usage).ok());
+            black_box(memwatch::sample::cgroup::read_usage(cg).ok());
         });
     }
     let me_ref = memwatch::proc::read_stat(root, me)
@@ -114,6 +110,7 @@ fn main() {
                 root,
                 r,
                 cg.as_ref(),
+                None,
                 &[],
                 0,
                 None,

@@ -39,6 +39,13 @@ install -d "$stage/usr/share/bash-completion/completions" "$stage/usr/share/zsh/
 "$bin" completions bash > "$stage/usr/share/bash-completion/completions/memwatch"
 "$bin" completions zsh > "$stage/usr/share/zsh/vendor-completions/_memwatch"
 "$bin" completions fish > "$stage/usr/share/fish/vendor_completions.d/memwatch.fish"
+# The Slurm prolog and epilog (one script, two names) and the Grafana dashboards and Prometheus rules.
+install -D -m 0755 deploy/slurm/memwatch-slurm.sh "$stage/usr/share/memwatch/slurm/memwatch-slurm.sh"
+ln -s memwatch-slurm.sh "$stage/usr/share/memwatch/slurm/prolog.sh"
+ln -s memwatch-slurm.sh "$stage/usr/share/memwatch/slurm/epilog.sh"
+for f in dashboards/*.json dashboards/alerts.yml dashboards/recording.yml; do
+  install -D -m 0644 "$f" "$stage/usr/share/memwatch/$f"
+done
 install -D -m 0644 README.md "$stage/usr/share/doc/memwatch/README.md"
 gzip -9n "$stage/usr/share/doc/memwatch/README.md"
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every memwatch test: formatting, clippy, unit tests and the end-to-end tests that start the real
 # binary on fixture roots with the fake NVML. Installs what the tests need when it is missing and this runs
-# as root: promtool and prometheus, systemd-analyze, chromium, node/npm, tmux, fuse3 and python3-fusepy (Debian),
+# as root: promtool and prometheus, systemd-analyze, chromium, node/npm, tmux, fuse3 and python3-fusepy,
+# slurmctld, slurmd, slurm-client and munge (Debian),
 # playwright-core (npm),
 # and torch 2.13.0 for the trainer plus the Python package's pinned test dependencies (PyPI).
 set -euo pipefail
@@ -33,6 +34,11 @@ have objdump || missing+=(binutils)
 have fusermount3 || missing+=(fuse3)
 [ -f /usr/lib/python3/dist-packages/fusepy.py ] || missing+=(python3-fusepy)
 ldconfig -p 2>/dev/null | grep -q 'libfuse\.so\.2' || missing+=(libfuse2)
+# A real single-node Slurm cluster (tests/slurm.rs): slurmctld, slurmd, the clients and munge.
+have slurmctld || missing+=(slurmctld)
+have slurmd || missing+=(slurmd)
+have sbatch || missing+=(slurm-client)
+have munged || missing+=(munge)
 [ ${#missing[@]} -eq 0 ] || install_debian "${missing[@]}"
 # playwright-core drives Debian's chromium (no browser download); the lock file pins it.
 [ -d tests/browser/node_modules/playwright-core ] || (cd tests/browser && npm ci --no-audit --no-fund --silent)

@@ -2,7 +2,7 @@
 //! full-sample tick, the adaptive probe tick, control requests and the stop signal, and publishes what
 //! the HTTP side reads. tick → sample → decide → act → publish.
 
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -15,9 +15,8 @@ use crate::act::persist::{self, StateLock};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::control::server::{self, Envelope};
-use crate::engine::{Engine, Measured, View};
+use crate::engine::{Engine, Measured};
 use crate::guardian::Guardian;
-use crate::history::{History, Point};
 use crate::sample::gpu::GpuSource;
 use crate::sample::nvml::NvmlSource;
 use crate::sample::{Sample, Sampler, cgroup, meminfo};
@@ -25,124 +24,7 @@ use crate::sample::{Sample, Sampler, cgroup, meminfo};
 mod watches;
 use watches::Watches;
 
-/// One published moment: the latest sample and the engine's view, swapped in together so that no
-/// reader ever mixes one sample with another's view.
-#[derive(Default)]
-pub struct Snapshot {
-    pub sample: Option<Arc<Sample>>,
-    pub view: Arc<View>,
-    pub samples_total: u64,
-    /// Boot-clock milliseconds when the latest sample was published.
-    pub sampled_at_boot_ms: u64,
-}
-
-/// What the owner task publishes for readers (HTTP handlers). Written by that task alone.
-pub struct Shared {
-    snapshot: RwLock<Arc<Snapshot>>,
-    history: RwLock<History>,
-    pub history_seconds: u64,
-    /// A sample older than this is stale: `/-/ready` answers 503 and the watchdog is not fed.
-    pub stale_after_ms: u64,
-    /// Notification counts by channel and outcome, for `/metrics`.
-    pub notify: Arc<crate::notify::Stats>,
-}
-
-impl Shared {
-    pub fn new(config: &Config) -> Self {
-        Shared {
-            snapshot: RwLock::new(Arc::new(Snapshot::default())),
-            history: RwLock::new(History::new(config.sampling.history_len())),
-            history_seconds: config.sampling.history_seconds.0,
-            stale_after_ms: stale_after_ms(config.sampling.interval_ms.0),
-            notify: Arc::default(),
-        }
-    }
-
-    /// Everything last published, at once.
-    pub fn snapshot(&self) -> Arc<Snapshot> {
-        match self.snapshot.read() {
-            Ok(g) => g.clone(),
-            Err(p) => p.into_inner().clone(),
-        }
-    }
-
-    /// The latest sample, if one was taken.
-    pub fn latest(&self) -> Option<Arc<Sample>> {
-        self.snapshot().sample.clone()
-    }
-
-    /// Jobs, levels, events and intervention counts as last published.
-    pub fn view(&self) -> Arc<View> {
-        self.snapshot().view.clone()
-    }
-
-    /// History points no older than `seconds`.
-    pub fn history(&self, seconds: u64) -> Vec<Point> {
-        match self.history.read() {
-            Ok(h) => h.since(seconds),
-            Err(p) => p.into_inner().since(seconds),
-        }
-    }
-
-    /// History points newer than `ms`: what a client that holds up to `ms` lacks.
-    pub fn history_after(&self, ms: u64) -> Vec<Point> {
-        match self.history.read() {
-            Ok(h) => h.after(ms),
-            Err(p) => p.into_inner().after(ms),
-        }
-    }
-
-    pub fn samples_total(&self) -> u64 {
-        self.snapshot().samples_total
-    }
-
-    /// Whether the latest sample is recent enough to act and report on.
-    pub fn fresh(&self) -> bool {
-        let s = self.snapshot();
-        s.sample.is_some()
-            && crate::clock::boot_ms().saturating_sub(s.sampled_at_boot_ms) <= self.stale_after_ms
-    }
-
-    fn swap(&self, f: impl FnOnce(&Snapshot) -> Snapshot) {
-        let mut guard = match self.snapshot.write() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        let next = f(&guard);
-        *guard = Arc::new(next);
-    }
-
-    fn publish_sample(&self, sample: Arc<Sample>, view: Option<View>) {
-        let point = match &view {
-            Some(v) => Point::of(&sample, &v.jobs),
-            None => Point::of(&sample, &self.snapshot().view.jobs),
-        };
-        match self.history.write() {
-            Ok(mut h) => h.push(point),
-            Err(p) => p.into_inner().push(point),
-        }
-        self.swap(|old| Snapshot {
-            sample: Some(sample),
-            view: view.map(Arc::new).unwrap_or_else(|| old.view.clone()),
-            samples_total: old.samples_total + 1,
-            sampled_at_boot_ms: crate::clock::boot_ms(),
-        });
-    }
-
-    fn publish_view(&self, view: View) {
-        self.swap(|old| Snapshot {
-            sample: old.sample.clone(),
-            view: Arc::new(view),
-            samples_total: old.samples_total,
-            sampled_at_boot_ms: old.sampled_at_boot_ms,
-        });
-    }
-}
-
-/// How old a sample may get before the daemon calls itself not ready: three intervals, at least 5 s.
-pub fn stale_after_ms(interval_ms: u64) -> u64 {
-    interval_ms.saturating_mul(3).max(5000)
-}
+pub use crate::shared::{Shared, Snapshot, stale_after_ms};
 
 /// Builds the sampler the configuration asks for.
 pub fn sampler(config: &Config) -> Sampler {
@@ -208,6 +90,7 @@ fn spawn_full(
                     &process_root,
                     p.root,
                     p.cgroup.as_ref(),
+                    p.members.as_deref(),
                     &sample.gpus,
                     now,
                     p.previous.as_ref(),

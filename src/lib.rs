@@ -25,4 +25,6 @@ pub mod proc;
 pub mod rewrite;
 pub mod sample;
 pub mod sd_notify;
+pub mod shared;
+pub mod slurm;
 pub mod wake;

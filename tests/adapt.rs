@@ -18,14 +18,13 @@ fn gpu(used: u64, pid: u32) -> String {
 
 #[test]
 fn a_full_gpu_halves_the_batch_at_the_next_epoch_boundary_keeping_the_effective_batch() {
+    let gpu_json = gpu(8_000_000_000, 1);
     let d = Daemon::start(Opts {
         root: "/".into(),
-        gpu_state: Some(Box::leak(gpu(8_000_000_000, 1).into_boxed_str())),
+        gpu_state: Some(&gpu_json),
         ..Opts::default()
     });
     let cfg = d.dir.path().join("train.json");
-    let original = "{\n  // comments are not JSON\n}";
-    let _ = original;
     std::fs::write(&cfg, "{\n  \"model\": \"tiny\",\n  \"train\": {\"micro_batch\": 32, \"accumulation\": 2, \"lr\": 0.0003},\n  \"epochs\": 6\n}\n").unwrap();
     let out = d.dir.path().join("log.json");
     let mut trainer = Command::new("python3")
@@ -48,8 +47,16 @@ fn a_full_gpu_halves_the_batch_at_the_next_epoch_boundary_keeping_the_effective_
         "the trainer did not attach"
     );
     d.set_gpu_state(&gpu(8_000_000_000, pid));
-    // Epoch 1 is under way: the GPU fills up.
-    std::thread::sleep(Duration::from_millis(1300));
+    // An epoch is under way (the trainer reported step 5 or later of it): the GPU fills up.
+    d.wait_until(
+        |d| {
+            d.jobs()
+                .first()
+                .and_then(|j| j["config"]["progress"]["step"].as_u64())
+                >= Some(5)
+        },
+        "the trainer never reported its progress",
+    );
     d.set_gpu_state(&gpu(19_000_000_000, pid));
     assert!(
         eventually(10.0, || d.jobs()[0]["config"]["generation"] == 1),
@@ -67,7 +74,7 @@ fn a_full_gpu_halves_the_batch_at_the_next_epoch_boundary_keeping_the_effective_
     // /metrics shows the acknowledgement while the job runs (its series end with it).
     assert!(
         eventually(10.0, || d.metrics().contains(
-            "memwatch_job_config_applied_generation{job=\"trainer\"} 1\n"
+            "memwatch_job_config_applied_generation{job_name=\"trainer\"} 1\n"
         )),
         "{}",
         d.metrics()
@@ -269,9 +276,11 @@ fn a_writer_killed_at_any_point_leaves_the_old_file_or_the_new_one() {
     std::fs::write(&f, &old).unwrap();
     let mut seen_old = 0;
     let mut seen_new = 0;
-    for i in 0..150u64 {
-        let (a, b) = if i % 2 == 0 { (16, 4) } else { (32, 2) };
-        let mut child = Command::new(common::bin())
+    // Every run starts from the old file (32, 2) and asks for (16, 4): "new" means that run's rewrite
+    // completed, "old" that it did not; neither can be left over from an earlier run.
+    let (a, b) = (16, 4);
+    let rewrite = || {
+        Command::new(common::bin())
             .args([
                 "rewrite",
                 f.to_str().unwrap(),
@@ -282,8 +291,16 @@ fn a_writer_killed_at_any_point_leaves_the_old_file_or_the_new_one() {
             ])
             .stdout(Stdio::null())
             .spawn()
-            .unwrap();
-        std::thread::sleep(Duration::from_micros((i * 7919) % 4000));
+            .unwrap()
+    };
+    // How long one whole rewrite takes here: the kills are spread from its start to past its end.
+    let started = std::time::Instant::now();
+    assert!(rewrite().wait().unwrap().success());
+    let whole = (started.elapsed().as_micros() as u64 * 3 / 2).max(1000);
+    for i in 0..150u64 {
+        std::fs::write(&f, &old).unwrap();
+        let mut child = rewrite();
+        std::thread::sleep(Duration::from_micros((i * 7919) % whole));
         let _ = child.kill();
         let _ = child.wait();
         let text = std::fs::read_to_string(&f).unwrap();
@@ -301,7 +318,8 @@ fn a_writer_killed_at_any_point_leaves_the_old_file_or_the_new_one() {
         }
         assert_eq!(v["pad"].as_str().unwrap().len(), 200_000);
     }
-    // Both outcomes happened: the kills really landed at different points.
+    eprintln!("killed writers: {seen_old} left the old file, {seen_new} the new one");
+    // Both outcomes happened: some kills landed before the rename, some after.
     assert!(
         seen_old > 0 && seen_new > 0,
         "old {seen_old}, new {seen_new}"
@@ -383,8 +401,9 @@ fn advice_for_the_fixture_machine() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["advice"][0]["id"], "swap-keep");
     assert!(
-        d.metrics()
-            .contains("memwatch_advice_active{id=\"swap-keep\",severity=\"warn\",job=\"\"} 1\n")
+        d.metrics().contains(
+            "memwatch_advice_active{id=\"swap-keep\",severity=\"warn\",job_name=\"\"} 1\n"
+        )
     );
 }
 

@@ -94,7 +94,7 @@ fn a_tree_is_paused_and_resumed_together() {
     // The metrics show the job.
     let m = d.metrics();
     assert!(
-        m.contains("memwatch_job_processes{job=\"tree\"} 5\n"),
+        m.contains("memwatch_job_processes{job_name=\"tree\"} 5\n"),
         "{m}"
     );
     assert!(m.contains("memwatch_interventions_total{action=\"pause\",reason=\"user\"} 1\n"));
@@ -191,7 +191,7 @@ fn a_reused_pid_is_never_signalled() {
         err.contains("gone") || err.contains("no attached job"),
         "{err}"
     );
-    std::thread::sleep(Duration::from_millis(1500));
+    d.wait_samples(5);
     assert_eq!(
         proc_state(pid),
         Some('S'),
@@ -267,9 +267,10 @@ fn gpu_state(temp: u32, pid: u32) -> String {
 fn a_hot_gpu_pauses_its_job_and_cooling_resumes_it_without_flapping() {
     let s = sleeper();
     let pid = s.id();
+    let gpu_json = gpu_state(60, pid);
     let d = Daemon::start(Opts {
         root: "/".into(),
-        gpu_state: Some(Box::leak(gpu_state(60, pid).into_boxed_str())),
+        gpu_state: Some(&gpu_json),
         extra_config: "[policy.gpu_temperature]\naction = \"pause\"\nwarn_below_slowdown = 3.0\ncritical_below_shutdown = 5.0\n\
                        resume_below_slowdown = 5.0\nfallback_slowdown_celsius = 87.0\nfallback_shutdown_celsius = 95.0\n\
                        enter_hold_ms = 0\nleave_hold_ms = 1500\n",
@@ -285,7 +286,7 @@ fn a_hot_gpu_pauses_its_job_and_cooling_resumes_it_without_flapping() {
     // Hovering around the critical line and above the resume line (85) keeps it paused.
     for t in [92, 93, 91, 94, 88, 92] {
         d.set_gpu_state(&gpu_state(t, pid));
-        std::thread::sleep(Duration::from_millis(400));
+        d.wait_samples(4);
         assert_eq!(proc_state(pid), Some('T'), "resumed at {t} °C");
     }
     d.set_gpu_state(&gpu_state(70, pid));
@@ -319,9 +320,10 @@ fn a_hot_gpu_pauses_its_job_and_cooling_resumes_it_without_flapping() {
 fn dry_run_decides_but_signals_nothing() {
     let s = sleeper();
     let pid = s.id();
+    let gpu_json = gpu_state(97, pid);
     let d = Daemon::start(Opts {
         root: "/".into(),
-        gpu_state: Some(Box::leak(gpu_state(97, pid).into_boxed_str())),
+        gpu_state: Some(&gpu_json),
         extra_config: "[policy]\ndry_run = true\n",
         ..Opts::default()
     });
@@ -330,7 +332,7 @@ fn dry_run_decides_but_signals_nothing() {
         .events()
         .iter()
         .any(|e| e["action"] == "pause" && e["dry_run"] == true)));
-    std::thread::sleep(Duration::from_millis(300));
+    d.wait_samples(3);
     assert_eq!(proc_state(pid), Some('S'));
     assert!(d.metrics().contains("memwatch_dry_run 1\n"));
     // A hand pause says that it paused nothing.
@@ -482,8 +484,8 @@ fn pss_keeps_up_with_a_growing_job_and_says_how_old_it_is() {
     );
     let metrics = d.metrics();
     for m in [
-        "memwatch_job_pss_age_seconds{job=\"grower\"}",
-        "memwatch_job_cgroup_memory_charged_bytes{job=\"grower\"}",
+        "memwatch_job_pss_age_seconds{job_name=\"grower\"}",
+        "memwatch_job_cgroup_memory_charged_bytes{job_name=\"grower\"}",
     ] {
         assert!(metrics.contains(m), "{m} missing");
     }

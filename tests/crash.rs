@@ -111,14 +111,16 @@ fn own_cgroup(tag: &str) -> Option<(PathBuf, &'static str)> {
 }
 
 fn start(state: &Path, job: &Job) -> Daemon {
+    let gpu = gpu_state(60, job.pids[0]);
     Daemon::start(Opts {
         root: "/".into(),
-        gpu_state: Some(Box::leak(gpu_state(60, job.pids[0]).into_boxed_str())),
+        gpu_state: Some(&gpu),
         extra_config: "[policy.gpu_temperature]\naction = \"pause\"\nwarn_below_slowdown = 3.0\ncritical_below_shutdown = 5.0\n\
                        resume_below_slowdown = 5.0\nfallback_slowdown_celsius = 87.0\nfallback_shutdown_celsius = 95.0\n\
                        enter_hold_ms = 0\nleave_hold_ms = 0\n",
         interval_ms: 100,
         state: Some(state.to_owned()),
+        ..Opts::default()
     })
 }
 

@@ -5,9 +5,9 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
+use common::prometheus::{Prometheus, dashboard_queries};
 use common::{Daemon, Opts};
 
 #[test]
@@ -33,44 +33,6 @@ fn alert_rules_check_and_pass_their_unit_tests() {
     }
 }
 
-fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn get(addr: std::net::SocketAddr, path: &str) -> serde_json::Value {
-    let (status, body) = common::http(
-        addr,
-        format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-    );
-    if status != 200 {
-        return serde_json::Value::Null;
-    }
-    serde_json::from_str(&body).unwrap_or(serde_json::Value::Null)
-}
-
-struct Prometheus(std::process::Child);
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     let a = Daemon::start(Opts::default());
@@ -88,101 +50,30 @@ fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     );
     assert!(common::eventually(5.0, || a.job_state("train").as_deref() == Some("paused")));
 
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: [{:?}]\nscrape_configs:\n  - job_name: memwatch\n    static_configs:\n      - targets: ['{}', '{}']\n",
-            common::repo().join("dashboards/alerts.yml"),
-            a.addr,
-            b.addr
-        ),
-    )
-    .unwrap();
-    let port = free_port();
-    let prom = Prometheus(
-        Command::new("prometheus")
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("prometheus (Debian package prometheus)"),
+    let prom = Prometheus::start(
+        &[a.addr, b.addr],
+        &[&common::repo().join("dashboards/alerts.yml")],
     );
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-
-    let dash: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(common::repo().join("dashboards/memwatch-grafana.json")).unwrap(),
-    )
-    .unwrap();
-    let exprs: Vec<(String, String)> = dash["panels"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|p| {
-            let title = p["title"].as_str().unwrap_or("").to_owned();
-            p["targets"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(move |t| (title.clone(), t["expr"].as_str().unwrap().to_owned()))
-        })
-        .collect();
+    let exprs = dashboard_queries(&common::repo().join("dashboards/memwatch-grafana.json"));
     assert!(exprs.len() >= 15);
-    let concrete = |e: &str| {
-        e.replace("$instance", ".*")
-            .replace("$job", ".*")
-            .replace("$gpu", ".*")
-            .replace("$__rate_interval", "1m")
-    };
-    let start = Instant::now();
-    let mut empty: Vec<(String, String)> = exprs.clone();
-    while !empty.is_empty() && start.elapsed() < Duration::from_secs(40) {
-        std::thread::sleep(Duration::from_millis(500));
-        empty.retain(|(_, e)| {
-            let v = get(
-                addr,
-                &format!("/api/v1/query?query={}", encode(&concrete(e))),
-            );
-            v["data"]["result"].as_array().is_none_or(|r| r.is_empty())
-        });
-    }
+    let empty = prom.without_data(&exprs, 40);
     assert!(empty.is_empty(), "panels without data: {empty:#?}");
     // The variables: both instances, the job, both GPUs.
-    let labels = |name: &str, series: &str| -> Vec<String> {
-        let v = get(
-            addr,
-            &format!("/api/v1/label/{name}/values?match[]={}", encode(series)),
-        );
-        v["data"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|x| x.as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
     assert_eq!(
-        labels("instance", "memwatch_up").len(),
+        prom.label_values("instance", "memwatch_up").len(),
         2,
         "one dashboard, two machines"
     );
     assert_eq!(
-        labels("exported_job", "memwatch_job_info"),
+        prom.label_values("job_name", "memwatch_job_info"),
         vec!["train".to_owned()]
     );
     assert_eq!(
-        labels("gpu", "memwatch_gpu_info"),
+        prom.label_values("gpu", "memwatch_gpu_info"),
         vec!["0".to_owned(), "1".to_owned()]
     );
     // The rules loaded into the real Prometheus too.
-    let rules = get(addr, "/api/v1/rules");
+    let rules = prom.get("/api/v1/rules");
     assert_eq!(
         rules["data"]["groups"][0]["rules"]
             .as_array()

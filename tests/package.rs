@@ -47,6 +47,11 @@ fn the_deb_installs_into_a_fresh_root_and_runs_from_it() {
         "./usr/share/bash-completion/completions/memwatch",
         "./usr/share/zsh/vendor-completions/_memwatch",
         "./usr/share/fish/vendor_completions.d/memwatch.fish",
+        "./usr/share/memwatch/slurm/memwatch-slurm.sh",
+        "./usr/share/memwatch/slurm/prolog.sh -> memwatch-slurm.sh",
+        "./usr/share/memwatch/slurm/epilog.sh -> memwatch-slurm.sh",
+        "./usr/share/memwatch/dashboards/memwatch-cluster-grafana.json",
+        "./usr/share/memwatch/dashboards/recording.yml",
     ] {
         assert!(
             contents.contains(path),

@@ -61,7 +61,7 @@ fn an_acknowledged_change_that_did_not_happen_is_caught() {
         let v = directive(&d);
         assert!(v["changes"].to_string().contains("workers"), "{v}");
         // /metrics renders the snapshot published after the engine's change: wait for it.
-        let unverified = "memwatch_job_config_unverified_changes{job=\"workers\"} 1\n";
+        let unverified = "memwatch_job_config_unverified_changes{job_name=\"workers\"} 1\n";
         assert!(
             eventually(5.0, || d.metrics().contains(unverified) == (mode == "liar")),
             "{mode}: {}",
@@ -69,7 +69,7 @@ fn an_acknowledged_change_that_did_not_happen_is_caught() {
         );
         if mode == "decline" {
             assert_eq!(v["declined"], "workers are fixed until the next start");
-            let pending = "memwatch_job_config_pending_changes{job=\"workers\"} 0\n";
+            let pending = "memwatch_job_config_pending_changes{job_name=\"workers\"} 0\n";
             assert!(
                 eventually(5.0, || d.metrics().contains(pending)),
                 "{}",

@@ -1,24 +1,37 @@
 //! Survival: a hog touching memory at 1 GiB/s inside a real memory cgroup limited to 512 MiB, with the
 //! daemon attached, is paused before the cgroup's OOM killer fires — in every one of 20 runs — and held
 //! while there is no room. Then the limit is raised, the hog is resumed and finishes, and the cgroup's
-//! OOM-kill count is unchanged.
+//! OOM-kill count is unchanged. The runs alternate between the two ways memwatch pauses: signals
+//! (the hog's cgroup is not one it can freeze) and the freezer (on v1 the hog also has a freezer
+//! cgroup of its own; on v2 every run is frozen).
 //! Kept in its own test binary so no other test competes with it for the CPU.
 
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::time::Duration;
 
 use common::cgroup::MemCgroup;
 use common::{Daemon, Opts, eventually, memhog, proc_state};
 
 const MIB: u64 = 1 << 20;
 
+/// A series of the daemon's /metrics, by its name and labels as printed.
+fn metric(d: &Daemon, series: &str) -> Option<f64> {
+    d.metrics()
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
 #[test]
 fn hog_is_paused_before_the_oom_killer_in_every_run() {
-    let Some(cg) = MemCgroup::new(512 * MIB) else {
-        panic!("cannot create a memory cgroup: this test needs root and a memory controller");
+    let made = || {
+        MemCgroup::new(512 * MIB).unwrap_or_else(|| {
+            panic!("cannot create a memory cgroup: this test needs root and a memory controller")
+        })
     };
+    let signalled = made();
+    let mut frozen = made();
+    assert!(frozen.with_freezer(), "no v1 freezer to give the hog");
     let d = Daemon::start(Opts {
         root: "/".into(),
         gpu_state: None,
@@ -27,7 +40,9 @@ fn hog_is_paused_before_the_oom_killer_in_every_run() {
     });
     let runs = 20;
     let mut paused_at = Vec::new();
+    let mut ways = (0, 0);
     for run in 0..runs {
+        let cg = if run % 2 == 0 { &signalled } else { &frozen };
         cg.set_limit(512 * MIB);
         let go = d.dir.path().join(format!("go-{run}"));
         let mut hog = cg.spawn(
@@ -53,7 +68,7 @@ fn hog_is_paused_before_the_oom_killer_in_every_run() {
         std::fs::write(&go, "").unwrap();
 
         assert!(
-            eventually(5.0, || proc_state(pid) == Some('T')),
+            eventually(5.0, || cg.paused(pid)),
             "run {run}: the hog was not paused (state {:?}, OOM kills {} → {})\n{:?}",
             proc_state(pid),
             oom_before,
@@ -73,21 +88,38 @@ fn hog_is_paused_before_the_oom_killer_in_every_run() {
         // A pause on a projection is brief (it ends once the job has been held for reaction_ms and no
         // longer grows, as a burst that ended would); a hog that goes on growing is then stopped at the
         // critical level by the kernel's threshold notification, and held: there is no room.
-        std::thread::sleep(Duration::from_millis(1000));
+        let next_samples = |n: f64| {
+            let from = metric(&d, "memwatch_samples_total").unwrap_or(0.0);
+            d.wait_until(
+                |d| metric(d, "memwatch_samples_total").unwrap_or(0.0) >= from + n,
+                "no more samples",
+            );
+        };
+        next_samples(2.0);
         assert!(
-            eventually(2.0, || proc_state(pid) == Some('T')),
+            eventually(2.0, || cg.paused(pid)),
             "run {run}: not held with no room (state {:?}, OOM kills {} → {})\n{:#?}",
             proc_state(pid),
             oom_before,
             cg.oom_kills(),
             d.events().iter().rev().take(12).collect::<Vec<_>>()
         );
-        std::thread::sleep(Duration::from_millis(300));
-        assert_eq!(
+        // Held over the next two full samples, each of which could have resumed it.
+        next_samples(2.0);
+        assert!(
+            cg.paused(pid) && d.job_state(&name).as_deref() == Some("paused"),
+            "run {run}: resumed with no room (state {:?}, OOM kills {} → {})\n{:#?}",
             proc_state(pid),
-            Some('T'),
-            "run {run}: resumed with no room"
+            oom_before,
+            cg.oom_kills(),
+            d.events().iter().rev().take(12).collect::<Vec<_>>()
         );
+        let frozen_now = proc_state(pid) != Some('T');
+        if frozen_now {
+            ways.1 += 1;
+        } else {
+            ways.0 += 1;
+        }
         assert_eq!(
             cg.oom_kills(),
             oom_before,
@@ -121,4 +153,9 @@ fn hog_is_paused_before_the_oom_killer_in_every_run() {
         "{pauses} pauses, {resumes} resumes"
     );
     eprintln!("paused at cgroup usage (MiB of 512): {paused_at:?}");
+    eprintln!("held by signals {} times, frozen {} times", ways.0, ways.1);
+    // Both pause mechanisms ran (v1); v2 freezes every job that owns its cgroup.
+    if signalled.version == 1 {
+        assert_eq!(ways, (runs / 2, runs / 2), "signals, freezer");
+    }
 }

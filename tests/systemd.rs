@@ -117,20 +117,13 @@ fn the_daemon_speaks_the_notify_protocol() {
     let sock = UnixDatagram::bind(&path).unwrap();
     sock.set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
-    // Daemon::start passes its environment on; set what systemd would set.
-    // SAFETY: this test binary's other test does not read the environment.
-    unsafe {
-        std::env::set_var("NOTIFY_SOCKET", &path);
-        std::env::set_var("WATCHDOG_USEC", "200000");
-    }
+    // What systemd would set, in the daemon's environment only.
+    let socket = path.to_str().unwrap();
     let mut d = Daemon::start(Opts {
         gpu_state: None,
+        env: &[("NOTIFY_SOCKET", socket), ("WATCHDOG_USEC", "200000")],
         ..Opts::default()
     });
-    unsafe {
-        std::env::remove_var("NOTIFY_SOCKET");
-        std::env::remove_var("WATCHDOG_USEC");
-    }
     let mut buf = [0u8; 128];
     let mut got = Vec::new();
     while got

@@ -31,9 +31,10 @@ fn the_trainer_adapts_pauses_resumes_and_learns() {
             .replace("SwapFree:        2064384 kB", "SwapFree:        4194304 kB"),
     )
     .unwrap();
+    let gpu_json = gpu(8_000_000_000, 50, 1);
     let d = Daemon::start(Opts {
         root: host.path().to_owned(),
-        gpu_state: Some(Box::leak(gpu(8_000_000_000, 50, 1).into_boxed_str())),
+        gpu_state: Some(&gpu_json),
         extra_config: "[policy.gpu_temperature]\naction = \"pause\"\nwarn_below_slowdown = 3.0\ncritical_below_shutdown = 5.0\n\
                        resume_below_slowdown = 5.0\nfallback_slowdown_celsius = 87.0\nfallback_shutdown_celsius = 95.0\n\
                        enter_hold_ms = 0\nleave_hold_ms = 1000\n",

@@ -8,6 +8,15 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Real memory cgroups (and a v1 freezer beside), shared with the tests.
+#[path = "../../tests/common/cgroup.rs"]
+pub mod cgroup;
+
+/// A process's state letter, under the name the shared cgroup helper uses.
+pub fn proc_state(pid: u32) -> Option<char> {
+    state(pid)
+}
+
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }

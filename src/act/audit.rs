@@ -15,6 +15,9 @@ pub struct Event {
     pub action: String,
     /// The job, or empty for host-wide events.
     pub job: String,
+    /// The Slurm job the job belongs to, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm_job_id: Option<String>,
     /// A short machine-readable cause: host_memory, job_cgroup, gpu_temperature, predicted, user …
     pub reason: String,
     /// The numbers behind it, for people.
@@ -107,6 +110,7 @@ mod tests {
                 timestamp_ms: i,
                 action: "pause".into(),
                 job: "j".into(),
+                slurm_job_id: None,
                 reason: "host_memory".into(),
                 detail: "x".repeat(20),
                 dry_run: false,

@@ -5,72 +5,43 @@
 //! belongs to the job's tree, and memwatch itself is not among them. cgroup v2 (`cgroup.freeze`,
 //! confirmed by `cgroup.events`) is preferred; the v1 freezer controller (`freezer.state`) otherwise.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-
+pub use crate::job::held::Frozen;
+use crate::sample::cgroup::pids_below;
 use crate::sample::error::read_text;
-
-/// A cgroup memwatch froze, remembered so it can be thawed (also by a restarted daemon).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Frozen {
-    pub version: u8,
-    pub dir: PathBuf,
-}
 
 /// How long a freeze may take to settle before memwatch falls back to signals.
 pub const SETTLE: Duration = Duration::from_millis(500);
 /// How long the owner task watches a freeze settle before it hands the wait to another thread.
 const SETTLE_INLINE: Duration = Duration::from_millis(3);
 
-fn pids_below(dir: &Path, out: &mut Vec<u32>) -> bool {
-    let Ok(text) = read_text(&dir.join("cgroup.procs")) else {
-        return false;
-    };
-    out.extend(
-        text.split_whitespace()
-            .filter_map(|p| p.parse::<u32>().ok()),
-    );
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return false;
-    };
-    entries
-        .flatten()
-        .filter(|e| e.path().is_dir())
-        .all(|e| pids_below(&e.path(), out))
-}
-
 /// The cgroup the job of user `owner` owns, if any: `tree` is the job's pids, root first.
 pub fn owned(root: &Path, tree: &[u32], owner: u32) -> Option<Frozen> {
     let first = *tree.first()?;
     let path = root.join("proc").join(first.to_string()).join("cgroup");
-    let text = read_text(&path).ok()?;
+    let m = crate::sample::cgroup::parse_membership(&path, &read_text(&path).ok()?).ok()?;
     let me = std::process::id();
     let mut candidates = Vec::new();
-    for line in text.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (Some(id), Some(controllers), Some(cg)) = (parts.next(), parts.next(), parts.next())
-        else {
-            continue;
-        };
-        if cg == "/" || !cg.starts_with('/') {
-            continue;
+    let own = |cg: &Option<String>| {
+        cg.as_deref()
+            .filter(|cg| *cg != "/")
+            .map(|cg| cg.trim_start_matches('/').to_owned())
+    };
+    if let Some(rel) = own(&m.v2) {
+        for mount in ["sys/fs/cgroup/unified", "sys/fs/cgroup"] {
+            let dir = root.join(mount).join(&rel);
+            if dir.join("cgroup.freeze").is_file() {
+                candidates.push(Frozen { version: 2, dir });
+                break;
+            }
         }
-        let rel = cg.trim_start_matches('/');
-        if id == "0" && controllers.is_empty() {
-            for mount in ["sys/fs/cgroup/unified", "sys/fs/cgroup"] {
-                let dir = root.join(mount).join(rel);
-                if dir.join("cgroup.freeze").is_file() {
-                    candidates.push(Frozen { version: 2, dir });
-                    break;
-                }
-            }
-        } else if controllers.split(',').any(|c| c == "freezer") {
-            let dir = root.join("sys/fs/cgroup/freezer").join(rel);
-            if dir.join("freezer.state").is_file() {
-                candidates.push(Frozen { version: 1, dir });
-            }
+    }
+    if let Some(rel) = own(&m.v1_freezer) {
+        let dir = root.join("sys/fs/cgroup/freezer").join(rel);
+        if dir.join("freezer.state").is_file() {
+            candidates.push(Frozen { version: 1, dir });
         }
     }
     candidates.sort_by_key(|f| std::cmp::Reverse(f.version));

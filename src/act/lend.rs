@@ -4,21 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-
-/// A raised limit and what it was.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Loan {
-    pub job: String,
-    /// The cgroup directory whose limit file was raised.
-    pub dir: PathBuf,
-    /// 1 or 2.
-    pub version: u8,
-    /// The limit before the loan (bytes).
-    pub original: u64,
-    /// The limit during the loan.
-    pub raised: u64,
-}
+pub use crate::job::held::Loan;
 
 impl Loan {
     fn limit_file(&self) -> PathBuf {

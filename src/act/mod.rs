@@ -1,4 +1,6 @@
-//! Effects: the only code that sends signals or writes memwatch's state files.
+//! Effects: signals (and Slurm's, through scontrol), freezes, emergency swap, lent limits, the state
+//! file, the state lock, the audit log, and recovery of a predecessor's pauses. The engine decides;
+//! this carries out.
 
 pub mod audit;
 pub mod freeze;
@@ -7,6 +9,7 @@ pub mod pause;
 pub mod persist;
 pub mod recover;
 pub mod signal;
+pub mod slurm;
 pub mod swap;
 
-pub use signal::signal_by_name;
+pub use crate::config::signal_by_name;

@@ -22,6 +22,9 @@ pub struct PersistedPause {
     /// The cgroup memwatch froze instead.
     #[serde(default)]
     pub frozen: Option<super::freeze::Frozen>,
+    /// The Slurm job memwatch suspended through Slurm instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm: Option<crate::job::held::Suspended>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -40,6 +43,9 @@ pub struct PersistedJob {
     /// crash).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub way_out: Option<crate::job::way_out::WayOut>,
+    /// Attached by Slurm job id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -247,10 +253,15 @@ mod tests {
                         start_time: 9,
                     }],
                     frozen: None,
+                    slurm: Some(crate::job::held::Suspended {
+                        job_id: "4242".into(),
+                        ctl: crate::act::slurm::Slurmctl::new(&crate::config::Slurm::default()),
+                    }),
                 }),
                 config: None,
                 launch: None,
                 way_out: None,
+                slurm: Some("4242".into()),
             }],
             clock: None,
             loans: Vec::new(),

@@ -21,10 +21,15 @@ use crate::proc::{descendants, read_stat};
 pub struct Recovered {
     pub continued: usize,
     pub thawed: Option<std::path::PathBuf>,
+    /// The Slurm job resumed through Slurm.
+    pub slurm_resumed: Option<String>,
 }
 
 impl std::fmt::Display for Recovered {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(id) = &self.slurm_resumed {
+            write!(f, "resumed Slurm job {id} (scontrol resume); ")?;
+        }
         match &self.thawed {
             Some(dir) => write!(
                 f,
@@ -46,6 +51,15 @@ impl std::fmt::Display for Recovered {
 pub fn undo_pause(process_root: &Path, job: &PersistedJob) -> Option<Recovered> {
     let p = job.paused.as_ref()?;
     let mut out = Recovered::default();
+    if let Some(s) = &p.slurm {
+        match s.ctl.resume(&s.job_id) {
+            Ok(()) => out.slurm_resumed = Some(s.job_id.clone()),
+            // Already running, or gone: Slurm says which; the tree below is continued either way.
+            Err(e) => {
+                tracing::error!(slurm_job_id = %s.job_id, error = %e, "cannot resume a Slurm job a previous daemon suspended")
+            }
+        }
+    }
     if let Some(f) = &p.frozen {
         match f.thaw() {
             Ok(()) => out.thawed = Some(f.dir.clone()),
@@ -77,4 +91,64 @@ pub fn undo_pause(process_root: &Path, job: &PersistedJob) -> Option<Recovered> 
         }
     }
     Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::act::persist::PersistedPause;
+    use crate::act::slurm::{Slurmctl, Suspended};
+    use crate::proc::ProcRef;
+
+    /// A job a killed daemon had suspended through Slurm is resumed through Slurm: the recorded
+    /// scontrol is run with `resume ID`, and what recovery did says so.
+    #[test]
+    fn a_suspended_slurm_job_is_resumed_through_slurm() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let calls = dir.path().join("calls");
+        let scontrol = dir.path().join("scontrol");
+        std::fs::write(
+            &scontrol,
+            format!("#!/bin/sh\necho \"$@\" >> {}\n", calls.display()),
+        )
+        .unwrap();
+        std::fs::set_permissions(&scontrol, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let job = PersistedJob {
+            name: "slurm-4242".into(),
+            // A process that is not there: only the Slurm job is left to resume.
+            root: ProcRef {
+                pid: u32::MAX - 1,
+                start_time: 1,
+            },
+            owner_uid: 0,
+            attached_at_ms: 0,
+            paused: Some(PersistedPause {
+                since_ms: 1,
+                by: crate::policy::By::Policy,
+                reason: "job cgroup".into(),
+                stopped: Vec::new(),
+                frozen: None,
+                slurm: Some(Suspended {
+                    job_id: "4242".into(),
+                    ctl: Slurmctl {
+                        scontrol: scontrol.display().to_string(),
+                        scancel: "scancel".into(),
+                        timeout_ms: 5000,
+                    },
+                }),
+            }),
+            config: None,
+            launch: None,
+            way_out: None,
+            slurm: Some("4242".into()),
+        };
+        let done = undo_pause(Path::new("/"), &job).unwrap();
+        assert_eq!(done.slurm_resumed.as_deref(), Some("4242"));
+        assert!(
+            done.to_string().starts_with("resumed Slurm job 4242"),
+            "{done}"
+        );
+        assert_eq!(std::fs::read_to_string(&calls).unwrap(), "resume 4242\n");
+    }
 }

@@ -1,7 +1,7 @@
 //! Signals that cannot hit the wrong process: `pidfd_open`, a check through /proc that the process is
 //! still the one attached (its start time), then `pidfd_send_signal` on that descriptor.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use nix::sys::signal::Signal;
@@ -30,39 +30,39 @@ pub fn owner_may_signal(root: &Path, pid: u32, owner: u32) -> bool {
             .is_ok_and(|s| s.uids[0] == owner || s.uids[2] == owner)
 }
 
-/// Parses "SIGUSR1", "USR1" or a number.
-pub fn signal_by_name(name: &str) -> Option<Signal> {
-    if let Ok(n) = name.parse::<i32>() {
-        return Signal::try_from(n).ok();
-    }
-    let upper = name.trim().to_ascii_uppercase();
-    let full = if upper.starts_with("SIG") {
-        upper
-    } else {
-        format!("SIG{upper}")
-    };
-    full.parse::<Signal>().ok()
+/// rustix's pid for ours (`None` for 0 or one beyond `i32`).
+fn rustix_pid(pid: u32) -> Option<rustix::process::Pid> {
+    i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
 }
 
-fn errno() -> nix::errno::Errno {
-    nix::errno::Errno::last()
+/// rustix's signal for nix's.
+fn rustix_signal(sig: Signal) -> Option<rustix::process::Signal> {
+    rustix::process::Signal::from_named_raw(sig as i32)
+}
+
+/// The error for a failed signal call's errno.
+fn error_of(e: rustix::io::Errno, pid: u32) -> SignalError {
+    match e {
+        rustix::io::Errno::SRCH => SignalError::Gone(pid),
+        rustix::io::Errno::PERM => SignalError::Denied(pid),
+        e => SignalError::Other {
+            pid,
+            reason: e.to_string(),
+        },
+    }
 }
 
 /// Opens a pidfd for `pid`; `None` where the kernel has no pidfd_open (before 5.3).
 pub(crate) fn pidfd_open(pid: u32) -> Result<Option<OwnedFd>, SignalError> {
-    // SAFETY: plain syscall with integer arguments; a non-negative return is a new fd we own.
-    let fd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid as nix::libc::pid_t, 0) };
-    if fd >= 0 {
-        // SAFETY: the kernel just returned this descriptor to us.
-        return Ok(Some(unsafe { OwnedFd::from_raw_fd(fd as i32) }));
-    }
-    match errno() {
-        nix::errno::Errno::ENOSYS => Ok(None),
-        nix::errno::Errno::ESRCH => Err(SignalError::Gone(pid)),
-        e => Err(SignalError::Other {
-            pid,
-            reason: e.to_string(),
-        }),
+    let Some(p) = rustix_pid(pid) else {
+        return Err(SignalError::Gone(pid));
+    };
+    match rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(rustix::io::Errno::NOSYS) => Ok(None),
+        Err(e) => Err(error_of(e, pid)),
     }
 }
 
@@ -79,32 +79,35 @@ pub fn open(root: &Path, target: ProcRef) -> Result<Option<std::sync::Arc<OwnedF
     }
 }
 
-fn pidfd_signal(fd: &OwnedFd, pid: u32, sig: Option<Signal>) -> Result<(), SignalError> {
-    // SAFETY: a valid pidfd, a valid signal number (0 probes), no siginfo.
-    let rc = unsafe {
-        nix::libc::syscall(
-            nix::libc::SYS_pidfd_send_signal,
-            fd.as_raw_fd(),
-            sig.map_or(0, |s| s as i32),
-            std::ptr::null::<nix::libc::siginfo_t>(),
-            0u32,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(errno_error(pid))
-    }
+fn pidfd_signal(fd: &OwnedFd, pid: u32, sig: Signal) -> Result<(), SignalError> {
+    let sig = rustix_signal(sig).ok_or_else(|| SignalError::Other {
+        pid,
+        reason: format!("{sig} has no number here"),
+    })?;
+    rustix::process::pidfd_send_signal(fd, sig).map_err(|e| error_of(e, pid))
 }
 
 /// Sends `sig` through a pidfd kept since attach: to that very process, or to nobody.
 pub fn send_pinned(fd: &OwnedFd, pid: u32, sig: Signal) -> Result<(), SignalError> {
-    pidfd_signal(fd, pid, Some(sig))
+    pidfd_signal(fd, pid, sig)
 }
 
-/// Whether the process a kept pidfd refers to still exists (it may be a zombie).
+/// Whether the process a kept pidfd refers to has not exited: a pidfd turns readable when its process
+/// exits (a zombie has exited). `pid` names it in logs only.
 pub fn alive(fd: &OwnedFd, pid: u32) -> bool {
-    pidfd_signal(fd, pid, None).is_ok()
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    let mut fds = [PollFd::new(fd, PollFlags::IN)];
+    let now = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    match poll(&mut fds, Some(&now)) {
+        Ok(n) => n == 0,
+        Err(e) => {
+            tracing::debug!(pid, error = %e, "cannot poll a pidfd; taking the process as alive");
+            true
+        }
+    }
 }
 
 /// Sends `sig` to exactly the process `target` names, or to nobody.
@@ -118,27 +121,11 @@ pub fn send(root: &Path, target: ProcRef, sig: Signal) -> Result<(), SignalError
         _ => return Err(SignalError::Gone(pid)),
     }
     match &fd {
-        Some(fd) => pidfd_signal(fd, pid, Some(sig)),
+        Some(fd) => pidfd_signal(fd, pid, sig),
         // Kernels before 5.3: the start-time check above narrows the race to microseconds.
-        None => {
-            // SAFETY: plain kill(2) with a checked pid and a valid signal.
-            if unsafe { nix::libc::kill(pid as nix::libc::pid_t, sig as i32) } == 0 {
-                Ok(())
-            } else {
-                Err(errno_error(pid))
-            }
-        }
-    }
-}
-
-/// The error for the errno a failed signal call left.
-fn errno_error(pid: u32) -> SignalError {
-    match errno() {
-        nix::errno::Errno::ESRCH => SignalError::Gone(pid),
-        nix::errno::Errno::EPERM => SignalError::Denied(pid),
-        e => SignalError::Other {
-            pid,
-            reason: e.to_string(),
+        None => match (rustix_pid(pid), rustix_signal(sig)) {
+            (Some(p), Some(s)) => rustix::process::kill_process(p, s).map_err(|e| error_of(e, pid)),
+            _ => Err(SignalError::Gone(pid)),
         },
     }
 }
@@ -158,6 +145,13 @@ mod tests {
             .expect("pidfd_open (Linux 5.3+)");
         assert!(alive(&fd, pid));
         child.kill().unwrap();
+        // Exited but not reaped yet: a zombie is not alive.
+        let exited = (0..2000).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            read_stat(Path::new("/"), pid).is_ok_and(|s| s.state == 'Z')
+        });
+        assert!(exited, "the child never became a zombie");
+        assert!(!alive(&fd, pid), "a zombie has exited");
         child.wait().unwrap();
         // Whatever process gets this pid next, the descriptor still names the dead one.
         assert!(!alive(&fd, pid));
@@ -169,6 +163,7 @@ mod tests {
 
     #[test]
     fn names() {
+        use crate::config::signal_by_name;
         assert_eq!(signal_by_name("SIGUSR1"), Some(Signal::SIGUSR1));
         assert_eq!(signal_by_name("usr2"), Some(Signal::SIGUSR2));
         assert_eq!(signal_by_name("10"), Some(Signal::SIGUSR1));

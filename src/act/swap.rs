@@ -7,8 +7,6 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use serde::{Deserialize, Serialize};
-
 /// Where the records are, under the state directory.
 pub const RECORDS: &str = "emergency-swap";
 /// The label written into every emergency swap header.
@@ -16,15 +14,7 @@ const LABEL: &str = "memwatch";
 /// Emergency swap goes before any other swap the machine has.
 const PRIORITY: &str = "32767";
 
-/// One emergency swap device.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Device {
-    /// /dev/zramN, made through /sys/class/zram-control.
-    Zram(u32),
-    /// A swapfile memwatch created.
-    File(PathBuf),
-}
+pub use crate::job::held::{Device, Record};
 
 impl Device {
     /// The name /proc/swaps gives it (relative to the process root for zram).
@@ -56,14 +46,6 @@ impl std::fmt::Display for Device {
             Device::File(p) => write!(f, "{}", p.display()),
         }
     }
-}
-
-/// A recorded emergency swap device: for which job, and how big.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Record {
-    pub device: Device,
-    pub job: String,
-    pub bytes: u64,
 }
 
 /// How emergency swap may be made.

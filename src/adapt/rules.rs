@@ -10,7 +10,6 @@
 
 use std::collections::BTreeMap;
 
-use crate::advice::smaller_divisor;
 use crate::config::Adapt;
 use crate::rewrite::Scalar;
 use crate::rewrite::profile::Knob;
@@ -89,6 +88,11 @@ pub fn propose(knobs: &BTreeMap<Knob, Scalar>, s: Signals, cfg: &Adapt) -> Optio
         changes,
         reason: why.join("; "),
     })
+}
+
+/// The largest divisor of `b` that is at most `b / 2` (so micro × accumulation stays exact).
+pub fn smaller_divisor(b: u64) -> u64 {
+    (1..=b / 2).rev().find(|d| b % d == 0).unwrap_or(1)
 }
 
 #[cfg(test)]

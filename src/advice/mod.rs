@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::adapt::rules::smaller_divisor;
 use crate::job::JobView;
 use crate::policy::{Level, LevelState};
 use crate::rewrite::profile::Knob;
@@ -269,11 +270,6 @@ fn gpu_memory(input: &Input, out: &mut Vec<Advice>) {
             saving: None,
         });
     }
-}
-
-/// The largest divisor of `b` that is at most `b / 2` (so micro × accumulation stays exact).
-pub fn smaller_divisor(b: u64) -> u64 {
-    (1..=b / 2).rev().find(|d| b % d == 0).unwrap_or(1)
 }
 
 fn temperature(input: &Input, out: &mut Vec<Advice>) {

@@ -6,6 +6,7 @@ mod advise;
 mod check;
 mod jobs;
 mod launch;
+mod slurm;
 mod status;
 mod top;
 
@@ -75,8 +76,13 @@ enum Command {
     },
     /// Follow a training job: the process and all its descendants, and protect it
     Attach {
-        pid: u32,
-        /// A name for the job [default: <command>-<pid>]
+        #[arg(required_unless_present = "slurm_job")]
+        pid: Option<u32>,
+        /// A Slurm job by id instead: every task of it on this node (root may attach it before its
+        /// first task starts here, as the prolog in deploy/slurm/ does)
+        #[arg(long, value_name = "ID", conflicts_with_all = ["pid", "config_file"])]
+        slurm_job: Option<String>,
+        /// A name for the job [default: <command>-<pid>, or slurm-<ID>]
         #[arg(long)]
         name: Option<String>,
         /// The job's training config (JSON, YAML or TOML), rewritten at epoch boundaries
@@ -111,7 +117,11 @@ enum Command {
     /// Stop following a job (a paused job is resumed first)
     Detach {
         /// Job name or pid
-        target: String,
+        #[arg(required_unless_present = "slurm_job")]
+        target: Option<String>,
+        /// The job that belongs to this Slurm job (the epilog in deploy/slurm/)
+        #[arg(long, value_name = "ID", conflicts_with = "target")]
+        slurm_job: Option<String>,
         #[command(flatten)]
         socket: SocketArg,
     },
@@ -285,7 +295,13 @@ fn dispatch(cli: Cli) -> Result<(), Failure> {
             let screen = || -> anyhow::Result<String> {
                 let sample: crate::sample::Sample = client.sample()?;
                 let view: status::Overview = client.get("/api/v1/jobs")?;
-                Ok(status::render(&sample, &view, &url, now_ms(), paint))
+                Ok(status::render(
+                    &sample,
+                    &view,
+                    &url,
+                    crate::clock::wall_ms(),
+                    paint,
+                ))
             };
             match watch {
                 None => print!("{}", screen()?),
@@ -305,13 +321,25 @@ fn dispatch(cli: Cli) -> Result<(), Failure> {
             Ok(())
         }
         Command::Attach {
-            pid,
+            slurm_job: Some(id),
+            name,
+            socket,
+            ..
+        } => slurm::attach(&cli, socket, id, name.clone()),
+        Command::Detach {
+            slurm_job: Some(id),
+            socket,
+            ..
+        } => slurm::detach(&cli, socket, id),
+        Command::Attach {
+            pid: Some(pid),
             name,
             config_file,
             profile,
             keys,
             token_file,
             socket,
+            slurm_job: None,
         } => {
             // The token file is opened before the attach, so a path that cannot be written fails
             // before anything changes.
@@ -383,7 +411,15 @@ fn dispatch(cli: Cli) -> Result<(), Failure> {
             }
             Ok(())
         }
-        Command::Detach { target, socket } => {
+        // clap requires one of the two.
+        Command::Attach { pid: None, .. } | Command::Detach { target: None, .. } => Err(usage(
+            anyhow::anyhow!("name the job: a pid (attach), a job (detach), or --slurm-job ID"),
+        )),
+        Command::Detach {
+            target: Some(target),
+            socket,
+            slurm_job: None,
+        } => {
             control_call(
                 &cli,
                 socket,
@@ -420,10 +456,10 @@ fn dispatch(cli: Cli) -> Result<(), Failure> {
             if *json {
                 println!("{}", serde_json::to_string_pretty(&jobs)?);
             } else {
-                print!("{}", jobs::render(&jobs, now_ms()));
+                print!("{}", jobs::render(&jobs, crate::clock::wall_ms()));
                 print!(
                     "{}",
-                    jobs::render_ended(&r.ended.unwrap_or_default(), now_ms())
+                    jobs::render_ended(&r.ended.unwrap_or_default(), crate::clock::wall_ms())
                 );
             }
             Ok(())
@@ -560,13 +596,6 @@ fn print_job(verb: &str, r: crate::control::Response) -> Result<(), Failure> {
         None => println!("{verb}"),
     }
     Ok(())
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// Creates `path` for a secret: new or truncated, mode 0600, never through a symbolic link.

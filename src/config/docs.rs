@@ -293,7 +293,7 @@ pub const DOCS: &[(&str, &str)] = &[
          \"webhook\" (POSTs the event as JSON to `url`), \"slack\" (POSTs {\"text\": …} to a Slack or\n\
          Mattermost incoming-webhook `url`), \"ntfy\" (POSTs the message to an ntfy topic `url` with\n\
          Title, Priority and Tags headers) or \"command\" (runs `command` = [\"/abs/program\", \"arg\", …]\n\
-         with MEMWATCH_EVENT, MEMWATCH_JOB, MEMWATCH_REASON, MEMWATCH_DETAIL, MEMWATCH_MESSAGE,\n\
+         with MEMWATCH_EVENT, MEMWATCH_JOB, MEMWATCH_SLURM_JOB_ID, MEMWATCH_REASON, MEMWATCH_DETAIL, MEMWATCH_MESSAGE,\n\
          MEMWATCH_HOST and MEMWATCH_TIMESTAMP_MS set). Optional: `name` (logs and metrics use it, never\n\
          the URL), `token` (webhook, ntfy: sent as a Bearer token), `events` (default: all of pause,\n\
          resume, stop, restart, staged, applied, unverified, near_exhaustion, collector_down),\n\
@@ -315,6 +315,38 @@ pub const DOCS: &[(&str, &str)] = &[
     (
         "notify.channels",
         "The channels, each a [[notify.channels]] table (see `notify`). None by default.",
+    ),
+    (
+        "slurm",
+        "Slurm jobs followed by job id (`memwatch attach --slurm-job ID`, or the prolog in\n\
+         deploy/slurm/). Running as root, memwatch may use scontrol; as another user, that user needs\n\
+         Slurm's operator role (sacctmgr) or a sudoers line (docs/cluster.md).",
+    ),
+    (
+        "slurm.job_wide_pause",
+        "Pause a Slurm job through Slurm (`scontrol suspend`, later `scontrol resume`): every rank on\n\
+         every node stops together, so no rank waits at a collective for a rank memwatch stopped.\n\
+         Off, or when scontrol fails: stop only this node's tasks with signals.",
+    ),
+    (
+        "slurm.requeue",
+        "The way out's checkpoint step ends a Slurm job with `scontrol requeue` (it runs again from its\n\
+         checkpoint when Slurm schedules it) instead of `scancel`.",
+    ),
+    (
+        "slurm.scontrol",
+        "The scontrol program: a name looked up in PATH, or an absolute path.",
+    ),
+    ("slurm.scancel", "The scancel program."),
+    (
+        "slurm.command_timeout_ms",
+        "How long one scontrol or scancel may run before memwatch gives up on it (and falls back to\n\
+         signals for a pause). The daemon waits for it, so keep it short.",
+    ),
+    (
+        "slurm.adopt_within_seconds",
+        "How long a job attached by id waits for its first process on this node (a prolog runs before\n\
+         the tasks start) before memwatch forgets it.",
     ),
     (
         "policy.*.action",

@@ -116,6 +116,7 @@ pub fn parse(text: &str) -> Result<Config, String> {
         bounds(&config),
         config.policy.validate(),
         config.way_out.validate(),
+        config.slurm.validate(),
         (config.sampling.fast_interval_ms.0 > config.sampling.probe_interval_ms.0)
             .then(|| {
                 (
@@ -136,9 +137,28 @@ pub fn parse(text: &str) -> Result<Config, String> {
     Ok(config)
 }
 
-/// The line (1-based) where dotted `key` is set, if it is set in `text`.
+/// The line (1-based) where dotted `key` is set, if it is set in `text`: from the key's span in
+/// toml_edit's parse of the file (dotted keys, inline tables and `[table]` headers alike).
 fn line_of(text: &str, key: &str) -> Option<usize> {
-    (1..=text.lines().count()).find(|&l| key_at(text, l).as_deref() == Some(key))
+    let doc = toml_edit::Document::parse(text).ok()?;
+    let mut table: &dyn toml_edit::TableLike = doc.as_table();
+    let parts: Vec<&str> = key.split('.').collect();
+    for (i, part) in parts.iter().enumerate() {
+        let (k, item) = table.get_key_value(part)?;
+        if i + 1 == parts.len() {
+            return k.span().map(|r| line_col(text, r.start).0);
+        }
+        table = item.as_table_like()?;
+    }
+    None
+}
+
+/// The line and column (1-based) of byte `offset` in `text`.
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+    (line, column)
 }
 
 /// Turns a toml error into one line: "line L, column C, key `a.b`: message".
@@ -147,32 +167,59 @@ fn describe(text: &str, e: &toml::de::Error) -> String {
     let Some(span) = e.span() else {
         return message;
     };
-    let before = &text[..span.start.min(text.len())];
-    let line = before.matches('\n').count() + 1;
-    let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
-    match key_at(text, line) {
+    let (line, column) = line_col(text, span.start);
+    match key_at(text, span.start) {
         Some(key) => format!("line {line}, column {column}, key `{key}`: {message}"),
         None => format!("line {line}, column {column}: {message}"),
     }
 }
 
-/// The dotted key defined on `line` (1-based), using the last `[table]` header above it.
-fn key_at(text: &str, line: usize) -> Option<String> {
-    let mut table = String::new();
-    for (i, l) in text.lines().enumerate() {
-        let t = l.trim();
-        if t.starts_with('[') {
-            table = t.trim_matches(|c| c == '[' || c == ']').trim().to_owned();
-        }
-        if i + 1 == line {
-            let (key, _) = t.split_once('=')?;
-            let key = key.trim();
-            return Some(if table.is_empty() {
-                key.to_owned()
-            } else {
-                format!("{table}.{key}")
+/// The dotted key set at byte `offset`: in each table, the last key that starts at or before it,
+/// followed down into its table (from toml_edit's spans).
+fn key_at(text: &str, offset: usize) -> Option<String> {
+    let doc = toml_edit::Document::parse(text).ok()?;
+    let mut path: Vec<String> = Vec::new();
+    let mut table: &dyn toml_edit::TableLike = doc.as_table();
+    loop {
+        let here = table
+            .iter()
+            .filter_map(|(k, item)| Some((k, item, starts_at(table.key(k)?, item)?)))
+            .filter(|(_, _, start)| *start <= offset)
+            .max_by_key(|(_, _, start)| *start);
+        let Some((k, item, _)) = here else {
+            break;
+        };
+        if let Some(array) = item.as_array_of_tables() {
+            // `[[notify.channels]]`: the last entry that starts at or before the offset.
+            let tables: Vec<&toml_edit::Table> = array.iter().collect();
+            let entry = tables.into_iter().enumerate().rev().find(|(_, t)| {
+                t.iter()
+                    .filter_map(|(k, i)| starts_at(t.key(k)?, i))
+                    .min()
+                    .is_some_and(|s| s <= offset)
             });
+            let Some((n, t)) = entry else {
+                path.push(k.to_owned());
+                break;
+            };
+            path.push(format!("{k}[{n}]"));
+            table = t;
+            continue;
+        }
+        path.push(k.to_owned());
+        match item.as_table_like() {
+            Some(t) => table = t,
+            None => break,
         }
     }
-    None
+    (!path.is_empty()).then(|| path.join("."))
+}
+
+/// Where a key's definition starts: its own span, or for a table only named by headers below it
+/// (`[policy.job_cgroup]` defines `policy`), its first key's.
+fn starts_at(key: &toml_edit::Key, item: &toml_edit::Item) -> Option<usize> {
+    key.span().map(|r| r.start).or_else(|| {
+        let t = item.as_table_like()?;
+        t.iter().filter_map(|(k, i)| starts_at(t.key(k)?, i)).min()
+    })
 }

@@ -14,6 +14,7 @@ mod example;
 mod load;
 mod notify;
 mod policy;
+mod slurm;
 mod way_out;
 
 pub use docs::DOCS;
@@ -21,7 +22,8 @@ pub use example::example_toml;
 pub use load::{ConfigError, load, parse};
 
 pub use notify::{Channel, ChannelKind, NoticeKind, Notify, Secret};
-pub use policy::{Action, OnMaxPause, Policy, Ratio, RatioPolicy, TempPolicy};
+pub use policy::{Action, OnMaxPause, Policy, Ratio, RatioPolicy, TempPolicy, signal_by_name};
+pub use slurm::Slurm;
 pub use way_out::{Step, WayOut};
 
 /// Where the daemon looks when no `--config` is given.
@@ -43,6 +45,7 @@ pub struct Config {
     pub adapt: Adapt,
     pub way_out: WayOut,
     pub notify: Notify,
+    pub slurm: Slurm,
 }
 
 /// Training-config rewrites.
@@ -240,6 +243,7 @@ impl Default for Config {
             adapt: Adapt::default(),
             way_out: WayOut::default(),
             notify: Notify::default(),
+            slurm: Slurm::default(),
         }
     }
 }
@@ -309,6 +313,38 @@ mod tests {
     #[test]
     fn empty_file_is_defaults() {
         assert_eq!(parse("").unwrap(), Config::default());
+    }
+
+    /// Errors name the line, column and dotted key however the key was written: under a `[table]`
+    /// header, as a dotted key, in an inline table, in an array of tables; and a check made after
+    /// parsing finds its key's line the same ways.
+    #[test]
+    fn errors_name_the_key_however_it_is_written() {
+        for (text, want) in [
+            (
+                "listen = \"127.0.0.1:9300\"\n[policy.job_cgroup]\nwarn = \"x\"\n",
+                "line 3, column 8, key `policy.job_cgroup.warn`",
+            ),
+            (
+                "policy = { job_cgroup = { warn = \"x\" } }\n",
+                "line 1, column 34, key `policy.job_cgroup.warn`",
+            ),
+            (
+                "[sampling]\ninterval_ms = 1000\n\n[[notify.channels]]\nkind = \"x\"\n",
+                "line 5, column 8, key `notify.channels[0].kind`",
+            ),
+            (
+                "[sampling]\nprobe_interval_ms = 50\nfast_interval_ms = 60\n",
+                "line 3, key `sampling.fast_interval_ms`",
+            ),
+            (
+                "sampling.probe_interval_ms = 50\nsampling.fast_interval_ms = 60\n",
+                "line 2, key `sampling.fast_interval_ms`",
+            ),
+        ] {
+            let e = parse(text).unwrap_err();
+            assert!(e.starts_with(want), "{text:?}: {e}");
+        }
     }
 
     #[test]

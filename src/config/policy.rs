@@ -190,7 +190,7 @@ impl Policy {
         }
         if !self.checkpoint_signal.is_empty() {
             use nix::sys::signal::Signal;
-            match crate::act::signal_by_name(&self.checkpoint_signal) {
+            match signal_by_name(&self.checkpoint_signal) {
                 None => {
                     return Err((
                         "policy.checkpoint_signal".into(),
@@ -296,4 +296,18 @@ impl Policy {
         }
         Ok(())
     }
+}
+
+/// Parses "SIGUSR1", "USR1" or a number.
+pub fn signal_by_name(name: &str) -> Option<nix::sys::signal::Signal> {
+    if let Ok(n) = name.parse::<i32>() {
+        return nix::sys::signal::Signal::try_from(n).ok();
+    }
+    let upper = name.trim().to_ascii_uppercase();
+    let full = if upper.starts_with("SIG") {
+        upper
+    } else {
+        format!("SIG{upper}")
+    };
+    full.parse::<nix::sys::signal::Signal>().ok()
 }

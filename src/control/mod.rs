@@ -37,6 +37,19 @@ pub enum Request {
     Detach {
         target: String,
     },
+    /// A Slurm job by id: every task of it on this node, from its job cgroup (root may attach one
+    /// before its first task starts here: a prolog).
+    #[serde(rename = "attach_slurm")]
+    AttachSlurm {
+        job_id: String,
+        #[serde(default)]
+        name: Option<String>,
+    },
+    /// Detaches the job that belongs to a Slurm job (the epilog), or stops waiting for it.
+    #[serde(rename = "detach_slurm")]
+    DetachSlurm {
+        job_id: String,
+    },
     Pause {
         target: String,
     },

@@ -79,6 +79,10 @@ impl Engine {
                 token,
             } => return self.progress(&target, progress, token, caller, now_ms),
             Request::Detach { target } => self.detach(&target, caller, now_ms),
+            Request::AttachSlurm { job_id, name } => {
+                self.attach_slurm(&job_id, name, caller, now_ms)
+            }
+            Request::DetachSlurm { job_id } => self.detach_slurm(&job_id, caller, now_ms),
             Request::Pause { target } => {
                 let r = self.user_pause(&target, caller, now_ms);
                 return self.pause_reply(r);
@@ -136,19 +140,9 @@ impl Engine {
     }
 
     /// The job `target` names (a name or a pid), if the caller may act on it.
+    /// The job `target` names (a name or a root pid), if the caller is its owner or root.
     fn find(&self, target: &str, caller: Caller) -> Result<String, String> {
-        let job = self
-            .jobs
-            .values()
-            .find(|j| j.name == target || target.parse::<u32>().is_ok_and(|p| p == j.root.pid))
-            .ok_or_else(|| format!("no attached job named {target:?} (see `memwatch jobs`)"))?;
-        if !caller.is_root() && caller.uid != job.owner_uid {
-            return Err(format!(
-                "permission denied: job {:?} belongs to uid {}, you are uid {}",
-                job.name, job.owner_uid, caller.uid
-            ));
-        }
-        Ok(job.name.clone())
+        self.find_authorised(target, None, caller)
     }
 
     /// The job `target` names, if the caller is its owner (or root) or presents its token.
@@ -162,7 +156,7 @@ impl Engine {
             .jobs
             .values()
             .find(|j| j.name == target || target.parse::<u32>().is_ok_and(|p| p == j.root.pid))
-            .ok_or_else(|| format!("no attached job named {target:?}"))?;
+            .ok_or_else(|| format!("no attached job named {target:?} (see `memwatch jobs`)"))?;
         let by_token = match (token, job.config.as_ref()) {
             (Some(t), Some(c)) => crate::adapt::token_matches(&c.token, t),
             _ => false,
@@ -170,10 +164,24 @@ impl Engine {
         if by_token || caller.is_root() || caller.uid == job.owner_uid {
             Ok(job.name.clone())
         } else {
-            Err(format!(
-                "permission denied: job {:?} needs its owner or its token",
-                job.name
-            ))
+            Err(if caller == Caller::ANONYMOUS {
+                format!(
+                    "permission denied: job {:?} needs its owner or its token",
+                    job.name
+                )
+            } else {
+                format!(
+                    "permission denied: job {:?} belongs to uid {}, you are uid {}{}",
+                    job.name,
+                    job.owner_uid,
+                    caller.uid,
+                    if token.is_some() {
+                        " (and the token does not match)"
+                    } else {
+                        ""
+                    }
+                )
+            })
         }
     }
 
@@ -366,7 +374,7 @@ impl Engine {
         r
     }
 
-    fn attach(
+    pub(super) fn attach(
         &mut self,
         pid: u32,
         name: Option<String>,
@@ -488,7 +496,12 @@ impl Engine {
         Ok(name)
     }
 
-    fn detach(&mut self, target: &str, caller: Caller, now_ms: u64) -> Result<String, String> {
+    pub(super) fn detach(
+        &mut self,
+        target: &str,
+        caller: Caller,
+        now_ms: u64,
+    ) -> Result<String, String> {
         let name = self.find(target, caller)?;
         self.resume_job(&name);
         self.jobs.remove(&name);

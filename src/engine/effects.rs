@@ -58,9 +58,23 @@ impl Engine {
                 self.record(now_ms, "level", "", &key, detail, false);
             }
             Decision::Checkpoint { job, reason } => {
-                let sig = signal::signal_by_name(&self.cfg.policy.checkpoint_signal);
+                let name = &self.cfg.policy.checkpoint_signal;
+                let sig = crate::config::signal_by_name(name);
                 if let (Some(sig), Some(j), false) = (sig, self.jobs.get(&job), dry) {
-                    if let Err(e) = self.signal_root(j, sig) {
+                    // A Slurm job attached by id: every step's tasks, on every node.
+                    let through_slurm = j.slurm.as_ref().map(|id| {
+                        crate::act::slurm::Slurmctl::new(&self.cfg.slurm)
+                            .signal(id, name.trim_start_matches("SIG"))
+                    });
+                    let sent = match through_slurm {
+                        Some(Ok(())) => Ok(()),
+                        Some(Err(e)) => {
+                            tracing::warn!(job, error = %e, "cannot signal the Slurm job; signalling its leader");
+                            self.signal_root(j, sig)
+                        }
+                        None => self.signal_root(j, sig),
+                    };
+                    if let Err(e) = sent {
                         tracing::warn!(job, error = %e, "checkpoint signal failed");
                     }
                 }
@@ -128,14 +142,45 @@ impl Engine {
     /// is killed (`finish_terminations`). It is never paused again.
     pub(super) fn terminate_job(&mut self, job: &str, reason: &str, cause: &str, now_ms: u64) {
         let dry = self.cfg.policy.dry_run;
+        // A Slurm job is requeued (or cancelled) through Slurm, on every node; this node's
+        // processes are ended by hand only when Slurm will not.
+        let through_slurm = if dry
+            || self
+                .jobs
+                .get(job)
+                .is_none_or(|j| j.slurm_job_id().is_none())
+        {
+            None
+        } else {
+            Some(self.end_through_slurm(job))
+        };
+        let reason = match &through_slurm {
+            Some(Ok(how)) => format!("{reason}; {how}"),
+            Some(Err(e)) => {
+                tracing::warn!(job, error = %e, "Slurm did not end the job; ending this node's processes");
+                reason.to_owned()
+            }
+            None => reason.to_owned(),
+        };
+        let reason = reason.as_str();
         {
             {
                 if let Some(j) = self.jobs.get(job) {
-                    if !dry {
+                    if !dry && !matches!(through_slurm, Some(Ok(_))) {
                         // TERM every process of the job (its tree, its own cgroup, what was stopped),
                         // then CONT and thaw so the stopped ones can act on it. What is left after
                         // TERMINATE_GRACE_MS is killed (`finish_terminations`).
-                        let members = self.job_members(j);
+                        let mut members = self.job_members(j);
+                        // A Slurm job's other steps on this node.
+                        members.extend(
+                            super::slurm::tasks_of(&self.process_root, j)
+                                .unwrap_or_default()
+                                .iter()
+                                .filter(|s| {
+                                    signal::owner_may_signal(&self.process_root, s.pid, j.owner_uid)
+                                })
+                                .map(|s| s.proc_ref()),
+                        );
                         for r in &members {
                             let _ = signal::send(&self.process_root, *r, Signal::SIGTERM);
                         }
@@ -145,6 +190,10 @@ impl Engine {
                             .map(|p| p.stopped.clone())
                             .unwrap_or_default();
                         pause::resume(&self.process_root, &stopped, j.pidfd.as_deref());
+                        if j.pause.as_ref().is_some_and(|p| p.slurm.is_some()) {
+                            // Slurm would not resume what it suspended: continued by hand.
+                            super::slurm::continue_tasks(&self.process_root, j);
+                        }
                         if let Some(f) = j.pause.as_ref().and_then(|p| p.frozen.as_ref()) {
                             // A frozen tree acts on the TERM once thawed.
                             let _ = f.thaw();
@@ -180,15 +229,21 @@ impl Engine {
         now_ms: u64,
     ) -> Result<(), PauseError> {
         let dry = self.cfg.policy.dry_run;
-        let Some(j) = self.jobs.get_mut(name) else {
+        let Some(j) = self.jobs.get(name) else {
             return Ok(());
         };
         if j.pause.is_some() {
             return Ok(());
         }
+        // A Slurm job is suspended through Slurm, whole, on every node.
+        let suspend = if dry { None } else { self.slurm_suspend_of(j) };
+        let j = match self.jobs.get_mut(name) {
+            Some(j) => j,
+            None => return Ok(()),
+        };
         // Decided on the last full sample, so the pause itself walks nothing but the cgroup's member
         // list: a process that became another user's since then keeps the freezer out.
-        let candidate = if dry {
+        let candidate = if dry || suspend.is_some() {
             None
         } else {
             j.freezer
@@ -201,6 +256,7 @@ impl Engine {
             reason: reason.to_owned(),
             stopped: Vec::new(),
             frozen: candidate.clone(),
+            slurm: suspend.clone(),
             dry_run: dry,
         });
         if !dry {
@@ -209,6 +265,20 @@ impl Engine {
                     j.pause = None;
                 }
                 return Err(PauseError::Unrecorded(e));
+            }
+        }
+        if let Some(s) = &suspend {
+            match s.ctl.suspend(&s.job_id) {
+                Ok(()) => {
+                    tracing::info!(job = name, slurm_job_id = %s.job_id, "suspended the whole Slurm job (scontrol suspend)");
+                    return Ok(());
+                }
+                Err(e) => {
+                    tracing::warn!(job = name, error = %e, "cannot suspend the Slurm job; stopping this node's tasks with signals");
+                    if let Some(p) = self.jobs.get_mut(name).and_then(|j| j.pause.as_mut()) {
+                        p.slurm = None;
+                    }
+                }
             }
         }
         let Some(j) = self.jobs.get(name) else {
@@ -229,12 +299,7 @@ impl Engine {
                     if let Some((Err(e), f)) = other {
                         tracing::warn!(cgroup = %f.dir.display(), error = %e, "cannot freeze the job's cgroup; stopping it with signals");
                     }
-                    match pause::stop_tree(
-                        &self.process_root,
-                        j.root,
-                        j.pidfd.as_deref(),
-                        j.owner_uid,
-                    ) {
+                    match self.stop_tasks(j) {
                         Ok(s) => (s, None),
                         Err(e) => {
                             if let Some(j) = self.jobs.get_mut(name) {
@@ -326,6 +391,13 @@ impl Engine {
             return;
         };
         if let Some(p) = j.pause.take() {
+            if let Some(s) = &p.slurm {
+                if let Err(e) = s.ctl.resume(&s.job_id) {
+                    // Never left stopped: this node's tasks are continued by hand.
+                    tracing::error!(job = name, error = %e, "cannot resume the Slurm job memwatch suspended; continuing this node's tasks with signals");
+                    super::slurm::continue_tasks(&self.process_root, j);
+                }
+            }
             if let Some(f) = &p.frozen {
                 if let Err(e) = f.thaw() {
                     tracing::error!(cgroup = %f.dir.display(), error = %e, "cannot thaw a job's cgroup");
@@ -353,10 +425,12 @@ impl Engine {
                         reason: p.reason.clone(),
                         stopped: p.stopped.clone(),
                         frozen: p.frozen.clone(),
+                        slurm: p.slurm.clone(),
                     }),
                     config: j.config.clone(),
                     launch: j.launch.clone(),
                     way_out: j.way_out.clone(),
+                    slurm: j.slurm.clone(),
                 })
                 .collect(),
             clock: self.clock_anchor.clone(),
@@ -440,6 +514,14 @@ impl Engine {
                 }
                 job.pidfd = signal::open(&self.process_root, pj.root).ok().flatten();
                 job.freezer = self.freezer_of(pj.root, pj.owner_uid);
+                if let Some(id) = &pj.slurm {
+                    // Its Slurm job's cgroup again, never frozen.
+                    if let Some(c) = crate::slurm::find_job(&self.process_root, id) {
+                        job.cgroup_dir = Some(c.memory);
+                    }
+                    job.slurm = Some(id.clone());
+                    job.freezer = None;
+                }
                 self.jobs.insert(pj.name.clone(), job);
                 self.record(
                     now_ms,

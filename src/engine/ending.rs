@@ -172,6 +172,7 @@ impl Engine {
             how: how.clone(),
             stopped_by_memwatch,
             way_out,
+            slurm_job_id: j.slurm_job_id().map(str::to_owned),
         };
         self.jobs.remove(name);
         policy::forget(&mut self.policy, name);
@@ -182,4 +183,12 @@ impl Engine {
         self.save();
         self.record(now_ms, "detach", name, "gone", how, false);
     }
+}
+
+/// Whether a job's root process still exists, through the pidfd kept since attach (`true` when there
+/// is none: the next walk decides).
+pub(super) fn root_alive(j: &Job) -> bool {
+    j.pidfd
+        .as_ref()
+        .is_none_or(|fd| signal::alive(fd, j.root.pid))
 }

@@ -8,6 +8,7 @@ mod effects;
 mod ending;
 mod notice;
 mod observe;
+mod slurm;
 mod way_out;
 
 pub use adapt::{AdaptDone, AdaptTask, run_adapt_task};
@@ -66,6 +67,8 @@ pub struct MeasurePlan {
     /// Whose job it is: a freeze reaches only what this user could signal.
     pub owner: u32,
     pub cgroup: Option<crate::sample::cgroup::CgroupDir>,
+    /// For a Slurm job attached by id: its cgroup, whose every task is the job's.
+    pub members: Option<PathBuf>,
     pub previous: Option<crate::job::JobSample>,
 }
 
@@ -146,6 +149,8 @@ pub struct Engine {
     clearing_leftover: Vec<crate::act::swap::Record>,
     /// Limits raised for jobs that ended, put back once usage fits.
     leftover_loans: Vec<crate::act::lend::Loan>,
+    /// Slurm jobs attached by id, waiting for their first process on this node.
+    pending_slurm: BTreeMap<String, slurm::PendingSlurm>,
 }
 
 /// How many ended jobs the view keeps.
@@ -163,6 +168,7 @@ impl Engine {
             leftover_swaps: Vec::new(),
             clearing_leftover: Vec::new(),
             leftover_loans: Vec::new(),
+            pending_slurm: BTreeMap::new(),
             adapt_tasks: Vec::new(),
             adapting: Default::default(),
             host_watched: false,
@@ -230,6 +236,11 @@ impl Engine {
                     root: j.root,
                     owner: j.owner_uid,
                     cgroup: j.cgroup_dir.clone(),
+                    members: j
+                        .slurm
+                        .as_ref()
+                        .and(j.cgroup_dir.as_ref())
+                        .map(|c| c.dir.clone()),
                     previous: if detailed { None } else { j.last.clone() },
                 })
             })
@@ -380,10 +391,21 @@ impl Engine {
         } else {
             tracing::info!(action, job, reason, detail = %detail, "event");
         }
+        // A job that just ended is among the ended ones.
+        let slurm_job_id = match self.jobs.get(job) {
+            Some(j) => j.slurm_job_id().map(str::to_owned),
+            None => self
+                .ended
+                .iter()
+                .rev()
+                .find(|e| e.name == job)
+                .and_then(|e| e.slurm_job_id.clone()),
+        };
         let event = Event {
             timestamp_ms: now_ms,
             action: action.to_owned(),
             job: job.to_owned(),
+            slurm_job_id,
             reason: reason.to_owned(),
             detail,
             dry_run,

@@ -46,7 +46,8 @@ impl Engine {
         } in jobs
         {
             // A root that died is gone even if its pid already names a new process.
-            let measured = measured.filter(|_| self.jobs.get(&name).is_none_or(|j| j.root_alive()));
+            let measured =
+                measured.filter(|_| self.jobs.get(&name).is_none_or(super::ending::root_alive));
             match measured {
                 Some(s) => {
                     if let Some(j) = self.jobs.get_mut(&name) {
@@ -61,13 +62,15 @@ impl Engine {
                         j.note_processes(s.processes.len());
                         j.last = Some(s);
                         j.sampled_at_ms = now_ms;
-                        j.freezer = freezer;
+                        // A Slurm job's cgroup holds Slurm's own processes: never frozen.
+                        j.freezer = if j.slurm.is_some() { None } else { freezer };
                     }
                 }
                 None => self.job_gone(&name, now_ms),
             }
         }
         self.verify(now_ms);
+        self.adopt_pending_slurm(now_ms);
         self.finish_terminations(now_ms);
         self.previous = self.latest.replace(sample);
         self.dirty = true;

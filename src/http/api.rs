@@ -9,7 +9,7 @@ use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use crate::daemon::Shared;
+use crate::shared::Shared;
 
 /// A JSON error body: `{"error": "..."}` with the status.
 pub fn error(status: StatusCode, message: impl Into<String>) -> Response {

@@ -1,28 +1,18 @@
 //! `memwatch_job_*`, `memwatch_level` and `memwatch_interventions_*` series, from the engine's view.
 
-use std::fmt::Write as _;
-
+use super::expo::{Kind, Writer};
 use crate::engine::View;
-
-fn family(out: &mut String, name: &str, kind: &str, help: &str, lines: &str) {
-    if lines.is_empty() {
-        return;
-    }
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
-    out.push_str(lines);
-}
-
-fn esc(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
 
 /// Appends the job and intervention series to `out`.
 pub fn render(out: &mut String, v: &View) {
+    let mut w = Writer::new(std::mem::take(out));
+    series(&mut w, v);
+    *out = w.out;
+}
+
+fn series(w: &mut Writer, v: &View) {
     type Get = fn(&crate::job::JobView) -> Option<f64>;
-    let series: [(&str, &str, Get); 22] = [
+    let series: [(&'static str, &'static str, Get); 22] = [
         (
             "memwatch_job_emergency_swap_bytes",
             "Size of the emergency swap memwatch made for the job's way out (0: none).",
@@ -210,148 +200,128 @@ pub fn render(out: &mut String, v: &View) {
         ),
     ];
     for (name, help, get) in series {
-        let mut lines = String::new();
-        for j in &v.jobs {
-            if let Some(val) = get(j) {
-                let _ = writeln!(lines, "{name}{{job=\"{}\"}} {val}", esc(&j.name));
-            }
-        }
         let kind = if name.ends_with("_total") {
-            "counter"
+            Kind::Counter
         } else {
-            "gauge"
+            Kind::Gauge
         };
-        family(out, name, kind, help, &lines);
+        let mut f = w.family(name, kind, help);
+        for j in &v.jobs {
+            f.opt(&[("job_name", &j.name)], get(j));
+        }
     }
-    let mut lines = String::new();
-    for j in &v.jobs {
-        let limit = j.tightest.as_ref().map(|l| l.limit.as_str()).unwrap_or("");
-        let o = j.origin.as_ref();
-        let (container, slurm) = match o {
-            Some(o) if o.kind == "slurm" => (String::new(), o.id.as_str()),
-            Some(o) => (o.id.chars().take(12).collect(), ""),
-            None => (String::new(), ""),
-        };
-        let _ = writeln!(
-            lines,
-            "memwatch_job_info{{job=\"{}\",pid=\"{}\",uid=\"{}\",tightest_limit=\"{}\",origin=\"{}\",container=\"{}\",pod=\"{}\",slurm_job_id=\"{}\"}} 1",
-            esc(&j.name),
-            j.pid,
-            j.owner_uid,
-            esc(limit),
-            esc(o.map_or("", |o| o.kind.as_str())),
-            esc(&container),
-            esc(o.and_then(|o| o.pod.as_deref()).unwrap_or("")),
-            esc(slurm)
+    {
+        let mut f = w.gauge(
+            "memwatch_job_info",
+            "Attached job identity; the value is always 1.",
         );
-    }
-    family(
-        out,
-        "memwatch_job_info",
-        "gauge",
-        "Attached job identity; the value is always 1.",
-        &lines,
-    );
-    let mut lines = String::new();
-    for j in &v.jobs {
-        if let Some(w) = &j.way_out {
-            let phase = serde_json::to_value(w.phase)
-                .ok()
-                .and_then(|p| p.as_str().map(str::to_owned))
-                .unwrap_or_default();
-            let _ = writeln!(
-                lines,
-                "memwatch_job_way_out{{job=\"{}\",phase=\"{phase}\",step=\"{}\"}} 1",
-                esc(&j.name),
-                w.step.map_or("", |s| s.as_str())
+        for j in &v.jobs {
+            let limit = j.tightest.as_ref().map(|l| l.limit.as_str()).unwrap_or("");
+            let o = j.origin.as_ref();
+            let (container, slurm) = match o {
+                Some(o) if o.kind == "slurm" => (String::new(), o.id.as_str()),
+                Some(o) => (o.id.chars().take(12).collect(), ""),
+                None => (String::new(), ""),
+            };
+            let (pid, uid) = (j.pid.to_string(), j.owner_uid.to_string());
+            f.add(
+                &[
+                    ("job_name", &j.name),
+                    ("pid", &pid),
+                    ("uid", &uid),
+                    ("tightest_limit", limit),
+                    ("origin", o.map_or("", |o| o.kind.as_str())),
+                    ("container", &container),
+                    ("pod", o.and_then(|o| o.pod.as_deref()).unwrap_or("")),
+                    ("slurm_job_id", slurm),
+                ],
+                1.0,
             );
         }
     }
-    family(
-        out,
-        "memwatch_job_way_out",
-        "gauge",
-        "Where the job's way out of a memory pause is (phase, step); 1 while it has one.",
-        &lines,
-    );
-    let mut lines = String::new();
-    for a in &v.advice {
-        let sev = match a.severity {
-            crate::advice::Severity::Info => "info",
-            crate::advice::Severity::Warn => "warn",
-            crate::advice::Severity::Critical => "critical",
-        };
-        let _ = writeln!(
-            lines,
-            "memwatch_advice_active{{id=\"{}\",severity=\"{sev}\",job=\"{}\"}} 1",
-            esc(&a.id),
-            esc(a.job.as_deref().unwrap_or(""))
+    {
+        let mut f = w.gauge(
+            "memwatch_job_way_out",
+            "Where the job's way out of a memory pause is (phase, step); 1 while it has one.",
         );
+        for j in &v.jobs {
+            if let Some(wo) = &j.way_out {
+                let phase = serde_json::to_value(wo.phase)
+                    .ok()
+                    .and_then(|p| p.as_str().map(str::to_owned))
+                    .unwrap_or_default();
+                f.add(
+                    &[
+                        ("job_name", &j.name),
+                        ("phase", &phase),
+                        ("step", wo.step.map_or("", |s| s.as_str())),
+                    ],
+                    1.0,
+                );
+            }
+        }
     }
-    family(
-        out,
-        "memwatch_advice_active",
-        "gauge",
-        "1 for each piece of advice that applies now (see /api/v1/advice).",
-        &lines,
-    );
-    let mut lines = String::new();
-    for l in &v.levels {
-        let level = match l.level {
-            crate::policy::Level::Ok => 0,
-            crate::policy::Level::Warn => 1,
-            crate::policy::Level::Critical => 2,
-        };
-        let _ = writeln!(
-            lines,
-            "memwatch_level{{resource=\"{}\"}} {level}",
-            esc(&l.resource)
+    {
+        let mut f = w.gauge(
+            "memwatch_advice_active",
+            "1 for each piece of advice that applies now (see /api/v1/advice).",
         );
+        for a in &v.advice {
+            let sev = match a.severity {
+                crate::advice::Severity::Info => "info",
+                crate::advice::Severity::Warn => "warn",
+                crate::advice::Severity::Critical => "critical",
+            };
+            f.add(
+                &[
+                    ("id", &a.id),
+                    ("severity", sev),
+                    ("job_name", a.job.as_deref().unwrap_or("")),
+                ],
+                1.0,
+            );
+        }
     }
-    family(
-        out,
-        "memwatch_level",
-        "gauge",
-        "Policy level per resource: 0 ok, 1 warn, 2 critical.",
-        &lines,
-    );
-    let mut totals = String::new();
-    let mut last = String::new();
-    for c in &v.interventions {
-        let labels = format!(
-            "action=\"{}\",reason=\"{}\"",
-            esc(&c.action),
-            esc(&c.reason)
+    {
+        let mut f = w.gauge(
+            "memwatch_level",
+            "Policy level per resource: 0 ok, 1 warn, 2 critical.",
         );
-        let _ = writeln!(
-            totals,
-            "memwatch_interventions_total{{{labels}}} {}",
-            c.count
-        );
-        let _ = writeln!(
-            last,
-            "memwatch_last_intervention_timestamp_seconds{{{labels}}} {}",
-            c.last_timestamp_ms as f64 / 1000.0
-        );
+        for l in &v.levels {
+            let level = match l.level {
+                crate::policy::Level::Ok => 0.0,
+                crate::policy::Level::Warn => 1.0,
+                crate::policy::Level::Critical => 2.0,
+            };
+            f.add(&[("resource", &l.resource)], level);
+        }
     }
-    family(
-        out,
-        "memwatch_interventions_total",
-        "counter",
-        "Interventions (pause, resume, checkpoint, terminate) since the daemon started.",
-        &totals,
-    );
-    family(
-        out,
+    {
+        let mut f = w.counter(
+            "memwatch_interventions_total",
+            "Interventions (pause, resume, checkpoint, terminate) since the daemon started.",
+        );
+        for c in &v.interventions {
+            f.add(
+                &[("action", &c.action), ("reason", &c.reason)],
+                c.count as f64,
+            );
+        }
+    }
+    let mut f = w.gauge(
         "memwatch_last_intervention_timestamp_seconds",
-        "gauge",
         "When the last intervention of this kind happened, Unix time.",
-        &last,
     );
-    let _ = writeln!(
-        out,
-        "# HELP memwatch_dry_run 1 when the policy decides but sends no signal."
-    );
-    let _ = writeln!(out, "# TYPE memwatch_dry_run gauge");
-    let _ = writeln!(out, "memwatch_dry_run {}", if v.dry_run { 1 } else { 0 });
+    for c in &v.interventions {
+        f.add(
+            &[("action", &c.action), ("reason", &c.reason)],
+            c.last_timestamp_ms as f64 / 1000.0,
+        );
+    }
+    drop(f);
+    w.gauge(
+        "memwatch_dry_run",
+        "1 when the policy decides but sends no signal.",
+    )
+    .add(&[], if v.dry_run { 1.0 } else { 0.0 });
 }

@@ -3,8 +3,7 @@
 //! Base units throughout (bytes, seconds, celsius, watts), ratios 0–1, counters end in `_total`, GPU
 //! identity on `memwatch_gpu_info`. A value the sample lacks is left out, never written as zero.
 
-use std::fmt::Write as _;
-
+use super::expo::Writer;
 use crate::sample::{Sample, psi};
 
 /// The content type of the text format.
@@ -16,117 +15,13 @@ pub struct DaemonInfo<'a> {
     pub samples_total: u64,
 }
 
-#[derive(Clone, Copy)]
-enum Kind {
-    Gauge,
-    Counter,
-}
-
-/// Collects the samples of one family, then writes HELP, TYPE and the samples, or nothing if empty.
-struct Family<'a> {
-    out: &'a mut String,
-    name: &'static str,
-    help: &'static str,
-    kind: Kind,
-    lines: String,
-}
-
-impl Family<'_> {
-    fn add(&mut self, labels: &[(&str, &str)], value: f64) -> &mut Self {
-        self.lines.push_str(self.name);
-        if !labels.is_empty() {
-            self.lines.push('{');
-            for (i, (k, v)) in labels.iter().enumerate() {
-                if i > 0 {
-                    self.lines.push(',');
-                }
-                let _ = write!(self.lines, "{k}=\"");
-                escape(&mut self.lines, v);
-                self.lines.push('"');
-            }
-            self.lines.push('}');
-        }
-        self.lines.push(' ');
-        number(&mut self.lines, value);
-        self.lines.push('\n');
-        self
-    }
-
-    fn opt(&mut self, labels: &[(&str, &str)], value: Option<f64>) -> &mut Self {
-        if let Some(v) = value {
-            self.add(labels, v);
-        }
-        self
-    }
-}
-
-impl Drop for Family<'_> {
-    fn drop(&mut self) {
-        if self.lines.is_empty() {
-            return;
-        }
-        let kind = match self.kind {
-            Kind::Gauge => "gauge",
-            Kind::Counter => "counter",
-        };
-        let _ = writeln!(self.out, "# HELP {} {}", self.name, self.help);
-        let _ = writeln!(self.out, "# TYPE {} {kind}", self.name);
-        self.out.push_str(&self.lines);
-    }
-}
-
-fn escape(out: &mut String, v: &str) {
-    for c in v.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-}
-
-fn number(out: &mut String, v: f64) {
-    if v.is_nan() {
-        out.push_str("NaN");
-    } else if v.is_infinite() {
-        out.push_str(if v > 0.0 { "+Inf" } else { "-Inf" });
-    } else {
-        let _ = write!(out, "{v}");
-    }
-}
-
-struct Writer {
-    out: String,
-}
-
-impl Writer {
-    fn family(&mut self, name: &'static str, kind: Kind, help: &'static str) -> Family<'_> {
-        Family {
-            out: &mut self.out,
-            name,
-            help,
-            kind,
-            lines: String::new(),
-        }
-    }
-    fn gauge(&mut self, name: &'static str, help: &'static str) -> Family<'_> {
-        self.family(name, Kind::Gauge, help)
-    }
-    fn counter(&mut self, name: &'static str, help: &'static str) -> Family<'_> {
-        self.family(name, Kind::Counter, help)
-    }
-}
-
 fn b(v: u64) -> f64 {
     v as f64
 }
 
 /// Renders the latest sample (if any) and the daemon's own series.
 pub fn render(sample: Option<&Sample>, info: &DaemonInfo) -> String {
-    let mut w = Writer {
-        out: String::with_capacity(8 * 1024),
-    };
+    let mut w = Writer::new(String::with_capacity(8 * 1024));
     w.gauge("memwatch_up", "1 while the memwatch daemon is serving.")
         .add(&[], 1.0);
     w.gauge(
@@ -158,9 +53,7 @@ pub fn render(sample: Option<&Sample>, info: &DaemonInfo) -> String {
 
 /// Appends `memwatch_notifications_total{channel, outcome}` (nothing when no channel is set up).
 pub fn notifications(out: &mut String, counts: &[(String, &'static str, u64)]) {
-    let mut w = Writer {
-        out: std::mem::take(out),
-    };
+    let mut w = Writer::new(std::mem::take(out));
     {
         let mut f = w.counter(
             "memwatch_notifications_total",

@@ -3,6 +3,7 @@
 //! trainer's (`/api/v1/jobs/{job}/ack` and `/progress`), which need the job's token.
 
 mod api;
+mod expo;
 mod jobs_metrics;
 pub mod metrics;
 mod serve;
@@ -20,7 +21,7 @@ pub use serve::{Limits, serve};
 
 use crate::config::Http;
 use crate::control::server::Envelope;
-use crate::daemon::Shared;
+use crate::shared::Shared;
 
 /// What handlers get: the published state, and the way to the task that owns the jobs.
 #[derive(Clone)]

@@ -97,13 +97,24 @@ pub fn measure(
     root: &Path,
     root_ref: ProcRef,
     cg: Option<&CgroupDir>,
+    members: Option<&Path>,
     gpus: &[GpuSample],
     now_ms: u64,
     previous: Option<&JobSample>,
 ) -> Option<JobSample> {
-    let tree = proc::descendants(root, root_ref.pid)?;
+    let mut tree = proc::descendants(root, root_ref.pid)?;
     if tree.procs.first()?.start_time != root_ref.start_time {
         return None;
+    }
+    // A Slurm job's other steps: their tasks are not the batch script's descendants.
+    if let Some(dir) = members {
+        let mut pids = Vec::new();
+        cgroup::pids_below(dir, &mut pids);
+        for s in crate::slurm::tasks_of(root, &pids) {
+            if !tree.procs.iter().any(|p| p.pid == s.pid) {
+                tree.procs.push(s);
+            }
+        }
     }
     let gpu_known = gpus.iter().any(|g| g.processes.is_some());
     let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)

@@ -2,6 +2,7 @@
 //! whether memwatch holds them paused.
 
 mod growth;
+pub mod held;
 pub mod measure;
 pub mod origin;
 pub mod way_out;
@@ -25,7 +26,10 @@ pub struct Pause {
     pub stopped: Vec<ProcRef>,
     /// The job's own cgroup, frozen instead of signalling each process.
     #[serde(default)]
-    pub frozen: Option<crate::act::freeze::Frozen>,
+    pub frozen: Option<held::Frozen>,
+    /// The whole Slurm job, suspended through Slurm instead (every rank on every node).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm: Option<crate::job::held::Suspended>,
     pub dry_run: bool,
 }
 
@@ -55,7 +59,7 @@ pub struct Job {
     /// A pidfd on the root, kept since attach: the root is checked and signalled only through it.
     pub pidfd: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
     /// The cgroup the job owns (and a pause would freeze), as of the last full sample.
-    pub freezer: Option<crate::act::freeze::Frozen>,
+    pub freezer: Option<held::Frozen>,
     /// The kernel wakes the daemon when this job's cgroup crosses a threshold (see `wake`).
     pub watched: bool,
     /// When the job's tree was last walked and measured (engine clock, ms).
@@ -77,6 +81,9 @@ pub struct Job {
     pub recent_processes: std::collections::VecDeque<usize>,
     /// Its container or Slurm job, from its cgroup path.
     pub origin: Option<origin::Origin>,
+    /// Attached by Slurm job id (`memwatch attach --slurm-job`): its processes are every task in the
+    /// job's cgroup on this node, and `cgroup_dir` is the job's cgroup.
+    pub slurm: Option<String>,
 }
 
 impl Job {
@@ -114,7 +121,18 @@ impl Job {
             adapted_at_ms: None,
             recent_processes: std::collections::VecDeque::new(),
             origin: None,
+            slurm: None,
         }
+    }
+
+    /// The Slurm job it belongs to: the one it was attached by, else the one its cgroup names.
+    pub fn slurm_job_id(&self) -> Option<&str> {
+        self.slurm.as_deref().or_else(|| {
+            self.origin
+                .as_ref()
+                .filter(|o| o.kind == "slurm")
+                .map(|o| o.id.as_str())
+        })
     }
 
     /// How many of the last full samples `usual_processes` looks at.
@@ -136,13 +154,6 @@ impl Job {
         most_frequent(self.recent_processes.iter().copied()).map(|m| m.max(now))
     }
 
-    /// Whether the root process still exists (through the kept pidfd; `true` when there is none).
-    pub fn root_alive(&self) -> bool {
-        self.pidfd
-            .as_ref()
-            .is_none_or(|fd| crate::act::signal::alive(fd, self.root.pid))
-    }
-
     /// The freshest view of the job's cgroup: the probe unless a full sample came after it.
     pub fn cgroup(&self) -> Option<&CgroupMemory> {
         let sampled = self.last.as_ref().and_then(|l| l.cgroup.as_ref());
@@ -159,8 +170,7 @@ impl Job {
     }
 }
 
-/// Growth below this (bytes per second) is measurement noise, not growth.
-pub const MIN_GROWTH: f64 = 4096.0;
+pub use crate::policy::MIN_GROWTH;
 
 /// Where a job's memory is heading against one limit.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -175,8 +185,12 @@ pub struct Limit {
 
 impl Limit {
     pub fn new(limit: String, headroom_bytes: u64, growth_bytes_per_second: f64) -> Self {
-        let tte = (growth_bytes_per_second >= MIN_GROWTH)
-            .then(|| headroom_bytes as f64 / growth_bytes_per_second);
+        let tte = crate::policy::Projection {
+            limit: limit.clone(),
+            headroom_bytes,
+            growth_bytes_per_second,
+        }
+        .time_to_exhaustion_seconds();
         Limit {
             limit,
             headroom_bytes,
@@ -293,6 +307,9 @@ pub struct EndedJob {
     /// The way out it took, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub way_out: Option<String>,
+    /// The Slurm job it belonged to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm_job_id: Option<String>,
 }
 
 /// A job started by `memwatch launch`: which run this is, and how the earlier runs ended.

@@ -70,7 +70,7 @@ pub fn of_path(path: &str) -> Option<Origin> {
         if let Some(job) = p.strip_prefix("job_").filter(|j| j.parse::<u64>().is_ok()) {
             if parts[..i]
                 .iter()
-                .any(|a| *a == "slurm" || a.starts_with("slurmstepd"))
+                .any(|a| *a == "slurm" || a.starts_with("slurm_") || a.starts_with("slurmstepd"))
             {
                 return Some(Origin {
                     kind: "slurm".into(),
@@ -184,6 +184,11 @@ mod tests {
             );
             assert_eq!(o.short(), "slurm-4242");
         }
+        // Several slurmd on one host (`slurm_NODE`), as the cgroup plugin names them.
+        let o = of_path("/slurm_node1/uid_0/job_7/step_batch/task_0").unwrap();
+        assert_eq!((o.id.as_str(), o.step.as_deref()), ("7", Some("batch")));
+        // The job's own cgroup names the job and no step.
+        assert_eq!(of_path("/slurm/uid_0/job_7").unwrap().step, None);
         assert_eq!(fixture("none-v2"), None);
         // Not ids: a conmon scope, a short hex name, a job_ outside Slurm.
         assert_eq!(

@@ -3,8 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::act::lend::Loan;
-use crate::act::swap;
+use super::held::{self as swap, Loan};
 use crate::config::Step;
 
 /// Where a job is on the ladder.

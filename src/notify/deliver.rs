@@ -128,6 +128,7 @@ fn http(c: &Channel, agent: &ureq::Agent, n: &Notice) -> Result<(), Failure> {
             "title": title,
             "message": text,
             "job": n.job,
+            "slurm_job_id": n.slurm_job_id,
             "reason": n.reason,
             "detail": n.detail,
             "host": n.host,
@@ -178,6 +179,10 @@ async fn command(c: &Channel, n: &Notice, timeout: Duration) -> Result<(), Failu
         .args(args)
         .env("MEMWATCH_EVENT", n.kind.as_str())
         .env("MEMWATCH_JOB", &n.job)
+        .env(
+            "MEMWATCH_SLURM_JOB_ID",
+            n.slurm_job_id.as_deref().unwrap_or(""),
+        )
         .env("MEMWATCH_REASON", &n.reason)
         .env("MEMWATCH_DETAIL", &n.detail)
         .env("MEMWATCH_MESSAGE", format!("{title}: {text}"))
@@ -226,6 +231,7 @@ mod tests {
         let mut n = Notice {
             kind: NoticeKind::Pause,
             job: "train".into(),
+            slurm_job_id: None,
             reason: "policy".into(),
             detail: "GPU 0 temperature at 92 °C".into(),
             timestamp_ms: 1,

@@ -28,6 +28,8 @@ pub struct Notice {
     pub kind: NoticeKind,
     /// The job, or "" for the host.
     pub job: String,
+    /// The Slurm job the job belongs to, if any.
+    pub slurm_job_id: Option<String>,
     pub reason: String,
     pub detail: String,
     pub timestamp_ms: u64,
@@ -119,6 +121,7 @@ pub fn start(cfg: &Notify, host: String, stats: Arc<Stats>) -> Option<Outbox> {
                 let notice = Notice {
                     kind,
                     job: e.job.clone(),
+                    slurm_job_id: e.slurm_job_id.clone(),
                     reason: e.reason.clone(),
                     detail: e.detail.clone(),
                     timestamp_ms: e.timestamp_ms,
@@ -145,6 +148,7 @@ mod tests {
             timestamp_ms: 0,
             action: action.into(),
             job: "j".into(),
+            slurm_job_id: None,
             reason: reason.into(),
             detail: String::new(),
             dry_run,

@@ -45,11 +45,21 @@ pub struct Projection {
     pub growth_bytes_per_second: f64,
 }
 
+/// Growth below this (bytes per second) is measurement noise, not growth.
+pub const MIN_GROWTH: f64 = 4096.0;
+
 impl Projection {
+    /// Seconds until the limit is reached at the current rate; `None` when not growing. The one
+    /// definition of time to exhaustion: `job::Limit` shows it.
+    pub fn time_to_exhaustion_seconds(&self) -> Option<f64> {
+        (self.growth_bytes_per_second >= MIN_GROWTH)
+            .then(|| self.headroom_bytes as f64 / self.growth_bytes_per_second)
+    }
+
     /// Milliseconds until the limit is reached at the current rate; `None` when not growing.
     pub fn time_to_exhaustion_ms(&self) -> Option<u64> {
-        (self.growth_bytes_per_second >= crate::job::MIN_GROWTH)
-            .then(|| (self.headroom_bytes as f64 / self.growth_bytes_per_second * 1000.0) as u64)
+        self.time_to_exhaustion_seconds()
+            .map(|s| (s * 1000.0) as u64)
     }
 }
 

@@ -63,16 +63,19 @@ pub struct CgroupDir {
 /// v1 reports "no limit" as PAGE_COUNTER_MAX rounded to pages; anything this large is no limit.
 const V1_UNLIMITED: u64 = 1 << 60;
 
-/// Where a process's memory cgroup lives, from `/proc/<pid>/cgroup`.
+/// Where a process's cgroups live, from `/proc/<pid>/cgroup`: the v1 memory and freezer
+/// controllers' paths and the v2 path.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Membership {
     pub v1_memory: Option<String>,
+    pub v1_freezer: Option<String>,
     pub v2: Option<String>,
 }
 
 pub fn parse_membership(path: &Path, text: &str) -> Result<Membership, ReadError> {
     let mut m = Membership {
         v1_memory: None,
+        v1_freezer: None,
         v2: None,
     };
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
@@ -89,8 +92,14 @@ pub fn parse_membership(path: &Path, text: &str) -> Result<Membership, ReadError
         }
         if id == "0" && controllers.is_empty() {
             m.v2 = Some(cg.to_owned());
-        } else if controllers.split(',').any(|c| c == "memory") {
-            m.v1_memory = Some(cg.to_owned());
+        } else {
+            for c in controllers.split(',') {
+                match c {
+                    "memory" => m.v1_memory = Some(cg.to_owned()),
+                    "freezer" => m.v1_freezer = Some(cg.to_owned()),
+                    _ => {}
+                }
+            }
         }
     }
     Ok(m)
@@ -264,6 +273,25 @@ fn key_values<const N: usize>(path: &Path, keys: [&str; N]) -> [Option<u64>; N] 
         }
     }
     out
+}
+
+/// Collects the pids in the cgroup at `dir` and in every cgroup below it into `out`; `false` when a
+/// directory could not be read (the list is then short).
+pub fn pids_below(dir: &Path, out: &mut Vec<u32>) -> bool {
+    let Ok(text) = read_text(&dir.join("cgroup.procs")) else {
+        return false;
+    };
+    out.extend(
+        text.split_whitespace()
+            .filter_map(|p| p.parse::<u32>().ok()),
+    );
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .all(|e| pids_below(&e.path(), out))
 }
 
 #[cfg(test)]

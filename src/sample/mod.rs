@@ -13,7 +13,7 @@ pub mod thermal;
 pub mod vmstat;
 
 use std::path::PathBuf;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
@@ -63,8 +63,40 @@ pub struct Sample {
     pub collectors: Vec<CollectorStatus>,
 }
 
-/// The collectors, in the order they run and are reported.
-pub const COLLECTORS: [&str; 6] = ["meminfo", "vmstat", "pressure", "cgroup", "thermal", "gpu"];
+/// A collector: one group of readers, timed, counted and reported together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Collector {
+    Meminfo,
+    Vmstat,
+    Pressure,
+    Cgroup,
+    Thermal,
+    Gpu,
+}
+
+impl Collector {
+    /// Every collector, in the order they run and are reported.
+    pub const ALL: [Collector; 6] = [
+        Collector::Meminfo,
+        Collector::Vmstat,
+        Collector::Pressure,
+        Collector::Cgroup,
+        Collector::Thermal,
+        Collector::Gpu,
+    ];
+
+    /// Its name in `memwatch_collector_*{collector}` and the API.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Collector::Meminfo => "meminfo",
+            Collector::Vmstat => "vmstat",
+            Collector::Pressure => "pressure",
+            Collector::Cgroup => "cgroup",
+            Collector::Thermal => "thermal",
+            Collector::Gpu => "gpu",
+        }
+    }
+}
 
 #[derive(Default)]
 struct Bookkeeping {
@@ -77,7 +109,7 @@ struct Bookkeeping {
 pub struct Sampler {
     root: PathBuf,
     gpu: Option<Box<dyn GpuSource>>,
-    books: [Bookkeeping; COLLECTORS.len()],
+    books: [Bookkeeping; Collector::ALL.len()],
     page_size: u64,
     /// Read once: every sample carries it, and it does not change under a running daemon.
     hostname: Option<String>,
@@ -99,18 +131,18 @@ impl Sampler {
         }
     }
 
-    /// Runs `f` as collector `i`, timing it and recording the outcome; errors are logged once per kind.
+    /// Runs `f` as collector `c`, timing it and recording the outcome; errors are logged once per kind.
     fn run<T>(
         &mut self,
-        i: usize,
+        c: Collector,
         statuses: &mut Vec<CollectorStatus>,
         f: impl FnOnce(&mut Self) -> Result<T, (&'static str, String)>,
     ) -> Option<T> {
         let start = Instant::now();
         let result = f(self);
         let duration_seconds = start.elapsed().as_secs_f64();
-        let name = COLLECTORS[i];
-        let book = &mut self.books[i];
+        let name = c.name();
+        let book = &mut self.books[c as usize];
         let value = match result {
             Ok(v) => {
                 if !book.logged.is_empty() {
@@ -141,16 +173,17 @@ impl Sampler {
 
     /// Takes one sample.
     pub fn sample(&mut self) -> Sample {
-        let timestamp_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
-        let mut st = Vec::with_capacity(COLLECTORS.len());
+        let timestamp_ms = crate::clock::wall_ms();
+        let mut st = Vec::with_capacity(Collector::ALL.len());
         let fail = |e: ReadError| (e.kind(), e.to_string());
-        let memory = self.run(0, &mut st, |s| meminfo::read(&s.root).map_err(fail));
-        let vmstat = self.run(1, &mut st, |s| vmstat::read(&s.root).map_err(fail));
+        let memory = self.run(Collector::Meminfo, &mut st, |s| {
+            meminfo::read(&s.root).map_err(fail)
+        });
+        let vmstat = self.run(Collector::Vmstat, &mut st, |s| {
+            vmstat::read(&s.root).map_err(fail)
+        });
         let pressure = self
-            .run(2, &mut st, |s| {
+            .run(Collector::Pressure, &mut st, |s| {
                 Ok(psi::Pressure {
                     memory: psi::read(&s.root, "memory").map_err(fail)?,
                     cpu: psi::read(&s.root, "cpu").map_err(fail)?,
@@ -159,13 +192,17 @@ impl Sampler {
             })
             .unwrap_or_default();
         let cgroup = self
-            .run(3, &mut st, |s| cgroup::read_self(&s.root).map_err(fail))
+            .run(Collector::Cgroup, &mut st, |s| {
+                cgroup::read_self(&s.root).map_err(fail)
+            })
             .flatten();
         let temperatures = self
-            .run(4, &mut st, |s| thermal::read(&s.root).map_err(fail))
+            .run(Collector::Thermal, &mut st, |s| {
+                thermal::read(&s.root).map_err(fail)
+            })
             .unwrap_or_default();
         let gpus = self
-            .run(5, &mut st, |s| {
+            .run(Collector::Gpu, &mut st, |s| {
                 let Some(src) = s.gpu.as_mut() else {
                     return Ok(Vec::new());
                 };
@@ -176,6 +213,12 @@ impl Sampler {
                 Ok(report.gpus)
             })
             .unwrap_or_default();
+        debug_assert!(
+            st.iter()
+                .map(|c| c.name.as_str())
+                .eq(Collector::ALL.iter().map(|c| c.name())),
+            "collectors run in Collector::ALL's order"
+        );
         Sample {
             timestamp_ms,
             host: HostSample {

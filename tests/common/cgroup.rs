@@ -7,6 +7,9 @@ use std::process::{Child, Command, Stdio};
 pub struct MemCgroup {
     pub dir: PathBuf,
     pub version: u8,
+    /// v1: a freezer cgroup of the same name the processes join too (`with_freezer`), so that the
+    /// job owns a freezable cgroup and memwatch freezes it instead of signalling.
+    pub freezer: Option<PathBuf>,
 }
 
 static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
@@ -31,7 +34,11 @@ impl MemCgroup {
             return None;
         };
         std::fs::create_dir(&dir).ok()?;
-        let cg = MemCgroup { dir, version };
+        let cg = MemCgroup {
+            dir,
+            version,
+            freezer: None,
+        };
         cg.set_limit(limit);
         Some(cg)
     }
@@ -60,14 +67,81 @@ impl MemCgroup {
             .unwrap_or(0)
     }
 
-    /// Starts `program args` inside the cgroup (the shell moves itself in, then execs).
+    /// On v1, also a freezer cgroup of the same name for the processes spawned from now on (v2's
+    /// memory cgroup can be frozen itself). `false` where there is no v1 freezer.
+    pub fn with_freezer(&mut self) -> bool {
+        if self.version != 1 {
+            return true;
+        }
+        let dir = PathBuf::from("/sys/fs/cgroup/freezer").join(self.dir.file_name().unwrap());
+        if std::fs::create_dir(&dir).is_err() {
+            return false;
+        }
+        self.freezer = Some(dir);
+        true
+    }
+
+    /// Whether `pid` is stopped (state T) or frozen in its own freezer cgroup (v1 `freezer.state`
+    /// FROZEN, where frozen tasks show state D; v2 `cgroup.events` frozen 1).
+    pub fn paused(&self, pid: u32) -> bool {
+        if super::proc_state(pid) == Some('T') {
+            return true;
+        }
+        match (&self.freezer, self.version) {
+            (Some(f), _) => {
+                std::fs::read_to_string(f.join("freezer.state")).is_ok_and(|s| s.trim() == "FROZEN")
+            }
+            (None, 2) => std::fs::read_to_string(self.dir.join("cgroup.events"))
+                .is_ok_and(|s| s.lines().any(|l| l == "frozen 1")),
+            _ => false,
+        }
+    }
+
+    /// The cgroup's memory usage now (bytes; 0 when it cannot be read).
+    pub fn usage(&self) -> u64 {
+        let file = if self.version == 1 {
+            "memory.usage_in_bytes"
+        } else {
+            "memory.current"
+        };
+        std::fs::read_to_string(self.dir.join(file))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Whether its v1 freezer cgroup is frozen.
+    pub fn frozen(&self) -> bool {
+        self.freezer.as_ref().is_some_and(|f| {
+            std::fs::read_to_string(f.join("freezer.state")).is_ok_and(|s| s.trim() == "FROZEN")
+        })
+    }
+
+    /// Thaws its v1 freezer cgroup (what a test does after a frozen run).
+    pub fn thaw(&self) {
+        if let Some(f) = &self.freezer {
+            let _ = std::fs::write(f.join("freezer.state"), "THAWED");
+        }
+    }
+
+    /// Starts `program args` inside the cgroup (the shell moves itself in, then execs), and in its
+    /// freezer cgroup when it has one.
     pub fn spawn(&self, program: &std::path::Path, args: &[&str]) -> Child {
+        self.spawn_with(program, args, self.freezer.is_some())
+    }
+
+    /// `spawn`, saying whether the process joins the freezer cgroup too (`own_freezer`): then the job
+    /// owns a freezable cgroup, else memwatch stops it with signals.
+    pub fn spawn_with(&self, program: &std::path::Path, args: &[&str], own_freezer: bool) -> Child {
         let procs = self.dir.join("cgroup.procs");
-        let mut script = format!(
-            "echo $$ > '{}' && exec '{}'",
-            procs.display(),
-            program.display()
-        );
+        let mut script = format!("echo $$ > '{}'", procs.display());
+        if let Some(f) = self.freezer.as_ref().filter(|_| own_freezer) {
+            script.push_str(&format!(
+                " && echo $$ > '{}'",
+                f.join("cgroup.procs").display()
+            ));
+        }
+        script.push_str(&format!(" && exec '{}'", program.display()));
         for a in args {
             script.push_str(&format!(" '{a}'"));
         }
@@ -89,11 +163,20 @@ impl Drop for MemCgroup {
                 let _ = Command::new("kill").args(["-KILL", pid]).status();
             }
         }
+        self.thaw();
         for _ in 0..100 {
             if std::fs::remove_dir(&self.dir).is_ok() {
-                return;
+                break;
             }
             std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        if let Some(f) = &self.freezer {
+            for _ in 0..100 {
+                if std::fs::remove_dir(f).is_ok() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
         }
     }
 }

@@ -2,6 +2,8 @@
 #![allow(dead_code)]
 
 pub mod cgroup;
+pub mod prometheus;
+pub mod slurm;
 pub mod tmux;
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -64,6 +66,9 @@ pub struct Opts<'a> {
     pub interval_ms: u64,
     /// Control socket and state live here; a fresh temp dir when `None`.
     pub state: Option<PathBuf>,
+    /// Set in the daemon's environment (what systemd would set, say); nothing else of the test's
+    /// environment is changed.
+    pub env: &'a [(&'a str, &'a str)],
 }
 
 impl Default for Opts<'_> {
@@ -74,6 +79,7 @@ impl Default for Opts<'_> {
             extra_config: "",
             interval_ms: 100,
             state: None,
+            env: &[],
         }
     }
 }
@@ -117,6 +123,7 @@ impl Daemon {
             .arg(&config)
             .args(["--log-format", "json", "--log-level", "debug", "run"])
             .env("MEMWATCH_FAKE_NVML_STATE", &gpu_state)
+            .envs(o.env.iter().copied())
             .env_remove("RUST_LOG")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -193,6 +200,21 @@ impl Daemon {
         assert_eq!(status, 200);
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
         v["events"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Full samples taken so far (`memwatch_samples_total`).
+    pub fn samples(&self) -> u64 {
+        self.metrics()
+            .lines()
+            .find_map(|l| l.strip_prefix("memwatch_samples_total ")?.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Waits until `n` more full samples were taken: each one a chance for the engine to act, so a
+    /// check that something did not happen waits on these rather than on a sleep.
+    pub fn wait_samples(&self, n: u64) {
+        let from = self.samples();
+        self.wait_until(|d| d.samples() >= from + n, "the daemon stopped sampling");
     }
 
     /// Sends SIGTERM and waits for the daemon to exit; returns its exit code.

@@ -70,7 +70,7 @@ fn event_loop(terminal: &mut ratatui::DefaultTerminal, a: &Args) -> anyhow::Resu
                     url: &a.url,
                     selected,
                     message: &message,
-                    now_ms: super::now_ms(),
+                    now_ms: crate::clock::wall_ms(),
                 },
             )
         })?;

@@ -9,6 +9,10 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 
+mod cgroup;
+
+use cgroup::JobCgroup;
+
 use super::{Failure, SocketArg, usage};
 use crate::control::Request;
 
@@ -56,131 +60,6 @@ fn parse_size(s: &str) -> Result<u64, String> {
         .and_then(|n| n.checked_mul(1u64 << shift))
         .filter(|n| *n >= 1 << 20)
         .ok_or_else(|| format!("{s:?}: give a size of at least 1M, e.g. 512M or 2G"))
-}
-
-/// The job's cgroup: one directory on v2, or a memory and a freezer directory on v1. Removed on drop
-/// (once empty).
-struct JobCgroup {
-    dirs: Vec<PathBuf>,
-    /// Where the OOM kills are counted.
-    events: PathBuf,
-    v2: bool,
-}
-
-impl JobCgroup {
-    fn create(name: &str, memory_max: Option<u64>) -> Result<JobCgroup, String> {
-        let leaf = format!("{name}-{}", std::process::id());
-        let fs = Path::new("/sys/fs/cgroup");
-        let v2_root = [fs.join("unified"), fs.to_owned()].into_iter().find(|d| {
-            std::fs::read_to_string(d.join("cgroup.controllers"))
-                .is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"))
-        });
-        let make = |dir: &Path| {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                format!(
-                    "cannot create the job's cgroup {}: {e} (run as root, or in a delegated cgroup)",
-                    dir.display()
-                )
-            })
-        };
-        let cg = if let Some(root) = v2_root {
-            let parent = root.join("memwatch");
-            make(&parent)?;
-            // Children of memwatch/ may use the memory controller.
-            let _ = std::fs::write(parent.join("cgroup.subtree_control"), "+memory");
-            let dir = parent.join(&leaf);
-            make(&dir)?;
-            JobCgroup {
-                events: dir.join("memory.events"),
-                dirs: vec![dir],
-                v2: true,
-            }
-        } else if fs.join("memory/memory.limit_in_bytes").exists() {
-            let memory = fs.join("memory/memwatch").join(&leaf);
-            make(&memory)?;
-            let mut dirs = vec![memory.clone()];
-            let freezer = fs.join("freezer/memwatch").join(&leaf);
-            if fs.join("freezer").is_dir() && make(&freezer).is_ok() {
-                dirs.push(freezer);
-            }
-            JobCgroup {
-                events: memory.join("memory.oom_control"),
-                dirs,
-                v2: false,
-            }
-        } else {
-            return Err("no memory cgroup controller to put the job in".into());
-        };
-        if let Some(bytes) = memory_max {
-            let (file, dir) = if cg.v2 {
-                ("memory.max", &cg.dirs[0])
-            } else {
-                ("memory.limit_in_bytes", &cg.dirs[0])
-            };
-            std::fs::write(dir.join(file), bytes.to_string())
-                .map_err(|e| format!("cannot set {}: {e}", dir.join(file).display()))?;
-        }
-        Ok(cg)
-    }
-
-    fn oom_kills(&self) -> u64 {
-        std::fs::read_to_string(&self.events)
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix("oom_kill "))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
-    }
-
-    /// Kills whatever is left in the cgroup (workers a stopped job left behind).
-    fn kill_all(&self) {
-        for _ in 0..50 {
-            let pids: Vec<i32> = self
-                .dirs
-                .iter()
-                .filter_map(|d| std::fs::read_to_string(d.join("cgroup.procs")).ok())
-                .flat_map(|t| {
-                    t.split_whitespace()
-                        .filter_map(|p| p.parse().ok())
-                        .collect::<Vec<i32>>()
-                })
-                .collect();
-            if pids.is_empty() {
-                return;
-            }
-            for p in pids {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(p),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(p),
-                    nix::sys::signal::Signal::SIGCONT,
-                );
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-    }
-
-    /// The `cgroup.procs` files the child writes itself into.
-    fn procs_files(&self) -> Result<Vec<CString>, String> {
-        self.dirs
-            .iter()
-            .map(|d| {
-                CString::new(d.join("cgroup.procs").as_os_str().as_encoded_bytes())
-                    .map_err(|_| format!("{}: a path with a NUL byte", d.display()))
-            })
-            .collect()
-    }
-}
-
-impl Drop for JobCgroup {
-    fn drop(&mut self) {
-        self.kill_all();
-        for d in &self.dirs {
-            let _ = std::fs::remove_dir(d);
-        }
-    }
 }
 
 /// How one run ended.
@@ -239,7 +118,11 @@ pub fn run(cli: &super::Cli, a: &LaunchArgs) -> Result<u8, Failure> {
         env.push(("MEMWATCH_URL".to_owned(), super::daemon_url(c)));
     }
     let daemon = Daemon { socket, env };
-    let cg = JobCgroup::create(&name, a.memory_max).map_err(|e| anyhow::anyhow!(e))?;
+    let cg = match slurm_allocation() {
+        Some(id) => JobCgroup::in_slurm_job(&id, a.memory_max.is_some())
+            .map_err(|e| usage(anyhow::anyhow!(e)))?,
+        None => JobCgroup::create(&name, a.memory_max).map_err(|e| anyhow::anyhow!(e))?,
+    };
     let procs = cg.procs_files().map_err(|e| anyhow::anyhow!(e))?;
     let runtime = std::env::temp_dir().join(format!("memwatch-launch-{}", std::process::id()));
     {
@@ -272,8 +155,13 @@ fn runs(
     daemon: &Daemon,
 ) -> Result<u8, Failure> {
     let mut account: Vec<String> = Vec::new();
+    // Requeued by Slurm (memwatch's way out, or a node failure): the first run here resumes too.
+    let requeued = std::env::var("SLURM_RESTART_COUNT")
+        .ok()
+        .and_then(|c| c.parse::<u32>().ok())
+        .is_some_and(|c| c > 0);
     for run in 0..=a.max_restarts {
-        let resume = if run == 0 { "0" } else { "1" };
+        let resume = if run == 0 && !requeued { "0" } else { "1" };
         let args: Vec<String> = a.command[1..]
             .iter()
             .map(|s| s.replace("{resume}", resume))
@@ -590,4 +478,11 @@ impl Running {
             }
         }
     }
+}
+
+/// The Slurm job this command runs in, if it runs in an allocation on a node where Slurm's cgroup
+/// plugin made the job a cgroup.
+fn slurm_allocation() -> Option<String> {
+    let id = std::env::var("SLURM_JOB_ID").ok()?;
+    crate::slurm::find_job(Path::new("/"), &id).map(|_| id)
 }

@@ -1,0 +1,1 @@
+memwatch-slurm.sh

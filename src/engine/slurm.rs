@@ -1,0 +1,298 @@
+//! Slurm jobs followed by job id: adopted when their first task appears on this node (a prolog
+//! attaches them before it does), paused whole through Slurm, and ended by a requeue.
+
+use nix::sys::signal::Signal;
+
+use super::Engine;
+use crate::act::slurm::{Slurmctl, Suspended};
+use crate::act::{pause, signal};
+use crate::control::Caller;
+use crate::job::Job;
+use crate::proc::ProcRef;
+use crate::slurm;
+
+/// A Slurm job attached by id before any of its processes ran on this node.
+#[derive(Debug, Clone)]
+pub(super) struct PendingSlurm {
+    name: Option<String>,
+    caller: Caller,
+    since_ms: u64,
+}
+
+/// Every task of a Slurm job attached by id on this node, oldest first; the leader's tree alone for
+/// any other job (`None`: nothing to add to it).
+pub(super) fn tasks_of(process_root: &std::path::Path, j: &Job) -> Option<Vec<crate::proc::Stat>> {
+    j.slurm.as_ref()?;
+    let dir = j.cgroup_dir.as_ref()?;
+    let mut pids = Vec::new();
+    crate::sample::cgroup::pids_below(&dir.dir, &mut pids);
+    Some(slurm::tasks_of(process_root, &pids))
+}
+
+/// Sends SIGCONT to every task of a Slurm job on this node, children first: what is left when Slurm
+/// cannot resume the job it suspended.
+pub(super) fn continue_tasks(process_root: &std::path::Path, j: &Job) {
+    for s in tasks_of(process_root, j).unwrap_or_default().iter().rev() {
+        if s.is_stopped() && signal::owner_may_signal(process_root, s.pid, j.owner_uid) {
+            let _ = signal::send(process_root, s.proc_ref(), Signal::SIGCONT);
+        }
+    }
+}
+
+impl Engine {
+    /// How a pause of `j` goes through Slurm, if it does: the job belongs to a Slurm job, job-wide
+    /// pauses are on, and the Slurm job is the job owner's (or its owner is not known here).
+    pub(super) fn slurm_suspend_of(&self, j: &Job) -> Option<Suspended> {
+        if !self.cfg.slurm.job_wide_pause {
+            return None;
+        }
+        let id = j.slurm_job_id()?;
+        let uid = slurm::find_job(&self.process_root, id).and_then(|c| c.uid);
+        if uid.is_some_and(|u| u != j.owner_uid) {
+            tracing::warn!(
+                job = j.name,
+                slurm_job_id = id,
+                "the Slurm job is another user's: pausing only this job's processes"
+            );
+            return None;
+        }
+        Some(Suspended {
+            job_id: id.to_owned(),
+            ctl: Slurmctl::new(&self.cfg.slurm),
+        })
+    }
+
+    /// Stops a job with signals: the tree under its root, and for a Slurm job attached by id, every
+    /// other task tree of it on this node (its steps' tasks are not the batch script's descendants).
+    pub(super) fn stop_tasks(&self, j: &Job) -> Result<Vec<ProcRef>, signal::SignalError> {
+        let mut stopped =
+            pause::stop_tree(&self.process_root, j.root, j.pidfd.as_deref(), j.owner_uid)?;
+        let tasks = tasks_of(&self.process_root, j).unwrap_or_default();
+        for top in slurm::tops(&tasks) {
+            if stopped.iter().any(|r| r.pid == top.pid) {
+                continue;
+            }
+            match pause::stop_tree(&self.process_root, top.proc_ref(), None, j.owner_uid) {
+                Ok(s) => stopped.extend(s),
+                Err(signal::SignalError::Gone(_)) => {}
+                Err(e) => {
+                    pause::resume(&self.process_root, &stopped, j.pidfd.as_deref());
+                    return Err(e);
+                }
+            }
+        }
+        Ok(stopped)
+    }
+
+    /// `memwatch attach --slurm-job ID`: attaches the job now if a task of it runs on this node,
+    /// else (root only: a prolog) waits for its first one. Returns the job's name.
+    pub(super) fn attach_slurm(
+        &mut self,
+        id: &str,
+        name: Option<String>,
+        caller: Caller,
+        now_ms: u64,
+    ) -> Result<String, String> {
+        if !slurm::valid_id(id) {
+            return Err(format!("{id:?} is not a Slurm job id (digits only)"));
+        }
+        if let Some(j) = self.jobs.values().find(|j| j.slurm.as_deref() == Some(id)) {
+            return Err(format!(
+                "Slurm job {id} is already attached as {:?}",
+                j.name
+            ));
+        }
+        if self.pending_slurm.contains_key(id) {
+            return Err(format!(
+                "Slurm job {id} is already attached and waits for its first process on this node"
+            ));
+        }
+        if let Some(attached) = self.adopt_slurm(id, name.clone(), caller, now_ms)? {
+            return Ok(attached);
+        }
+        if !caller.is_root() {
+            return Err(format!(
+                "Slurm job {id} has no process on this node (only root may attach a job before it starts)"
+            ));
+        }
+        let shown = name.clone().unwrap_or_else(|| format!("slurm-{id}"));
+        self.pending_slurm.insert(
+            id.to_owned(),
+            PendingSlurm {
+                name,
+                caller,
+                since_ms: now_ms,
+            },
+        );
+        self.record(
+            now_ms,
+            "attach",
+            &shown,
+            "slurm",
+            format!(
+                "Slurm job {id}: waiting for its first process on this node (at most {} s)",
+                self.cfg.slurm.adopt_within_seconds
+            ),
+            false,
+        );
+        Ok(shown)
+    }
+
+    /// Attaches Slurm job `id` by its leader if one of its tasks runs on this node (`Ok(None)`: none
+    /// yet). The job's cgroup is its Slurm job cgroup, and its processes all its tasks here.
+    fn adopt_slurm(
+        &mut self,
+        id: &str,
+        name: Option<String>,
+        caller: Caller,
+        now_ms: u64,
+    ) -> Result<Option<String>, String> {
+        let cgroup = slurm::find_job(&self.process_root, id);
+        let tasks = match &cgroup {
+            Some(c) => slurm::tasks(&self.process_root, c),
+            // No cgroup plugin: Slurm's own list (only when asked, never in the waiting loop).
+            None if !self.pending_slurm.contains_key(id) => {
+                match Slurmctl::new(&self.cfg.slurm).listpids(id) {
+                    Ok(pids) => slurm::tasks_of(&self.process_root, &pids),
+                    Err(e) => {
+                        tracing::debug!(slurm_job_id = id, error = %e, "scontrol listpids");
+                        Vec::new()
+                    }
+                }
+            }
+            None => Vec::new(),
+        };
+        let Some(leader) = slurm::leader(&tasks) else {
+            return Ok(None);
+        };
+        let attached = self.attach(leader.pid, name, None, caller, now_ms)?;
+        if let Some(j) = self.jobs.get_mut(&attached) {
+            j.slurm = Some(id.to_owned());
+            if let Some(c) = cgroup {
+                j.origin = crate::job::origin::of_path(&c.memory.path).or(j.origin.take());
+                j.cgroup_dir = Some(c.memory);
+            }
+            // Slurm's processes share the job's cgroup: it is never memwatch's to freeze.
+            j.freezer = None;
+        }
+        self.save();
+        tracing::info!(
+            job = attached,
+            slurm_job_id = id,
+            leader = leader.pid,
+            "attached the Slurm job"
+        );
+        Ok(Some(attached))
+    }
+
+    /// Adopts the Slurm jobs waiting for their first process, and forgets those that waited too long.
+    pub(super) fn adopt_pending_slurm(&mut self, now_ms: u64) {
+        let waiting: Vec<(String, PendingSlurm)> = self
+            .pending_slurm
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for (id, p) in waiting {
+            let shown = p.name.clone().unwrap_or_else(|| format!("slurm-{id}"));
+            let outcome = self.adopt_slurm(&id, p.name.clone(), p.caller, now_ms);
+            let expired = now_ms.saturating_sub(p.since_ms)
+                > self.cfg.slurm.adopt_within_seconds.saturating_mul(1000);
+            let gave_up = match outcome {
+                Ok(Some(_)) => {
+                    self.pending_slurm.remove(&id);
+                    None
+                }
+                Ok(None) if !expired => None,
+                Ok(None) => Some(format!(
+                    "Slurm job {id} started no process on this node within {} s; no longer waiting for it",
+                    self.cfg.slurm.adopt_within_seconds
+                )),
+                Err(e) => Some(format!("cannot attach Slurm job {id}: {e}")),
+            };
+            if let Some(why) = gave_up {
+                self.pending_slurm.remove(&id);
+                self.record(now_ms, "error", &shown, "slurm", why, false);
+            }
+        }
+    }
+
+    /// `memwatch detach --slurm-job ID` (the epilog): stops waiting for the job, or detaches it.
+    pub(super) fn detach_slurm(
+        &mut self,
+        id: &str,
+        caller: Caller,
+        now_ms: u64,
+    ) -> Result<String, String> {
+        if let Some(p) = self.pending_slurm.get(id) {
+            if !caller.is_root() && caller.uid != p.caller.uid {
+                return Err(format!(
+                    "permission denied: Slurm job {id} was attached by root"
+                ));
+            }
+            let shown = p.name.clone().unwrap_or_else(|| format!("slurm-{id}"));
+            self.pending_slurm.remove(id);
+            self.record(
+                now_ms,
+                "detach",
+                &shown,
+                "slurm",
+                format!("Slurm job {id}, before any process of it ran here"),
+                false,
+            );
+            return Ok(shown);
+        }
+        let attached = self
+            .jobs
+            .values()
+            .find(|j| j.slurm_job_id() == Some(id))
+            .map(|j| j.name.clone());
+        if let Some(name) = attached {
+            return self.detach(&name, caller, now_ms);
+        }
+        // Its processes ended before the epilog ran: memwatch already let it go.
+        let ended = self
+            .ended
+            .iter()
+            .rev()
+            .find(|e| e.slurm_job_id.as_deref() == Some(id))
+            .filter(|e| caller.is_root() || caller.uid == e.owner_uid)
+            .map(|e| e.name.clone());
+        match ended {
+            Some(name) => {
+                self.record(
+                    now_ms,
+                    "detach",
+                    &name,
+                    "slurm",
+                    format!("Slurm job {id} ended (its epilog ran)"),
+                    false,
+                );
+                Ok(name)
+            }
+            None => Err(format!("no attached job belongs to Slurm job {id}")),
+        }
+    }
+
+    /// Ends a Slurm job through Slurm: a requeue (`slurm.requeue`, the job runs again from its
+    /// checkpoint when scheduled) or a cancel, after resuming it if memwatch had suspended it.
+    /// `Err`: Slurm would not; the caller ends this node's processes itself.
+    pub(super) fn end_through_slurm(&mut self, name: &str) -> Result<String, String> {
+        let Some(j) = self.jobs.get(name) else {
+            return Err("gone".into());
+        };
+        let Some(id) = j.slurm_job_id().map(str::to_owned) else {
+            return Err("not a Slurm job".into());
+        };
+        let ctl = Slurmctl::new(&self.cfg.slurm);
+        if let Some(s) = j.pause.as_ref().and_then(|p| p.slurm.as_ref()) {
+            s.ctl.resume(&s.job_id)?;
+        }
+        if self.cfg.slurm.requeue {
+            ctl.requeue(&id)
+                .map(|()| format!("requeued Slurm job {id} (scontrol requeue)"))
+        } else {
+            ctl.cancel(&id)
+                .map(|()| format!("cancelled Slurm job {id} (scancel)"))
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! The Prometheus text exposition format (0.0.4): families of samples with HELP and TYPE, label
+//! values escaped, numbers as Prometheus reads them. The one writer every `/metrics` series goes
+//! through.
+
+use std::fmt::Write as _;
+
+#[derive(Clone, Copy)]
+pub(super) enum Kind {
+    Gauge,
+    Counter,
+}
+
+/// Collects the samples of one family, then writes HELP, TYPE and the samples, or nothing if empty.
+pub(super) struct Family<'a> {
+    out: &'a mut String,
+    name: &'static str,
+    help: &'static str,
+    kind: Kind,
+    lines: String,
+}
+
+impl Family<'_> {
+    pub(super) fn add(&mut self, labels: &[(&str, &str)], value: f64) -> &mut Self {
+        self.lines.push_str(self.name);
+        if !labels.is_empty() {
+            self.lines.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.lines.push(',');
+                }
+                let _ = write!(self.lines, "{k}=\"");
+                escape(&mut self.lines, v);
+                self.lines.push('"');
+            }
+            self.lines.push('}');
+        }
+        self.lines.push(' ');
+        number(&mut self.lines, value);
+        self.lines.push('\n');
+        self
+    }
+
+    pub(super) fn opt(&mut self, labels: &[(&str, &str)], value: Option<f64>) -> &mut Self {
+        if let Some(v) = value {
+            self.add(labels, v);
+        }
+        self
+    }
+}
+
+impl Drop for Family<'_> {
+    fn drop(&mut self) {
+        if self.lines.is_empty() {
+            return;
+        }
+        let kind = match self.kind {
+            Kind::Gauge => "gauge",
+            Kind::Counter => "counter",
+        };
+        let _ = writeln!(self.out, "# HELP {} {}", self.name, self.help);
+        let _ = writeln!(self.out, "# TYPE {} {kind}", self.name);
+        self.out.push_str(&self.lines);
+    }
+}
+
+fn escape(out: &mut String, v: &str) {
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+}
+
+fn number(out: &mut String, v: f64) {
+    if v.is_nan() {
+        out.push_str("NaN");
+    } else if v.is_infinite() {
+        out.push_str(if v > 0.0 { "+Inf" } else { "-Inf" });
+    } else {
+        let _ = write!(out, "{v}");
+    }
+}
+
+pub(super) struct Writer {
+    pub(super) out: String,
+}
+
+impl Writer {
+    pub(super) fn new(out: String) -> Self {
+        Writer { out }
+    }
+
+    pub(super) fn family(
+        &mut self,
+        name: &'static str,
+        kind: Kind,
+        help: &'static str,
+    ) -> Family<'_> {
+        Family {
+            out: &mut self.out,
+            name,
+            help,
+            kind,
+            lines: String::new(),
+        }
+    }
+    pub(super) fn gauge(&mut self, name: &'static str, help: &'static str) -> Family<'_> {
+        self.family(name, Kind::Gauge, help)
+    }
+    pub(super) fn counter(&mut self, name: &'static str, help: &'static str) -> Family<'_> {
+        self.family(name, Kind::Counter, help)
+    }
+}

@@ -1,0 +1,129 @@
+//! What the owner task publishes and the HTTP side reads: the latest sample and the engine's view,
+//! swapped in together as one snapshot, and the history. One writer (the daemon's owner task), many
+//! readers; nothing here acts.
+
+use std::sync::{Arc, RwLock};
+
+use crate::config::Config;
+use crate::engine::View;
+use crate::history::{History, Point};
+use crate::sample::Sample;
+
+/// One published moment: the latest sample and the engine's view, swapped in together so that no
+/// reader ever mixes one sample with another's view.
+#[derive(Default)]
+pub struct Snapshot {
+    pub sample: Option<Arc<Sample>>,
+    pub view: Arc<View>,
+    pub samples_total: u64,
+    /// Boot-clock milliseconds when the latest sample was published.
+    pub sampled_at_boot_ms: u64,
+}
+
+/// What the owner task publishes for readers (HTTP handlers). Written by that task alone.
+pub struct Shared {
+    snapshot: RwLock<Arc<Snapshot>>,
+    history: RwLock<History>,
+    pub history_seconds: u64,
+    /// A sample older than this is stale: `/-/ready` answers 503 and the watchdog is not fed.
+    pub stale_after_ms: u64,
+    /// Notification counts by channel and outcome, for `/metrics`.
+    pub notify: Arc<crate::notify::Stats>,
+}
+
+impl Shared {
+    pub fn new(config: &Config) -> Self {
+        Shared {
+            snapshot: RwLock::new(Arc::new(Snapshot::default())),
+            history: RwLock::new(History::new(config.sampling.history_len())),
+            history_seconds: config.sampling.history_seconds.0,
+            stale_after_ms: stale_after_ms(config.sampling.interval_ms.0),
+            notify: Arc::default(),
+        }
+    }
+
+    /// Everything last published, at once.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        match self.snapshot.read() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    /// The latest sample, if one was taken.
+    pub fn latest(&self) -> Option<Arc<Sample>> {
+        self.snapshot().sample.clone()
+    }
+
+    /// Jobs, levels, events and intervention counts as last published.
+    pub fn view(&self) -> Arc<View> {
+        self.snapshot().view.clone()
+    }
+
+    /// History points no older than `seconds`.
+    pub fn history(&self, seconds: u64) -> Vec<Point> {
+        match self.history.read() {
+            Ok(h) => h.since(seconds),
+            Err(p) => p.into_inner().since(seconds),
+        }
+    }
+
+    /// History points newer than `ms`: what a client that holds up to `ms` lacks.
+    pub fn history_after(&self, ms: u64) -> Vec<Point> {
+        match self.history.read() {
+            Ok(h) => h.after(ms),
+            Err(p) => p.into_inner().after(ms),
+        }
+    }
+
+    pub fn samples_total(&self) -> u64 {
+        self.snapshot().samples_total
+    }
+
+    /// Whether the latest sample is recent enough to act and report on.
+    pub fn fresh(&self) -> bool {
+        let s = self.snapshot();
+        s.sample.is_some()
+            && crate::clock::boot_ms().saturating_sub(s.sampled_at_boot_ms) <= self.stale_after_ms
+    }
+
+    fn swap(&self, f: impl FnOnce(&Snapshot) -> Snapshot) {
+        let mut guard = match self.snapshot.write() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        let next = f(&guard);
+        *guard = Arc::new(next);
+    }
+
+    pub(crate) fn publish_sample(&self, sample: Arc<Sample>, view: Option<View>) {
+        let point = match &view {
+            Some(v) => Point::of(&sample, &v.jobs),
+            None => Point::of(&sample, &self.snapshot().view.jobs),
+        };
+        match self.history.write() {
+            Ok(mut h) => h.push(point),
+            Err(p) => p.into_inner().push(point),
+        }
+        self.swap(|old| Snapshot {
+            sample: Some(sample),
+            view: view.map(Arc::new).unwrap_or_else(|| old.view.clone()),
+            samples_total: old.samples_total + 1,
+            sampled_at_boot_ms: crate::clock::boot_ms(),
+        });
+    }
+
+    pub(crate) fn publish_view(&self, view: View) {
+        self.swap(|old| Snapshot {
+            sample: old.sample.clone(),
+            view: Arc::new(view),
+            samples_total: old.samples_total,
+            sampled_at_boot_ms: old.sampled_at_boot_ms,
+        });
+    }
+}
+
+/// How old a sample may get before the daemon calls itself not ready: three intervals, at least 5 s.
+pub fn stale_after_ms(interval_ms: u64) -> u64 {
+    interval_ms.saturating_mul(3).max(5000)
+}

@@ -1,0 +1,201 @@
+//! Where a Slurm job is on this node: its job cgroup, its tasks and its leader. Reads only; the
+//! scontrol and scancel calls are `act::slurm`'s.
+//!
+//! Slurm's cgroup plugin puts a job's steps and tasks under one job cgroup: on v1
+//! `<controller>/slurm[_NODE]/uid_UID/job_ID/step_STEP/task_N`, on v2
+//! `<mount>/system.slice/slurmstepd.scope/job_ID/step_STEP/user/task_N`. The job cgroup holds the
+//! job's memory limit and every process of the job on this node, `slurmstepd`s included; the tasks
+//! are the rest. Where the plugin is not used, `scontrol listpids` names the processes.
+
+use std::path::{Path, PathBuf};
+
+use crate::proc::{self, Stat};
+use crate::sample::cgroup::{CgroupDir, pids_below};
+
+/// A Slurm job id: digits only, as scontrol prints them (array and het jobs by their own job id).
+pub fn valid_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 20 && id.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// A job's cgroup on this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobCgroup {
+    /// The job-level memory cgroup: its limit is the job's on this node.
+    pub memory: CgroupDir,
+    /// The job's user, from the `uid_UID` component (v1).
+    pub uid: Option<u32>,
+}
+
+/// The job cgroup of Slurm job `id` under `root` (normally "/"), if it exists on this node.
+pub fn find_job(root: &Path, id: &str) -> Option<JobCgroup> {
+    if !valid_id(id) {
+        return None;
+    }
+    let job = format!("job_{id}");
+    let fs = root.join("sys/fs/cgroup");
+    let v1 = fs.join("memory");
+    let v2 = fs.join("cgroup.controllers").is_file().then(|| fs.clone());
+    let mut candidates: Vec<(u8, PathBuf, PathBuf)> = Vec::new();
+    if v1.is_dir() {
+        candidates.extend(slurm_roots(&v1).into_iter().map(|d| (1, v1.clone(), d)));
+    }
+    if let Some(v2) = v2 {
+        candidates.push((2, v2.clone(), v2.join("system.slice/slurmstepd.scope")));
+        candidates.extend(slurm_roots(&v2).into_iter().map(|d| (2, v2.clone(), d)));
+    }
+    for (version, mount, base) in candidates {
+        let mut dirs = vec![base.join(&job)];
+        if let Ok(entries) = std::fs::read_dir(&base) {
+            dirs.extend(
+                entries
+                    .flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("uid_"))
+                    .map(|e| e.path().join(&job)),
+            );
+        }
+        if let Some(dir) = dirs.into_iter().find(|d| d.is_dir()) {
+            let rel = dir.strip_prefix(&mount).ok()?;
+            let uid = rel.iter().find_map(|c| {
+                c.to_str()
+                    .and_then(|c| c.strip_prefix("uid_"))
+                    .and_then(|u| u.parse().ok())
+            });
+            return Some(JobCgroup {
+                memory: CgroupDir {
+                    version,
+                    path: format!("/{}", rel.display()),
+                    mount,
+                    dir,
+                },
+                uid,
+            });
+        }
+    }
+    None
+}
+
+/// `slurm` and `slurm_NODE` (several slurmd on one host) directly under a hierarchy's mount.
+fn slurm_roots(mount: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(mount) else {
+        return Vec::new();
+    };
+    let mut out: Vec<PathBuf> = entries
+        .flatten()
+        .filter(|e| {
+            let n = e.file_name();
+            let n = n.to_string_lossy();
+            n == "slurm" || n.starts_with("slurm_")
+        })
+        .map(|e| e.path())
+        .collect();
+    out.sort();
+    out
+}
+
+/// Whether a process is Slurm's own (`slurmstepd`), not one of the job's tasks.
+pub fn is_stepd(s: &Stat) -> bool {
+    s.comm.starts_with("slurmstepd")
+}
+
+/// The job's tasks on this node (every process in its cgroup but the slurmstepds), oldest first.
+pub fn tasks(root: &Path, job: &JobCgroup) -> Vec<Stat> {
+    let mut pids = Vec::new();
+    pids_below(&job.memory.dir, &mut pids);
+    tasks_of(root, &pids)
+}
+
+/// The tasks among `pids`, oldest first.
+pub fn tasks_of(root: &Path, pids: &[u32]) -> Vec<Stat> {
+    let mut out: Vec<Stat> = pids
+        .iter()
+        .filter_map(|p| proc::read_stat(root, *p).ok())
+        .filter(|s| !is_stepd(s) && s.state != 'Z')
+        .collect();
+    out.sort_by_key(|s| (s.start_time, s.pid));
+    out.dedup_by_key(|s| s.pid);
+    out
+}
+
+/// The process memwatch follows the job by: the oldest task whose parent is not a task (the batch
+/// script on the batch node, else the first task of the first step).
+pub fn leader(tasks: &[Stat]) -> Option<&Stat> {
+    tasks
+        .iter()
+        .find(|s| !tasks.iter().any(|t| t.pid == s.ppid))
+}
+
+/// The tops of the job's process trees: each task whose parent is not a task.
+pub fn tops(tasks: &[Stat]) -> Vec<&Stat> {
+    tasks
+        .iter()
+        .filter(|s| !tasks.iter().any(|t| t.pid == s.ppid))
+        .collect()
+}
+
+/// The pids `scontrol listpids` prints (header, then `PID JOBID STEPID LOCALID GLOBALID` rows).
+pub fn parse_listpids(text: &str) -> Vec<u32> {
+    text.lines()
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mkdirs(root: &Path, rel: &str, procs: &str) {
+        let d = root.join(rel);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("cgroup.procs"), procs).unwrap();
+    }
+
+    #[test]
+    fn finds_the_job_cgroup_on_v1_and_v2() {
+        let t = tempfile::tempdir().unwrap();
+        let v1 = t.path().join("v1");
+        mkdirs(&v1, "sys/fs/cgroup/memory/slurm_node1/uid_1000/job_42", "");
+        mkdirs(
+            &v1,
+            "sys/fs/cgroup/memory/slurm_node1/uid_1000/job_42/step_0",
+            "",
+        );
+        mkdirs(
+            &v1,
+            "sys/fs/cgroup/memory/slurm_node1/uid_1000/job_42/step_0/task_1",
+            "77\n",
+        );
+        let j = find_job(&v1, "42").unwrap();
+        assert_eq!(j.memory.version, 1);
+        assert_eq!(j.memory.path, "/slurm_node1/uid_1000/job_42");
+        assert_eq!(j.uid, Some(1000));
+        let mut pids = Vec::new();
+        assert!(pids_below(&j.memory.dir, &mut pids));
+        assert_eq!(pids, vec![77]);
+        assert_eq!(find_job(&v1, "4"), None, "job_4 is not job_42");
+        assert_eq!(find_job(&v1, "../42"), None);
+
+        let v2 = t.path().join("v2");
+        mkdirs(&v2, "sys/fs/cgroup", "");
+        std::fs::write(v2.join("sys/fs/cgroup/cgroup.controllers"), "memory\n").unwrap();
+        mkdirs(
+            &v2,
+            "sys/fs/cgroup/system.slice/slurmstepd.scope/job_7/step_batch/user/task_0",
+            "9\n",
+        );
+        let j = find_job(&v2, "7").unwrap();
+        assert_eq!(j.memory.version, 2);
+        assert_eq!(j.memory.path, "/system.slice/slurmstepd.scope/job_7");
+        assert_eq!(j.uid, None);
+    }
+
+    #[test]
+    fn reads_listpids() {
+        let text = "PID      JOBID    STEPID   LOCALID GLOBALID\n\
+                    9019     1        batch    0       0\n\
+                    9035     1        0        0       0\n";
+        assert_eq!(parse_listpids(text), vec![9019, 9035]);
+        assert!(valid_id("4242"));
+        assert!(!valid_id("42_1"), "array tasks go by their own job id");
+        assert!(!valid_id(""));
+    }
+}

@@ -1,0 +1,276 @@
+//! A real single-node Slurm cluster for tests: munged, slurmctld and slurmd from Debian's packages,
+//! started in the foreground with a generated slurm.conf (cgroup plugin on, v1 here), their own
+//! munge key, socket and ports, and killed on drop. Client commands get `SLURM_CONF` explicitly.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+use super::eventually;
+
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub conf: PathBuf,
+    /// The node's name; its cgroups are `slurm_<node>/…`.
+    pub node: String,
+    /// Wrappers that run scontrol and scancel against this cluster (for memwatch's `[slurm]`).
+    pub scontrol: PathBuf,
+    pub scancel: PathBuf,
+    children: Vec<Child>,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn script(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+impl Cluster {
+    /// Writes the configuration and the wrappers; nothing runs yet.
+    pub fn prepare() -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        for sub in ["state", "spool", "log"] {
+            std::fs::create_dir_all(d.join(sub)).unwrap();
+        }
+        let ctld_port = free_port();
+        let node = format!("mw{}", free_port());
+        let conf = d.join("slurm.conf");
+        let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .unwrap()
+            .trim()
+            .to_owned();
+        std::fs::write(
+            &conf,
+            format!(
+                "ClusterName=memwatchtest\n\
+                 SlurmctldHost=localhost(127.0.0.1)\n\
+                 SlurmctldPort={ctld_port}\n\
+                 SlurmdPort={slurmd_port}\n\
+                 SlurmUser=root\nSlurmdUser=root\n\
+                 AuthType=auth/munge\nCredType=cred/munge\nAuthInfo=socket={d}/munge.sock\n\
+                 StateSaveLocation={d}/state\nSlurmdSpoolDir={d}/spool/%n\n\
+                 SlurmctldPidFile={d}/slurmctld.pid\nSlurmdPidFile={d}/slurmd.pid\n\
+                 SlurmctldLogFile={d}/log/slurmctld.log\nSlurmdLogFile={d}/log/slurmd.log\n\
+                 ProctrackType=proctrack/cgroup\nTaskPlugin=task/cgroup\n\
+                 SelectType=select/cons_tres\nSelectTypeParameters=CR_Core_Memory\n\
+                 SchedulerType=sched/builtin\nReturnToService=2\nMpiDefault=none\n\
+                 JobCompType=jobcomp/none\nAccountingStorageType=accounting_storage/none\n\
+                 JobAcctGatherType=jobacct_gather/none\n\
+                 Prolog={d}/prolog.sh\nEpilog={d}/epilog.sh\n\
+                 NodeName={node} NodeHostname={hostname} NodeAddr=127.0.0.1 CPUs=2 RealMemory=4096 State=UNKNOWN\n\
+                 PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4\n",
+                slurmd_port = free_port(),
+                d = d.display(),
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            d.join("cgroup.conf"),
+            "CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\n\
+             ConstrainCores=no\nConstrainRAMSpace=yes\nConstrainSwapSpace=no\n",
+        )
+        .unwrap();
+        let scontrol = d.join("scontrol");
+        let scancel = d.join("scancel");
+        for (path, prog) in [(&scontrol, "scontrol"), (&scancel, "scancel")] {
+            script(
+                path,
+                &format!(
+                    "#!/bin/sh\nSLURM_CONF={} exec /usr/bin/{prog} \"$@\"\n",
+                    conf.display()
+                ),
+            );
+        }
+        Cluster {
+            dir,
+            conf,
+            node,
+            scontrol,
+            scancel,
+            children: Vec::new(),
+        }
+    }
+
+    /// memwatch's `[slurm]` section for this cluster.
+    pub fn memwatch_config(&self) -> String {
+        format!(
+            "[slurm]\nscontrol = {:?}\nscancel = {:?}\n",
+            self.scontrol, self.scancel
+        )
+    }
+
+    /// Starts munged, slurmctld and slurmd, with the repository's prolog and epilog run with `env`
+    /// (MEMWATCH, MEMWATCH_SOCKET …); returns once the node is idle.
+    pub fn start(&mut self, env: &[(&str, &str)]) {
+        let d = self.dir.path().to_owned();
+        let exports: String = env
+            .iter()
+            .map(|(k, v)| format!("export {k}='{v}'\n"))
+            .collect();
+        for which in ["prolog", "epilog"] {
+            script(
+                &d.join(format!("{which}.sh")),
+                &format!(
+                    "#!/bin/sh\n{exports}export SCONTROL={}\nexec {}/deploy/slurm/{which}.sh\n",
+                    self.scontrol.display(),
+                    super::repo().display()
+                ),
+            );
+        }
+        let key = d.join("munge.key");
+        std::fs::write(
+            &key,
+            (0..1024).map(|i| (i * 7 + 13) as u8).collect::<Vec<u8>>(),
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o400)).unwrap();
+        let munged = Command::new("munged")
+            .arg("-F")
+            .arg(format!("--key-file={}", key.display()))
+            .arg(format!("--socket={}/munge.sock", d.display()))
+            .arg(format!("--pid-file={}/munged.pid", d.display()))
+            .arg(format!("--log-file={}/log/munged.log", d.display()))
+            .arg(format!("--seed-file={}/munge.seed", d.display()))
+            .arg("--force")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start munged (apt-get install munge)");
+        self.children.push(munged);
+        assert!(
+            eventually(10.0, || d.join("munge.sock").exists()),
+            "munged did not create its socket"
+        );
+        let ctld = Command::new("slurmctld")
+            .args(["-D", "-i", "-f"])
+            .arg(&self.conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start slurmctld (apt-get install slurm-wlm)");
+        self.children.push(ctld);
+        let slurmd = Command::new("slurmd")
+            .args(["-D", "-N", &self.node, "-f"])
+            .arg(&self.conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start slurmd");
+        self.children.push(slurmd);
+        let idle = || {
+            self.run("sinfo", &["-h", "-o", "%T"])
+                .is_ok_and(|s| s.trim() == "idle")
+        };
+        assert!(
+            eventually(30.0, idle),
+            "the node never became idle; slurmctld.log:\n{}\nslurmd.log:\n{}",
+            self.log("slurmctld"),
+            self.log("slurmd")
+        );
+    }
+
+    /// Runs a Slurm client command against this cluster; its stdout, or its stderr as the error.
+    pub fn run(&self, program: &str, args: &[&str]) -> Result<String, String> {
+        let out: Output = Command::new(program)
+            .args(args)
+            .env("SLURM_CONF", &self.conf)
+            .output()
+            .map_err(|e| format!("{program}: {e}"))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    /// Submits a batch script; returns the job id.
+    pub fn sbatch(&self, args: &[&str], script_text: &str) -> String {
+        let path = self.dir.path().join(format!("job-{}.sh", free_port()));
+        script(&path, script_text);
+        let mut all: Vec<&str> = vec!["--parsable", "-o"];
+        let out = format!("{}/job-%j.out", self.dir.path().display());
+        all.push(&out);
+        all.extend_from_slice(args);
+        let path_s = path.to_string_lossy().into_owned();
+        all.push(&path_s);
+        let id = self.run("sbatch", &all).expect("sbatch");
+        id.trim().split(';').next().unwrap_or_default().to_owned()
+    }
+
+    /// The job's state as squeue prints it (R, S, PD, CG …); empty once it left the queue.
+    pub fn state(&self, id: &str) -> String {
+        self.run("squeue", &["-h", "-j", id, "-o", "%t"])
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_default()
+    }
+
+    /// The job's cgroup directory on this node (memory controller, v1).
+    pub fn job_cgroup(&self, id: &str) -> PathBuf {
+        PathBuf::from(format!(
+            "/sys/fs/cgroup/memory/slurm_{}/uid_0/job_{id}",
+            self.node
+        ))
+    }
+
+    /// A daemon's log, for failure messages.
+    pub fn log(&self, which: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("log/{which}.log")))
+            .unwrap_or_default()
+    }
+}
+
+impl Cluster {
+    /// Every process left in this node's Slurm cgroups.
+    fn leftovers(&self) -> Vec<u32> {
+        let mut out = Vec::new();
+        for controller in ["memory", "freezer", "cpuset", "devices"] {
+            let top = PathBuf::from(format!("/sys/fs/cgroup/{controller}/slurm_{}", self.node));
+            let mut stack = vec![top];
+            while let Some(dir) = stack.pop() {
+                if let Ok(t) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+                    out.extend(t.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+                }
+                if let Ok(entries) = std::fs::read_dir(&dir) {
+                    stack.extend(entries.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
+                }
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // Jobs first, so that no task outlives the cluster; what Slurm leaves is killed, and the
+        // node's cgroups are removed.
+        let _ = self.run("scancel", &["--full", "-u", "root"]);
+        eventually(15.0, || self.leftovers().is_empty());
+        for c in self.children.iter_mut().rev() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for pid in self.leftovers() {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
+        eventually(5.0, || self.leftovers().is_empty());
+        for controller in ["memory", "freezer", "cpuset", "devices"] {
+            let top = PathBuf::from(format!("/sys/fs/cgroup/{controller}/slurm_{}", self.node));
+            let _ = Command::new("find")
+                .arg(&top)
+                .args(["-depth", "-type", "d", "-exec", "rmdir", "{}", ";"])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! The import graph of the library's top-level modules, read from the sources: it has no cycle, and
+//! the pure core (the policy, the advice, `memwatch check`, the configuration, and what they import)
+//! never reaches the code that acts (`act`, `engine`, `daemon`, `http`) or tokio. ARCHITECTURE.md's
+//! layering is this test's claim.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+mod common;
+
+/// The modules whose imports, followed to the end, must never reach what acts.
+const PURE: [&str; 4] = ["policy", "advice", "check", "config"];
+/// What acts: signals, freezes, files of memwatch's, the owner task, the server.
+const ACTING: [&str; 4] = ["act", "engine", "daemon", "http"];
+
+/// The source without its inline test modules (`#[cfg(test)] mod tests { … }`, to the end of the
+/// file, where this codebase keeps them).
+fn without_tests(text: &str) -> &str {
+    match text.find("#[cfg(test)]\nmod tests {") {
+        Some(i) => &text[..i],
+        None => text,
+    }
+}
+
+/// The top-level modules `text` names through `crate::…` (also inside `use crate::{a, b::c}`).
+fn imports(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("crate::") {
+        rest = &rest[i + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let end = group.find('}').unwrap_or(group.len());
+            for part in group[..end].split(',') {
+                let name: String = part
+                    .trim()
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                    .collect();
+                if !name.is_empty() {
+                    out.insert(name);
+                }
+            }
+        } else {
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+                .collect();
+            if !name.is_empty() {
+                out.insert(name);
+            }
+        }
+    }
+    out
+}
+
+struct Graph {
+    edges: BTreeMap<String, BTreeSet<String>>,
+    /// Modules whose sources name tokio.
+    tokio: BTreeSet<String>,
+}
+
+fn graph(src: &Path) -> Graph {
+    let mut g = Graph {
+        edges: BTreeMap::new(),
+        tokio: BTreeSet::new(),
+    };
+    let mut stack = vec![src.to_owned()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            let rel = path.strip_prefix(src).unwrap();
+            // The binaries are their own crates.
+            if rel.starts_with("bin") {
+                continue;
+            }
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            if !name.ends_with(".rs") || name == "tests.rs" || name.ends_with("_tests.rs") {
+                continue;
+            }
+            let top = rel
+                .iter()
+                .next()
+                .unwrap()
+                .to_string_lossy()
+                .trim_end_matches(".rs")
+                .to_owned();
+            if top == "lib" || top == "main" {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            // Comments name modules without importing them.
+            let code: String = without_tests(&text)
+                .lines()
+                .map(|l| l.split("//").next().unwrap_or(""))
+                .collect::<Vec<_>>()
+                .join("\n");
+            let text = code.as_str();
+            if text.contains("tokio::") {
+                g.tokio.insert(top.clone());
+            }
+            let imported = imports(text);
+            let e = g.edges.entry(top.clone()).or_default();
+            e.extend(imported.into_iter().filter(|m| *m != top));
+        }
+    }
+    g
+}
+
+/// Every module `from` reaches through imports, with the path to it.
+fn reach(g: &Graph, from: &str) -> BTreeMap<String, Vec<String>> {
+    let mut seen: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut queue = vec![(from.to_owned(), vec![from.to_owned()])];
+    while let Some((m, path)) = queue.pop() {
+        for next in g.edges.get(&m).into_iter().flatten() {
+            if !seen.contains_key(next) {
+                let mut p = path.clone();
+                p.push(next.clone());
+                seen.insert(next.clone(), p.clone());
+                queue.push((next.clone(), p));
+            }
+        }
+    }
+    seen
+}
+
+#[test]
+fn the_module_graph_has_no_cycle() {
+    let g = graph(&common::repo().join("src"));
+    assert!(
+        g.edges.len() > 20,
+        "too few modules read: {:?}",
+        g.edges.keys()
+    );
+    let mut cycles = Vec::new();
+    for m in g.edges.keys() {
+        if let Some(path) = reach(&g, m).get(m) {
+            cycles.push(path.join(" → "));
+        }
+    }
+    assert!(cycles.is_empty(), "import cycles:\n{}", cycles.join("\n"));
+}
+
+#[test]
+fn the_pure_core_never_reaches_what_acts() {
+    let g = graph(&common::repo().join("src"));
+    let mut bad = Vec::new();
+    for m in PURE {
+        let reached = reach(&g, m);
+        for a in ACTING {
+            if let Some(path) = reached.get(a) {
+                bad.push(path.join(" → "));
+            }
+        }
+        for (r, path) in std::iter::once((m.to_owned(), vec![m.to_owned()])).chain(reached) {
+            if g.tokio.contains(&r) {
+                bad.push(format!("{} (tokio)", path.join(" → ")));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "the pure core reaches:\n{}", bad.join("\n"));
+}
+
+/// The checks above can fail: a cycle and a reach into `act` made up in a small graph are found.
+#[test]
+fn the_checks_find_what_they_look_for() {
+    let text = "use crate::{config::Policy, act::signal};\nfn f() { crate::job::x(); }\n\
+                #[cfg(test)]\nmod tests {\n use crate::engine;\n}\n";
+    let found = imports(without_tests(text));
+    assert_eq!(
+        found,
+        ["act", "config", "job"]
+            .map(String::from)
+            .into_iter()
+            .collect()
+    );
+    let mut g = Graph {
+        edges: BTreeMap::new(),
+        tokio: BTreeSet::new(),
+    };
+    g.edges.insert("policy".into(), ["job".into()].into());
+    g.edges.insert("job".into(), ["act".into()].into());
+    g.edges.insert("act".into(), ["job".into()].into());
+    assert_eq!(
+        reach(&g, "policy").get("act"),
+        Some(&vec!["policy".to_owned(), "job".into(), "act".into()])
+    );
+    assert!(reach(&g, "job").contains_key("job"), "job → act → job");
+}

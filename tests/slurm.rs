@@ -52,6 +52,15 @@ fn gone(pid: u32) -> bool {
     proc_state(pid).is_none_or(|s| s == 'Z')
 }
 
+/// A file removed when the test ends, however it ends (a tmpfs file holds memory).
+struct RemovedOnDrop(std::path::PathBuf);
+
+impl Drop for RemovedOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// One cluster at a time: two jobs filling memory on two cores would race each other's pauses.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
@@ -214,6 +223,86 @@ fn a_slurm_job_is_attached_by_its_prolog_suspended_whole_and_resumed() {
     );
     assert!(eventually(20.0, || cluster.state(&id).is_empty()));
     let _ = std::fs::remove_file(&fill);
+}
+
+/// The way out, job-wide: a Slurm job that outgrows its memory with no room to be had (the ladder is
+/// the checkpoint step alone) is stopped through Slurm: memwatch resumes it and requeues it
+/// (`scontrol requeue`), and Slurm runs it again, rather than anything relaunching it on this node.
+#[test]
+fn a_slurm_job_with_no_way_out_is_requeued_through_slurm() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // Removed last, once the cluster has ended the job that fills it.
+    let fill =
+        std::path::Path::new("/dev/shm").join(format!("memwatch-requeue-{}", std::process::id()));
+    let _gone = RemovedOnDrop(fill.clone());
+    let (cluster, d) = cluster_and_daemon(
+        "[policy]\nmax_pause_seconds = 120\n[way_out]\nsteps = [\"checkpoint\"]\ndecide_seconds = 1\n",
+        &[],
+    );
+    let runs = cluster.dir.path().join("runs");
+    // The first run fills a tmpfs file (charged to the job's cgroup) toward the job's 300 MiB; a run
+    // after a requeue says which it is and waits.
+    let script = format!(
+        "#!/bin/bash\n\
+         echo \"restart=${{SLURM_RESTART_COUNT:-0}}\" >> {runs}\n\
+         if [ \"${{SLURM_RESTART_COUNT:-0}}\" -gt 0 ]; then exec sleep 600; fi\n\
+         srun -n1 bash -c 'for i in $(seq 1 299); do\n\
+           dd if=/dev/zero bs=1M count=1 status=none >> {fill}; sleep 0.04\n\
+         done; exec sleep 600'\n",
+        runs = runs.display(),
+        fill = fill.display(),
+    );
+    let id = cluster.sbatch(&["-n1", "--mem=300M", "--requeue", "-J", "noroom"], &script);
+    let name = format!("slurm-{id}");
+    assert!(
+        eventually(30.0, || cluster.state(&id) == "S"),
+        "squeue never showed the job suspended (state {:?}); events: {:?}",
+        cluster.state(&id),
+        d.events()
+    );
+    // No room comes: the ladder's last step requeues the job through Slurm.
+    d.wait_until(
+        |d| {
+            d.events().iter().any(|e| {
+                e["job"] == name.as_str()
+                    && e["action"] == "terminate"
+                    && e["detail"]
+                        .as_str()
+                        .is_some_and(|t| t.contains(&format!("requeued Slurm job {id}")))
+            })
+        },
+        "memwatch never requeued the Slurm job",
+    );
+    let _ = std::fs::remove_file(&fill);
+    // Slurm holds a requeued job back (BeginTime) before it runs it again; the test does not wait.
+    assert!(
+        eventually(30.0, || cluster.state(&id) == "PD"),
+        "the job was not requeued (state {:?})",
+        cluster.state(&id)
+    );
+    let show = cluster
+        .run("scontrol", &["show", "job", &id])
+        .unwrap_or_default();
+    assert!(show.contains("Restarts=1"), "{show}");
+    let _ = cluster.run(
+        "scontrol",
+        &["update", &format!("JobId={id}"), "StartTime=now"],
+    );
+    assert!(
+        eventually(60.0, || std::fs::read_to_string(&runs)
+            .is_ok_and(|t| t.lines().last() == Some("restart=1"))),
+        "Slurm did not run the requeued job again: {:?} (state {:?})",
+        std::fs::read_to_string(&runs),
+        cluster.state(&id)
+    );
+    // memwatch recorded no error for the job on the way.
+    assert!(
+        d.events()
+            .iter()
+            .all(|e| e["action"] != "error" || e["job"] != name.as_str()),
+        "{:?}",
+        d.events()
+    );
 }
 
 /// The Grafana cluster dashboard, against a real Prometheus scraping two memwatch instances with a

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use super::{Request, Response};
 
-/// Sends one request and returns the daemon's answer; an `ok: false` answer becomes an error.
+/// Sends one request and returns the daemon's answer; an `ok: false` answer becomes an error that
+/// holds the [`super::Refusal`] (`downcast_ref` for its kind).
 pub fn call(socket: &Path, request: &Request) -> anyhow::Result<Response> {
     let mut stream = UnixStream::connect(socket).map_err(|e| {
         anyhow::anyhow!(
@@ -24,13 +25,8 @@ pub fn call(socket: &Path, request: &Request) -> anyhow::Result<Response> {
     let response: Response = serde_json::from_str(&reply).map_err(|e| {
         anyhow::anyhow!("the daemon sent an answer memwatch cannot read ({e}): {reply:?}")
     })?;
-    if !response.ok {
-        anyhow::bail!(
-            "{}",
-            response
-                .error
-                .unwrap_or_else(|| "the daemon refused without a reason".into())
-        );
+    match response.refusal() {
+        Some(r) => Err(r.into()),
+        None => Ok(response),
     }
-    Ok(response)
 }

@@ -105,12 +105,88 @@ pub struct DirectivesReply {
     pub checkpoint: Option<crate::adapt::CheckpointRequest>,
 }
 
+/// What kind of refusal an answer is, so that whoever asked (the trainer's HTTP endpoints, `memwatch
+/// launch`) can act on it without reading the message, which is for people.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// The request is malformed, or asks for something that cannot be (pid 0, a bad name, a
+    /// generation never staged).
+    Invalid,
+    /// No attached job (or Slurm job, or process) by that name, pid or id.
+    NotFound,
+    /// The caller is neither the job's owner nor root, and does not hold its token.
+    Forbidden,
+    /// The job is already in the state asked for, or the name or pid is taken.
+    Conflict,
+    /// A bound was reached (jobs per user).
+    Limit,
+    /// memwatch tried and the effect failed (a signal, a freeze, Slurm).
+    Failed,
+    /// The daemon cannot answer now: it is shutting down.
+    Unavailable,
+}
+
+/// A refused command: its kind, and what people are told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// What kind of refusal it is.
+    pub kind: ErrorKind,
+    /// The reason, in words.
+    pub message: String,
+}
+
+impl Refusal {
+    /// A refusal of `kind`.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Refusal {
+            kind,
+            message: message.into(),
+        }
+    }
+    /// [`ErrorKind::Invalid`].
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Refusal::new(ErrorKind::Invalid, message)
+    }
+    /// [`ErrorKind::NotFound`].
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Refusal::new(ErrorKind::NotFound, message)
+    }
+    /// [`ErrorKind::Forbidden`].
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Refusal::new(ErrorKind::Forbidden, message)
+    }
+    /// [`ErrorKind::Conflict`].
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Refusal::new(ErrorKind::Conflict, message)
+    }
+    /// [`ErrorKind::Limit`].
+    pub fn limit(message: impl Into<String>) -> Self {
+        Refusal::new(ErrorKind::Limit, message)
+    }
+    /// [`ErrorKind::Failed`].
+    pub fn failed(message: impl Into<String>) -> Self {
+        Refusal::new(ErrorKind::Failed, message)
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Refusal {}
+
 /// The daemon's answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Response {
     pub ok: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// With `error`: what kind of refusal it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<ErrorKind>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<JobView>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -133,6 +209,7 @@ impl Response {
         Response {
             ok,
             error: None,
+            kind: None,
             job: None,
             jobs: None,
             ended: None,
@@ -141,11 +218,29 @@ impl Response {
             dry_run: false,
         }
     }
+    /// A refusal of a request that is malformed or cannot be ([`ErrorKind::Invalid`]).
     pub fn error(message: impl Into<String>) -> Self {
+        Response::refused(Refusal::invalid(message))
+    }
+    /// A refusal, with its kind.
+    pub fn refused(r: Refusal) -> Self {
         Response {
-            error: Some(message.into()),
+            error: Some(r.message),
+            kind: Some(r.kind),
             ..Response::empty(false)
         }
+    }
+    /// The refusal this answer is, if it is one (an answer without a kind, from an older daemon,
+    /// counts as invalid).
+    pub fn refusal(&self) -> Option<Refusal> {
+        (!self.ok).then(|| {
+            Refusal::new(
+                self.kind.unwrap_or(ErrorKind::Invalid),
+                self.error
+                    .clone()
+                    .unwrap_or_else(|| "the daemon refused without a reason".into()),
+            )
+        })
     }
     pub fn ok() -> Self {
         Response::empty(true)

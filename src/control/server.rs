@@ -192,11 +192,17 @@ async fn connection(stream: UnixStream, to_owner: mpsc::Sender<Envelope>) -> std
                     .await
                     .is_err()
                 {
-                    Response::error("the daemon is shutting down")
+                    Response::refused(super::Refusal::new(
+                        super::ErrorKind::Unavailable,
+                        "the daemon is shutting down",
+                    ))
                 } else {
-                    answer
-                        .await
-                        .unwrap_or_else(|_| Response::error("the daemon is shutting down"))
+                    answer.await.unwrap_or_else(|_| {
+                        Response::refused(super::Refusal::new(
+                            super::ErrorKind::Unavailable,
+                            "the daemon is shutting down",
+                        ))
+                    })
                 }
             }
         };

@@ -2,7 +2,7 @@
 //! processes whose real uid is theirs. A refusal changes nothing.
 
 use super::Engine;
-use crate::control::{Caller, Request, Response};
+use crate::control::{Caller, Refusal, Request, Response};
 use crate::job::Job;
 use crate::policy::{self, By};
 use crate::proc;
@@ -122,18 +122,18 @@ impl Engine {
                 Some(j) => Response::job(self.job_view(j)),
                 None => Response::jobs(Vec::new()),
             },
-            Err(e) => Response::error(e),
+            Err(e) => Response::refused(e),
         }
     }
 
     /// The answer to a pause or resume: the job, and whether it was only a dry run.
-    fn pause_reply(&self, result: Result<String, String>) -> Response {
+    fn pause_reply(&self, result: Result<String, Refusal>) -> Response {
         let mut r = match result {
             Ok(name) => match self.jobs.get(&name) {
                 Some(j) => Response::job(self.job_view(j)),
                 None => Response::jobs(Vec::new()),
             },
-            Err(e) => Response::error(e),
+            Err(e) => Response::refused(e),
         };
         r.dry_run = r.ok && self.cfg.policy.dry_run;
         r
@@ -141,7 +141,7 @@ impl Engine {
 
     /// The job `target` names (a name or a pid), if the caller may act on it.
     /// The job `target` names (a name or a root pid), if the caller is its owner or root.
-    fn find(&self, target: &str, caller: Caller) -> Result<String, String> {
+    fn find(&self, target: &str, caller: Caller) -> Result<String, Refusal> {
         self.find_authorised(target, None, caller)
     }
 
@@ -151,12 +151,16 @@ impl Engine {
         target: &str,
         token: Option<&str>,
         caller: Caller,
-    ) -> Result<String, String> {
+    ) -> Result<String, Refusal> {
         let job = self
             .jobs
             .values()
             .find(|j| j.name == target || target.parse::<u32>().is_ok_and(|p| p == j.root.pid))
-            .ok_or_else(|| format!("no attached job named {target:?} (see `memwatch jobs`)"))?;
+            .ok_or_else(|| {
+                Refusal::not_found(format!(
+                    "no attached job named {target:?} (see `memwatch jobs`)"
+                ))
+            })?;
         let by_token = match (token, job.config.as_ref()) {
             (Some(t), Some(c)) => crate::adapt::token_matches(&c.token, t),
             _ => false,
@@ -164,7 +168,7 @@ impl Engine {
         if by_token || caller.is_root() || caller.uid == job.owner_uid {
             Ok(job.name.clone())
         } else {
-            Err(if caller == Caller::ANONYMOUS {
+            Err(Refusal::forbidden(if caller == Caller::ANONYMOUS {
                 format!(
                     "permission denied: job {:?} needs its owner or its token",
                     job.name
@@ -181,7 +185,7 @@ impl Engine {
                         ""
                     }
                 )
-            })
+            }))
         }
     }
 
@@ -195,7 +199,7 @@ impl Engine {
     ) -> Response {
         let name = match self.find_authorised(target, token.as_deref(), caller) {
             Ok(n) => n,
-            Err(e) => return Response::error(e),
+            Err(e) => return Response::refused(e),
         };
         match self.jobs.get_mut(&name).and_then(|j| j.config.as_mut()) {
             Some(c) => f(&name, c),
@@ -381,44 +385,50 @@ impl Engine {
         config: Option<(std::path::PathBuf, String, Vec<String>)>,
         caller: Caller,
         now_ms: u64,
-    ) -> Result<String, String> {
+    ) -> Result<String, Refusal> {
         let root = &self.process_root;
         if pid == 0 {
-            return Err("pid 0 is not a process".into());
+            return Err(Refusal::invalid("pid 0 is not a process"));
         }
-        let stat = proc::read_stat(root, pid).map_err(|_| format!("no process with pid {pid}"))?;
+        let stat = proc::read_stat(root, pid)
+            .map_err(|_| Refusal::not_found(format!("no process with pid {pid}")))?;
         if stat.is_kernel_thread() {
-            return Err(format!(
+            return Err(Refusal::invalid(format!(
                 "pid {pid} ({}) is a kernel thread, not a job",
                 stat.comm
-            ));
+            )));
         }
         if pid == 1 {
-            return Err(
-                "refusing to attach to pid 1: pausing it would pause the whole system".into(),
-            );
+            return Err(Refusal::invalid(
+                "refusing to attach to pid 1: pausing it would pause the whole system",
+            ));
         }
         let me = std::process::id();
         if pid == me {
-            return Err(format!("pid {pid} is the memwatch daemon itself"));
+            return Err(Refusal::invalid(format!(
+                "pid {pid} is the memwatch daemon itself"
+            )));
         }
         // Attaching an ancestor of the daemon would pause the daemon with its tree.
         if proc::descendants(root, pid).is_some_and(|t| t.procs.iter().any(|p| p.pid == me)) {
-            return Err(format!(
+            return Err(Refusal::invalid(format!(
                 "pid {pid} is an ancestor of the memwatch daemon; pausing it would pause memwatch"
-            ));
+            )));
         }
-        let status =
-            proc::read_status(root, pid).map_err(|e| format!("cannot read pid {pid}: {e}"))?;
+        let status = proc::read_status(root, pid)
+            .map_err(|e| Refusal::not_found(format!("cannot read pid {pid}: {e}")))?;
         let owner = status.uids[0];
         if !caller.is_root() && caller.uid != owner {
-            return Err(format!(
+            return Err(Refusal::forbidden(format!(
                 "permission denied: pid {pid} belongs to uid {owner}, you are uid {}",
                 caller.uid
-            ));
+            )));
         }
         if let Some(j) = self.jobs.values().find(|j| j.root.pid == pid) {
-            return Err(format!("pid {pid} is already attached as {:?}", j.name));
+            return Err(Refusal::conflict(format!(
+                "pid {pid} is already attached as {:?}",
+                j.name
+            )));
         }
         let cap = self.cfg.control.max_jobs_per_uid.get();
         if !caller.is_root()
@@ -429,10 +439,10 @@ impl Engine {
                 .count()
                 >= cap
         {
-            return Err(format!(
+            return Err(Refusal::limit(format!(
                 "uid {} already has {cap} jobs attached (control.max_jobs_per_uid); detach one first",
                 caller.uid
-            ));
+            )));
         }
         // Unnamed: after its container or Slurm job, if it has one ("slurm-4242",
         // "docker-3f2a1b9c0d1e"), else after its command; with the pid if that name is taken.
@@ -448,22 +458,25 @@ impl Engine {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
         {
-            return Err(format!(
+            return Err(Refusal::invalid(format!(
                 "job name {name:?} must be 1 to 64 letters, digits, '-', '_' or '.'"
-            ));
+            )));
         }
         if name.parse::<u32>().is_ok() {
-            return Err(format!(
+            return Err(Refusal::invalid(format!(
                 "job name {name:?} must not be a number (numbers name pids)"
-            ));
+            )));
         }
         if self.jobs.contains_key(&name) {
-            return Err(format!("a job named {name:?} is already attached"));
+            return Err(Refusal::conflict(format!(
+                "a job named {name:?} is already attached"
+            )));
         }
         let job_config = match config {
-            Some((file, profile, keys)) => {
-                Some(super::adapt::open_config(&file, &profile, &keys, owner)?)
-            }
+            Some((file, profile, keys)) => Some(
+                super::adapt::open_config(&file, &profile, &keys, owner)
+                    .map_err(Refusal::invalid)?,
+            ),
             None => None,
         };
         let mut job = Job::new(
@@ -481,7 +494,7 @@ impl Engine {
         });
         // From here on the root is signalled only through this descriptor.
         job.pidfd = crate::act::signal::open(root, stat.proc_ref())
-            .map_err(|_| format!("no process with pid {pid}"))?;
+            .map_err(|_| Refusal::not_found(format!("no process with pid {pid}")))?;
         job.freezer = self.freezer_of(stat.proc_ref(), owner);
         self.jobs.insert(name.clone(), job);
         self.save();
@@ -501,7 +514,7 @@ impl Engine {
         target: &str,
         caller: Caller,
         now_ms: u64,
-    ) -> Result<String, String> {
+    ) -> Result<String, Refusal> {
         let name = self.find(target, caller)?;
         self.resume_job(&name);
         self.jobs.remove(&name);
@@ -518,13 +531,13 @@ impl Engine {
         Ok(name)
     }
 
-    fn user_pause(&mut self, target: &str, caller: Caller, now_ms: u64) -> Result<String, String> {
+    fn user_pause(&mut self, target: &str, caller: Caller, now_ms: u64) -> Result<String, Refusal> {
         let name = self.find(target, caller)?;
         if self.jobs.get(&name).is_some_and(|j| j.pause.is_some()) {
-            return Err(format!("job {name:?} is already paused"));
+            return Err(Refusal::conflict(format!("job {name:?} is already paused")));
         }
         self.pause_job(&name, By::User, "paused by the user", now_ms)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| Refusal::failed(e.to_string()))?;
         policy::user_pause(&mut self.policy, &name, now_ms);
         self.record(
             now_ms,
@@ -537,10 +550,15 @@ impl Engine {
         Ok(name)
     }
 
-    fn user_resume(&mut self, target: &str, caller: Caller, now_ms: u64) -> Result<String, String> {
+    fn user_resume(
+        &mut self,
+        target: &str,
+        caller: Caller,
+        now_ms: u64,
+    ) -> Result<String, Refusal> {
         let name = self.find(target, caller)?;
         if self.jobs.get(&name).is_some_and(|j| j.pause.is_none()) {
-            return Err(format!("job {name:?} is not paused"));
+            return Err(Refusal::conflict(format!("job {name:?} is not paused")));
         }
         self.resume_job(&name);
         policy::user_resume(&mut self.policy, &name);

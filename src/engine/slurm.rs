@@ -6,7 +6,7 @@ use nix::sys::signal::Signal;
 use super::Engine;
 use crate::act::slurm::{Slurmctl, Suspended};
 use crate::act::{pause, signal};
-use crate::control::Caller;
+use crate::control::{Caller, Refusal};
 use crate::job::Job;
 use crate::proc::ProcRef;
 use crate::slurm;
@@ -92,28 +92,30 @@ impl Engine {
         name: Option<String>,
         caller: Caller,
         now_ms: u64,
-    ) -> Result<String, String> {
+    ) -> Result<String, Refusal> {
         if !slurm::valid_id(id) {
-            return Err(format!("{id:?} is not a Slurm job id (digits only)"));
+            return Err(Refusal::invalid(format!(
+                "{id:?} is not a Slurm job id (digits only)"
+            )));
         }
         if let Some(j) = self.jobs.values().find(|j| j.slurm.as_deref() == Some(id)) {
-            return Err(format!(
+            return Err(Refusal::conflict(format!(
                 "Slurm job {id} is already attached as {:?}",
                 j.name
-            ));
+            )));
         }
         if self.pending_slurm.contains_key(id) {
-            return Err(format!(
+            return Err(Refusal::conflict(format!(
                 "Slurm job {id} is already attached and waits for its first process on this node"
-            ));
+            )));
         }
         if let Some(attached) = self.adopt_slurm(id, name.clone(), caller, now_ms)? {
             return Ok(attached);
         }
         if !caller.is_root() {
-            return Err(format!(
+            return Err(Refusal::not_found(format!(
                 "Slurm job {id} has no process on this node (only root may attach a job before it starts)"
-            ));
+            )));
         }
         let shown = name.clone().unwrap_or_else(|| format!("slurm-{id}"));
         self.pending_slurm.insert(
@@ -146,7 +148,7 @@ impl Engine {
         name: Option<String>,
         caller: Caller,
         now_ms: u64,
-    ) -> Result<Option<String>, String> {
+    ) -> Result<Option<String>, Refusal> {
         let cgroup = slurm::find_job(&self.process_root, id);
         let tasks = match &cgroup {
             Some(c) => slurm::tasks(&self.process_root, c),
@@ -222,12 +224,12 @@ impl Engine {
         id: &str,
         caller: Caller,
         now_ms: u64,
-    ) -> Result<String, String> {
+    ) -> Result<String, Refusal> {
         if let Some(p) = self.pending_slurm.get(id) {
             if !caller.is_root() && caller.uid != p.caller.uid {
-                return Err(format!(
+                return Err(Refusal::forbidden(format!(
                     "permission denied: Slurm job {id} was attached by root"
-                ));
+                )));
             }
             let shown = p.name.clone().unwrap_or_else(|| format!("slurm-{id}"));
             self.pending_slurm.remove(id);
@@ -269,7 +271,9 @@ impl Engine {
                 );
                 Ok(name)
             }
-            None => Err(format!("no attached job belongs to Slurm job {id}")),
+            None => Err(Refusal::not_found(format!(
+                "no attached job belongs to Slurm job {id}"
+            ))),
         }
     }
 

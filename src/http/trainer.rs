@@ -15,7 +15,7 @@ use super::AppState;
 use super::api::error;
 use crate::adapt::Progress;
 use crate::control::server::Envelope;
-use crate::control::{Caller, Request};
+use crate::control::{Caller, ErrorKind, Refusal, Request};
 
 async fn ask(state: &AppState, request: Request) -> Response {
     let (reply, answer) = oneshot::channel();
@@ -36,20 +36,26 @@ async fn ask(state: &AppState, request: Request) -> Response {
             None => Json(serde_json::json!({ "ok": true })).into_response(),
         },
         Ok(r) => {
-            let msg = r.error.unwrap_or_default();
-            let status = if msg.starts_with("permission denied") {
-                StatusCode::FORBIDDEN
-            } else if msg.starts_with("no attached job") {
-                StatusCode::NOT_FOUND
-            } else {
-                StatusCode::BAD_REQUEST
-            };
-            error(status, msg)
+            let refusal = r.refusal().unwrap_or_else(|| Refusal::invalid(""));
+            error(status_of(refusal.kind), refusal.message)
         }
         Err(_) => error(
             StatusCode::SERVICE_UNAVAILABLE,
             "the daemon is shutting down",
         ),
+    }
+}
+
+/// The HTTP status for a refusal of `kind`.
+fn status_of(kind: ErrorKind) -> StatusCode {
+    match kind {
+        ErrorKind::Invalid => StatusCode::BAD_REQUEST,
+        ErrorKind::NotFound => StatusCode::NOT_FOUND,
+        ErrorKind::Forbidden => StatusCode::FORBIDDEN,
+        ErrorKind::Conflict => StatusCode::CONFLICT,
+        ErrorKind::Limit => StatusCode::TOO_MANY_REQUESTS,
+        ErrorKind::Failed => StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
     }
 }
 

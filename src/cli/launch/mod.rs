@@ -301,25 +301,23 @@ fn attach(
         // The previous run's job is dropped at the daemon's next sample: until then its name is taken.
         let r = match crate::control::client::call(socket, &request()) {
             Ok(r) => r,
-            Err(e) if e.to_string().contains("already attached") => {
+            // The name is still taken: a conflict that ends at the next sample.
+            Err(e)
+                if e.downcast_ref::<crate::control::Refusal>()
+                    .is_some_and(|r| r.kind == crate::control::ErrorKind::Conflict) =>
+            {
                 last = e.to_string();
                 std::thread::sleep(std::time::Duration::from_millis(100));
                 continue;
             }
             Err(e) => return Err(e.into()),
         };
-        if r.ok {
-            if let Some(t) = r.token {
-                std::fs::write(token_file, format!("{t}\n"))
-                    .map_err(|e| anyhow::anyhow!("{}: {e}", token_file.display()))?;
-            }
-            return Ok(());
+        // `call` turns every refusal into an error: this is an accepted attach.
+        if let Some(t) = r.token {
+            std::fs::write(token_file, format!("{t}\n"))
+                .map_err(|e| anyhow::anyhow!("{}: {e}", token_file.display()))?;
         }
-        last = r.error.unwrap_or_default();
-        if !last.contains("already") {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
+        return Ok(());
     }
     Err(anyhow::anyhow!("cannot attach the job: {last}").into())
 }

@@ -210,10 +210,13 @@ impl Engine {
         let j = self.jobs.get(name).ok_or("gone")?;
         let protocol = j.config.as_ref().is_some_and(|c| c.speaks_protocol());
         let sig = crate::act::signal_by_name(&self.cfg.policy.checkpoint_signal);
-        let launched = j.launch.is_some();
-        if !protocol && sig.is_none() && !launched {
+        // Relaunched by `memwatch launch`, or requeued by Slurm (which runs it again, from its
+        // checkpoint if it saves one on SIGTERM).
+        let restarted =
+            j.launch.is_some() || (j.slurm_job_id().is_some() && self.cfg.slurm.requeue);
+        if !protocol && sig.is_none() && !restarted {
             return Err(
-                "nothing would save or restart the job (no trainer asking for directives, no policy.checkpoint_signal, not started by memwatch launch)"
+                "nothing would save or restart the job (no trainer asking for directives, no policy.checkpoint_signal, not started by memwatch launch, not a Slurm job with slurm.requeue)"
                     .into(),
             );
         }

@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::proc::{self, Stat};
-use crate::sample::cgroup::{CgroupDir, pids_below};
+use crate::sample::cgroup::{CgroupDir, Version, pids_below};
 
 /// A Slurm job id: digits only, as scontrol prints them (array and het jobs by their own job id).
 pub fn valid_id(id: &str) -> bool {
@@ -35,13 +35,25 @@ pub fn find_job(root: &Path, id: &str) -> Option<JobCgroup> {
     let fs = root.join("sys/fs/cgroup");
     let v1 = fs.join("memory");
     let v2 = fs.join("cgroup.controllers").is_file().then(|| fs.clone());
-    let mut candidates: Vec<(u8, PathBuf, PathBuf)> = Vec::new();
+    let mut candidates: Vec<(Version, PathBuf, PathBuf)> = Vec::new();
     if v1.is_dir() {
-        candidates.extend(slurm_roots(&v1).into_iter().map(|d| (1, v1.clone(), d)));
+        candidates.extend(
+            slurm_roots(&v1)
+                .into_iter()
+                .map(|d| (Version::V1, v1.clone(), d)),
+        );
     }
     if let Some(v2) = v2 {
-        candidates.push((2, v2.clone(), v2.join("system.slice/slurmstepd.scope")));
-        candidates.extend(slurm_roots(&v2).into_iter().map(|d| (2, v2.clone(), d)));
+        candidates.push((
+            Version::V2,
+            v2.clone(),
+            v2.join("system.slice/slurmstepd.scope"),
+        ));
+        candidates.extend(
+            slurm_roots(&v2)
+                .into_iter()
+                .map(|d| (Version::V2, v2.clone(), d)),
+        );
     }
     for (version, mount, base) in candidates {
         let mut dirs = vec![base.join(&job)];
@@ -165,7 +177,7 @@ mod tests {
             "77\n",
         );
         let j = find_job(&v1, "42").unwrap();
-        assert_eq!(j.memory.version, 1);
+        assert_eq!(j.memory.version, Version::V1);
         assert_eq!(j.memory.path, "/slurm_node1/uid_1000/job_42");
         assert_eq!(j.uid, Some(1000));
         let mut pids = Vec::new();
@@ -183,7 +195,7 @@ mod tests {
             "9\n",
         );
         let j = find_job(&v2, "7").unwrap();
-        assert_eq!(j.memory.version, 2);
+        assert_eq!(j.memory.version, Version::V2);
         assert_eq!(j.memory.path, "/system.slice/slurmstepd.scope/job_7");
         assert_eq!(j.uid, None);
     }

@@ -5,6 +5,7 @@
 //! belongs to the job's tree, and memwatch itself is not among them. cgroup v2 (`cgroup.freeze`,
 //! confirmed by `cgroup.events`) is preferred; the v1 freezer controller (`freezer.state`) otherwise.
 
+use crate::sample::cgroup::Version;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -33,7 +34,10 @@ pub fn owned(root: &Path, tree: &[u32], owner: u32) -> Option<Frozen> {
         for mount in ["sys/fs/cgroup/unified", "sys/fs/cgroup"] {
             let dir = root.join(mount).join(&rel);
             if dir.join("cgroup.freeze").is_file() {
-                candidates.push(Frozen { version: 2, dir });
+                candidates.push(Frozen {
+                    version: Version::V2,
+                    dir,
+                });
                 break;
             }
         }
@@ -41,7 +45,10 @@ pub fn owned(root: &Path, tree: &[u32], owner: u32) -> Option<Frozen> {
     if let Some(rel) = own(&m.v1_freezer) {
         let dir = root.join("sys/fs/cgroup/freezer").join(rel);
         if dir.join("freezer.state").is_file() {
-            candidates.push(Frozen { version: 1, dir });
+            candidates.push(Frozen {
+                version: Version::V1,
+                dir,
+            });
         }
     }
     candidates.sort_by_key(|f| std::cmp::Reverse(f.version));
@@ -80,19 +87,21 @@ impl Frozen {
 
     fn is_frozen(&self) -> bool {
         match self.version {
-            2 => read_text(&self.dir.join("cgroup.events"))
+            Version::V2 => read_text(&self.dir.join("cgroup.events"))
                 .is_ok_and(|t| t.lines().any(|l| l.trim() == "frozen 1")),
-            _ => read_text(&self.dir.join("freezer.state")).is_ok_and(|t| t.trim() == "FROZEN"),
+            Version::V1 => {
+                read_text(&self.dir.join("freezer.state")).is_ok_and(|t| t.trim() == "FROZEN")
+            }
         }
     }
 
     fn write(&self, freeze: bool) -> std::io::Result<()> {
         match self.version {
-            2 => std::fs::write(
+            Version::V2 => std::fs::write(
                 self.dir.join("cgroup.freeze"),
                 if freeze { "1" } else { "0" },
             ),
-            _ => std::fs::write(
+            Version::V1 => std::fs::write(
                 self.dir.join("freezer.state"),
                 if freeze { "FROZEN" } else { "THAWED" },
             ),

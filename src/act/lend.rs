@@ -2,13 +2,14 @@
 //! state file before the limit is raised, so a daemon killed at any instant leaves a record that the
 //! next one settles.
 
+use crate::sample::cgroup::Version;
 use std::path::{Path, PathBuf};
 
 pub use crate::job::held::Loan;
 
 impl Loan {
     fn limit_file(&self) -> PathBuf {
-        self.dir.join(if self.version == 1 {
+        self.dir.join(if self.version == Version::V1 {
             "memory.limit_in_bytes"
         } else {
             "memory.max"
@@ -16,7 +17,7 @@ impl Loan {
     }
 
     fn usage_file(&self) -> PathBuf {
-        self.dir.join(if self.version == 1 {
+        self.dir.join(if self.version == Version::V1 {
             "memory.usage_in_bytes"
         } else {
             "memory.current"
@@ -25,7 +26,7 @@ impl Loan {
 
     /// Raises the limit. v1 also needs room under a memory+swap limit, which is raised first.
     pub fn raise(&self) -> Result<(), String> {
-        if self.version == 1 {
+        if self.version == Version::V1 {
             let memsw = self.dir.join("memory.memsw.limit_in_bytes");
             if let Some(m) = read_u64(&memsw).filter(|m| *m < self.raised) {
                 let extra = self.raised - self.original;
@@ -51,7 +52,7 @@ impl Loan {
             return Ok(false);
         }
         write(&self.limit_file(), self.original)?;
-        if self.version == 1 {
+        if self.version == Version::V1 {
             let memsw = self.dir.join("memory.memsw.limit_in_bytes");
             if let Some(m) = read_u64(&memsw).filter(|m| *m != u64::MAX && *m > self.original) {
                 // Lowered by what was added, never below the memory limit.
@@ -65,8 +66,8 @@ impl Loan {
 
 /// A job's own limit, if memwatch can lend to it: the directory's own limit file holds a number (not
 /// "max", not inherited from a parent) and the file is writable.
-pub fn own_limit(dir: &Path, version: u8) -> Option<u64> {
-    let f = dir.join(if version == 1 {
+pub fn own_limit(dir: &Path, version: Version) -> Option<u64> {
+    let f = dir.join(if version == Version::V1 {
         "memory.limit_in_bytes"
     } else {
         "memory.max"
@@ -93,11 +94,11 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         std::fs::write(d.path().join("memory.max"), "1000\n").unwrap();
         std::fs::write(d.path().join("memory.current"), "900\n").unwrap();
-        assert_eq!(own_limit(d.path(), 2), Some(1000));
+        assert_eq!(own_limit(d.path(), Version::V2), Some(1000));
         let loan = Loan {
             job: "j".into(),
             dir: d.path().to_owned(),
-            version: 2,
+            version: Version::V2,
             original: 1000,
             raised: 1500,
         };
@@ -113,7 +114,7 @@ mod tests {
         assert_eq!(loan.restore(200), Ok(true));
         assert_eq!(read_u64(&d.path().join("memory.max")), Some(1000));
         std::fs::write(d.path().join("memory.max"), "max\n").unwrap();
-        assert_eq!(own_limit(d.path(), 2), None);
+        assert_eq!(own_limit(d.path(), Version::V2), None);
         drop(d);
         assert_eq!(
             loan.restore(0),

@@ -3,6 +3,7 @@
 use super::*;
 use crate::job::{JobSample, ProcessSample};
 use crate::sample::cgroup::CgroupMemory;
+use crate::sample::cgroup::Version;
 use crate::sample::gpu::GpuSample;
 use crate::sample::meminfo::MemInfo;
 
@@ -337,7 +338,7 @@ fn cgroup_advice_cites_the_cgroup_and_what_runs() {
     s.timestamp_ms = 9_000;
     s.pss_read_ms = Some(5_000);
     s.cgroup = Some(CgroupMemory {
-        version: 2,
+        version: Version::V2,
         path: "/train.slice/t5".into(),
         usage_bytes: gb(17.5),
         limit_bytes: Some(gb(20.0)),

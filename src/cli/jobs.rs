@@ -263,7 +263,7 @@ mod tests {
         assert_eq!(memory_line(&s), None);
         s.pss_read_ms = Some(6_000);
         s.cgroup = Some(CgroupMemory {
-            version: 2,
+            version: crate::sample::cgroup::Version::V2,
             path: "/job".into(),
             usage_bytes: 1 << 30,
             limit_bytes: None,

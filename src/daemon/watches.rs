@@ -1,6 +1,7 @@
 //! The kernel notifications the daemon asks for (v1 memory thresholds, PSI triggers on the host and on
 //! v2 job cgroups), kept in step with the attached jobs.
 
+use crate::sample::cgroup::Version;
 use tokio::sync::mpsc;
 
 use crate::config::Config;
@@ -61,7 +62,7 @@ impl Watches {
         let plan = engine.wake_plan();
         self.limit_unknown = plan
             .iter()
-            .any(|p| p.dir.version == 1 && p.thresholds.is_empty() && !p.limitless);
+            .any(|p| p.dir.version == Version::V1 && p.thresholds.is_empty() && !p.limitless);
         for p in &plan {
             let key = (p.thresholds.clone(), p.limitless);
             if self.jobs.get(&p.job) == Some(&key) {
@@ -69,10 +70,13 @@ impl Watches {
             }
             let result = match p.dir.version {
                 _ if p.limitless => Ok(true),
-                1 if !p.thresholds.is_empty() && crate::wake::on_kernel_fs(&p.dir.dir) => w
-                    .watch_v1_thresholds(&p.job, &p.dir.dir, &p.thresholds)
-                    .map(|()| true),
-                2 if crate::wake::on_kernel_fs(&p.dir.dir) => w
+                Version::V1
+                    if !p.thresholds.is_empty() && crate::wake::on_kernel_fs(&p.dir.dir) =>
+                {
+                    w.watch_v1_thresholds(&p.job, &p.dir.dir, &p.thresholds)
+                        .map(|()| true)
+                }
+                Version::V2 if crate::wake::on_kernel_fs(&p.dir.dir) => w
                     .watch_psi(
                         Some(p.job.clone()),
                         &p.dir.dir.join("memory.pressure"),

@@ -3,6 +3,7 @@
 //! does the work (its `impl` blocks for these types live there), so the job's model never imports
 //! the code that acts.
 
+use crate::sample::cgroup::Version;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -10,7 +11,7 @@ use serde::{Deserialize, Serialize};
 /// A cgroup memwatch froze, remembered so it can be thawed (also by a restarted daemon).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Frozen {
-    pub version: u8,
+    pub version: Version,
     pub dir: PathBuf,
 }
 
@@ -39,7 +40,7 @@ pub struct Loan {
     /// The cgroup directory whose limit file was raised.
     pub dir: PathBuf,
     /// 1 or 2.
-    pub version: u8,
+    pub version: Version,
     /// The limit before the loan (bytes).
     pub original: u64,
     /// The limit during the loan.

@@ -342,7 +342,7 @@ mod tests {
 
     fn cgroup(usage_bytes: u64, limit_bytes: u64) -> CgroupMemory {
         CgroupMemory {
-            version: 1,
+            version: crate::sample::cgroup::Version::V1,
             path: "/job".into(),
             usage_bytes,
             limit_bytes: Some(limit_bytes),

@@ -10,11 +10,48 @@ use serde::{Deserialize, Serialize};
 
 use super::error::{ReadError, parse_u64, read_text};
 
+/// A cgroup hierarchy's version: where its files are and what they are called. Serialized as the
+/// number (1 or 2), in the API and in the state file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(into = "u8", try_from = "u8")]
+pub enum Version {
+    /// cgroup v1: one hierarchy per controller (`memory/`, `freezer/`).
+    V1,
+    /// cgroup v2: the unified hierarchy.
+    V2,
+}
+
+impl From<Version> for u8 {
+    fn from(v: Version) -> u8 {
+        match v {
+            Version::V1 => 1,
+            Version::V2 => 2,
+        }
+    }
+}
+
+impl TryFrom<u8> for Version {
+    type Error = String;
+    fn try_from(n: u8) -> Result<Self, String> {
+        match n {
+            1 => Ok(Version::V1),
+            2 => Ok(Version::V2),
+            _ => Err(format!("cgroup version {n} is neither 1 nor 2")),
+        }
+    }
+}
+
+impl std::fmt::Display for Version {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", u8::from(*self))
+    }
+}
+
 /// Usage and limit of a memory cgroup.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CgroupMemory {
-    /// 1 or 2.
-    pub version: u8,
+    /// Which hierarchy it is in.
+    pub version: Version,
     /// The cgroup's path inside its hierarchy, e.g. `/system.slice/memwatch.service`.
     pub path: String,
     pub usage_bytes: u64,
@@ -53,7 +90,8 @@ impl CgroupMemory {
 /// Where a memory cgroup's files are.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CgroupDir {
-    pub version: u8,
+    /// Which hierarchy it is in.
+    pub version: Version,
     /// The path inside the hierarchy, as /proc/PID/cgroup gives it.
     pub path: String,
     pub mount: PathBuf,
@@ -131,7 +169,7 @@ pub fn locate(root: &Path, membership: &Membership) -> Option<CgroupDir> {
         let mount = cgroup_fs.join("memory");
         if mount.is_dir() {
             return Some(CgroupDir {
-                version: 1,
+                version: Version::V1,
                 path: cg.clone(),
                 dir: dir_of(&mount, cg),
                 mount,
@@ -141,7 +179,7 @@ pub fn locate(root: &Path, membership: &Membership) -> Option<CgroupDir> {
     if let Some(cg) = &membership.v2 {
         if cgroup_fs.join("cgroup.controllers").is_file() {
             return Some(CgroupDir {
-                version: 2,
+                version: Version::V2,
                 path: cg.clone(),
                 dir: dir_of(&cgroup_fs, cg),
                 mount: cgroup_fs,
@@ -153,7 +191,7 @@ pub fn locate(root: &Path, membership: &Membership) -> Option<CgroupDir> {
 
 /// Reads only the cgroup's current usage: the cheap read probes make between full reads.
 pub fn read_usage(d: &CgroupDir) -> Result<u64, ReadError> {
-    read_u64(&d.dir.join(if d.version == 1 {
+    read_u64(&d.dir.join(if d.version == Version::V1 {
         "memory.usage_in_bytes"
     } else {
         "memory.current"
@@ -162,7 +200,7 @@ pub fn read_usage(d: &CgroupDir) -> Result<u64, ReadError> {
 
 /// Reads usage, the tightest limit up to the root, OOM kills and inactive file cache.
 pub fn read_dir(d: &CgroupDir) -> Result<CgroupMemory, ReadError> {
-    if d.version == 1 {
+    if d.version == Version::V1 {
         read_v1(&d.mount, &d.dir, &d.path)
     } else {
         read_v2(&d.mount, &d.dir, &d.path)
@@ -199,7 +237,7 @@ fn read_v1(mount: &Path, dir: &Path, cg: &str) -> Result<CgroupMemory, ReadError
         ["total_inactive_file", "total_rss", "total_cache"],
     );
     Ok(CgroupMemory {
-        version: 1,
+        version: Version::V1,
         path: cg.to_owned(),
         usage_bytes: usage,
         limit_bytes: limit,
@@ -229,7 +267,7 @@ fn read_v2(mount: &Path, dir: &Path, cg: &str) -> Result<CgroupMemory, ReadError
     let [inactive_file_bytes, anon_bytes, file_bytes] =
         key_values(&dir.join("memory.stat"), ["inactive_file", "anon", "file"]);
     Ok(CgroupMemory {
-        version: 2,
+        version: Version::V2,
         path: cg.to_owned(),
         usage_bytes: usage,
         limit_bytes: limit,
@@ -299,6 +337,17 @@ mod tests {
     use super::*;
     use std::fs;
 
+    #[test]
+    fn a_version_is_its_number_on_the_wire() {
+        assert_eq!(serde_json::to_string(&Version::V2).unwrap(), "2");
+        assert_eq!(serde_json::from_str::<Version>("1").unwrap(), Version::V1);
+        let e = serde_json::from_str::<Version>("3")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("neither 1 nor 2"), "{e}");
+        assert_eq!(Version::V1.to_string(), "1");
+    }
+
     fn write(root: &Path, rel: &str, text: &str) {
         let p = root.join(rel);
         fs::create_dir_all(p.parent().unwrap()).unwrap();
@@ -337,7 +386,7 @@ mod tests {
         let cg = read_self(r).unwrap().unwrap();
         assert_eq!(
             (cg.version, cg.usage_bytes, cg.limit_bytes, cg.oom_kills),
-            (2, 600, Some(1000), Some(1))
+            (Version::V2, 600, Some(1000), Some(1))
         );
         assert_eq!(
             (cg.working_set_bytes(), cg.charged_bytes()),
@@ -373,7 +422,7 @@ mod tests {
         let cg = read_self(r).unwrap().unwrap();
         assert_eq!(
             (cg.version, cg.usage_bytes, cg.limit_bytes),
-            (1, 4096, None)
+            (Version::V1, 4096, None)
         );
         assert_eq!(
             (cg.anon_bytes, cg.file_bytes, cg.inactive_file_bytes),

@@ -1,6 +1,7 @@
 //! The cgroup a launched job runs in: one of its own (v2, or v1 memory + freezer), or inside a Slurm
 //! allocation, the Slurm job's own.
 
+use crate::sample::cgroup::Version;
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
 
@@ -27,13 +28,13 @@ impl JobCgroup {
         let job = crate::slurm::find_job(Path::new("/"), id)
             .ok_or_else(|| format!("Slurm job {id} has no cgroup on this node"))?;
         Ok(JobCgroup {
-            events: job.memory.dir.join(if job.memory.version == 1 {
+            events: job.memory.dir.join(if job.memory.version == Version::V1 {
                 "memory.oom_control"
             } else {
                 "memory.events"
             }),
             dirs: Vec::new(),
-            v2: job.memory.version == 2,
+            v2: job.memory.version == Version::V2,
         })
     }
 

@@ -4,6 +4,7 @@
 use crate::act::swap;
 use crate::engine::Engine;
 use crate::job::way_out::Phase;
+use crate::sample::cgroup::Version;
 
 use super::{CLEAR_MARGIN, SETTLED_RATE, SWAP_FULL, WayOutDone, WayOutTask};
 
@@ -132,7 +133,7 @@ impl Engine {
         let Some(dir) = self.jobs.get(name).and_then(|j| j.cgroup_dir.as_ref()) else {
             return 0;
         };
-        if dir.version == 1 {
+        if dir.version == Version::V1 {
             crate::sample::cgroup::key_value(&dir.dir.join("memory.stat"), "swap")
                 .ok()
                 .flatten()

@@ -5,6 +5,7 @@ use crate::act::lend;
 use crate::engine::Engine;
 use crate::job::way_out::Phase;
 use crate::policy;
+use crate::sample::cgroup::Version;
 
 use super::WayOutTask;
 
@@ -61,7 +62,7 @@ impl Engine {
     pub(in crate::engine) fn swap_forbidden(&self, name: &str) -> Option<String> {
         let dir = self.jobs.get(name)?.cgroup_dir.as_ref()?;
         let read = |f: &str| std::fs::read_to_string(dir.dir.join(f)).ok();
-        if dir.version == 1 {
+        if dir.version == Version::V1 {
             if read("memory.swappiness").is_some_and(|s| s.trim() == "0") {
                 return Some(format!("{} has memory.swappiness 0", dir.dir.display()));
             }

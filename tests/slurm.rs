@@ -274,27 +274,11 @@ fn a_slurm_job_with_no_way_out_is_requeued_through_slurm() {
         "memwatch never requeued the Slurm job",
     );
     let _ = std::fs::remove_file(&fill);
-    // Slurm holds a requeued job back (BeginTime) before it runs it again; the test does not wait.
-    assert!(
-        eventually(30.0, || cluster.state(&id) == "PD"),
-        "the job was not requeued (state {:?})",
-        cluster.state(&id)
-    );
+    cluster.run_requeued(&id, &runs, "restart=1");
     let show = cluster
         .run("scontrol", &["show", "job", &id])
         .unwrap_or_default();
     assert!(show.contains("Restarts=1"), "{show}");
-    let _ = cluster.run(
-        "scontrol",
-        &["update", &format!("JobId={id}"), "StartTime=now"],
-    );
-    assert!(
-        eventually(60.0, || std::fs::read_to_string(&runs)
-            .is_ok_and(|t| t.lines().last() == Some("restart=1"))),
-        "Slurm did not run the requeued job again: {:?} (state {:?})",
-        std::fs::read_to_string(&runs),
-        cluster.state(&id)
-    );
     // memwatch recorded no error for the job on the way.
     assert!(
         d.events()
@@ -512,17 +496,5 @@ fn launch_inside_an_allocation_stays_in_the_slurm_job_and_resumes_after_a_requeu
         "the first run does not resume"
     );
     cluster.run("scontrol", &["requeue", &id]).unwrap();
-    // Slurm holds a requeued job back (BeginTime) before it runs it again; the test does not wait.
-    assert!(eventually(20.0, || cluster.state(&id) == "PD"));
-    let _ = cluster.run(
-        "scontrol",
-        &["update", &format!("JobId={id}"), "StartTime=now"],
-    );
-    assert!(
-        eventually(60.0, || std::fs::read_to_string(&out)
-            .is_ok_and(|t| t.lines().last() == Some("resume=1"))),
-        "the requeued job did not start again resuming: {:?} (state {:?})",
-        std::fs::read_to_string(&out),
-        cluster.state(&id)
-    );
+    cluster.run_requeued(&id, &out, "resume=1");
 }

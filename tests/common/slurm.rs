@@ -213,6 +213,28 @@ impl Cluster {
             .unwrap_or_default()
     }
 
+    /// Lets a requeued job run again now (Slurm holds a requeued job back with a BeginTime; a test
+    /// does not wait for it), and waits until the last line of `out`, which the job's runs append
+    /// to, is `line`. Panics, saying what `out` holds, if it is not.
+    pub fn run_requeued(&self, id: &str, out: &Path, line: &str) {
+        assert!(
+            eventually(30.0, || self.state(id) == "PD"),
+            "job {id} was not requeued (state {:?})",
+            self.state(id)
+        );
+        let _ = self.run(
+            "scontrol",
+            &["update", &format!("JobId={id}"), "StartTime=now"],
+        );
+        assert!(
+            eventually(60.0, || std::fs::read_to_string(out)
+                .is_ok_and(|t| t.lines().last() == Some(line))),
+            "the requeued job {id} did not run again with {line:?}: {:?} (state {:?})",
+            std::fs::read_to_string(out),
+            self.state(id)
+        );
+    }
+
     /// The job's cgroup directory on this node (memory controller, v1).
     pub fn job_cgroup(&self, id: &str) -> PathBuf {
         PathBuf::from(format!(

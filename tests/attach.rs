@@ -255,62 +255,6 @@ fn hostile_socket_input_gets_an_error_and_the_daemon_runs_on() {
     assert_eq!(d.get("/-/healthy").0, 200);
 }
 
-/// Every refusal says its kind, so that callers act on it without reading the words: a bad request
-/// is `invalid`, a missing job `not_found`, a pid or state already taken `conflict`.
-#[test]
-fn refusals_say_their_kind() {
-    let d = daemon("");
-    let ask = |request: serde_json::Value| -> serde_json::Value {
-        let mut s = UnixStream::connect(&d.socket).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        s.write_all(format!("{request}\n").as_bytes()).unwrap();
-        let mut out = String::new();
-        BufReader::new(&s).read_line(&mut out).unwrap();
-        serde_json::from_str(&out).unwrap()
-    };
-    let kind = |request: serde_json::Value| ask(request)["kind"].clone();
-    assert_eq!(kind(serde_json::json!({"cmd": "garbage"})), "invalid");
-    assert_eq!(
-        kind(serde_json::json!({"cmd": "attach", "pid": 0})),
-        "invalid"
-    );
-    assert_eq!(
-        kind(serde_json::json!({"cmd": "pause", "target": "nope"})),
-        "not_found"
-    );
-    assert_eq!(
-        kind(serde_json::json!({"cmd": "attach_slurm", "job_id": "4x"})),
-        "invalid"
-    );
-    let s = sleeper();
-    let pid = s.id();
-    let attached = ask(serde_json::json!({"cmd": "attach", "pid": pid, "name": "kinds"}));
-    assert_eq!(attached["ok"], true, "{attached}");
-    assert!(attached.get("kind").is_none(), "{attached}");
-    assert_eq!(
-        kind(serde_json::json!({"cmd": "attach", "pid": pid})),
-        "conflict"
-    );
-    assert_eq!(
-        kind(serde_json::json!({"cmd": "resume", "target": "kinds"})),
-        "conflict"
-    );
-    assert_eq!(
-        ask(serde_json::json!({"cmd": "pause", "target": "kinds"}))["ok"],
-        true
-    );
-    assert_eq!(
-        kind(serde_json::json!({"cmd": "pause", "target": "kinds"})),
-        "conflict"
-    );
-    assert_eq!(
-        ask(serde_json::json!({"cmd": "resume", "target": "kinds"}))["ok"],
-        true
-    );
-    assert_eq!(proc_state(pid), Some('S'));
-    kill(s);
-}
-
 fn gpu_state(temp: u32, pid: u32) -> String {
     format!(
         r#"{{"devices":[{{"name":"Fake","uuid":"GPU-x","memory_total":1000000000,"memory_used":100000000,

@@ -475,9 +475,14 @@ fn launch_inside_an_allocation_stays_in_the_slurm_job_and_resumes_after_a_requeu
         &["-n1", "--mem=200M", "--requeue", "-J", "launched"],
         &script,
     );
+    // The job's first sample (its cgroup's limit) comes one sampling tick after the attach.
     d.wait_until(
-        |d| d.job_state("trained").is_some(),
-        "memwatch launch did not attach its job",
+        |d| {
+            d.jobs()
+                .iter()
+                .any(|j| j["name"] == "trained" && !j["sample"].is_null())
+        },
+        "memwatch launch did not attach its job, or the job was never sampled",
     );
     let job = d
         .jobs()

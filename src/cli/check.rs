@@ -52,6 +52,35 @@ pub struct CheckArgs {
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
+/// `memwatch check`: exit 0 when the model fits a layout, 3 when it fits none.
+pub(super) fn run(cli: &super::Cli, a: &CheckArgs) -> Result<(), super::Failure> {
+    let config = super::load_config(cli)?;
+    let machine = machine(&config, a)?;
+    let model = model(a, machine.gpus.len()).map_err(super::usage)?;
+    let report = check::check(machine, model);
+    let fits = report.recommendation.fits != Some(false);
+    if a.json {
+        let (per_node, nodes) = world(&report);
+        let rec = &report.recommendation;
+        let v = serde_json::json!({
+            "report": report,
+            "deepspeed": fits.then(|| check::deepspeed_json(rec, per_node * nodes)),
+            "accelerate": fits.then(|| check::accelerate_yaml(rec, per_node, nodes)),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print!("{}", render(&report));
+    }
+    if fits {
+        Ok(())
+    } else {
+        Err(super::Failure {
+            code: 3,
+            error: anyhow::anyhow!("the model does not fit in any layout (see the notes)"),
+        })
+    }
+}
+
 /// A parameter count: a number (1.5e9) or one with a suffix K, M, B (or G) or T.
 pub fn parse_params(s: &str) -> Result<f64, String> {
     let t = s.trim();

@@ -161,6 +161,44 @@ fn jobs(o: &mut String, jobs: &[JobLine], now_ms: u64, paint: Paint) {
     }
 }
 
+/// `memwatch status [--json] [--watch SECONDS]`: one screen, or one refreshed in place.
+pub(super) fn run(
+    cli: &super::Cli,
+    json: bool,
+    url: Option<String>,
+    watch: Option<f64>,
+) -> Result<(), super::Failure> {
+    let config = super::load_config(cli)?;
+    let url = url.unwrap_or_else(|| super::daemon_url(&config));
+    let client = crate::client::Client::new(&url);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&client.snapshot()?)?);
+        return Ok(());
+    }
+    let paint = Paint::for_stdout();
+    let screen = || -> anyhow::Result<String> {
+        let sample: Sample = client.sample()?;
+        let view: Overview = client.get("/api/v1/jobs")?;
+        Ok(render(&sample, &view, &url, crate::clock::wall_ms(), paint))
+    };
+    match watch {
+        None => print!("{}", screen()?),
+        Some(secs) if !(0.1..=3600.0).contains(&secs) => {
+            return Err(super::usage(anyhow::anyhow!(
+                "--watch takes 0.1 to 3600 seconds, got {secs}"
+            )));
+        }
+        Some(secs) => loop {
+            // Home and clear, then the screen; a daemon that went away is said in place.
+            let text = screen().unwrap_or_else(|e| format!("{e:#}\n"));
+            print!("\x1b[H\x1b[2J{text}");
+            std::io::Write::flush(&mut std::io::stdout())?;
+            std::thread::sleep(std::time::Duration::from_secs_f64(secs));
+        },
+    }
+    Ok(())
+}
+
 /// Renders the status screen. `now_ms` dates the sample's age.
 pub fn render(s: &Sample, view: &Overview, url: &str, now_ms: u64, paint: Paint) -> String {
     let mut o = String::new();

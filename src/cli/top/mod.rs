@@ -32,6 +32,33 @@ fn sorted_jobs(m: &Model) -> Vec<&JobLine> {
     v
 }
 
+/// `memwatch top`: checks its arguments and that it has a terminal, then runs.
+pub(super) fn start(
+    cli: &super::Cli,
+    url: Option<String>,
+    interval: f64,
+    socket: &super::SocketArg,
+) -> Result<(), super::Failure> {
+    if !(0.1..=60.0).contains(&interval) {
+        return Err(super::usage(anyhow::anyhow!(
+            "--interval takes 0.1 to 60 seconds, got {interval}"
+        )));
+    }
+    use std::io::IsTerminal;
+    if !std::io::stdout().is_terminal() {
+        return Err(super::usage(anyhow::anyhow!(
+            "memwatch top needs a terminal; use `memwatch status --watch` or `--json` otherwise"
+        )));
+    }
+    let config = super::load_config(cli)?;
+    run(&Args {
+        url: url.unwrap_or_else(|| super::daemon_url(&config)),
+        socket: socket.socket.clone().unwrap_or(config.control.socket),
+        interval: Duration::from_secs_f64(interval),
+    })?;
+    Ok(())
+}
+
 /// Runs until `q`; the terminal is restored whatever happens.
 pub fn run(a: &Args) -> anyhow::Result<()> {
     let mut terminal = ratatui::init();

@@ -221,7 +221,16 @@ impl Engine {
                     .into(),
             );
         }
-        let room = j.way_out.as_ref().is_some_and(|w| w.holds_room());
+        // Room that is running out is no room: the whole job resumed on a full emergency swap
+        // fills the limit before the trainer reaches its save, and the OOM killer ends it.
+        let room = j.way_out.as_ref().is_some_and(|w| w.holds_room()) && {
+            let used = j
+                .way_out
+                .as_ref()
+                .and_then(|w| w.swap.as_ref())
+                .and_then(|r| crate::act::swap::used_bytes(&self.process_root, &r.device));
+            self.room_running_out(name, used).is_none()
+        };
         if let Some(c) = self.jobs.get_mut(name).and_then(|j| j.config.as_mut()) {
             if protocol {
                 c.checkpoint = Some(crate::adapt::CheckpointRequest {
@@ -260,9 +269,14 @@ impl Engine {
             name,
             "way_out",
             format!(
-                "checkpoint requested{}{}; the job is stopped cleanly once it is saved or in {} s",
+                "checkpoint requested{}{}{}; the job is stopped cleanly once it is saved or in {} s",
                 if protocol { " (directive)" } else { "" },
                 sig.map(|s| format!(" ({s})")).unwrap_or_default(),
+                if room {
+                    ""
+                } else {
+                    "; its root runs alone, the rest of it stays paused"
+                },
                 self.cfg.way_out.checkpoint_grace_seconds
             ),
             false,

@@ -25,6 +25,17 @@ pub enum Severity {
     Critical,
 }
 
+impl Severity {
+    /// The name the API and the metrics use (as serialized).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Info => "info",
+            Severity::Warn => "warn",
+            Severity::Critical => "critical",
+        }
+    }
+}
+
 /// One piece of advice.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Advice {

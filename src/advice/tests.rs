@@ -421,3 +421,10 @@ fn cgroup_advice_cites_the_cgroup_and_what_runs() {
     let a = run(&knobs, &lv);
     assert!(!a.iter().any(|x| x.job.is_some()), "{a:#?}");
 }
+
+#[test]
+fn severity_names_are_the_serialized_ones() {
+    for s in [Severity::Info, Severity::Warn, Severity::Critical] {
+        assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
+    }
+}

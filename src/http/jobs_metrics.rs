@@ -246,14 +246,10 @@ fn series(w: &mut Writer, v: &View) {
         );
         for j in &v.jobs {
             if let Some(wo) = &j.way_out {
-                let phase = serde_json::to_value(wo.phase)
-                    .ok()
-                    .and_then(|p| p.as_str().map(str::to_owned))
-                    .unwrap_or_default();
                 f.add(
                     &[
                         ("job_name", &j.name),
-                        ("phase", &phase),
+                        ("phase", wo.phase.as_str()),
                         ("step", wo.step.map_or("", |s| s.as_str())),
                     ],
                     1.0,
@@ -267,15 +263,10 @@ fn series(w: &mut Writer, v: &View) {
             "1 for each piece of advice that applies now (see /api/v1/advice).",
         );
         for a in &v.advice {
-            let sev = match a.severity {
-                crate::advice::Severity::Info => "info",
-                crate::advice::Severity::Warn => "warn",
-                crate::advice::Severity::Critical => "critical",
-            };
             f.add(
                 &[
                     ("id", &a.id),
-                    ("severity", sev),
+                    ("severity", a.severity.as_str()),
                     ("job_name", a.job.as_deref().unwrap_or("")),
                 ],
                 1.0,
@@ -288,12 +279,7 @@ fn series(w: &mut Writer, v: &View) {
             "Policy level per resource: 0 ok, 1 warn, 2 critical.",
         );
         for l in &v.levels {
-            let level = match l.level {
-                crate::policy::Level::Ok => 0.0,
-                crate::policy::Level::Warn => 1.0,
-                crate::policy::Level::Critical => 2.0,
-            };
-            f.add(&[("resource", &l.resource)], level);
+            f.add(&[("resource", &l.resource)], l.level.gauge());
         }
     }
     {

@@ -26,6 +26,21 @@ pub enum Phase {
     Done,
 }
 
+impl Phase {
+    /// The name the API, the events and the metrics use (as serialized).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::MakingSwap => "making_swap",
+            Phase::Fixing => "fixing",
+            Phase::Clearing => "clearing",
+            Phase::Checkpointing => "checkpointing",
+            Phase::Stopping => "stopping",
+            Phase::NoWayOut => "no_way_out",
+            Phase::Done => "done",
+        }
+    }
+}
+
 /// One step taken (or skipped), for people.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Taken {
@@ -79,5 +94,26 @@ impl WayOut {
             .map(|t| format!("{}: {}", t.step, t.outcome))
             .collect::<Vec<_>>()
             .join("; ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Phase;
+
+    #[test]
+    fn phase_names_are_the_serialized_ones() {
+        use Phase::*;
+        for p in [
+            MakingSwap,
+            Fixing,
+            Clearing,
+            Checkpointing,
+            Stopping,
+            NoWayOut,
+            Done,
+        ] {
+            assert_eq!(serde_json::to_value(p).unwrap(), p.as_str());
+        }
     }
 }

@@ -13,6 +13,16 @@ pub enum Level {
 }
 
 impl Level {
+    /// The number `memwatch_level` reports: 0 ok, 1 warn, 2 critical.
+    pub fn gauge(self) -> f64 {
+        match self {
+            Level::Ok => 0.0,
+            Level::Warn => 1.0,
+            Level::Critical => 2.0,
+        }
+    }
+
+    /// The name the API, the events and the metrics use (as serialized).
     pub fn as_str(self) -> &'static str {
         match self {
             Level::Ok => "ok",
@@ -133,6 +143,14 @@ pub fn step(state: LevelState, reading: Reading, t: &Thresholds, now_ms: u64) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn level_names_are_the_serialized_ones_and_the_gauge_orders_them() {
+        for (l, n) in [(Level::Ok, 0.0), (Level::Warn, 1.0), (Level::Critical, 2.0)] {
+            assert_eq!(serde_json::to_value(l).unwrap(), l.as_str());
+            assert_eq!(l.gauge(), n);
+        }
+    }
 
     const T: Thresholds = Thresholds {
         warn_enter: 80.0,

@@ -258,6 +258,10 @@ impl Engine {
             frozen: candidate.clone(),
             slurm: suspend.clone(),
             dry_run: dry,
+            growth_at_start: crate::job::GrowthAtPause {
+                cgroup: j.cgroup_growth.rate_per_second(),
+                host: self.host_used.rate_per_second(),
+            },
         });
         if !dry {
             if let Err(e) = self.write_state() {

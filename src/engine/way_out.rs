@@ -144,7 +144,15 @@ impl Engine {
         } else {
             self.host_used.sustained_rate_per_second()
         };
-        let at_pause = p.projected.as_ref().map_or(0.0, |(_, r)| *r);
+        // Measured while paused, the growth is nil: the rate when the pause began counts too.
+        let at_start = j.pause.as_ref().map_or(0.0, |p| {
+            if limit == "cgroup" {
+                p.growth_at_start.cgroup
+            } else {
+                p.growth_at_start.host
+            }
+        });
+        let at_pause = p.projected.as_ref().map_or(0.0, |(_, r)| *r).max(at_start);
         Some((limit, at_pause.max(measured).max(0.0)))
     }
 

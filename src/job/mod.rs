@@ -31,6 +31,18 @@ pub struct Pause {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slurm: Option<crate::job::held::Suspended>,
     pub dry_run: bool,
+    /// How fast the job's cgroup and the host were filling (bytes/s) when the pause began: the
+    /// steeper slope (`Growth::rate_per_second`), for the room a way out makes. A paused job does
+    /// not grow, so nothing measured later says it. Not kept across restarts.
+    #[serde(skip)]
+    pub growth_at_start: GrowthAtPause,
+}
+
+/// Growth rates when a pause began, bytes/s.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct GrowthAtPause {
+    pub cgroup: f64,
+    pub host: f64,
 }
 
 /// One attached job.

@@ -59,6 +59,8 @@ fi
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets "${features[@]}" --locked -- -D warnings
+# Every public item is documented (missing_docs in src/lib.rs) and the docs' links resolve.
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --lib --locked -p memwatch
 cargo test --workspace "${features[@]}" --locked
 
 # The Python package (python/): built as a wheel, installed into the same venv next to the framework

@@ -8,18 +8,34 @@ use serde::de::DeserializeOwned;
 /// Why a request to the daemon failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
+    /// The daemon could not be reached.
     #[error(
         "cannot reach the memwatch daemon at {url}: {reason} (is it running? start it with `memwatch run` or `systemctl start memwatch`)"
     )]
-    Unreachable { url: String, reason: String },
+    Unreachable {
+        /// The URL asked.
+        url: String,
+        /// Why, in the transport's words.
+        reason: String,
+    },
+    /// The daemon answered with an error status.
     #[error("the memwatch daemon at {url} answered {status}: {message}")]
     Status {
+        /// The URL asked.
         url: String,
+        /// The HTTP status.
         status: u16,
+        /// The daemon's error message.
         message: String,
     },
+    /// The answer could not be read.
     #[error("the memwatch daemon at {url} sent a reply memwatch cannot read: {reason}")]
-    Decode { url: String, reason: String },
+    Decode {
+        /// The URL asked.
+        url: String,
+        /// What was wrong with it.
+        reason: String,
+    },
 }
 
 /// A client for one daemon, e.g. `Client::new("http://127.0.0.1:9300")`.
@@ -29,6 +45,8 @@ pub struct Client {
 }
 
 impl Client {
+    /// A client for the daemon at `base` (e.g. `http://127.0.0.1:9300`), with a 5 s timeout per
+    /// request.
     pub fn new(base: impl Into<String>) -> Self {
         let agent = ureq::Agent::config_builder()
             .timeout_global(Some(Duration::from_secs(5)))
@@ -169,6 +187,7 @@ impl Client {
         .map(|_| ())
     }
 
+    /// Reports a trainer's progress for `job`.
     pub fn progress(
         &self,
         job: &str,

@@ -71,6 +71,7 @@ impl Guardian {
         })
     }
 
+    /// The guardian's pid.
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

@@ -12,34 +12,48 @@ use crate::sample::Sample;
 /// One GPU in a history point.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GpuPoint {
+    /// The GPU's index.
     pub index: u32,
+    /// GPU memory in use.
     pub memory_used_bytes: Option<u64>,
+    /// GPU memory in all.
     pub memory_total_bytes: Option<u64>,
+    /// GPU temperature.
     pub temperature_celsius: Option<f64>,
 }
 
 /// One attached job in a history point: what the dashboard charts per job.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobPoint {
+    /// The job's name.
     pub name: String,
+    /// Its processes' resident memory.
     pub rss_bytes: u64,
+    /// Its processes' proportional set size.
     pub pss_bytes: u64,
+    /// Its GPU memory, where NVML says.
     #[serde(default)]
     pub gpu_bytes: Option<u64>,
+    /// Whether memwatch holds it paused.
     pub paused: bool,
 }
 
 /// The chartable part of a sample.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Point {
+    /// When the sample was taken (ms since the epoch).
     pub timestamp_ms: u64,
+    /// Host RAM in all.
     pub memory_total_bytes: Option<u64>,
+    /// MemAvailable.
     pub memory_available_bytes: Option<u64>,
+    /// Swap in use.
     pub swap_used_bytes: Option<u64>,
     /// PSI memory "some" over 10 s, 0–1; absent without PSI.
     pub pressure_memory_some_avg10: Option<f64>,
     /// PSI memory "full" over 10 s, 0–1; absent without PSI.
     pub pressure_memory_full_avg10: Option<f64>,
+    /// Each GPU.
     pub gpus: Vec<GpuPoint>,
     /// The attached jobs as the daemon saw them at this sample (names and memory: what everyone
     /// may see, docs/api.md).
@@ -48,6 +62,7 @@ pub struct Point {
 }
 
 impl Point {
+    /// The chartable part of `s`, with the attached `jobs`.
     pub fn of(s: &Sample, jobs: &[crate::job::JobView]) -> Point {
         let m = s.host.memory.as_ref();
         let psi = s.host.pressure.memory.as_ref();
@@ -93,6 +108,7 @@ pub struct History {
 }
 
 impl History {
+    /// A history that keeps the newest `capacity` points.
     pub fn new(capacity: usize) -> Self {
         History {
             points: VecDeque::with_capacity(capacity.min(4096)),
@@ -100,6 +116,7 @@ impl History {
         }
     }
 
+    /// Adds a point, dropping the oldest past the capacity.
     pub fn push(&mut self, p: Point) {
         if self.points.len() == self.capacity {
             self.points.pop_front();
@@ -125,10 +142,12 @@ impl History {
         self.points.range(start..).cloned().collect()
     }
 
+    /// How many points are kept.
     pub fn len(&self) -> usize {
         self.points.len()
     }
 
+    /// Whether no point is kept.
     pub fn is_empty(&self) -> bool {
         self.points.is_empty()
     }

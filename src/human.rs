@@ -68,6 +68,7 @@ pub fn level_value(key: &str, value: Option<f64>) -> String {
 /// Colours for a terminal, or none.
 #[derive(Debug, Clone, Copy)]
 pub struct Paint {
+    /// Whether to colour.
     pub on: bool,
 }
 
@@ -94,6 +95,7 @@ impl Paint {
         format!("\x1b[{code}m{text}\x1b[0m")
     }
 
+    /// `text` in bold, when colouring.
     pub fn bold(self, text: &str) -> String {
         if self.on {
             format!("\x1b[1m{text}\x1b[0m")

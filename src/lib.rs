@@ -2,6 +2,8 @@
 //!
 //! The library holds every part; `src/main.rs` is thin glue over [`cli`].
 
+#![warn(missing_docs)]
+
 pub mod act;
 pub mod adapt;
 pub mod advice;

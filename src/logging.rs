@@ -6,6 +6,8 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::{LogFormat, LogLevel};
 
+/// Installs the tracing subscriber: `level` unless `RUST_LOG` says otherwise, in `format`, to
+/// stderr.
 pub fn init(level: LogLevel, format: LogFormat) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level.as_str()));

@@ -13,8 +13,11 @@ use crate::sample::Sample;
 /// reader ever mixes one sample with another's view.
 #[derive(Default)]
 pub struct Snapshot {
+    /// The newest sample.
     pub sample: Option<Arc<Sample>>,
+    /// The engine's view at that sample.
     pub view: Arc<View>,
+    /// Samples taken since the daemon started.
     pub samples_total: u64,
     /// Boot-clock milliseconds when the latest sample was published.
     pub sampled_at_boot_ms: u64,
@@ -24,6 +27,7 @@ pub struct Snapshot {
 pub struct Shared {
     snapshot: RwLock<Arc<Snapshot>>,
     history: RwLock<History>,
+    /// Seconds of history kept.
     pub history_seconds: u64,
     /// A sample older than this is stale: `/-/ready` answers 503 and the watchdog is not fed.
     pub stale_after_ms: u64,
@@ -32,6 +36,7 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// Empty, sized from the config.
     pub fn new(config: &Config) -> Self {
         Shared {
             snapshot: RwLock::new(Arc::new(Snapshot::default())),
@@ -76,6 +81,7 @@ impl Shared {
         }
     }
 
+    /// Samples taken since the daemon started.
     pub fn samples_total(&self) -> u64 {
         self.snapshot().samples_total
     }

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 /// One recorded intervention or level change.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
+    /// When it happened (engine clock, ms since the epoch).
     pub timestamp_ms: u64,
     /// pause, resume, checkpoint, terminate, stay_paused, attach, detach, level, error.
     pub action: String,
@@ -22,12 +23,15 @@ pub struct Event {
     pub reason: String,
     /// The numbers behind it, for people.
     pub detail: String,
+    /// Decided in dry-run mode: recorded, not carried out.
     pub dry_run: bool,
 }
 
 /// How many events the in-memory list keeps.
 pub const RECENT: usize = 500;
 
+/// The audit log: `events.jsonl` in the state directory, trimmed to its newer half past its size
+/// limit, and the newest events in memory.
 pub struct Audit {
     path: PathBuf,
     max_bytes: u64,
@@ -56,6 +60,7 @@ impl Audit {
         }
     }
 
+    /// The newest events in memory, oldest first.
     pub fn recent(&self) -> impl Iterator<Item = &Event> {
         self.recent.iter()
     }

@@ -12,10 +12,14 @@ use crate::proc::ProcRef;
 /// The state file's name inside `control.state_dir`.
 pub const STATE_FILE: &str = "state.json";
 
+/// A pause as the state file keeps it: enough to undo it after a crash.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PersistedPause {
+    /// When the pause began (engine clock, ms).
     pub since_ms: u64,
+    /// Who paused the job.
     pub by: By,
+    /// Why, for people.
     pub reason: String,
     /// The processes memwatch stopped, root first.
     pub stopped: Vec<ProcRef>,
@@ -27,13 +31,20 @@ pub struct PersistedPause {
     pub slurm: Option<crate::job::held::Suspended>,
 }
 
+/// One attached job as the state file keeps it, for a restarted daemon to adopt again.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PersistedJob {
+    /// The job's name.
     pub name: String,
+    /// Its root process (pid and start time, so a reused pid is not taken for it).
     pub root: ProcRef,
+    /// The uid that owns the job: the only one besides root that may act on it.
     pub owner_uid: u32,
+    /// When it was attached (engine clock, ms).
     pub attached_at_ms: u64,
+    /// The pause memwatch holds on it, if any.
     pub paused: Option<PersistedPause>,
+    /// Its managed training config, if one was given.
     #[serde(default)]
     pub config: Option<crate::adapt::JobConfig>,
     /// Started by `memwatch launch`.
@@ -48,9 +59,12 @@ pub struct PersistedJob {
     pub slurm: Option<String>,
 }
 
+/// The state file (`state.json`): what a restarted daemon or the guardian needs to undo or adopt.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Persisted {
+    /// The file format's version.
     pub version: u32,
+    /// Every attached job.
     pub jobs: Vec<PersistedJob>,
     /// The engine clock's anchor and the boot it belongs to (see `clock`).
     #[serde(default)]
@@ -60,9 +74,13 @@ pub struct Persisted {
     pub loans: Vec<crate::act::lend::Loan>,
 }
 
+/// The engine clock's anchor for one boot, so that a restarted daemon's clock goes on where the
+/// last one left it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClockAnchor {
+    /// `/proc/sys/kernel/random/boot_id` of the boot the anchor belongs to.
     pub boot_id: String,
+    /// Engine time (ms) at boot time 0.
     pub anchor_ms: u64,
 }
 
@@ -129,6 +147,8 @@ pub struct StateWriter {
 }
 
 impl StateWriter {
+    /// A writer for `state.json` in `dir`, with a thread that fsyncs the directory behind the
+    /// writes.
     pub fn new(dir: &Path) -> Self {
         let path = dir.join(STATE_FILE);
         let (tx, rx) = std::sync::mpsc::channel::<()>();

@@ -19,7 +19,9 @@ use crate::proc::{descendants, read_stat};
 /// What recovery did for one job.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Recovered {
+    /// How many stopped processes were sent SIGCONT.
     pub continued: usize,
+    /// The cgroup that was thawed, if the pause froze one.
     pub thawed: Option<std::path::PathBuf>,
     /// The Slurm job resumed through Slurm.
     pub slurm_resumed: Option<String>,

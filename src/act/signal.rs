@@ -11,12 +11,20 @@ use crate::proc::{ProcRef, read_stat};
 /// Why a signal was not delivered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SignalError {
+    /// The process exited, or its pid now belongs to another process.
     #[error("process {0} is gone (exited, or its pid now belongs to another process)")]
     Gone(u32),
+    /// The kernel refused (EPERM).
     #[error("not permitted to signal process {0}")]
     Denied(u32),
+    /// Anything else, with the OS's words.
     #[error("signalling process {pid} failed: {reason}")]
-    Other { pid: u32, reason: String },
+    Other {
+        /// The process.
+        pid: u32,
+        /// The OS's words.
+        reason: String,
+    },
 }
 
 /// Whether a process of user `owner` could signal process `pid` itself, by kill(2)'s rule for an

@@ -44,6 +44,7 @@ pub fn run(program: &str, args: &[&str], timeout: Duration) -> Result<String, St
 }
 
 impl Slurmctl {
+    /// The commands and timeout from `[slurm]`.
     pub fn new(cfg: &crate::config::Slurm) -> Self {
         Slurmctl {
             scontrol: cfg.scontrol.clone(),

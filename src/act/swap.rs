@@ -53,7 +53,10 @@ impl std::fmt::Display for Device {
 pub struct Plan {
     /// The root under which /sys, /proc and /dev are (the process root).
     pub root: PathBuf,
+    /// Where a record of each swap device is written before it exists (so a successor can clear
+    /// it).
     pub state_dir: PathBuf,
+    /// Whether to use zram where the kernel has it.
     pub zram: bool,
     /// A directory on a local disk for a swapfile, if any.
     pub swapfile_dir: Option<PathBuf>,

@@ -21,21 +21,30 @@ use crate::rewrite::{Format, Scalar};
 /// One knob's change within a directive.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Change {
+    /// Which knob.
     pub knob: Knob,
+    /// Its key in the trainer's file (dotted path).
     pub path: String,
+    /// The value before.
     pub old: Scalar,
+    /// The value after.
     pub new: Scalar,
 }
 
 /// A staged change to a job's training config.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Directive {
+    /// Increases by one with each change staged for the job; the trainer acknowledges by number.
     pub generation: u64,
+    /// The knobs it changes.
     pub changes: Vec<Change>,
+    /// Why, for people (the level or signal behind it).
     pub reason: String,
+    /// When it was staged (engine clock, ms).
     pub staged_at_ms: u64,
     /// Set when the trainer acknowledged it: (epoch, when).
     pub applied_epoch: Option<u64>,
+    /// When the trainer acknowledged it (engine clock, ms).
     pub applied_at_ms: Option<u64>,
     /// The trainer answered that it cannot apply this change, and why: the change stays in the file
     /// (for the next start) and no longer holds back later ones.
@@ -58,6 +67,7 @@ pub struct Directive {
 /// under `memwatch launch`, relaunched from it).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CheckpointRequest {
+    /// When memwatch asked (engine clock, ms).
     pub requested_at_ms: u64,
     /// When the trainer acknowledged that the checkpoint is saved.
     #[serde(default)]
@@ -67,10 +77,15 @@ pub struct CheckpointRequest {
 /// What the trainer last reported.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Progress {
+    /// The epoch the trainer is in.
     pub epoch: u64,
+    /// The optimizer step within the run.
     pub step: u64,
+    /// The last loss, if it reports one.
     pub loss: Option<f64>,
+    /// Throughput, if it reports it.
     pub samples_per_second: Option<f64>,
+    /// When the report came (engine clock, ms).
     #[serde(default)]
     pub timestamp_ms: u64,
     /// What the trainer says it runs with now (live DataLoader workers, micro-batch, accumulation,
@@ -82,14 +97,20 @@ pub struct Progress {
 /// A job's training config as memwatch manages it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobConfig {
+    /// The trainer's config file (absolute).
     pub file: PathBuf,
+    /// Its format (JSON, YAML or TOML), from its extension.
     pub format: Format,
+    /// Which key in the file is which knob.
     pub profile: Profile,
     /// The shared secret HTTP callers present as `Authorization: Bearer <token>`.
     #[serde(default)]
     pub token: String,
+    /// The newest generation staged.
     pub generation: u64,
+    /// The changes staged, newest last.
     pub directives: Vec<Directive>,
+    /// What the trainer last reported.
     pub progress: Option<Progress>,
     /// The knobs as last read from the file.
     pub knobs: BTreeMap<Knob, Scalar>,
@@ -157,15 +178,25 @@ impl JobConfig {
 /// A job's config as the API shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobConfigView {
+    /// The trainer's config file.
     pub file: PathBuf,
+    /// Its format.
     pub format: Format,
+    /// The profile's name.
     pub profile: String,
+    /// The newest generation staged.
     pub generation: u64,
+    /// The newest generation the trainer acknowledged.
     pub applied_generation: u64,
+    /// The knobs as last read from the file, by name.
     pub knobs: BTreeMap<String, Scalar>,
+    /// The changes staged, newest last.
     pub directives: Vec<Directive>,
+    /// What the trainer last reported.
     pub progress: Option<Progress>,
+    /// The last failure to read or rewrite the file.
     pub last_error: Option<String>,
+    /// A checkpoint memwatch asked for and is waiting on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<CheckpointRequest>,
 }

@@ -29,7 +29,9 @@ pub struct Signals {
 /// One proposed rewrite: (knob, old, new) for each knob, and why.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Proposal {
+    /// (knob, old, new) for each knob to change.
     pub changes: Vec<(Knob, Scalar, Scalar)>,
+    /// Why, for people.
     pub reason: String,
 }
 
@@ -41,6 +43,8 @@ fn int(v: u64) -> Scalar {
     Scalar::Int(i64::try_from(v).unwrap_or(i64::MAX))
 }
 
+/// The change the rules propose for a job's knobs under these signals, if any (never one that
+/// changes the effective batch).
 pub fn propose(knobs: &BTreeMap<Knob, Scalar>, s: Signals, cfg: &Adapt) -> Option<Proposal> {
     let mut changes = Vec::new();
     let mut why = Vec::new();

@@ -13,6 +13,7 @@ use crate::rewrite::profile::Knob;
 /// What memwatch looks for after an acknowledgement, and what it found.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Verification {
+    /// Where the check stands.
     pub state: VerifyState,
     /// What memwatch looks for, for people.
     pub expect: String,
@@ -33,11 +34,15 @@ pub struct Verification {
     pub settled_at_ms: Option<u64>,
 }
 
+/// Whether an acknowledged change was seen to take effect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum VerifyState {
+    /// Still being watched (within `adapt.verify_seconds`).
     Pending,
+    /// Seen: the job's processes or its report match the change.
     Verified,
+    /// Not seen within the time allowed: the trainer said it applied a change it did not.
     Unverified,
 }
 

@@ -20,8 +20,11 @@ use crate::sample::Sample;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Severity {
+    /// Worth knowing; nothing is at risk.
     Info,
+    /// Something is at warn, or a run is slower than it needs to be.
     Warn,
+    /// Something is at critical: a run is at risk now.
     Critical,
 }
 
@@ -41,9 +44,11 @@ impl Severity {
 pub struct Advice {
     /// Stable id, e.g. `swap-clear`, `workers:train`, `gpu-power-cap:0`.
     pub id: String,
+    /// How urgent it is.
     pub severity: Severity,
     /// The job it concerns, if any.
     pub job: Option<String>,
+    /// One line, for a list.
     pub title: String,
     /// The numbers behind it.
     pub evidence: Vec<String>,
@@ -57,11 +62,17 @@ pub struct Advice {
 /// (`progress.running`), else what its config file says.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Knobs {
+    /// Micro-batch per device.
     pub micro_batch: Option<u64>,
+    /// Gradient accumulation steps.
     pub accumulation: Option<u64>,
+    /// DataLoader workers per rank.
     pub workers: Option<u64>,
+    /// DataLoader pin_memory.
     pub pin_memory: Option<bool>,
+    /// Sequence length.
     pub seq_len: Option<u64>,
+    /// Ranks in the run.
     pub world_size: Option<u64>,
     /// The knobs above that come from the trainer's report of what runs; the others come from the
     /// config file, which says what the next start (or epoch) will run with.
@@ -82,9 +93,11 @@ impl Knobs {
 
 /// Everything the engine looks at.
 pub struct Input<'a> {
+    /// The newest sample.
     pub sample: &'a Sample,
     /// The sample before, for swap rates.
     pub previous: Option<&'a Sample>,
+    /// The attached jobs.
     pub jobs: &'a [JobView],
     /// Knobs per job name.
     pub knobs: &'a [(String, Knobs)],
@@ -110,6 +123,7 @@ fn at_warn(input: &Input, key: &str, what: &str, detail: &str) -> Option<(Level,
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
+/// Bytes in GiB with one decimal, for evidence.
 pub fn gib(b: u64) -> String {
     format!("{:.1} GiB", b as f64 / GIB)
 }

@@ -21,8 +21,11 @@ const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 /// The machine, as sampled or as given on the command line.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Machine {
+    /// Host RAM in all.
     pub ram_total_bytes: u64,
+    /// Host RAM available now (MemAvailable), or as given.
     pub ram_available_bytes: u64,
+    /// Free swap.
     pub swap_free_bytes: u64,
     /// GPUs: (index, name, total bytes, free bytes).
     pub gpus: Vec<(u32, String, u64, u64)>,
@@ -38,14 +41,21 @@ impl Machine {
 /// The model, as far as the user describes it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Model {
+    /// Parameters.
     pub params: f64,
+    /// Transformer layers, if known.
     pub layers: Option<u64>,
+    /// Hidden size, if known.
     pub hidden: Option<u64>,
+    /// Attention heads, if known.
     pub heads: Option<u64>,
+    /// Sequence length, if known.
     pub seq_len: Option<u64>,
     /// Parameters of the largest single layer; 4·h² (the MLP's up-projection) when only h is known.
     pub largest_layer_params: Option<f64>,
+    /// GPUs per node.
     pub gpus_per_node: u64,
+    /// Nodes.
     pub nodes: u64,
 }
 
@@ -55,6 +65,8 @@ impl Model {
         self.gpus_per_node.max(1) * self.nodes.max(1)
     }
 
+    /// Parameters of the largest layer: as given, else 4·h², else the parameters over the layers
+    /// (24 when unknown).
     pub fn largest_layer(&self) -> f64 {
         self.largest_layer_params
             .or_else(|| self.hidden.map(|h| 4.0 * (h as f64) * (h as f64)))
@@ -65,9 +77,13 @@ impl Model {
 /// One way to lay the model states out.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Option_ {
+    /// Its name, e.g. "ZeRO-2 + CPU offload".
     pub name: &'static str,
+    /// DeepSpeed ZeRO stage (0–3).
     pub zero_stage: u8,
+    /// Optimizer states in host RAM.
     pub offload_optimizer: bool,
+    /// Parameters in host RAM.
     pub offload_params: bool,
     /// Model states per GPU (parameters, gradients, optimizer), bytes.
     pub gpu_bytes: f64,
@@ -176,24 +192,36 @@ pub fn notes_tier(gpu_bytes: u64) -> (&'static str, u8, bool, u64, u64, u64) {
 /// One option judged against this machine.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Verdict {
+    /// The layout judged.
     pub option: Option_,
     /// Model states plus activations at micro-batch 1 with checkpointing, per GPU.
     pub gpu_needed_bytes: f64,
+    /// Whether it fits the GPU; `None` without a GPU to judge against.
     pub fits_gpu: Option<bool>,
+    /// Whether the node's RAM holds what the layout puts there.
     pub fits_ram: bool,
 }
 
 /// What `check` recommends.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Recommendation {
+    /// The machine's tier, in words (e.g. "8–16 GiB: ZeRO-2").
     pub tier: String,
+    /// The layout recommended, if one fits.
     pub option: Option<Option_>,
+    /// Micro-batch per GPU.
     pub micro_batch: u64,
+    /// Gradient accumulation steps.
     pub accumulation: u64,
+    /// Sequence length.
     pub seq_len: u64,
+    /// DataLoader workers per rank.
     pub workers: u64,
+    /// DataLoader pin_memory.
     pub pin_memory: bool,
+    /// Whether to turn on gradient (activation) checkpointing.
     pub gradient_checkpointing: bool,
+    /// Why, and what to watch, for people.
     pub notes: Vec<String>,
     /// With a model: whether any layout fits (`memwatch check` exits 3 when none does, and emits no
     /// config).
@@ -203,15 +231,21 @@ pub struct Recommendation {
 /// The whole report.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Report {
+    /// The machine judged against.
     pub machine: Machine,
+    /// The model, if one was described.
     pub model: Option<Model>,
+    /// Each layout, judged.
     pub verdicts: Vec<Verdict>,
+    /// What to run with.
     pub recommendation: Recommendation,
 }
 
 /// Host RAM below which DataLoader workers and pin_memory go (note 001's threshold).
 const LOW_RAM: u64 = 10 << 30;
 
+/// Judges every layout of `model` against `machine` and recommends one (with no model: the settings
+/// the machine's tier allows).
 pub fn check(machine: Machine, model: Option<Model>) -> Report {
     let gpu_mem = machine.gpu_memory_bytes();
     let (tier_name, tier_stage, tier_offload, mut micro, mut accum, mut seq) = match gpu_mem {

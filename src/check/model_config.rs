@@ -7,10 +7,15 @@ use serde_json::Value;
 /// What `check` needs from a config.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Shape {
+    /// The architecture family recognised (gpt2, llama, bert, t5 …).
     pub architecture: &'static str,
+    /// Parameters, counted from the shapes.
     pub params: f64,
+    /// Layers.
     pub layers: u64,
+    /// Hidden size.
     pub hidden: u64,
+    /// Attention heads.
     pub heads: u64,
     /// The longest sequence the model takes (its position table), if it says.
     pub max_seq: Option<u64>,

@@ -8,14 +8,23 @@ use super::{Config, DEFAULT_CONFIG_PATH};
 /// Why a configuration could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// The file could not be read.
     #[error("cannot read config file {path}: {source}")]
     Read {
+        /// The file.
         path: PathBuf,
+        /// Why.
         #[source]
         source: std::io::Error,
     },
+    /// The file does not parse or a value is out of range.
     #[error("invalid config file {path}: {message}")]
-    Invalid { path: PathBuf, message: String },
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What and where (line and column), for people.
+        message: String,
+    },
 }
 
 /// The largest config file read (a real one is a few kB).

@@ -35,16 +35,27 @@ pub const DEFAULT_CONFIG_PATH: &str = "/etc/memwatch/memwatch.toml";
 pub struct Config {
     /// Address of the HTTP server (metrics, JSON API, dashboard).
     pub listen: SocketAddr,
+    /// `[sampling]`: how often the host and the jobs are read.
     pub sampling: Sampling,
+    /// `[host]`: where /proc and /sys are read.
     pub host: Host,
+    /// `[gpu]`: NVML.
     pub gpu: Gpu,
+    /// `[http]`: the HTTP server's limits.
     pub http: Http,
+    /// `[log]`.
     pub log: Log,
+    /// `[control]`: the control socket, the state directory and per-user limits.
     pub control: Control,
+    /// `[policy]`: levels, thresholds and what each does.
     pub policy: Policy,
+    /// `[adapt]`: the rules that rewrite a trainer's config.
     pub adapt: Adapt,
+    /// `[way_out]`: the ladder out of a memory pause that does not end by itself.
     pub way_out: WayOut,
+    /// `[notify]`: who is told when memwatch acts.
     pub notify: Notify,
+    /// `[slurm]`: Slurm jobs.
     pub slurm: Slurm,
 }
 
@@ -52,13 +63,27 @@ pub struct Config {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Adapt {
+    /// Also make the reverse change (micro-batch up, accumulation down) after a long time with lots
+    /// of room. Off by default: growing is the user's choice.
     pub grow: bool,
+    /// How long every resource must have had lots of room before growing.
     pub grow_after_seconds: u64,
+    /// Never rewrite the micro-batch below this.
     pub min_micro_batch: u64,
+    /// Never rewrite the micro-batch above this.
     pub max_micro_batch: u64,
+    /// Never rewrite gradient accumulation above this.
     pub max_accumulation: u64,
+    /// Never rewrite DataLoader workers below this.
     pub min_workers: u64,
+    /// After the trainer applied a change, wait this long before the next one, so memory can settle
+    /// (PyTorch's caching allocator keeps what it reserved).
     pub settle_seconds: u64,
+    /// After the trainer acknowledged fewer DataLoader workers, the job's process count must fall
+    /// (and hold for a second with the new workers running) within this long; a micro-batch or
+    /// accumulation change must show in the trainer's `running` report within this long once it
+    /// reports one. Else the change is marked unverified (the trainer said so, the job does not
+    /// show it).
     pub verify_seconds: u64,
 }
 
@@ -81,12 +106,23 @@ impl Default for Adapt {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Control {
+    /// Unix socket for memwatch's commands. Any user may connect; the daemon checks the caller's
+    /// uid (SO_PEERCRED): root may act on any process, others only on their own.
     pub socket: PathBuf,
+    /// Where the attached jobs, the paused set (so a restarted daemon resumes what it paused) and
+    /// the audit log (events.jsonl) are kept.
     pub state_dir: PathBuf,
+    /// The audit log is trimmed to its newer half when it grows past this size.
     pub audit_max_bytes: Positive,
+    /// Most control-socket connections other users than root may have open at once (at most 4096).
+    /// Beyond it new ones are closed at once. Root has max_connections_per_uid of its own on top,
+    /// so no flood of other users' connections can lock root out.
     pub max_connections: Positive,
+    /// Most control-socket connections one user (uid) may hold open at once.
     pub max_connections_per_uid: Positive,
+    /// Most jobs one non-root user may have attached at once.
     pub max_jobs_per_uid: Positive,
+    /// Config changes remembered per job; the oldest applied ones are dropped beyond this.
     pub max_directives_per_job: Positive,
 }
 
@@ -108,10 +144,18 @@ impl Default for Control {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Sampling {
+    /// Sampling interval in milliseconds (10 to 3600000). 1000 costs well under 1 % of a core.
     pub interval_ms: IntervalMs,
+    /// Seconds of history kept in memory for /api/v1/history and the dashboard (60 to 604800).
     pub history_seconds: HistorySeconds,
+    /// While a job is attached, its memory cgroup and the host's MemAvailable are probed this often
+    /// (cheap reads) between full samples, so fast growth is seen within this time.
     pub probe_interval_ms: IntervalMs,
+    /// Probe interval while any level is warn or worse, or a job is projected to run out of memory
+    /// within a few seconds. Must not be above probe_interval_ms.
     pub fast_interval_ms: IntervalMs,
+    /// Growth rates (and so the time to exhaustion) are fitted over this window of recent probes
+    /// (the host's over at least 5 s: MemAvailable moves in steps).
     pub growth_window_ms: IntervalMs,
 }
 
@@ -119,7 +163,9 @@ pub struct Sampling {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Host {
+    /// Root under which /proc and /sys are read. "/" on a real machine; a fixture tree in tests.
     pub root: PathBuf,
+    /// Root under which attached jobs' /proc/PID and their cgroups are read. "/" outside tests.
     pub process_root: PathBuf,
 }
 
@@ -127,7 +173,9 @@ pub struct Host {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Gpu {
+    /// Sample GPUs. Without a driver or a GPU the GPU section stays empty and the daemon runs on.
     pub enabled: bool,
+    /// The NVML library to load: a file name searched on the library path, or an absolute path.
     pub library: PathBuf,
 }
 
@@ -135,8 +183,13 @@ pub struct Gpu {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Http {
+    /// Most connections open at once. When all are open, a new one takes the place of the one idle
+    /// longest (never one with a request in flight); only when every one is busy does it wait.
     pub max_connections: Positive,
+    /// Largest request body accepted, in bytes.
     pub max_body_bytes: Positive,
+    /// Most time a client gets to send a request (headers and body) and to read each part of the
+    /// answer; an idle keep-alive connection is closed after it too. 10 ms to 1 h.
     pub request_timeout_ms: IntervalMs,
 }
 
@@ -144,28 +197,40 @@ pub struct Http {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Log {
+    /// One of error, warn, info, debug, trace.
     pub level: LogLevel,
+    /// text (for people) or json (one object per line, for log shippers).
     pub format: LogFormat,
 }
 
+/// `log.level`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum LogLevel {
+    /// Errors only.
     Error,
+    /// Warnings and errors.
     Warn,
+    /// What memwatch does (the default).
     Info,
+    /// What it sees, too.
     Debug,
+    /// Everything.
     Trace,
 }
 
+/// `log.format`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
+    /// For people.
     Text,
+    /// One JSON object per line, for log shippers.
     Json,
 }
 
 impl LogLevel {
+    /// The name `RUST_LOG` takes.
     pub fn as_str(self) -> &'static str {
         match self {
             LogLevel::Error => "error",

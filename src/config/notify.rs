@@ -28,6 +28,7 @@ pub enum NoticeKind {
 }
 
 impl NoticeKind {
+    /// Every kind, in the order the docs list them.
     pub const ALL: [NoticeKind; 9] = [
         NoticeKind::Pause,
         NoticeKind::Resume,
@@ -40,6 +41,7 @@ impl NoticeKind {
         NoticeKind::CollectorDown,
     ];
 
+    /// The name the config and the events use.
     pub fn as_str(self) -> &'static str {
         match self {
             NoticeKind::Pause => "pause",
@@ -75,6 +77,7 @@ pub enum ChannelKind {
 pub struct Secret(pub String);
 
 impl Secret {
+    /// The secret itself, for the one place that sends it.
     pub fn expose(&self) -> &str {
         &self.0
     }
@@ -103,6 +106,7 @@ pub struct Channel {
     /// How logs and metrics name it (never by its URL). Default: KIND-INDEX.
     #[serde(default)]
     pub name: String,
+    /// webhook, slack, ntfy or command.
     pub kind: ChannelKind,
     /// webhook, slack, ntfy: where to POST (an ntfy URL names the topic).
     #[serde(default)]
@@ -113,6 +117,7 @@ pub struct Channel {
     /// webhook, ntfy: sent as `Authorization: Bearer TOKEN`.
     #[serde(default)]
     pub token: Secret,
+    /// The kinds of event sent on this channel (all by default).
     #[serde(default = "all_kinds")]
     pub events: Vec<NoticeKind>,
     /// The same kind of event for the same job at most this often; the next one says how many
@@ -125,6 +130,7 @@ pub struct Channel {
     /// Tries after the first, with backoff doubling from `retry_base_ms`.
     #[serde(default = "default_retries")]
     pub retries: u32,
+    /// The first retry's delay; each later one doubles it.
     #[serde(default = "default_retry_base")]
     pub retry_base_ms: u64,
     /// Each try (request or command) is abandoned after this long.
@@ -155,7 +161,10 @@ fn default_timeout() -> u64 {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Notify {
+    /// A running job that will reach a limit within this long at its current (sustained) growth
+    /// raises a near_exhaustion notification (once, until it is more than twice this far again).
     pub near_exhaustion_seconds: u64,
+    /// The channels, each a `[[notify.channels]]` table (see `notify`). None by default.
     pub channels: Vec<Channel>,
 }
 

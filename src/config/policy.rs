@@ -21,8 +21,11 @@ pub enum Action {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OnMaxPause {
+    /// Resume the job (the default).
     Resume,
+    /// Keep it paused until a person resumes it.
     Stay,
+    /// Stop it: SIGTERM to every process, SIGKILL after a grace.
     Terminate,
 }
 
@@ -46,12 +49,19 @@ impl<'de> Deserialize<'de> for Ratio {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RatioPolicy {
+    /// pause: pause the jobs the resource concerns; warn: record and report only.
     pub action: Action,
+    /// Enter warn at this ratio (0-1).
     pub warn: Ratio,
+    /// Leave warn below this ratio.
     pub warn_leave: Ratio,
+    /// Enter critical at this ratio.
     pub critical: Ratio,
+    /// Leave critical below this ratio.
     pub critical_leave: Ratio,
+    /// How long a value must stay past an enter threshold before the level rises.
     pub enter_hold_ms: u64,
+    /// How long a value must stay under a leave threshold before the level falls.
     pub leave_hold_ms: u64,
 }
 
@@ -60,6 +70,7 @@ pub struct RatioPolicy {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TempPolicy {
+    /// pause: pause the jobs the resource concerns; warn: record and report only.
     pub action: Action,
     /// Warn this many degrees below the slowdown point.
     pub warn_below_slowdown: f64,
@@ -67,9 +78,13 @@ pub struct TempPolicy {
     pub critical_below_shutdown: f64,
     /// Leave critical only this many degrees below the slowdown point.
     pub resume_below_slowdown: f64,
+    /// Slowdown point when the device reports none.
     pub fallback_slowdown_celsius: f64,
+    /// Shutdown point when the device reports none.
     pub fallback_shutdown_celsius: f64,
+    /// How long a value must stay past an enter threshold before the level rises.
     pub enter_hold_ms: u64,
+    /// How long a value must stay under a leave threshold before the level falls.
     pub leave_hold_ms: u64,
 }
 
@@ -77,20 +92,44 @@ pub struct TempPolicy {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Policy {
+    /// Decide and record, but send no signal.
     pub dry_run: bool,
+    /// Pause when a job's memory is projected to hit its tightest limit (the host's MemAvailable,
+    /// its cgroup limit) sooner than this, whatever the levels say. It covers a probe interval plus
+    /// the signalling, with room to spare.
     pub reaction_ms: u64,
+    /// A job paused for fast growth is resumed only when the room left would last this long at the
+    /// rate it was growing when paused.
     pub resume_headroom_ms: u64,
+    /// Longest pause. The default stays under PyTorch's 10-minute NCCL watchdog, which kills
+    /// distributed jobs whose ranks stop answering.
     pub max_pause_seconds: u64,
+    /// Allow max_pause_seconds above 540 (9 minutes). Off by default: a longer pause outlives
+    /// PyTorch's NCCL watchdog (10 minutes) and ends distributed jobs.
     pub allow_long_pause: bool,
+    /// What to do when a pause reaches max_pause_seconds: resume, stay or terminate (SIGTERM to
+    /// every process of the job, continued to act on it; SIGKILL 10 s later for what is left). A
+    /// memory pause the `[way_out]` ladder handled is never resumed into its shortfall: it is stopped
+    /// (resume, terminate) or stays (stay).
     pub on_max_pause: OnMaxPause,
+    /// Signal sent to a job's root process so that it saves a checkpoint (e.g. "SIGUSR1"): before a
+    /// pause when there is time for it, and by the way out's checkpoint step. Empty: none.
     pub checkpoint_signal: String,
+    /// Time the job gets to checkpoint before it is paused.
     pub checkpoint_grace_ms: u64,
+    /// `[policy.host_memory]`: 1 - MemAvailable/MemTotal.
     pub host_memory: RatioPolicy,
+    /// `[policy.swap]`: swap used / total.
     pub swap: RatioPolicy,
+    /// `[policy.pressure]`: PSI memory full avg10.
     pub pressure: RatioPolicy,
+    /// `[policy.job_cgroup]`: a job's cgroup working set / its limit.
     pub job_cgroup: RatioPolicy,
+    /// `[policy.gpu_memory]`: each GPU's used / total memory.
     pub gpu_memory: RatioPolicy,
+    /// `[policy.gpu_temperature]`: relative to each GPU's slowdown and shutdown points.
     pub gpu_temperature: TempPolicy,
+    /// `[policy.cpu_temperature]`: relative to the hottest sensor's own thresholds.
     pub cpu_temperature: TempPolicy,
 }
 

@@ -19,6 +19,7 @@ pub enum Step {
 }
 
 impl Step {
+    /// The name the config and the events use.
     pub fn as_str(self) -> &'static str {
         match self {
             Step::Swap => "swap",
@@ -32,15 +33,35 @@ impl Step {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct WayOut {
+    /// The ladder, in order. "swap": emergency swap sized to the shortfall, the job resumed to
+    /// apply an urgent fix (a trainer speaking the protocol); the swap is cleared once RAM can take
+    /// it back. "lend": the same with the job's own cgroup limit raised for a while (only where
+    /// `lend` or `memwatch launch --lend` allows). "checkpoint": ask for a checkpoint, then stop
+    /// the whole job cleanly (`memwatch launch` relaunches it with the adapted config). [] disables
+    /// the ladder.
     pub steps: Vec<Step>,
+    /// How long a memory pause may wait for room to come back by itself before the ladder starts.
     pub decide_seconds: u64,
+    /// How long a job resumed with emergency room gets to apply the urgent fix and fit again.
     pub fix_seconds: u64,
+    /// Emergency swap and lent memory are the shortfall plus this margin.
     pub swap_margin_mib: u64,
+    /// Most emergency swap memwatch adds for one job (zram is also kept under half of
+    /// MemAvailable).
     pub swap_max_mib: u64,
+    /// Make emergency swap on a zram device where the kernel has zram (/sys/class/zram-control).
     pub zram: bool,
+    /// Without zram: a directory on a local disk for an emergency swapfile (never tmpfs). Empty:
+    /// none.
     pub swapfile_dir: PathBuf,
+    /// Allow the "lend" step for every job whose own cgroup memwatch can write (off: only jobs
+    /// started with `memwatch launch --lend`).
     pub lend: bool,
+    /// Most memory lent to one job's cgroup; never more than the host can spare above its warn
+    /// level.
     pub lend_max_mib: u64,
+    /// After a checkpoint request, how long to wait for the trainer's acknowledgement (or its exit)
+    /// before the job is stopped.
     pub checkpoint_grace_seconds: u64,
 }
 

@@ -16,8 +16,11 @@ pub const MAX_LINE: usize = 64 * 1024;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "lowercase", deny_unknown_fields)]
 pub enum Request {
+    /// Follow a process tree as a job (`memwatch attach PID`).
     Attach {
+        /// The tree's root.
         pid: u32,
+        /// The job's name (default: the root's command name).
         #[serde(default)]
         name: Option<String>,
         /// The job's training config, to be rewritten at epoch boundaries.
@@ -35,57 +38,76 @@ pub enum Request {
     },
     /// `target` is a job name or a pid.
     Detach {
+        /// The job to detach.
         target: String,
     },
     /// A Slurm job by id: every task of it on this node, from its job cgroup (root may attach one
     /// before its first task starts here: a prolog).
     #[serde(rename = "attach_slurm")]
     AttachSlurm {
+        /// The Slurm job's id.
         job_id: String,
+        /// The job's name (default: `slurm-ID`).
         #[serde(default)]
         name: Option<String>,
     },
     /// Detaches the job that belongs to a Slurm job (the epilog), or stops waiting for it.
     #[serde(rename = "detach_slurm")]
     DetachSlurm {
+        /// The Slurm job's id.
         job_id: String,
     },
+    /// Pause a job (`memwatch pause`).
     Pause {
+        /// A job name or a pid.
         target: String,
     },
+    /// Resume a job (`memwatch resume`).
     Resume {
+        /// A job name or a pid.
         target: String,
     },
     /// A struct variant, so that extra fields (a claimed `uid`, say) are rejected.
     Jobs {},
     /// Directives newer than `since` (the trainer, at an epoch boundary).
     Directives {
+        /// A job name or a pid.
         target: String,
+        /// The newest generation the trainer has.
         #[serde(default)]
         since: u64,
+        /// The job's token, for a caller that is not its owner.
         #[serde(default)]
         token: Option<String>,
     },
     /// The trainer applied everything up to `generation` at `epoch`; or, with `cannot_apply`, it
     /// cannot apply those changes, and why.
     Ack {
+        /// A job name or a pid.
         target: String,
+        /// Every directive up to this one is applied.
         #[serde(default)]
         generation: u64,
+        /// The epoch it was applied at.
         #[serde(default)]
         epoch: u64,
         /// The checkpoint memwatch asked for is saved.
         #[serde(default)]
         checkpoint: bool,
+        /// The job's token, for a caller that is not its owner.
         #[serde(default)]
         token: Option<String>,
+        /// Why the trainer cannot apply the changes.
         #[serde(default)]
         cannot_apply: Option<String>,
     },
     /// The trainer's progress.
     Progress {
+        /// A job name or a pid.
         target: String,
+        /// What the trainer reports.
         progress: Progress,
+        /// The job's token, for a caller that is not its owner.
         #[serde(default)]
         token: Option<String>,
     },
@@ -181,14 +203,18 @@ impl std::error::Error for Refusal {}
 /// The daemon's answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Response {
+    /// Whether the request was carried out.
     pub ok: bool,
+    /// Why not, for people.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// With `error`: what kind of refusal it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<ErrorKind>,
+    /// The job the request concerned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<JobView>,
+    /// With `jobs`: every job the caller may see.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jobs: Option<Vec<JobView>>,
     /// With `jobs`: the caller's jobs that ended recently, and how.
@@ -197,6 +223,7 @@ pub struct Response {
     /// Given once, to the caller that attached a job with a config file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
+    /// With `directives`: what the trainer is to apply.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub directives: Option<DirectivesReply>,
     /// The daemon runs in dry-run mode: a pause or resume was recorded, not carried out.
@@ -242,15 +269,18 @@ impl Response {
             )
         })
     }
+    /// Success, with nothing more to say.
     pub fn ok() -> Self {
         Response::empty(true)
     }
+    /// Success, naming the job.
     pub fn job(job: JobView) -> Self {
         Response {
             job: Some(job),
             ..Response::empty(true)
         }
     }
+    /// Success, listing jobs.
     pub fn jobs(jobs: Vec<JobView>) -> Self {
         Response {
             jobs: Some(jobs),
@@ -262,11 +292,14 @@ impl Response {
 /// Who is asking.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Caller {
+    /// The caller's uid (SO_PEERCRED, never what it claims).
     pub uid: u32,
+    /// The caller's pid, where the kernel says.
     pub pid: Option<i32>,
 }
 
 impl Caller {
+    /// Root may act on every job.
     pub fn is_root(&self) -> bool {
         self.uid == 0
     }

@@ -13,8 +13,11 @@ use super::{Caller, MAX_LINE, Request, Response};
 
 /// A request on its way to the owner task, with the channel for the answer.
 pub struct Envelope {
+    /// The request.
     pub request: Request,
+    /// Who sent it.
     pub caller: Caller,
+    /// Where the answer goes.
     pub reply: oneshot::Sender<Response>,
 }
 
@@ -47,7 +50,9 @@ pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
 /// `per_uid` of its own on top of `total`, so no flood of other users' connections can lock root out.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
+    /// Connections open at once from users other than root.
     pub total: usize,
+    /// Connections open at once per uid.
     pub per_uid: usize,
 }
 

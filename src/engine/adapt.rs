@@ -89,6 +89,7 @@ const JOURNAL_MAX_BYTES: u64 = 4 << 20;
 
 /// One job's config work, run off the owner task.
 pub struct AdaptTask {
+    /// The job's name.
     pub job: String,
     file: PathBuf,
     format: Format,
@@ -124,6 +125,7 @@ pub enum Staged {
 
 /// A finished [`AdaptTask`].
 pub struct AdaptDone {
+    /// The job's name.
     pub job: String,
     knobs: Result<BTreeMap<Knob, Scalar>, String>,
     roomy_since: Option<u64>,

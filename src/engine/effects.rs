@@ -12,6 +12,7 @@ use crate::policy::{By, Decision};
 /// Why a pause did not happen.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PauseError {
+    /// The signal could not be sent.
     #[error(transparent)]
     Signal(#[from] signal::SignalError),
     /// The write-ahead record could not be written, so nothing was stopped.

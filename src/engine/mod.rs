@@ -31,11 +31,18 @@ use crate::sample::Sample;
 /// What the HTTP side shows of jobs, levels and interventions.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct View {
+    /// The daemon runs with `policy.dry_run`.
     pub dry_run: bool,
+    /// Every attached job.
     pub jobs: Vec<JobView>,
+    /// Each level resource (host memory, swap, pressure, temperatures, each GPU and job cgroup) and
+    /// its level.
     pub levels: Vec<LevelView>,
+    /// The newest events, oldest first.
     pub events: Vec<Event>,
+    /// Interventions counted by action and reason, since the daemon started.
     pub interventions: Vec<InterventionCount>,
+    /// The advice that applies now.
     pub advice: Vec<crate::advice::Advice>,
     /// Jobs that ended recently, newest last.
     pub ended: Vec<EndedJob>,
@@ -44,38 +51,55 @@ pub struct View {
     pub tokens: std::collections::HashMap<String, String>,
 }
 
+/// One level resource and where it stands.
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct LevelView {
+    /// Its key: `host_memory`, `swap`, `pressure`, `cpu_temperature`, `gpu_memory:I`,
+    /// `gpu_temperature:I`, `job_cgroup:NAME`.
     pub resource: String,
+    /// Ok, warn or critical.
     pub level: policy::Level,
+    /// The value the level is judged on (a ratio 0–1, or °C), if known.
     pub value: Option<f64>,
+    /// When the level last changed (engine clock, ms).
     pub since_ms: u64,
 }
 
+/// How many times memwatch took one action for one reason.
 #[derive(Debug, Clone, Serialize)]
 pub struct InterventionCount {
+    /// The action (pause, resume, terminate …).
     pub action: String,
+    /// The reason (host_memory, predicted, user …).
     pub reason: String,
+    /// How many times.
     pub count: u64,
+    /// When last (ms since the epoch).
     pub last_timestamp_ms: u64,
 }
 
 /// One job's full measurement, planned by the engine and run on the blocking pool.
 pub struct MeasurePlan {
+    /// The job's name.
     pub name: String,
+    /// Its root process.
     pub root: crate::proc::ProcRef,
     /// Whose job it is: a freeze reaches only what this user could signal.
     pub owner: u32,
+    /// Its memory cgroup, if it has one.
     pub cgroup: Option<crate::sample::cgroup::CgroupDir>,
     /// For a Slurm job attached by id: its cgroup, whose every task is the job's.
     pub members: Option<PathBuf>,
+    /// The measurement before, for CPU and growth.
     pub previous: Option<crate::job::JobSample>,
 }
 
 /// What the kernel should watch for one job (see `Engine::wake_plan`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct WakePlan {
+    /// The job's name.
     pub job: String,
+    /// Its memory cgroup.
     pub dir: crate::sample::cgroup::CgroupDir,
     /// v1 usage thresholds in bytes; empty without a limit.
     pub thresholds: Vec<u64>,
@@ -99,6 +123,8 @@ const HOST_STEP_MS: u64 = 1000;
 /// smaps_rollup (PSS, swap) is read at least this often; RSS every sample.
 const DETAILED_EVERY_MS: u64 = 5000;
 
+/// The owner task's state: the attached jobs, the policy's memory, the audit log and what is due.
+/// Only the owner task touches it; every other task sends it requests.
 pub struct Engine {
     cfg: Config,
     process_root: PathBuf,
@@ -157,6 +183,8 @@ pub struct Engine {
 pub const ENDED_KEPT: usize = 32;
 
 impl Engine {
+    /// An engine with no jobs; `clock_anchor` continues the clock of a daemon that ran before on
+    /// this boot.
     pub fn new(cfg: Config, clock_anchor: Option<crate::act::persist::ClockAnchor>) -> Self {
         let audit = Audit::open(&cfg.control.state_dir, cfg.control.audit_max_bytes.0);
         Engine {
@@ -195,6 +223,7 @@ impl Engine {
         }
     }
 
+    /// Whether any job is attached.
     pub fn has_jobs(&self) -> bool {
         !self.jobs.is_empty()
     }

@@ -8,6 +8,7 @@ use crate::job::{JobSample, Limit};
 
 /// One job's full measurement, from the blocking pool.
 pub struct Measured {
+    /// The job's name.
     pub name: String,
     /// `None`: the job is gone.
     pub sample: Option<JobSample>,

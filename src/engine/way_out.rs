@@ -17,28 +17,42 @@ use crate::policy;
 
 /// Blocking swap work, run off the owner task.
 pub enum WayOutTask {
+    /// Make emergency swap for a job.
     Make {
+        /// The job.
         job: String,
+        /// How much.
         bytes: u64,
+        /// How (zram or a swapfile, and where records go).
         plan: swap::Plan,
     },
     /// `job`: `None` for a device left by a job that ended or by a killed daemon.
     Clear {
+        /// The job it was made for, if it is still attached.
         job: Option<String>,
+        /// The swap device's record.
         record: swap::Record,
+        /// How it was made.
         plan: swap::Plan,
     },
 }
 
 /// A finished [`WayOutTask`].
 pub enum WayOutDone {
+    /// Emergency swap was made, or why not.
     Made {
+        /// The job.
         job: String,
+        /// The device, or why there is none.
         result: Result<swap::Record, String>,
     },
+    /// Emergency swap was cleared, or why not.
     Cleared {
+        /// The job, if it is still attached.
         job: Option<String>,
+        /// The device's record.
         record: swap::Record,
+        /// Whether swapoff and the removal worked.
         result: Result<(), String>,
     },
 }

@@ -11,7 +11,9 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Facts about the daemon itself that are not part of a sample.
 pub struct DaemonInfo<'a> {
+    /// The daemon's version.
     pub version: &'a str,
+    /// Samples taken since the daemon started.
     pub samples_total: u64,
 }
 

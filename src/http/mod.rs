@@ -26,7 +26,9 @@ use crate::shared::Shared;
 /// What handlers get: the published state, and the way to the task that owns the jobs.
 #[derive(Clone)]
 pub struct AppState {
+    /// The published snapshot handlers read.
     pub shared: Arc<Shared>,
+    /// The way to the owner task, for requests that change something.
     pub owner: tokio::sync::mpsc::Sender<Envelope>,
 }
 

@@ -37,7 +37,9 @@ const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// The server's limits (config `[http]`).
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
+    /// Most connections open at once.
     pub max_connections: usize,
+    /// Most time a client gets to send a request and to read each part of the answer.
     pub request_timeout: Duration,
 }
 

@@ -2,6 +2,7 @@
 
 use std::collections::VecDeque;
 
+/// A series' growth over a sliding window of (time, value) points.
 #[derive(Debug, Clone)]
 pub struct Growth {
     points: VecDeque<(u64, f64)>,
@@ -12,6 +13,7 @@ pub struct Growth {
 }
 
 impl Growth {
+    /// A series fitted over the last `window_ms`, read fresh at each point.
     pub fn new(window_ms: u64) -> Self {
         Growth {
             points: VecDeque::new(),
@@ -30,6 +32,7 @@ impl Growth {
         }
     }
 
+    /// Adds a point (one no newer than the last is ignored) and drops those older than the window.
     pub fn push(&mut self, t_ms: u64, value: f64) {
         if self.points.back().is_some_and(|(t, _)| *t >= t_ms) {
             return;
@@ -44,6 +47,7 @@ impl Growth {
         }
     }
 
+    /// Forgets every point (after a pause, whose flat stretch is no sign of the job's growth).
     pub fn clear(&mut self) {
         self.points.clear();
     }

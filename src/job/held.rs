@@ -11,7 +11,9 @@ use serde::{Deserialize, Serialize};
 /// A cgroup memwatch froze, remembered so it can be thawed (also by a restarted daemon).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Frozen {
+    /// cgroup v1 (the freezer hierarchy) or v2 (cgroup.freeze).
     pub version: Version,
+    /// The frozen cgroup's directory.
     pub dir: PathBuf,
 }
 
@@ -28,14 +30,18 @@ pub enum Device {
 /// A recorded emergency swap device: for which job, and how big.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {
+    /// The device.
     pub device: Device,
+    /// The job it was made for.
     pub job: String,
+    /// Its size.
     pub bytes: u64,
 }
 
 /// A raised limit and what it was.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Loan {
+    /// The job the limit was raised for.
     pub job: String,
     /// The cgroup directory whose limit file was raised.
     pub dir: PathBuf,
@@ -51,14 +57,19 @@ pub struct Loan {
 /// guardian.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Suspended {
+    /// The Slurm job's id.
     pub job_id: String,
+    /// The commands that resume or requeue it.
     pub ctl: Slurmctl,
 }
 
 /// The scontrol and scancel calls memwatch makes, with their settings.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Slurmctl {
+    /// The scontrol program.
     pub scontrol: String,
+    /// The scancel program.
     pub scancel: String,
+    /// How long one call may run.
     pub timeout_ms: u64,
 }

@@ -12,9 +12,13 @@ use crate::sample::gpu::GpuSample;
 /// One process of a job.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ProcessSample {
+    /// The process id.
     pub pid: u32,
+    /// Its parent.
     pub ppid: u32,
+    /// Its command name (/proc/PID/comm).
     pub name: String,
+    /// Its state letter from /proc/PID/stat (R, S, D, T …).
     pub state: String,
     /// Resident memory from /proc/PID/stat, read at this sample.
     pub rss_bytes: u64,
@@ -37,7 +41,9 @@ pub struct ProcessSample {
 /// A job at one moment.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobSample {
+    /// When the tree was walked (ms since the epoch).
     pub timestamp_ms: u64,
+    /// Every process of the tree (left out of summaries; see `process_count`).
     pub processes: Vec<ProcessSample>,
     /// How many processes the tree has (also where `processes` is left out of a summary).
     #[serde(default)]
@@ -49,7 +55,9 @@ pub struct JobSample {
     /// The oldest PSS reading in the sum (ms); `None` when no process's could be read.
     #[serde(default)]
     pub pss_read_ms: Option<u64>,
+    /// Swapped-out memory summed over the tree.
     pub swap_bytes: u64,
+    /// The job's memory cgroup at this sample, if it has one.
     pub cgroup: Option<CgroupMemory>,
     /// GPU memory held by the tree; `None` when no GPU reports processes.
     pub gpu_bytes: Option<u64>,

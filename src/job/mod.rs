@@ -19,8 +19,11 @@ use crate::sample::cgroup::{CgroupDir, CgroupMemory};
 /// A pause memwatch is holding.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Pause {
+    /// When the pause began (engine clock, ms).
     pub since_ms: u64,
+    /// The policy or a user.
     pub by: By,
+    /// Why, for people.
     pub reason: String,
     /// What was stopped, root first (empty in dry-run mode, or when the cgroup was frozen).
     pub stopped: Vec<ProcRef>,
@@ -30,6 +33,7 @@ pub struct Pause {
     /// The whole Slurm job, suspended through Slurm instead (every rank on every node).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slurm: Option<crate::job::held::Suspended>,
+    /// Decided in dry-run mode: nothing was stopped.
     pub dry_run: bool,
     /// How fast the job's cgroup and the host were filling (bytes/s) when the pause began: the
     /// steeper slope (`Growth::rate_per_second`), for the room a way out makes. A paused job does
@@ -41,17 +45,24 @@ pub struct Pause {
 /// Growth rates when a pause began, bytes/s.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct GrowthAtPause {
+    /// The job's cgroup working set.
     pub cgroup: f64,
+    /// The host's used memory.
     pub host: f64,
 }
 
 /// One attached job.
 #[derive(Debug, Clone)]
 pub struct Job {
+    /// The job's name, unique in the daemon.
     pub name: String,
+    /// Its root process.
     pub root: ProcRef,
+    /// The uid that owns it.
     pub owner_uid: u32,
+    /// When it was attached (engine clock, ms).
     pub attached_at_ms: u64,
+    /// Its memory cgroup, if it has one.
     pub cgroup_dir: Option<CgroupDir>,
     /// The latest full measurement.
     pub last: Option<JobSample>,
@@ -60,11 +71,13 @@ pub struct Job {
     /// When the probe was taken and when the last full sample arrived (engine clock, ms): probes
     /// stop while the kernel watches the cgroup, and a stale probe must not hide a fresh sample.
     pub probed_at_ms: u64,
+    /// When the last full sample arrived (engine clock, ms).
     pub sampled_at_ms: u64,
     /// Working set of the job's cgroup over time.
     pub cgroup_growth: Growth,
     /// The tree's GPU memory over time.
     pub gpu_growth: Growth,
+    /// The pause memwatch holds on it.
     pub pause: Option<Pause>,
     /// The training config memwatch may rewrite.
     pub config: Option<crate::adapt::JobConfig>,
@@ -99,6 +112,7 @@ pub struct Job {
 }
 
 impl Job {
+    /// A job just attached: nothing measured yet.
     pub fn new(
         name: String,
         root: ProcRef,
@@ -189,13 +203,16 @@ pub use crate::policy::MIN_GROWTH;
 pub struct Limit {
     /// "cgroup", "host" or "gpu N".
     pub limit: String,
+    /// Bytes left before the limit.
     pub headroom_bytes: u64,
+    /// Growth toward it, bytes/s (negative while shrinking).
     pub growth_bytes_per_second: f64,
     /// `None` when not growing.
     pub time_to_exhaustion_seconds: Option<f64>,
 }
 
 impl Limit {
+    /// A limit's projection from its headroom and growth.
     pub fn new(limit: String, headroom_bytes: u64, growth_bytes_per_second: f64) -> Self {
         let tte = crate::policy::Projection {
             limit: limit.clone(),
@@ -225,17 +242,25 @@ pub fn tightest(limits: &[Limit]) -> Option<&Limit> {
 /// What the API, the metrics and `memwatch jobs` show of a job.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobView {
+    /// The job's name.
     pub name: String,
+    /// Its root's pid.
     pub pid: u32,
+    /// Its root's start time (clock ticks after boot), which tells a reused pid apart.
     pub start_time: u64,
+    /// The uid that owns it.
     pub owner_uid: u32,
+    /// When it was attached (ms since the epoch).
     pub attached_at_ms: u64,
     /// "running" or "paused".
     pub state: String,
+    /// The pause memwatch holds on it.
     pub pause: Option<Pause>,
+    /// The newest measurement.
     pub sample: Option<JobSample>,
     /// Every known limit, and the tightest.
     pub limits: Vec<Limit>,
+    /// The limit that runs out first.
     pub tightest: Option<Limit>,
     /// The training config memwatch manages, its staged and applied changes, the trainer's progress.
     #[serde(default)]
@@ -291,6 +316,7 @@ impl JobView {
 /// When a pause runs out and what follows.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PauseDeadline {
+    /// When (ms since the epoch).
     pub at_ms: u64,
     /// "resume", "terminate" or "stay" (`policy.on_max_pause`), or "way out" where the engine's way
     /// out is in charge of the pause.
@@ -300,15 +326,21 @@ pub struct PauseDeadline {
 /// A job that ended, and how: shown for a while after it is gone.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EndedJob {
+    /// The job's name.
     pub name: String,
+    /// Its root's pid.
     pub pid: u32,
+    /// The uid that owned it.
     pub owner_uid: u32,
+    /// When it was attached (ms since the epoch).
     pub attached_at_ms: u64,
+    /// When it ended (ms since the epoch).
     pub ended_at_ms: u64,
     /// Whether memwatch held it paused when its root exited.
     pub was_paused: bool,
     /// Processes of the job memwatch continued, and the cgroup it thawed, after the root exited.
     pub continued: usize,
+    /// The cgroup memwatch thawed after the root exited, if any.
     pub thawed: Option<std::path::PathBuf>,
     /// For people.
     pub how: String,
@@ -329,6 +361,7 @@ pub struct EndedJob {
 pub struct Launched {
     /// 1 for the first run.
     pub run: u32,
+    /// How many times `memwatch launch` relaunches it at most.
     pub max_restarts: u32,
     /// How each earlier run ended, oldest first (at most 16 kept).
     pub previous: Vec<String>,

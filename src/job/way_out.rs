@@ -44,14 +44,18 @@ impl Phase {
 /// One step taken (or skipped), for people.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Taken {
+    /// The step: swap, lend, checkpoint, fix, room.
     pub step: String,
+    /// When (engine clock, ms).
     pub at_ms: u64,
+    /// What happened, for people.
     pub outcome: String,
 }
 
 /// A job's way out of a memory pause.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WayOut {
+    /// When the ladder began (engine clock, ms).
     pub started_ms: u64,
     /// The limit that ran out: "cgroup" or "host".
     pub limit: String,
@@ -59,7 +63,9 @@ pub struct WayOut {
     pub shortfall_bytes: u64,
     /// The growth rate at the pause (bytes/s).
     pub rate: f64,
+    /// Where the job is on the ladder.
     pub phase: Phase,
+    /// Since when (engine clock, ms).
     pub phase_since_ms: u64,
     /// The steps still to try, in order.
     pub remaining: Vec<Step>,

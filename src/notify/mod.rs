@@ -25,15 +25,21 @@ pub use deliver::message;
 /// One thing to tell people.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Notice {
+    /// What kind of event it is.
     pub kind: NoticeKind,
     /// The job, or "" for the host.
     pub job: String,
     /// The Slurm job the job belongs to, if any.
     pub slurm_job_id: Option<String>,
+    /// A short machine-readable cause (as in the event).
     pub reason: String,
+    /// The numbers behind it, for people.
     pub detail: String,
+    /// When it happened (ms since the epoch).
     pub timestamp_ms: u64,
+    /// Decided in dry-run mode.
     pub dry_run: bool,
+    /// The machine's host name.
     pub host: String,
     /// Notices of this kind for this job the channel held back since the last one it sent.
     pub held_back: u64,

@@ -7,8 +7,11 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Level {
+    /// Room enough.
     Ok,
+    /// Getting close: record, report, adapt.
     Warn,
+    /// At the edge: pause what the resource concerns (or only report, if so configured).
     Critical,
 }
 
@@ -35,9 +38,13 @@ impl Level {
 /// Thresholds on a value where higher is worse. `*_leave` must be below the matching `*_enter`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Thresholds {
+    /// Warn above this.
     pub warn_enter: f64,
+    /// Leave warn below this.
     pub warn_leave: f64,
+    /// Critical above this.
     pub critical_enter: f64,
+    /// Leave critical below this.
     pub critical_leave: f64,
     /// How long the value must stay past an enter threshold before the level rises.
     pub enter_hold_ms: u64,
@@ -52,12 +59,14 @@ pub enum Reading {
     Absent,
     /// It exists but could not be read this time: keep the level as it is.
     Unknown,
+    /// Its value (a ratio 0–1, or °C).
     Value(f64),
 }
 
 /// A resource's level and the transition it is waiting to make.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct LevelState {
+    /// Where the resource is.
     pub level: Level,
     /// The level the value points to and since when (ms), while it differs from `level`.
     pub pending: Option<(Level, u64)>,
@@ -68,6 +77,7 @@ pub struct LevelState {
 }
 
 impl LevelState {
+    /// Ok since `now_ms`.
     pub fn new(now_ms: u64) -> Self {
         LevelState {
             level: Level::Ok,

@@ -22,17 +22,22 @@ const REPEAT_WITHIN_MS: u64 = 5_000;
 /// A temperature with the device's own slowdown and shutdown points, where it reports them.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Temperature {
+    /// The reading, °C.
     pub celsius: f64,
+    /// The point where the device slows itself down, if it says.
     pub slowdown: Option<f64>,
+    /// The point where it shuts down, if it says.
     pub shutdown: Option<f64>,
 }
 
 /// One GPU as the policy sees it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuObservation {
+    /// The GPU's index.
     pub index: u32,
     /// Memory used / total.
     pub memory: Reading,
+    /// Its temperature, if NVML says.
     pub temperature: Option<Temperature>,
 }
 
@@ -41,7 +46,9 @@ pub struct GpuObservation {
 pub struct Projection {
     /// Which limit: "cgroup", "host" or "gpu N".
     pub limit: String,
+    /// Bytes left before the limit.
     pub headroom_bytes: u64,
+    /// Growth toward it, bytes/s.
     pub growth_bytes_per_second: f64,
 }
 
@@ -66,6 +73,7 @@ impl Projection {
 /// One attached job as the policy sees it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobObservation {
+    /// The job's name.
     pub name: String,
     /// Working set / limit of the job's memory cgroup; `Absent` when it has no limit.
     pub cgroup: Reading,
@@ -88,6 +96,7 @@ impl JobObservation {
 /// Everything the policy looks at, at one moment.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Observation {
+    /// When the observation was made (engine clock, ms).
     pub now_ms: u64,
     /// 1 - MemAvailable / MemTotal.
     pub host_memory: Reading,
@@ -97,7 +106,9 @@ pub struct Observation {
     pub pressure: Reading,
     /// The hottest CPU sensor relative to its own thresholds.
     pub cpu_temperature: Option<Temperature>,
+    /// Each GPU.
     pub gpus: Vec<GpuObservation>,
+    /// Each attached job.
     pub jobs: Vec<JobObservation>,
 }
 
@@ -105,14 +116,18 @@ pub struct Observation {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum By {
+    /// memwatch's policy, on a level or a projection.
     Policy,
+    /// A person (`memwatch pause`).
     User,
 }
 
 /// A paused job, as the policy remembers it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PauseState {
+    /// When the pause began (engine clock, ms).
     pub since_ms: u64,
+    /// The policy or a person.
     pub by: By,
     /// The resource keys (or `predicted`) that caused it.
     pub reasons: Vec<String>,
@@ -130,6 +145,7 @@ pub struct PauseState {
 /// The policy's memory of one job.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct JobState {
+    /// The pause the policy holds, if any.
     pub pause: Option<PauseState>,
     /// Critical resources whose current episode the user chose to run through (a manual resume).
     pub overridden: BTreeSet<String>,
@@ -147,38 +163,60 @@ pub struct JobState {
 /// The policy's whole state.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct State {
+    /// Each resource's level, by key (`host_memory`, `gpu_memory:0`, `job_cgroup:NAME` …).
     pub levels: BTreeMap<String, LevelState>,
+    /// Each job's memory.
     pub jobs: BTreeMap<String, JobState>,
 }
 
 /// What the policy wants done or recorded.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
+    /// A resource changed level.
     LevelChanged {
+        /// The resource's key.
         key: String,
+        /// The level before.
         from: Level,
+        /// The level now.
         to: Level,
+        /// The value behind the change.
         value: Option<f64>,
     },
+    /// Send the job its checkpoint signal (before a pause, where `policy.checkpoint_signal` is
+    /// set).
     Checkpoint {
+        /// The job.
         job: String,
+        /// Why, for people.
         reason: String,
     },
+    /// Pause the job.
     Pause {
+        /// The job.
         job: String,
+        /// Why, for people.
         reason: String,
     },
+    /// Resume the job.
     Resume {
+        /// The job.
         job: String,
+        /// Why, for people.
         reason: String,
     },
+    /// Stop the job (the maximum pause was reached and the configuration says to terminate).
     Terminate {
+        /// The job.
         job: String,
+        /// Why, for people.
         reason: String,
     },
     /// The maximum pause was reached and the configuration says to stay paused.
     StayPaused {
+        /// The job.
         job: String,
+        /// Why, for people.
         reason: String,
     },
 }

@@ -18,21 +18,28 @@ pub(crate) use tree::{children_files, parent_map};
 /// (clock ticks after boot, field 22 of /proc/PID/stat).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ProcRef {
+    /// The process id.
     pub pid: u32,
+    /// Its start time, clock ticks after boot.
     pub start_time: u64,
 }
 
 /// The parts of /proc/PID/stat memwatch uses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stat {
+    /// The process id.
     pub pid: u32,
+    /// Its command name (field 2, without the parentheses).
     pub comm: String,
     /// R, S, D, T (stopped), t (traced), Z, X, I …
     pub state: char,
+    /// Its parent's pid.
     pub ppid: u32,
     /// Flags; `PF_KTHREAD` (0x200000) marks kernel threads.
     pub flags: u64,
+    /// Its start time, clock ticks after boot.
     pub start_time: u64,
+    /// Resident pages.
     pub rss_pages: u64,
     /// CPU time used, user plus system, in clock ticks (`utime` + `stime`).
     pub cpu_ticks: u64,
@@ -41,15 +48,18 @@ pub struct Stat {
 const PF_KTHREAD: u64 = 0x0020_0000;
 
 impl Stat {
+    /// A kernel thread (never part of a job memwatch acts on).
     pub fn is_kernel_thread(&self) -> bool {
         self.flags & PF_KTHREAD != 0 || self.pid == 2 || self.ppid == 2
     }
+    /// The process as a pid-reuse-safe reference.
     pub fn proc_ref(&self) -> ProcRef {
         ProcRef {
             pid: self.pid,
             start_time: self.start_time,
         }
     }
+    /// Stopped (T) or traced (t).
     pub fn is_stopped(&self) -> bool {
         matches!(self.state, 'T' | 't')
     }
@@ -60,6 +70,7 @@ pub fn dir(root: &Path, pid: u32) -> PathBuf {
     root.join("proc").join(pid.to_string())
 }
 
+/// Reads /proc/PID/stat under `root`.
 pub fn read_stat(root: &Path, pid: u32) -> Result<Stat, ReadError> {
     let path = dir(root, pid).join("stat");
     parse_stat(&path, &read_text(&path)?)
@@ -112,11 +123,13 @@ pub struct Status {
     pub nspid: Vec<u32>,
 }
 
+/// Reads /proc/PID/status under `root`.
 pub fn read_status(root: &Path, pid: u32) -> Result<Status, ReadError> {
     let path = dir(root, pid).join("status");
     parse_status(&path, &read_text(&path)?)
 }
 
+/// Parses /proc/PID/status text (`path` names it in errors).
 pub fn parse_status(path: &Path, text: &str) -> Result<Status, ReadError> {
     let mut uids = None;
     let mut nspid = Vec::new();
@@ -147,8 +160,11 @@ pub fn parse_status(path: &Path, text: &str) -> Result<Status, ReadError> {
 /// A process's memory: resident, proportional (shared pages divided among their users) and swapped.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Memory {
+    /// Resident memory (Rss).
     pub rss_bytes: u64,
+    /// Proportional set size (Pss).
     pub pss_bytes: u64,
+    /// Swapped-out memory (Swap).
     pub swap_bytes: u64,
 }
 
@@ -158,6 +174,7 @@ pub fn read_memory(root: &Path, pid: u32) -> Result<Memory, ReadError> {
     parse_rollup(&path, &read_text(&path)?)
 }
 
+/// Parses /proc/PID/smaps_rollup text (`path` names it in errors).
 pub fn parse_rollup(path: &Path, text: &str) -> Result<Memory, ReadError> {
     let (mut rss, mut pss, mut swap) = (None, None, None);
     for line in text.lines() {

@@ -8,6 +8,7 @@ use super::{Stat, read_stat};
 /// A snapshot of one process tree, root first, then breadth-first.
 #[derive(Debug, Clone, Default)]
 pub struct Tree {
+    /// The processes, root first.
     pub procs: Vec<Stat>,
 }
 

@@ -14,8 +14,10 @@ pub const MAX_DEPTH: usize = 128;
 /// No parent: a top-level node.
 pub const TOP: u32 = u32::MAX;
 
+/// One key or list item of a parsed document.
 #[derive(Debug, Clone)]
 pub struct Node {
+    /// Its parent's index, or `TOP`.
     pub parent: u32,
     /// The key in its mapping, or the index in its list.
     pub key: String,
@@ -28,6 +30,7 @@ pub struct Node {
 /// The document's nodes, in order.
 #[derive(Debug, Clone, Default)]
 pub struct Doc {
+    /// Every node, in document order.
     pub nodes: Vec<Node>,
 }
 

@@ -25,8 +25,11 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Format {
+    /// `.json`.
     Json,
+    /// `.yaml` or `.yml`.
     Yaml,
+    /// `.toml`.
     Toml,
 }
 
@@ -46,13 +49,18 @@ impl Format {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Scalar {
+    /// true or false.
     Bool(bool),
+    /// An integer.
     Int(i64),
+    /// A floating-point number.
     Float(f64),
+    /// A string.
     Str(String),
 }
 
 impl Scalar {
+    /// A non-negative integer (a float with no fraction counts).
     pub fn as_u64(&self) -> Option<u64> {
         match self {
             Scalar::Int(i) => u64::try_from(*i).ok(),
@@ -60,6 +68,7 @@ impl Scalar {
             _ => None,
         }
     }
+    /// A number.
     pub fn as_f64(&self) -> Option<f64> {
         match self {
             Scalar::Int(i) => Some(*i as f64),
@@ -67,6 +76,7 @@ impl Scalar {
             _ => None,
         }
     }
+    /// A boolean.
     pub fn as_bool(&self) -> Option<bool> {
         match self {
             Scalar::Bool(b) => Some(*b),

@@ -6,16 +6,24 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Knob {
+    /// Micro-batch per device.
     MicroBatch,
+    /// Gradient accumulation steps.
     Accumulation,
+    /// DataLoader workers per rank.
     Workers,
+    /// DataLoader pin_memory.
     PinMemory,
+    /// Sequence length.
     SeqLen,
+    /// Ranks in the run (advised, never rewritten).
     WorldSize,
+    /// DeepSpeed ZeRO stage (advised, never rewritten).
     ZeroStage,
 }
 
 impl Knob {
+    /// A knob by name (`batch` is `micro_batch`); `None` for an unknown one.
     pub fn parse(s: &str) -> Option<Knob> {
         Some(match s {
             "batch" | "micro_batch" => Knob::MicroBatch,
@@ -50,11 +58,14 @@ impl Knob {
 /// A knob-to-path map.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Profile {
+    /// The profile's name: deepspeed, hf, accelerate, generic, or one given by keys alone.
     pub name: String,
+    /// Each knob's dotted path in the file.
     pub keys: Vec<(Knob, String)>,
 }
 
 impl Profile {
+    /// The dotted path of `knob`, if the profile has one.
     pub fn path(&self, knob: Knob) -> Option<&str> {
         self.keys
             .iter()

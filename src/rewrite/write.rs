@@ -34,32 +34,59 @@ pub const MAX_BYTES: u64 = 4 << 20;
 /// Why a rewrite was refused or failed. Nothing was written in any case.
 #[derive(Debug, thiserror::Error)]
 pub enum RewriteError {
+    /// The path is a symbolic link.
     #[error("{0}: is a symbolic link; memwatch rewrites regular files only")]
     Symlink(PathBuf),
+    /// The path is not a regular file.
     #[error("{0}: not a regular file")]
     NotRegular(PathBuf),
+    /// The file is not owned by the job's user.
     #[error(
         "{path}: owned by uid {owner}, not by the job's user (uid {expected}); refusing to rewrite it"
     )]
     ForeignOwner {
+        /// The file.
         path: PathBuf,
+        /// Its owner.
         owner: u32,
+        /// The job's user.
         expected: u32,
     },
+    /// The file is larger than memwatch reads.
     #[error(
         "{path}: {size} bytes; memwatch reads configs of at most {MAX_BYTES} bytes and left it untouched"
     )]
-    TooBig { path: PathBuf, size: u64 },
+    TooBig {
+        /// The file.
+        path: PathBuf,
+        /// Its size in bytes.
+        size: u64,
+    },
+    /// The file or its directory is one memwatch must not write (e.g. writable by others).
     #[error("{path}: {message}")]
-    Untrusted { path: PathBuf, message: String },
+    Untrusted {
+        /// The file.
+        path: PathBuf,
+        /// Why it is not trusted.
+        message: String,
+    },
+    /// Reading, writing or renaming failed.
     #[error("{path}: {source}")]
     Io {
+        /// The file.
         path: PathBuf,
+        /// The OS's error.
         #[source]
         source: std::io::Error,
     },
+    /// The file does not parse, or the edit does not fit it.
     #[error("{path}: {message}")]
-    Content { path: PathBuf, message: String },
+    Content {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, with the line where there is one.
+        message: String,
+    },
 }
 
 /// What a rewrite changed.
@@ -67,6 +94,7 @@ pub enum RewriteError {
 pub struct Outcome {
     /// Each edited path with its previous value.
     pub before: Before,
+    /// The copy of the file as it was before memwatch's first rewrite.
     pub backup: PathBuf,
     /// How many times the file changed under memwatch and was read again.
     pub retries: u32,

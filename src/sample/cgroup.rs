@@ -54,6 +54,7 @@ pub struct CgroupMemory {
     pub version: Version,
     /// The cgroup's path inside its hierarchy, e.g. `/system.slice/memwatch.service`.
     pub path: String,
+    /// Memory charged to the cgroup now.
     pub usage_bytes: u64,
     /// The tightest limit on the path to the root; `None` when nothing limits it.
     pub limit_bytes: Option<u64>,
@@ -94,7 +95,9 @@ pub struct CgroupDir {
     pub version: Version,
     /// The path inside the hierarchy, as /proc/PID/cgroup gives it.
     pub path: String,
+    /// Where the hierarchy is mounted.
     pub mount: PathBuf,
+    /// The cgroup's directory.
     pub dir: PathBuf,
 }
 
@@ -105,11 +108,15 @@ const V1_UNLIMITED: u64 = 1 << 60;
 /// controllers' paths and the v2 path.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Membership {
+    /// The v1 memory controller's path.
     pub v1_memory: Option<String>,
+    /// The v1 freezer controller's path.
     pub v1_freezer: Option<String>,
+    /// The v2 (unified) path.
     pub v2: Option<String>,
 }
 
+/// Parses /proc/PID/cgroup text (`path` names it in errors).
 pub fn parse_membership(path: &Path, text: &str) -> Result<Membership, ReadError> {
     let mut m = Membership {
         v1_memory: None,

@@ -5,17 +5,27 @@ use std::path::{Path, PathBuf};
 /// A reader's failure, always naming the file.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
+    /// Reading the file failed.
     #[error("{path}: {source}")]
     Io {
+        /// The file.
         path: PathBuf,
+        /// The OS's error.
         #[source]
         source: std::io::Error,
     },
+    /// The file's text is not what the kernel writes there.
     #[error("{path}: {message}")]
-    Parse { path: PathBuf, message: String },
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong.
+        message: String,
+    },
 }
 
 impl ReadError {
+    /// A parse failure of the file at `path`.
     pub fn parse(path: &Path, message: impl Into<String>) -> Self {
         ReadError::Parse {
             path: path.to_owned(),

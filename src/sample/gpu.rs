@@ -9,12 +9,19 @@ use serde::{Deserialize, Serialize};
 pub struct GpuSample {
     /// NVML's index.
     pub index: u32,
+    /// The product name.
     pub name: Option<String>,
+    /// The GPU's UUID.
     pub uuid: Option<String>,
+    /// Its PCI bus id.
     pub pci_bus_id: Option<String>,
+    /// Memory in all.
     pub memory_total_bytes: Option<u64>,
+    /// Memory in use.
     pub memory_used_bytes: Option<u64>,
+    /// Memory free.
     pub memory_free_bytes: Option<u64>,
+    /// Temperature now.
     pub temperature_celsius: Option<f64>,
     /// The temperature at which the GPU starts to slow itself down.
     pub temperature_slowdown_celsius: Option<f64>,
@@ -22,7 +29,9 @@ pub struct GpuSample {
     pub temperature_shutdown_celsius: Option<f64>,
     /// The highest temperature the GPU is meant to run at.
     pub temperature_max_operating_celsius: Option<f64>,
+    /// Power draw now.
     pub power_watts: Option<f64>,
+    /// The power limit in force.
     pub power_limit_watts: Option<f64>,
     /// Share of time a kernel ran, 0–1.
     pub utilization_gpu_ratio: Option<f64>,
@@ -37,7 +46,9 @@ pub struct GpuSample {
 /// A process holding memory on a GPU. `pid` is as NVML reports it: a host pid.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuProcess {
+    /// The process id (as the host sees it).
     pub pid: u32,
+    /// GPU memory it holds, where the driver says.
     pub used_bytes: Option<u64>,
 }
 
@@ -52,7 +63,9 @@ impl GpuSample {
 /// "not supported" (logged and counted, but the rest of the sample stands).
 #[derive(Debug, Default)]
 pub struct GpuReport {
+    /// Every GPU.
     pub gpus: Vec<GpuSample>,
+    /// Fields that failed, with why.
     pub field_errors: Vec<String>,
 }
 

@@ -9,23 +9,36 @@ use super::error::{ReadError, parse_u64, read_text};
 /// What /proc/meminfo says, converted to bytes. Fields older kernels lack are `None`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemInfo {
+    /// MemTotal.
     pub total_bytes: u64,
+    /// MemFree.
     pub free_bytes: u64,
+    /// MemAvailable: what can be had without swapping.
     pub available_bytes: u64,
+    /// Buffers.
     pub buffers_bytes: Option<u64>,
+    /// Cached (page cache).
     pub cached_bytes: Option<u64>,
+    /// Shmem (tmpfs, shared memory).
     pub shmem_bytes: Option<u64>,
+    /// Committed_AS: memory promised to processes.
     pub committed_as_bytes: Option<u64>,
+    /// CommitLimit.
     pub commit_limit_bytes: Option<u64>,
+    /// SwapTotal.
     pub swap_total_bytes: u64,
+    /// SwapFree.
     pub swap_free_bytes: u64,
+    /// SwapCached.
     pub swap_cached_bytes: Option<u64>,
 }
 
 impl MemInfo {
+    /// Memory in use: total less available.
     pub fn used_bytes(&self) -> u64 {
         self.total_bytes.saturating_sub(self.available_bytes)
     }
+    /// Swap in use.
     pub fn swap_used_bytes(&self) -> u64 {
         self.swap_total_bytes.saturating_sub(self.swap_free_bytes)
     }

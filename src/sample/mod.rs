@@ -23,10 +23,15 @@ use gpu::{GpuSample, GpuSource};
 /// Everything memwatch knows about the host at one moment.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct HostSample {
+    /// /proc/meminfo, if it could be read.
     pub memory: Option<meminfo::MemInfo>,
+    /// /proc/vmstat, if it could be read.
     pub vmstat: Option<vmstat::VmStat>,
+    /// PSI, each resource where the kernel has it.
     pub pressure: psi::Pressure,
+    /// The daemon's own cgroup's memory.
     pub cgroup: Option<cgroup::CgroupMemory>,
+    /// Every temperature sensor.
     pub temperatures: Vec<thermal::TempSensor>,
     /// The page size, to turn vmstat's page counts into bytes.
     pub page_size_bytes: u64,
@@ -38,8 +43,11 @@ pub struct HostSample {
 /// How one collector fared in this sample.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CollectorStatus {
+    /// The collector's name.
     pub name: String,
+    /// Whether it read what it reads.
     pub success: bool,
+    /// How long it took.
     pub duration_seconds: f64,
     /// Failures since the daemon started.
     pub errors_total: u64,
@@ -58,19 +66,28 @@ pub fn hostname(root: &std::path::Path) -> Option<String> {
 pub struct Sample {
     /// Milliseconds since the Unix epoch when the sample was taken.
     pub timestamp_ms: u64,
+    /// The host.
     pub host: HostSample,
+    /// Each GPU.
     pub gpus: Vec<GpuSample>,
+    /// How each collector did.
     pub collectors: Vec<CollectorStatus>,
 }
 
 /// A collector: one group of readers, timed, counted and reported together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Collector {
+    /// /proc/meminfo.
     Meminfo,
+    /// /proc/vmstat.
     Vmstat,
+    /// /proc/pressure.
     Pressure,
+    /// The daemon's own cgroup.
     Cgroup,
+    /// hwmon and thermal zones.
     Thermal,
+    /// NVML.
     Gpu,
 }
 
@@ -116,6 +133,7 @@ pub struct Sampler {
 }
 
 impl Sampler {
+    /// A sampler reading under `root`, with GPUs from `gpu` if given.
     pub fn new(root: PathBuf, gpu: Option<Box<dyn GpuSource>>) -> Self {
         let page_size = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
             .ok()

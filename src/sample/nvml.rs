@@ -57,6 +57,7 @@ impl NvmlSource {
         }
     }
 
+    /// Whether the NVML library was loaded.
     pub fn is_loaded(&self) -> bool {
         self.nvml.is_some()
     }

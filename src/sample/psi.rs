@@ -12,24 +12,33 @@ use super::error::{ReadError, read_text};
 /// One PSI line: shares of wall time (0–1) stalled over 10/60/300 s, and the total stall time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct PsiLine {
+    /// Share stalled over the last 10 s.
     pub avg10: f64,
+    /// Share stalled over the last 60 s.
     pub avg60: f64,
+    /// Share stalled over the last 300 s.
     pub avg300: f64,
+    /// Total stall time since boot.
     pub total_seconds: f64,
 }
 
 /// A resource's pressure. `full` is absent for the CPU on kernels before 5.13.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Psi {
+    /// Some task stalled.
     pub some: PsiLine,
+    /// Every non-idle task stalled at once.
     pub full: Option<PsiLine>,
 }
 
 /// Pressure for the three resources; each absent where the kernel has no PSI.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Pressure {
+    /// Memory pressure.
     pub memory: Option<Psi>,
+    /// CPU pressure.
     pub cpu: Option<Psi>,
+    /// I/O pressure.
     pub io: Option<Psi>,
 }
 
@@ -37,6 +46,7 @@ pub struct Pressure {
 pub const RESOURCES: [&str; 3] = ["memory", "cpu", "io"];
 
 impl Pressure {
+    /// The pressure of `resource` (memory, cpu or io).
     pub fn get(&self, resource: &str) -> Option<&Psi> {
         match resource {
             "memory" => self.memory.as_ref(),
@@ -63,6 +73,7 @@ pub fn read(root: &Path, resource: &str) -> Result<Option<Psi>, ReadError> {
     }
 }
 
+/// Parses one /proc/pressure file's text (`path` names it in errors).
 pub fn parse(path: &Path, text: &str) -> Result<Psi, ReadError> {
     let mut some = None;
     let mut full = None;

@@ -13,8 +13,11 @@ pub struct TempSensor {
     pub chip: String,
     /// Sensor label (`Package id 0`, `temp1`, or the zone's type).
     pub sensor: String,
+    /// The reading.
     pub celsius: f64,
+    /// The sensor's critical point, if it has one.
     pub crit_celsius: Option<f64>,
+    /// Its maximum, if it has one.
     pub max_celsius: Option<f64>,
 }
 

@@ -9,9 +9,13 @@ use super::error::{ReadError, parse_u64, read_text};
 /// Cumulative counters from /proc/vmstat. Swap traffic is in pages; `oom_kill` needs Linux 4.13.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VmStat {
+    /// Pages swapped in since boot.
     pub pswpin: u64,
+    /// Pages swapped out since boot.
     pub pswpout: u64,
+    /// Major page faults since boot.
     pub pgmajfault: u64,
+    /// OOM kills since boot (Linux 4.13+).
     pub oom_kill: Option<u64>,
 }
 
@@ -21,6 +25,7 @@ pub fn read(root: &Path) -> Result<VmStat, ReadError> {
     parse(&path, &read_text(&path)?)
 }
 
+/// Parses /proc/vmstat text (`path` names it in errors).
 pub fn parse(path: &Path, text: &str) -> Result<VmStat, ReadError> {
     let mut v = VmStat::default();
     let mut seen = 0;

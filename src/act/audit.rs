@@ -7,13 +7,124 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+/// What an event records. Serialized as its snake_case name (`stay_paused`, `way_out` …).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// A job was attached (by a person, `memwatch launch`, a restarted daemon or Slurm).
+    Attach,
+    /// A job was detached, or its root exited.
+    Detach,
+    /// A job was paused.
+    Pause,
+    /// A job was resumed.
+    Resume,
+    /// A job was asked to save a checkpoint.
+    Checkpoint,
+    /// A job was asked to stop (SIGTERM to every process).
+    Terminate,
+    /// A job that did not stop within the grace got SIGKILL.
+    Kill,
+    /// A job reached the maximum pause and stays paused, as configured.
+    StayPaused,
+    /// A resource changed level.
+    Level,
+    /// A change to a job's training config was staged (written to its file).
+    Rewrite,
+    /// The trainer acknowledged changes as applied.
+    Applied,
+    /// The trainer answered that it cannot apply changes.
+    Declined,
+    /// An acknowledged change was seen to take effect.
+    Verified,
+    /// An acknowledged change was not seen to take effect in time.
+    Unverified,
+    /// A step of a job's way out of a memory pause.
+    WayOut,
+    /// A running job will reach a limit soon at its current growth.
+    NearExhaustion,
+    /// A collector started failing.
+    CollectorDown,
+    /// A failing collector works again.
+    CollectorUp,
+    /// Something memwatch tried failed.
+    Error,
+}
+
+impl Action {
+    /// The name the API, the events and the metrics use (as serialized).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Attach => "attach",
+            Action::Detach => "detach",
+            Action::Pause => "pause",
+            Action::Resume => "resume",
+            Action::Checkpoint => "checkpoint",
+            Action::Terminate => "terminate",
+            Action::Kill => "kill",
+            Action::StayPaused => "stay_paused",
+            Action::Level => "level",
+            Action::Rewrite => "rewrite",
+            Action::Applied => "applied",
+            Action::Declined => "declined",
+            Action::Verified => "verified",
+            Action::Unverified => "unverified",
+            Action::WayOut => "way_out",
+            Action::NearExhaustion => "near_exhaustion",
+            Action::CollectorDown => "collector_down",
+            Action::CollectorUp => "collector_up",
+            Action::Error => "error",
+        }
+    }
+
+    /// Every action, in the order the API's docs list them.
+    pub const ALL: [Action; 19] = [
+        Action::Attach,
+        Action::Detach,
+        Action::Pause,
+        Action::Resume,
+        Action::Checkpoint,
+        Action::Terminate,
+        Action::Kill,
+        Action::StayPaused,
+        Action::Level,
+        Action::Rewrite,
+        Action::Applied,
+        Action::Declined,
+        Action::Verified,
+        Action::Unverified,
+        Action::WayOut,
+        Action::NearExhaustion,
+        Action::CollectorDown,
+        Action::CollectorUp,
+        Action::Error,
+    ];
+
+    /// The action of that name, if there is one.
+    pub fn parse(name: &str) -> Option<Action> {
+        Action::ALL.into_iter().find(|a| a.as_str() == name)
+    }
+
+    /// An event that is no intervention: not counted as one, and logged at info.
+    pub fn is_notice(self) -> bool {
+        matches!(
+            self,
+            Action::Level
+                | Action::Error
+                | Action::CollectorDown
+                | Action::CollectorUp
+                | Action::NearExhaustion
+        )
+    }
+}
+
 /// One recorded intervention or level change.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
     /// When it happened (engine clock, ms since the epoch).
     pub timestamp_ms: u64,
-    /// pause, resume, checkpoint, terminate, stay_paused, attach, detach, level, error.
-    pub action: String,
+    /// What happened.
+    pub action: Action,
     /// The job, or empty for host-wide events.
     pub job: String,
     /// The Slurm job the job belongs to, if any.
@@ -107,13 +218,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn action_names_are_the_serialized_ones_and_parse_back() {
+        let mut seen = std::collections::BTreeSet::new();
+        for a in Action::ALL {
+            assert_eq!(serde_json::to_value(a).unwrap(), a.as_str());
+            assert_eq!(Action::parse(a.as_str()), Some(a));
+            assert!(seen.insert(a.as_str()), "{} twice", a.as_str());
+        }
+        assert_eq!(Action::parse("reboot"), None);
+        // An events.jsonl line with an action this version does not know is skipped, not fatal.
+        let line = r#"{"timestamp_ms":1,"action":"reboot","job":"","reason":"","detail":"","dry_run":false}"#;
+        assert!(serde_json::from_str::<Event>(line).is_err());
+    }
+
+    #[test]
     fn bounded_on_disk_and_reloaded() {
         let dir = tempfile::tempdir().unwrap();
         let mut a = Audit::open(dir.path(), 2000);
         for i in 0..100 {
             a.record(Event {
                 timestamp_ms: i,
-                action: "pause".into(),
+                action: Action::Pause,
                 job: "j".into(),
                 slurm_job_id: None,
                 reason: "host_memory".into(),

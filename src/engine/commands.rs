@@ -2,6 +2,7 @@
 //! processes whose real uid is theirs. A refusal changes nothing.
 
 use super::Engine;
+use crate::act::audit::Action;
 use crate::control::{Caller, Refusal, Request, Response};
 use crate::job::Job;
 use crate::policy::{self, By};
@@ -41,7 +42,14 @@ impl Engine {
                             j.launch = Some(l);
                             self.save();
                             if let Some(detail) = relaunch {
-                                self.record(now_ms, "attach", &name, "relaunch", detail, false);
+                                self.record(
+                                    now_ms,
+                                    Action::Attach,
+                                    &name,
+                                    "relaunch",
+                                    detail,
+                                    false,
+                                );
                             }
                         }
                         let mut r = Response::job(self.job_view(&self.jobs[&name]));
@@ -258,7 +266,7 @@ impl Engine {
             self.save();
             self.record(
                 now_ms,
-                "checkpoint",
+                Action::Checkpoint,
                 &job,
                 "trainer",
                 "the trainer saved its checkpoint".into(),
@@ -331,11 +339,11 @@ impl Engine {
         if !settled.is_empty() {
             let (action, detail) = match &answer {
                 Answer::Applied { epoch } => (
-                    "applied",
+                    Action::Applied,
                     format!("generation(s) {settled:?} applied at epoch {epoch}"),
                 ),
                 Answer::Declined(why) => (
-                    "declined",
+                    Action::Declined,
                     format!("generation(s) {settled:?} cannot be applied: {why}"),
                 ),
             };
@@ -368,7 +376,7 @@ impl Engine {
             self.save();
             self.record(
                 now_ms,
-                "verified",
+                Action::Verified,
                 &job,
                 "trainer",
                 format!("generation(s) {verified:?} verified: the trainer reports running with the change"),
@@ -500,7 +508,7 @@ impl Engine {
         self.save();
         self.record(
             now_ms,
-            "attach",
+            Action::Attach,
             &name,
             "user",
             format!("pid {pid} by uid {}", caller.uid),
@@ -522,7 +530,7 @@ impl Engine {
         self.save();
         self.record(
             now_ms,
-            "detach",
+            Action::Detach,
             &name,
             "user",
             format!("by uid {}", caller.uid),
@@ -541,7 +549,7 @@ impl Engine {
         policy::user_pause(&mut self.policy, &name, now_ms);
         self.record(
             now_ms,
-            "pause",
+            Action::Pause,
             &name,
             "user",
             format!("by uid {}", caller.uid),
@@ -564,7 +572,7 @@ impl Engine {
         policy::user_resume(&mut self.policy, &name);
         self.record(
             now_ms,
-            "resume",
+            Action::Resume,
             &name,
             "user",
             format!("by uid {}", caller.uid),

@@ -4,6 +4,7 @@
 use nix::sys::signal::Signal;
 
 use super::Engine;
+use crate::act::audit::Action;
 use crate::act::persist::{self, Persisted, PersistedJob, PersistedPause};
 use crate::act::{pause, signal};
 use crate::job::{Job, Pause};
@@ -56,7 +57,7 @@ impl Engine {
                     Some(v) => format!("{key}: {} → {} at {v:.3}", from.as_str(), to.as_str()),
                     None => format!("{key}: {} → {}", from.as_str(), to.as_str()),
                 };
-                self.record(now_ms, "level", "", &key, detail, false);
+                self.record(now_ms, Action::Level, "", &key, detail, false);
             }
             Decision::Checkpoint { job, reason } => {
                 let name = &self.cfg.policy.checkpoint_signal;
@@ -79,7 +80,14 @@ impl Engine {
                         tracing::warn!(job, error = %e, "checkpoint signal failed");
                     }
                 }
-                self.record(now_ms, "checkpoint", &job, &cause(&reason), reason, dry);
+                self.record(
+                    now_ms,
+                    Action::Checkpoint,
+                    &job,
+                    &cause(&reason),
+                    reason,
+                    dry,
+                );
             }
             Decision::Pause { job, reason } => {
                 if self
@@ -106,7 +114,7 @@ impl Engine {
                     }
                     self.record(
                         now_ms,
-                        "error",
+                        Action::Error,
                         &job,
                         &why,
                         format!("pause failed: {e}"),
@@ -117,7 +125,7 @@ impl Engine {
                     }
                     return;
                 }
-                self.record(now_ms, "pause", &job, &why, reason, dry);
+                self.record(now_ms, Action::Pause, &job, &why, reason, dry);
             }
             Decision::Resume { job, reason } => {
                 self.resume_job(&job);
@@ -126,14 +134,14 @@ impl Engine {
                 } else {
                     "recovered"
                 };
-                self.record(now_ms, "resume", &job, why, reason, dry);
+                self.record(now_ms, Action::Resume, &job, why, reason, dry);
             }
             Decision::Terminate { job, reason } => {
                 let why = format!("{reason} (on_max_pause = \"terminate\")");
                 self.terminate_job(&job, &why, "max_pause", now_ms);
             }
             Decision::StayPaused { job, reason } => {
-                self.record(now_ms, "stay_paused", &job, "max_pause", reason, dry);
+                self.record(now_ms, Action::StayPaused, &job, "max_pause", reason, dry);
             }
         }
     }
@@ -212,7 +220,14 @@ impl Engine {
                     js.pause = None;
                 }
                 self.save();
-                self.record(now_ms, "terminate", job, cause, reason.to_owned(), dry);
+                self.record(
+                    now_ms,
+                    Action::Terminate,
+                    job,
+                    cause,
+                    reason.to_owned(),
+                    dry,
+                );
             }
         }
     }
@@ -373,7 +388,7 @@ impl Engine {
             Err(e) => {
                 self.record(
                     now_ms,
-                    "error",
+                    Action::Error,
                     name,
                     "freeze",
                     format!("the cgroup did not freeze and signals failed: {e}"),
@@ -475,7 +490,7 @@ impl Engine {
             if let Some(done) = crate::act::recover::undo_pause(&self.process_root, &pj) {
                 self.record(
                     now_ms,
-                    "resume",
+                    Action::Resume,
                     &pj.name,
                     "restart",
                     done.to_string(),
@@ -530,7 +545,7 @@ impl Engine {
                 self.jobs.insert(pj.name.clone(), job);
                 self.record(
                     now_ms,
-                    "attach",
+                    Action::Attach,
                     &pj.name,
                     "restart",
                     format!("re-adopted pid {}", pj.root.pid),
@@ -566,7 +581,7 @@ impl Engine {
             self.resume_job(&name);
             self.record(
                 now_ms,
-                "resume",
+                Action::Resume,
                 &name,
                 "shutdown",
                 "the daemon is stopping".into(),

@@ -4,6 +4,7 @@
 use nix::sys::signal::Signal;
 
 use super::Engine;
+use crate::act::audit::Action;
 use crate::act::signal;
 use crate::job::{EndedJob, Job};
 use crate::policy;
@@ -74,7 +75,7 @@ impl Engine {
             }
             self.record(
                 now_ms,
-                "kill",
+                Action::Kill,
                 &name,
                 "max_pause",
                 format!(
@@ -181,7 +182,7 @@ impl Engine {
             self.ended.pop_front();
         }
         self.save();
-        self.record(now_ms, "detach", name, "gone", how, false);
+        self.record(now_ms, Action::Detach, name, "gone", how, false);
     }
 }
 

@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::act::audit::{Audit, Event};
+use crate::act::audit::{Action, Audit, Event};
 use crate::config::Config;
 use crate::job::{EndedJob, Growth, Job, JobView};
 use crate::policy;
@@ -69,7 +69,7 @@ pub struct LevelView {
 #[derive(Debug, Clone, Serialize)]
 pub struct InterventionCount {
     /// The action (pause, resume, terminate …).
-    pub action: String,
+    pub action: Action,
     /// The reason (host_memory, predicted, user …).
     pub reason: String,
     /// How many times.
@@ -138,7 +138,7 @@ pub struct Engine {
     /// The freshest MemAvailable and MemTotal (probe or full sample).
     host_memory: Option<(u64, u64)>,
     latest: Option<Arc<Sample>>,
-    counts: BTreeMap<(String, String), (u64, u64)>,
+    counts: BTreeMap<(Action, String), (u64, u64)>,
     /// The policy wants fast probing until this time (ms).
     fast_until_ms: u64,
     /// Something the view shows changed since the last `take_dirty`.
@@ -386,7 +386,7 @@ impl Engine {
     fn record(
         &mut self,
         now_ms: u64,
-        action: &str,
+        action: Action,
         job: &str,
         reason: &str,
         detail: String,
@@ -394,17 +394,14 @@ impl Engine {
     ) {
         self.dirty = true;
         // Events that are no intervention: not counted as one, logged at info.
-        let notice = matches!(
-            action,
-            "level" | "error" | "collector_down" | "collector_up" | "near_exhaustion"
-        );
+        let notice = action.is_notice();
         match action {
-            "attach" | "detach" => {}
+            Action::Attach | Action::Detach => {}
             _ if notice => {}
             _ => {
                 let c = self
                     .counts
-                    .entry((action.to_owned(), reason.to_owned()))
+                    .entry((action, reason.to_owned()))
                     .or_insert((0, 0));
                 c.0 += 1;
                 c.1 = now_ms;
@@ -416,9 +413,9 @@ impl Engine {
             tracing::Level::WARN
         };
         if level == tracing::Level::WARN {
-            tracing::warn!(action, job, reason, detail = %detail, dry_run, "intervention");
+            tracing::warn!(action = action.as_str(), job, reason, detail = %detail, dry_run, "intervention");
         } else {
-            tracing::info!(action, job, reason, detail = %detail, "event");
+            tracing::info!(action = action.as_str(), job, reason, detail = %detail, "event");
         }
         // A job that just ended is among the ended ones.
         let slurm_job_id = match self.jobs.get(job) {
@@ -432,7 +429,7 @@ impl Engine {
         };
         let event = Event {
             timestamp_ms: now_ms,
-            action: action.to_owned(),
+            action,
             job: job.to_owned(),
             slurm_job_id,
             reason: reason.to_owned(),
@@ -477,7 +474,7 @@ impl Engine {
                 .counts
                 .iter()
                 .map(|((action, reason), (count, last))| InterventionCount {
-                    action: action.clone(),
+                    action: *action,
                     reason: reason.clone(),
                     count: *count,
                     last_timestamp_ms: *last,

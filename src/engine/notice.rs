@@ -2,6 +2,7 @@
 //! a collector that stopped working. Both are edge-triggered: recorded once when they begin.
 
 use super::Engine;
+use crate::act::audit::Action;
 use crate::human::bytes as human_bytes;
 
 impl Engine {
@@ -30,7 +31,14 @@ impl Engine {
                         human_bytes(l.growth_bytes_per_second.max(0.0) as u64),
                         t
                     );
-                    self.record(now_ms, "near_exhaustion", &name, &l.limit, detail, false);
+                    self.record(
+                        now_ms,
+                        Action::NearExhaustion,
+                        &name,
+                        &l.limit,
+                        detail,
+                        false,
+                    );
                 }
                 Some((t, _)) if t <= 2.0 * near_s => {}
                 _ => {
@@ -50,11 +58,11 @@ impl Engine {
                     "the {} collector failed ({} failures since the daemon started); see the daemon's log",
                     c.name, c.errors_total
                 );
-                self.record(now_ms, "collector_down", "", &c.name, detail, false);
+                self.record(now_ms, Action::CollectorDown, "", &c.name, detail, false);
             } else if c.success && was {
                 self.failing.remove(&c.name);
                 let detail = format!("the {} collector works again", c.name);
-                self.record(now_ms, "collector_up", "", &c.name, detail, false);
+                self.record(now_ms, Action::CollectorUp, "", &c.name, detail, false);
             }
         }
     }

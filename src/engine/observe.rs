@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use super::Engine;
+use crate::act::audit;
 use crate::config::Action;
 use crate::job::{JobSample, Limit};
 
@@ -130,7 +131,11 @@ impl Engine {
                     ),
                 }
             };
-            let action = if verified { "verified" } else { "unverified" };
+            let action = if verified {
+                audit::Action::Verified
+            } else {
+                audit::Action::Unverified
+            };
             self.record(now_ms, action, &job, "trainer", detail, false);
         }
     }

@@ -4,6 +4,7 @@
 use nix::sys::signal::Signal;
 
 use super::Engine;
+use crate::act::audit::Action;
 use crate::act::slurm::{Slurmctl, Suspended};
 use crate::act::{pause, signal};
 use crate::control::{Caller, Refusal};
@@ -128,7 +129,7 @@ impl Engine {
         );
         self.record(
             now_ms,
-            "attach",
+            Action::Attach,
             &shown,
             "slurm",
             format!(
@@ -213,7 +214,7 @@ impl Engine {
             };
             if let Some(why) = gave_up {
                 self.pending_slurm.remove(&id);
-                self.record(now_ms, "error", &shown, "slurm", why, false);
+                self.record(now_ms, Action::Error, &shown, "slurm", why, false);
             }
         }
     }
@@ -235,7 +236,7 @@ impl Engine {
             self.pending_slurm.remove(id);
             self.record(
                 now_ms,
-                "detach",
+                Action::Detach,
                 &shown,
                 "slurm",
                 format!("Slurm job {id}, before any process of it ran here"),
@@ -263,7 +264,7 @@ impl Engine {
             Some(name) => {
                 self.record(
                     now_ms,
-                    "detach",
+                    Action::Detach,
                     &name,
                     "slurm",
                     format!("Slurm job {id} ended (its epilog ran)"),

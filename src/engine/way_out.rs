@@ -10,6 +10,7 @@ use super::Engine;
 mod room;
 mod steps;
 
+use crate::act::audit::Action;
 use crate::act::swap;
 use crate::config::{OnMaxPause, Step};
 use crate::job::way_out::{Phase, Taken, WayOut};
@@ -315,7 +316,7 @@ impl Engine {
         }
         self.record(
             now_ms,
-            "way_out",
+            Action::WayOut,
             name,
             "no_room",
             format!(
@@ -379,7 +380,7 @@ impl Engine {
         let account = self.account_of(name);
         self.record(
             now_ms,
-            "way_out",
+            Action::WayOut,
             name,
             "none",
             format!(
@@ -458,7 +459,7 @@ impl Engine {
         }
         self.record(
             now_ms,
-            "way_out",
+            Action::WayOut,
             name,
             step,
             format!("{step}: {outcome}"),

@@ -151,7 +151,12 @@ fn job_json(job: &crate::job::JobView, details: bool) -> serde_json::Value {
 /// config rewrites and errors (file paths, values) stay with the job's owner (the control socket).
 fn public_event(e: &crate::act::audit::Event) -> serde_json::Value {
     let mut v = serde_json::to_value(e).unwrap_or_default();
-    if !e.job.is_empty() && matches!(e.action.as_str(), "rewrite" | "error") {
+    if !e.job.is_empty()
+        && matches!(
+            e.action,
+            crate::act::audit::Action::Rewrite | crate::act::audit::Action::Error
+        )
+    {
         v["detail"] = "details for the job's owner and root: memwatch jobs --json".into();
     }
     v

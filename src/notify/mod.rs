@@ -17,7 +17,7 @@ use std::sync::Mutex;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use crate::act::audit::Event;
+use crate::act::audit::{Action, Event};
 use crate::config::{Channel, NoticeKind, Notify};
 
 pub use deliver::message;
@@ -47,16 +47,16 @@ pub struct Notice {
 
 /// The kind of notice an engine event is, if it is one people are told about.
 pub fn kind_of(e: &Event) -> Option<NoticeKind> {
-    Some(match (e.action.as_str(), e.reason.as_str()) {
-        ("pause", _) => NoticeKind::Pause,
-        ("resume", _) => NoticeKind::Resume,
-        ("terminate", _) => NoticeKind::Stop,
-        ("attach", "relaunch") => NoticeKind::Restart,
-        ("rewrite", _) if !e.dry_run => NoticeKind::Staged,
-        ("applied", _) => NoticeKind::Applied,
-        ("unverified", _) => NoticeKind::Unverified,
-        ("near_exhaustion", _) => NoticeKind::NearExhaustion,
-        ("collector_down", _) => NoticeKind::CollectorDown,
+    Some(match (e.action, e.reason.as_str()) {
+        (Action::Pause, _) => NoticeKind::Pause,
+        (Action::Resume, _) => NoticeKind::Resume,
+        (Action::Terminate, _) => NoticeKind::Stop,
+        (Action::Attach, "relaunch") => NoticeKind::Restart,
+        (Action::Rewrite, _) if !e.dry_run => NoticeKind::Staged,
+        (Action::Applied, _) => NoticeKind::Applied,
+        (Action::Unverified, _) => NoticeKind::Unverified,
+        (Action::NearExhaustion, _) => NoticeKind::NearExhaustion,
+        (Action::CollectorDown, _) => NoticeKind::CollectorDown,
         _ => return None,
     })
 }
@@ -152,7 +152,7 @@ mod tests {
     fn event(action: &str, reason: &str, dry_run: bool) -> Event {
         Event {
             timestamp_ms: 0,
-            action: action.into(),
+            action: Action::parse(action).unwrap(),
             job: "j".into(),
             slurm_job_id: None,
             reason: reason.into(),

@@ -1,6 +1,7 @@
 //! While a job runs on emergency room: whether its fix came and it fits, whether the room runs out;
 //! giving the room back (swap work off the owner task), and what ended jobs and killed daemons left.
 
+use crate::act::audit::Action;
 use crate::act::swap;
 use crate::engine::Engine;
 use crate::job::way_out::Phase;
@@ -87,7 +88,7 @@ impl Engine {
             self.set_phase(name, Phase::Clearing, now_ms);
             self.record(
                 now_ms,
-                "way_out",
+                Action::WayOut,
                 name,
                 "fixed",
                 format!("generation {g} applied mid-epoch; giving the emergency room back"),
@@ -205,7 +206,7 @@ impl Engine {
                     }
                     self.record(
                         now_ms,
-                        "way_out",
+                        Action::WayOut,
                         name,
                         "lend",
                         format!("{} back at {} MiB", l.dir.display(), l.original >> 20),
@@ -312,7 +313,7 @@ impl Engine {
                     Ok(()) => {
                         self.record(
                             now_ms,
-                            "way_out",
+                            Action::WayOut,
                             &name,
                             "swap",
                             format!("emergency swap {} cleared and removed{peak}", record.device),

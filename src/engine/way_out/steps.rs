@@ -1,6 +1,7 @@
 //! The ladder's steps: emergency swap or a lent limit for an urgent fix, and the checkpoint before a
 //! clean stop; resuming a job on its room, and pausing it again.
 
+use crate::act::audit::Action;
 use crate::act::lend;
 use crate::engine::Engine;
 use crate::job::way_out::Phase;
@@ -118,7 +119,7 @@ impl Engine {
         self.set_phase(name, Phase::MakingSwap, now_ms);
         self.record(
             now_ms,
-            "way_out",
+            Action::WayOut,
             name,
             "swap",
             format!(
@@ -188,7 +189,7 @@ impl Engine {
         self.mark_urgent(name, generation);
         self.record(
             now_ms,
-            "way_out",
+            Action::WayOut,
             name,
             "lend",
             format!(
@@ -265,7 +266,7 @@ impl Engine {
         self.set_phase(name, Phase::Checkpointing, now_ms);
         self.record(
             now_ms,
-            "checkpoint",
+            Action::Checkpoint,
             name,
             "way_out",
             format!(
@@ -342,7 +343,7 @@ impl Engine {
         self.set_phase(name, Phase::Fixing, now_ms);
         self.record(
             now_ms,
-            "resume",
+            Action::Resume,
             name,
             "way_out",
             "resumed with emergency room to apply its fix".into(),
@@ -364,6 +365,6 @@ impl Engine {
         if let Err(e) = self.pause_job(name, policy::By::Policy, &why, now_ms) {
             tracing::warn!(job = name, error = %e, "cannot pause the job again");
         }
-        self.record(now_ms, "pause", name, "way_out", why, false);
+        self.record(now_ms, Action::Pause, name, "way_out", why, false);
     }
 }

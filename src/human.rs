@@ -50,21 +50,6 @@ fn pair(a: u64, ua: &str, b: u64, ub: &str) -> String {
     }
 }
 
-/// A level resource key in plain words: `gpu_memory:0` → "GPU 0 memory".
-pub fn resource(key: &str) -> String {
-    crate::policy::words(key)
-}
-
-/// A level's value in its unit: a share for memory, degrees for temperatures.
-pub fn level_value(key: &str, value: Option<f64>) -> String {
-    match value {
-        None => String::new(),
-        Some(v) if key.contains("temperature") => format!(" {v:.0} °C"),
-        Some(v) if key == "pressure" => format!(" {:.1} %", v * 100.0),
-        Some(v) => format!(" {:.0} %", v * 100.0),
-    }
-}
-
 /// Colours for a terminal, or none.
 #[derive(Debug, Clone, Copy)]
 pub struct Paint {
@@ -142,11 +127,7 @@ mod tests {
     }
 
     #[test]
-    fn plain_words_and_no_colour_when_off() {
-        assert_eq!(resource("gpu_memory:0"), "GPU 0 memory");
-        assert_eq!(resource("job_cgroup:train"), "train's cgroup");
-        assert_eq!(level_value("gpu_temperature:0", Some(92.4)), " 92 °C");
-        assert_eq!(level_value("host_memory", Some(0.981)), " 98 %");
+    fn no_colour_when_off() {
         assert_eq!(Paint { on: false }.level(Level::Critical, "x"), "x");
         assert_eq!(
             Paint { on: true }.level(Level::Warn, "x"),

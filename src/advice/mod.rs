@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::adapt::rules::smaller_divisor;
 use crate::job::JobView;
-use crate::policy::{Level, LevelState};
+use crate::policy::{Level, LevelState, Resource};
 use crate::rewrite::profile::Knob;
 use crate::sample::Sample;
 
@@ -105,11 +105,11 @@ pub struct Input<'a> {
     pub thermal_pauses: &'a [(String, u32)],
     /// The policy's levels by key (`host_memory`, `job_cgroup:NAME`, `gpu_memory:INDEX`): memory
     /// advice starts where one is at warn or worse, and cites it.
-    pub levels: &'a BTreeMap<String, LevelState>,
+    pub levels: &'a BTreeMap<Resource, LevelState>,
 }
 
 /// "`what` is at critical: 97 % used (`detail`)" when the level at `key` is warn or worse.
-fn at_warn(input: &Input, key: &str, what: &str, detail: &str) -> Option<(Level, String)> {
+fn at_warn(input: &Input, key: &Resource, what: &str, detail: &str) -> Option<(Level, String)> {
     let l = input.levels.get(key).filter(|l| l.level >= Level::Warn)?;
     let pct = l
         .value
@@ -242,7 +242,7 @@ fn gpu_memory(input: &Input, out: &mut Vec<Advice>) {
         );
         let Some((level, trigger)) = at_warn(
             input,
-            &format!("gpu_memory:{}", g.index),
+            &Resource::GpuMemory(g.index),
             &format!("GPU {}'s memory", g.index),
             &format!("{} of {}", gib(used), gib(total)),
         ) else {

@@ -2,6 +2,7 @@
 //! dataset, keep the batch. Each item cites the level that raised it, and reads what runs.
 
 use super::{Advice, Input, Severity, at_warn, gib, gpu_ratio, knobs, mib};
+use crate::policy::Resource;
 use crate::rewrite::profile::Knob;
 
 /// GPUs below this much memory in use "have room" for the batch to stay as it is.
@@ -13,7 +14,7 @@ pub(super) fn host_ram(input: &Input, out: &mut Vec<Advice>) {
     };
     let host = at_warn(
         input,
-        "host_memory",
+        &Resource::HostMemory,
         "host RAM",
         &format!(
             "{} available of {}",
@@ -32,7 +33,7 @@ pub(super) fn host_ram(input: &Input, out: &mut Vec<Advice>) {
         let cgroup = s.cgroup.as_ref().and_then(|c| {
             at_warn(
                 input,
-                &format!("job_cgroup:{}", job.name),
+                &Resource::JobCgroup(job.name.clone()),
                 &format!("the job's memory cgroup {}", c.path),
                 &format!(
                     "{} working set of {}",

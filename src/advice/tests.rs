@@ -108,7 +108,7 @@ fn note_001() -> (Sample, Vec<JobView>, Vec<(String, Knobs)>) {
 /// The levels the policy would hold for this sample at its default thresholds (host RAM warn at
 /// 80 %, critical at 95 %; GPU memory 90 % and 97 %; a job's cgroup 80 % and 95 %), held long
 /// enough to have entered.
-fn levels(sample: &Sample, jobs: &[JobView]) -> BTreeMap<String, LevelState> {
+fn levels(sample: &Sample, jobs: &[JobView]) -> BTreeMap<Resource, LevelState> {
     let level = |v: f64, warn: f64, crit: f64| LevelState {
         level: if v >= crit {
             Level::Critical
@@ -124,11 +124,11 @@ fn levels(sample: &Sample, jobs: &[JobView]) -> BTreeMap<String, LevelState> {
     let mut out = BTreeMap::new();
     if let Some(m) = &sample.host.memory {
         let used = 1.0 - m.available_bytes as f64 / m.total_bytes as f64;
-        out.insert("host_memory".to_owned(), level(used, 0.80, 0.95));
+        out.insert(Resource::HostMemory, level(used, 0.80, 0.95));
     }
     for g in &sample.gpus {
         if let Some(r) = gpu_ratio(g) {
-            out.insert(format!("gpu_memory:{}", g.index), level(r, 0.90, 0.97));
+            out.insert(Resource::GpuMemory(g.index), level(r, 0.90, 0.97));
         }
     }
     for j in jobs {
@@ -137,7 +137,7 @@ fn levels(sample: &Sample, jobs: &[JobView]) -> BTreeMap<String, LevelState> {
         };
         if let Some(l) = c.limit_bytes {
             let r = c.working_set_bytes() as f64 / l as f64;
-            out.insert(format!("job_cgroup:{}", j.name), level(r, 0.80, 0.95));
+            out.insert(Resource::JobCgroup(j.name.clone()), level(r, 0.80, 0.95));
         }
     }
     out
@@ -351,7 +351,7 @@ fn cgroup_advice_cites_the_cgroup_and_what_runs() {
     knobs[0].1.workers = Some(3);
     knobs[0].1.reported = vec![Knob::Workers, Knob::PinMemory];
     let lv = levels(&sample, &jobs);
-    let run = |knobs: &[(String, Knobs)], levels: &BTreeMap<String, LevelState>| {
+    let run = |knobs: &[(String, Knobs)], levels: &BTreeMap<Resource, LevelState>| {
         advise(&Input {
             sample: &sample,
             previous: None,
@@ -417,7 +417,7 @@ fn cgroup_advice_cites_the_cgroup_and_what_runs() {
     );
     // Below warn nothing is raised, however full the numbers look to a fixed threshold.
     let mut lv = lv.clone();
-    lv.get_mut("job_cgroup:t5").unwrap().level = Level::Ok;
+    lv.get_mut(&Resource::JobCgroup("t5".into())).unwrap().level = Level::Ok;
     let a = run(&knobs, &lv);
     assert!(!a.iter().any(|x| x.job.is_some()), "{a:#?}");
 }

@@ -69,8 +69,8 @@ fn levels(o: &mut String, levels: &[LevelView], now_ms: u64, paint: Paint) {
             .map(|l| {
                 format!(
                     "{}{} for {}",
-                    human::resource(&l.resource),
-                    human::level_value(&l.resource, l.value),
+                    l.resource.words(),
+                    l.resource.value_words(l.value),
                     human::duration(now_ms.saturating_sub(l.since_ms) as f64 / 1000.0)
                 )
             })
@@ -83,13 +83,7 @@ fn levels(o: &mut String, levels: &[LevelView], now_ms: u64, paint: Paint) {
     let ok: Vec<String> = levels
         .iter()
         .filter(|l| l.level == Level::Ok && l.value.is_some())
-        .map(|l| {
-            format!(
-                "{}{}",
-                human::resource(&l.resource),
-                human::level_value(&l.resource, l.value)
-            )
-        })
+        .map(|l| format!("{}{}", l.resource.words(), l.resource.value_words(l.value)))
         .collect();
     if !ok.is_empty() {
         let _ = writeln!(

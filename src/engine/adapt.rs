@@ -8,7 +8,7 @@ use crate::act::audit::Action;
 use crate::adapt::rules::{self, Signals};
 use crate::adapt::{Change, Directive, JobConfig};
 use crate::advice::{self, Knobs};
-use crate::policy::Level;
+use crate::policy::{Level, Resource};
 use crate::rewrite::profile::{Knob, Profile};
 use crate::rewrite::{Format, Scalar, write};
 
@@ -290,8 +290,8 @@ pub fn knobs_for_advice(c: &JobConfig) -> Knobs {
 }
 
 impl Engine {
-    /// "`what` is at critical (97 % used)" when the level at `key` is warn or worse.
-    fn evidence(&self, key: &str, what: &str) -> Option<String> {
+    /// "`what` is at critical (97 % used)" when the level of `key` is warn or worse.
+    fn evidence(&self, key: &Resource, what: &str) -> Option<String> {
         let l = self.policy.levels.get(key)?;
         (l.level >= Level::Warn).then(|| match l.value {
             Some(v) => format!(
@@ -303,7 +303,7 @@ impl Engine {
         })
     }
 
-    fn level(&self, key: &str) -> Level {
+    fn level(&self, key: &Resource) -> Level {
         self.policy
             .levels
             .get(key)
@@ -321,8 +321,11 @@ impl Engine {
         // Each signal is the evidence the rewrite cites: the resource at warn or worse, its level, its
         // number. A job paused for memory (a projection can pause it below warn) needs the cut as much.
         let ram = self
-            .evidence(&format!("job_cgroup:{name}"), "the job's memory cgroup")
-            .or_else(|| self.evidence("host_memory", "host RAM"))
+            .evidence(
+                &Resource::JobCgroup(name.to_owned()),
+                "the job's memory cgroup",
+            )
+            .or_else(|| self.evidence(&Resource::HostMemory, "host RAM"))
             .or_else(|| {
                 self.memory_pause(name)
                     .map(|_| "the job is paused for memory below warn (a projection)".to_owned())
@@ -337,10 +340,10 @@ impl Engine {
         };
         let gpu = job_gpus
             .iter()
-            .find_map(|i| self.evidence(&format!("gpu_memory:{i}"), &format!("GPU {i}'s memory")));
+            .find_map(|i| self.evidence(&Resource::GpuMemory(*i), &format!("GPU {i}'s memory")));
         let roomy = ram.is_none()
             && gpu.is_none()
-            && self.level("host_memory") == Level::Ok
+            && self.level(&Resource::HostMemory) == Level::Ok
             && self.latest.as_ref().is_some_and(|s| {
                 s.gpus
                     .iter()

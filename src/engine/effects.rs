@@ -57,7 +57,7 @@ impl Engine {
                     Some(v) => format!("{key}: {} → {} at {v:.3}", from.as_str(), to.as_str()),
                     None => format!("{key}: {} → {}", from.as_str(), to.as_str()),
                 };
-                self.record(now_ms, Action::Level, "", &key, detail, false);
+                self.record(now_ms, Action::Level, "", &key.to_string(), detail, false);
             }
             Decision::Checkpoint { job, reason } => {
                 let name = &self.cfg.policy.checkpoint_signal;
@@ -107,7 +107,7 @@ impl Engine {
                     .get(&job)
                     .and_then(|j| j.pause.as_ref())
                     .and_then(|p| p.reasons.first().cloned());
-                let why = key.map(|k| cause(&k)).unwrap_or_else(|| cause(&reason));
+                let why = key.map_or_else(|| cause(&reason), |k| k.kind().to_owned());
                 if let Err(e) = self.pause_job(&job, By::Policy, &reason, now_ms) {
                     if let Some(js) = self.policy.jobs.get_mut(&job) {
                         js.pause = None;

@@ -56,7 +56,7 @@ pub struct View {
 pub struct LevelView {
     /// Its key: `host_memory`, `swap`, `pressure`, `cpu_temperature`, `gpu_memory:I`,
     /// `gpu_temperature:I`, `job_cgroup:NAME`.
-    pub resource: String,
+    pub resource: policy::Resource,
     /// Ok, warn or critical.
     pub level: policy::Level,
     /// The value the level is judged on (a ratio 0–1, or °C), if known.

@@ -401,7 +401,7 @@ impl Engine {
         let (next, decisions) = policy::evaluate(&self.policy, &obs, &self.cfg.policy);
         self.policy = next;
         let troubled = self.policy.levels.iter().any(|(k, l)| {
-            l.level >= policy::Level::Warn && !k.starts_with("swap") && !k.contains("temperature")
+            l.level >= policy::Level::Warn && *k != policy::Resource::Swap && !k.is_temperature()
         });
         if near || troubled {
             self.fast_until_ms = now_ms + FAST_FOR_MS;

@@ -14,7 +14,7 @@ use crate::act::audit::Action;
 use crate::act::swap;
 use crate::config::{OnMaxPause, Step};
 use crate::job::way_out::{Phase, Taken, WayOut};
-use crate::policy;
+use crate::policy::{self, Cause, Resource};
 
 /// Blocking swap work, run off the owner task.
 pub enum WayOutTask {
@@ -99,9 +99,9 @@ impl Engine {
         std::mem::take(&mut self.way_out_tasks)
     }
 
-    /// The policy-level keys a job resumed with emergency room runs through (see `policy::run_through`).
-    pub(in crate::engine) fn relieved(name: &str) -> Vec<String> {
-        vec![format!("job_cgroup:{name}"), "host_memory".to_owned()]
+    /// The resources a job resumed with emergency room runs through (see `policy::run_through`).
+    pub(in crate::engine) fn relieved(name: &str) -> Vec<Resource> {
+        vec![Resource::JobCgroup(name.to_owned()), Resource::HostMemory]
     }
 
     /// Whether the job runs on emergency room now: its cgroup and host projections are the way out's
@@ -135,20 +135,18 @@ impl Engine {
         if p.by != policy::By::Policy {
             return None;
         }
-        let cgroup_key = format!("job_cgroup:{name}");
         let mut limit = None;
         for r in &p.reasons {
-            let l = if *r == cgroup_key {
-                "cgroup"
-            } else if r == "host_memory" {
-                "host"
-            } else if r == "predicted" || r == "way_out" {
-                match p.projected.as_ref().map(|(l, _)| l.as_str()) {
-                    Some(l @ ("cgroup" | "host")) => l,
-                    _ => return None,
+            let l = match r {
+                Cause::Resource(Resource::JobCgroup(job)) if job == name => "cgroup",
+                Cause::Resource(Resource::HostMemory) => "host",
+                Cause::Predicted | Cause::WayOut => {
+                    match p.projected.as_ref().map(|(l, _)| l.as_str()) {
+                        Some(l @ ("cgroup" | "host")) => l,
+                        _ => return None,
+                    }
                 }
-            } else {
-                return None;
+                _ => return None,
             };
             limit.get_or_insert(l);
         }

@@ -279,7 +279,7 @@ fn series(w: &mut Writer, v: &View) {
             "Policy level per resource: 0 ok, 1 warn, 2 critical.",
         );
         for l in &v.levels {
-            f.add(&[("resource", &l.resource)], l.level.gauge());
+            f.add(&[("resource", &l.resource.to_string())], l.level.gauge());
         }
     }
     {

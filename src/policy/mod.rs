@@ -5,6 +5,7 @@
 //! `tests.rs` run scenarios (sequences of observations) and check the decisions after each.
 
 mod level;
+mod resource;
 #[cfg(test)]
 mod tests;
 
@@ -14,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{Action, OnMaxPause, Policy, RatioPolicy, TempPolicy};
 pub use level::{Level, LevelState, Reading, Thresholds};
+pub use resource::{Cause, Resource};
 
 /// A second pause on a projection within this long of the last one's end is strict (see
 /// `PauseState::strict`).
@@ -129,8 +131,8 @@ pub struct PauseState {
     pub since_ms: u64,
     /// The policy or a person.
     pub by: By,
-    /// The resource keys (or `predicted`) that caused it.
-    pub reasons: Vec<String>,
+    /// What caused it.
+    pub reasons: Vec<Cause>,
     /// The limit and growth rate when a projection caused the pause.
     pub projected: Option<(String, f64)>,
     /// Set once the maximum pause was reached and the job stays paused.
@@ -148,7 +150,7 @@ pub struct JobState {
     /// The pause the policy holds, if any.
     pub pause: Option<PauseState>,
     /// Critical resources whose current episode the user chose to run through (a manual resume).
-    pub overridden: BTreeSet<String>,
+    pub overridden: BTreeSet<Resource>,
     /// A checkpoint was requested; pause at this time (ms).
     pub checkpoint_deadline_ms: Option<u64>,
     /// When a pause on a projection last ended by itself (ms).
@@ -164,7 +166,7 @@ pub struct JobState {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct State {
     /// Each resource's level, by key (`host_memory`, `gpu_memory:0`, `job_cgroup:NAME` …).
-    pub levels: BTreeMap<String, LevelState>,
+    pub levels: BTreeMap<Resource, LevelState>,
     /// Each job's memory.
     pub jobs: BTreeMap<String, JobState>,
 }
@@ -174,8 +176,8 @@ pub struct State {
 pub enum Decision {
     /// A resource changed level.
     LevelChanged {
-        /// The resource's key.
-        key: String,
+        /// The resource.
+        key: Resource,
         /// The level before.
         from: Level,
         /// The level now.
@@ -252,22 +254,22 @@ pub fn temp_thresholds(t: &Temperature, p: &TempPolicy) -> Thresholds {
 }
 
 /// The level keys, with their reading, thresholds and action, for one observation.
-fn resources(obs: &Observation, cfg: &Policy) -> Vec<(String, Reading, Thresholds, Action)> {
+fn resources(obs: &Observation, cfg: &Policy) -> Vec<(Resource, Reading, Thresholds, Action)> {
     let mut v = vec![
         (
-            "host_memory".to_owned(),
+            Resource::HostMemory,
             obs.host_memory,
             ratio_thresholds(&cfg.host_memory),
             cfg.host_memory.action,
         ),
         (
-            "swap".to_owned(),
+            Resource::Swap,
             obs.swap,
             ratio_thresholds(&cfg.swap),
             cfg.swap.action,
         ),
         (
-            "pressure".to_owned(),
+            Resource::Pressure,
             obs.pressure,
             ratio_thresholds(&cfg.pressure),
             cfg.pressure.action,
@@ -288,22 +290,17 @@ fn resources(obs: &Observation, cfg: &Policy) -> Vec<(String, Reading, Threshold
         ),
     };
     let (r, t) = temp(&obs.cpu_temperature, &cfg.cpu_temperature);
-    v.push((
-        "cpu_temperature".to_owned(),
-        r,
-        t,
-        cfg.cpu_temperature.action,
-    ));
+    v.push((Resource::CpuTemperature, r, t, cfg.cpu_temperature.action));
     for g in &obs.gpus {
         v.push((
-            format!("gpu_memory:{}", g.index),
+            Resource::GpuMemory(g.index),
             g.memory,
             ratio_thresholds(&cfg.gpu_memory),
             cfg.gpu_memory.action,
         ));
         let (r, t) = temp(&g.temperature, &cfg.gpu_temperature);
         v.push((
-            format!("gpu_temperature:{}", g.index),
+            Resource::GpuTemperature(g.index),
             r,
             t,
             cfg.gpu_temperature.action,
@@ -311,7 +308,7 @@ fn resources(obs: &Observation, cfg: &Policy) -> Vec<(String, Reading, Threshold
     }
     for j in &obs.jobs {
         v.push((
-            format!("job_cgroup:{}", j.name),
+            Resource::JobCgroup(j.name.clone()),
             j.cgroup,
             ratio_thresholds(&cfg.job_cgroup),
             cfg.job_cgroup.action,
@@ -320,39 +317,24 @@ fn resources(obs: &Observation, cfg: &Policy) -> Vec<(String, Reading, Threshold
     v
 }
 
-/// Whether resource `key` concerns job `job`.
-fn concerns(key: &str, job: &JobObservation) -> bool {
-    match key.split_once(':') {
-        None => true,
-        Some(("job_cgroup", name)) => name == job.name,
-        Some((_, gpu)) => match &job.gpus {
-            None => true,
-            Some(gpus) => gpus.iter().any(|g| g.to_string() == gpu),
-        },
+/// Whether resource `r` concerns job `job`: the host's resources every job; a GPU's the jobs on
+/// it (every job where NVML does not say); a job's cgroup that job alone.
+fn concerns(r: &Resource, job: &JobObservation) -> bool {
+    match r {
+        Resource::JobCgroup(name) => *name == job.name,
+        Resource::GpuMemory(i) | Resource::GpuTemperature(i) => {
+            job.gpus.as_ref().is_none_or(|gpus| gpus.contains(i))
+        }
+        _ => true,
     }
 }
 
-fn describe(key: &str, l: &LevelState) -> String {
-    let what = words(key);
+fn describe(r: &Resource, l: &LevelState) -> String {
+    let what = r.words();
     match l.value {
-        Some(v) if key.contains("temperature") => format!("{what} at {v:.0} °C"),
+        Some(v) if r.is_temperature() => format!("{what} at {v:.0} °C"),
         Some(v) => format!("{what} at {:.1} %", v * 100.0),
         None => what,
-    }
-}
-
-/// A level resource key in plain words: `gpu_memory:0` → "GPU 0 memory".
-pub fn words(key: &str) -> String {
-    let (kind, arg) = key.split_once(':').unwrap_or((key, ""));
-    match kind {
-        "host_memory" => "host memory".into(),
-        "swap" => "swap".into(),
-        "pressure" => "memory pressure".into(),
-        "cpu_temperature" => "CPU temperature".into(),
-        "gpu_memory" => format!("GPU {arg} memory"),
-        "gpu_temperature" => format!("GPU {arg} temperature"),
-        "job_cgroup" => format!("{arg}'s cgroup"),
-        _ => key.replace('_', " "),
     }
 }
 
@@ -388,7 +370,7 @@ pub fn evaluate(prev: &State, obs: &Observation, cfg: &Policy) -> (State, Vec<De
         let mut js = prev.jobs.get(&job.name).cloned().unwrap_or_default();
         // An override lasts while its resource stays critical.
         js.overridden.retain(|k| pausing.contains(k));
-        let critical: Vec<&String> = pausing
+        let critical: Vec<&Resource> = pausing
             .iter()
             .filter(|k| concerns(k, job) && !js.overridden.contains(*k))
             .collect();
@@ -428,10 +410,12 @@ pub fn evaluate(prev: &State, obs: &Observation, cfg: &Policy) -> (State, Vec<De
                         Some(deadline) if now < deadline && !predicted => {}
                         _ => {
                             js.checkpoint_deadline_ms = None;
-                            let mut keys: Vec<String> =
-                                critical.iter().map(|k| (*k).clone()).collect();
+                            let mut keys: Vec<Cause> = critical
+                                .iter()
+                                .map(|k| Cause::Resource((*k).clone()))
+                                .collect();
                             if predicted {
-                                keys.push("predicted".into());
+                                keys.push(Cause::Predicted);
                             }
                             let strict = predicted
                                 && js
@@ -515,7 +499,14 @@ pub fn evaluate(prev: &State, obs: &Observation, cfg: &Policy) -> (State, Vec<De
                     js.pause = None;
                     out.push(Decision::Resume {
                         job: job.name.clone(),
-                        reason: format!("recovered from {}", p.reasons.join(", ")),
+                        reason: format!(
+                            "recovered from {}",
+                            p.reasons
+                                .iter()
+                                .map(Cause::to_string)
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
                     });
                 }
             }
@@ -533,7 +524,7 @@ pub fn user_pause(state: &mut State, job: &str, now_ms: u64) {
     js.pause = Some(PauseState {
         since_ms: now_ms,
         by: By::User,
-        reasons: vec!["user".into()],
+        reasons: vec![Cause::User],
         projected: None,
         expired: false,
         strict: false,
@@ -542,7 +533,7 @@ pub fn user_pause(state: &mut State, job: &str, now_ms: u64) {
 
 /// The user resumed a job: resources critical now will not pause it again until they recover.
 pub fn user_resume(state: &mut State, job: &str) {
-    let critical: BTreeSet<String> = state
+    let critical: BTreeSet<Resource> = state
         .levels
         .iter()
         .filter(|(_, l)| l.level == Level::Critical)
@@ -557,8 +548,8 @@ pub fn user_resume(state: &mut State, job: &str) {
 /// The engine resumed a paused job with emergency room (swap, a lent limit) so that it can apply a fix:
 /// the resources critical now (`keys` among them) will not pause it again until they recover or the
 /// engine pauses it itself (`hold`).
-pub fn run_through(state: &mut State, job: &str, keys: &[String]) {
-    let critical: BTreeSet<String> = state
+pub fn run_through(state: &mut State, job: &str, keys: &[Resource]) {
+    let critical: BTreeSet<Resource> = state
         .levels
         .iter()
         .filter(|(k, l)| l.level == Level::Critical || keys.contains(k))
@@ -579,7 +570,7 @@ pub fn hold(state: &mut State, job: &str, now_ms: u64, limit: &str, rate: f64) {
     js.pause = Some(PauseState {
         since_ms: now_ms,
         by: By::Policy,
-        reasons: vec!["way_out".into()],
+        reasons: vec![Cause::WayOut],
         projected: Some((limit.to_owned(), rate)),
         expired: false,
         strict: true,
@@ -589,5 +580,5 @@ pub fn hold(state: &mut State, job: &str, now_ms: u64, limit: &str, rate: f64) {
 /// The job is gone or detached.
 pub fn forget(state: &mut State, job: &str) {
     state.jobs.remove(job);
-    state.levels.remove(&format!("job_cgroup:{job}"));
+    state.levels.remove(&Resource::JobCgroup(job.to_owned()));
 }

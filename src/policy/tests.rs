@@ -328,7 +328,7 @@ fn user_resume_overrides_the_current_episode_only() {
     st = evaluate(&st, &calm_obs, &cfg).0;
     calm_obs.now_ms = 12_000;
     st = evaluate(&st, &calm_obs, &cfg).0;
-    assert_eq!(st.levels["host_memory"].level, Level::Ok);
+    assert_eq!(st.levels[&Resource::HostMemory].level, Level::Ok);
     let mut again = obs(20_000);
     host_critical(&mut again);
     let (_, d) = evaluate(&st, &again, &cfg);

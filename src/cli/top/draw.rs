@@ -9,7 +9,7 @@ use ratatui::widgets::{Cell, Paragraph, Row, Table, TableState, Wrap};
 
 use super::model::Model;
 use crate::human::{self, bytes};
-use crate::policy::Level;
+use crate::policy::{Level, Resource};
 
 /// What the frame needs besides the model.
 pub struct View<'a> {
@@ -46,11 +46,11 @@ pub fn spark(values: &[f64], max: f64, width: usize) -> String {
         .collect()
 }
 
-fn level_of(m: &Model, key: &str) -> Level {
+fn level_of(m: &Model, key: &Resource) -> Level {
     m.overview
         .levels
         .iter()
-        .find(|l| l.resource == key)
+        .find(|l| l.resource == *key)
         .map_or(Level::Ok, |l| l.level)
 }
 
@@ -131,8 +131,8 @@ fn level_line(m: &Model, now_ms: u64) -> Line<'static> {
                 format!(
                     "{} {}{} ({}) ",
                     level.as_str().to_uppercase(),
-                    human::resource(&l.resource),
-                    human::level_value(&l.resource, l.value),
+                    l.resource.words(),
+                    l.resource.value_words(l.value),
                     human::duration(now_ms.saturating_sub(l.since_ms) as f64 / 1000.0)
                 ),
                 colour(level),
@@ -170,7 +170,7 @@ fn memory_lines(m: &Model, width: usize) -> Vec<Line<'static>> {
         .collect();
     let room = width.saturating_sub(text.chars().count());
     out.push(Line::from(vec![
-        Span::styled(text, colour(level_of(m, "host_memory"))),
+        Span::styled(text, colour(level_of(m, &Resource::HostMemory))),
         Span::raw(spark(&series, mem.total_bytes as f64, room)),
     ]));
     if mem.swap_total_bytes == 0 {
@@ -189,7 +189,7 @@ fn memory_lines(m: &Model, width: usize) -> Vec<Line<'static>> {
             .collect();
         let room = width.saturating_sub(text.chars().count());
         out.push(Line::from(vec![
-            Span::styled(text, colour(level_of(m, "swap"))),
+            Span::styled(text, colour(level_of(m, &Resource::Swap))),
             Span::raw(spark(&series, mem.swap_total_bytes as f64, room)),
         ]));
     }
@@ -207,7 +207,7 @@ fn memory_lines(m: &Model, width: usize) -> Vec<Line<'static>> {
                 .collect();
             let room = width.saturating_sub(text.chars().count());
             out.push(Line::from(vec![
-                Span::styled(text, colour(level_of(m, "pressure"))),
+                Span::styled(text, colour(level_of(m, &Resource::Pressure))),
                 Span::raw(spark(&series, 1.0, room)),
             ]));
         }
@@ -249,8 +249,8 @@ fn gpu_lines(m: &Model, width: usize) -> Vec<Line<'static>> {
                 g.utilization_gpu_ratio
                     .map_or("-".into(), |u| format!("{:.0}%", u * 100.0)),
             );
-            let level = level_of(m, &format!("gpu_memory:{}", g.index))
-                .max(level_of(m, &format!("gpu_temperature:{}", g.index)));
+            let level = level_of(m, &Resource::GpuMemory(g.index))
+                .max(level_of(m, &Resource::GpuTemperature(g.index)));
             let series: Vec<f64> = m
                 .history
                 .iter()

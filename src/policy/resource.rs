@@ -1,0 +1,236 @@
+//! What the policy gives a level to, and why a job is paused: typed, with the string keys the API,
+//! the events and the state file have always used (`host_memory`, `gpu_memory:0`,
+//! `job_cgroup:NAME`, `predicted` …) as their serialized form.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// A resource with a level.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Resource {
+    /// The host's RAM: 1 - MemAvailable / MemTotal.
+    HostMemory,
+    /// Swap used / total.
+    Swap,
+    /// PSI memory full avg10.
+    Pressure,
+    /// The hottest CPU sensor, against its own thresholds.
+    CpuTemperature,
+    /// One GPU's memory, by NVML index.
+    GpuMemory(u32),
+    /// One GPU's temperature, by NVML index.
+    GpuTemperature(u32),
+    /// One job's memory cgroup, by job name.
+    JobCgroup(String),
+}
+
+impl Resource {
+    /// The kind without its argument (`gpu_memory` for `gpu_memory:0`): what events name as the
+    /// reason for a pause.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Resource::HostMemory => "host_memory",
+            Resource::Swap => "swap",
+            Resource::Pressure => "pressure",
+            Resource::CpuTemperature => "cpu_temperature",
+            Resource::GpuMemory(_) => "gpu_memory",
+            Resource::GpuTemperature(_) => "gpu_temperature",
+            Resource::JobCgroup(_) => "job_cgroup",
+        }
+    }
+
+    /// In plain words: "GPU 0 memory", "train's cgroup".
+    pub fn words(&self) -> String {
+        match self {
+            Resource::HostMemory => "host memory".into(),
+            Resource::Swap => "swap".into(),
+            Resource::Pressure => "memory pressure".into(),
+            Resource::CpuTemperature => "CPU temperature".into(),
+            Resource::GpuMemory(i) => format!("GPU {i} memory"),
+            Resource::GpuTemperature(i) => format!("GPU {i} temperature"),
+            Resource::JobCgroup(name) => format!("{name}'s cgroup"),
+        }
+    }
+
+    /// Measured in °C rather than as a share.
+    pub fn is_temperature(&self) -> bool {
+        matches!(self, Resource::CpuTemperature | Resource::GpuTemperature(_))
+    }
+
+    /// The GPU it belongs to, for a GPU's memory or temperature.
+    pub fn gpu(&self) -> Option<u32> {
+        match self {
+            Resource::GpuMemory(i) | Resource::GpuTemperature(i) => Some(*i),
+            _ => None,
+        }
+    }
+
+    /// Its value for people, in its unit: " 92 °C", " 12.5 %" (pressure), " 98 %".
+    pub fn value_words(&self, value: Option<f64>) -> String {
+        match value {
+            None => String::new(),
+            Some(v) if self.is_temperature() => format!(" {v:.0} °C"),
+            Some(v) if *self == Resource::Pressure => format!(" {:.1} %", v * 100.0),
+            Some(v) => format!(" {:.0} %", v * 100.0),
+        }
+    }
+}
+
+impl fmt::Display for Resource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Resource::GpuMemory(i) | Resource::GpuTemperature(i) => {
+                write!(f, "{}:{i}", self.kind())
+            }
+            Resource::JobCgroup(name) => write!(f, "job_cgroup:{name}"),
+            _ => f.write_str(self.kind()),
+        }
+    }
+}
+
+impl FromStr for Resource {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let gpu = |arg: &str| {
+            arg.parse::<u32>()
+                .map_err(|_| format!("{s:?}: a GPU index must be a number"))
+        };
+        Ok(match s.split_once(':') {
+            None => match s {
+                "host_memory" => Resource::HostMemory,
+                "swap" => Resource::Swap,
+                "pressure" => Resource::Pressure,
+                "cpu_temperature" => Resource::CpuTemperature,
+                _ => return Err(format!("{s:?} is not a resource")),
+            },
+            Some(("gpu_memory", i)) => Resource::GpuMemory(gpu(i)?),
+            Some(("gpu_temperature", i)) => Resource::GpuTemperature(gpu(i)?),
+            Some(("job_cgroup", name)) if !name.is_empty() => Resource::JobCgroup(name.to_owned()),
+            _ => return Err(format!("{s:?} is not a resource")),
+        })
+    }
+}
+
+/// Why the policy paused a job: a critical resource, a projection, or the engine's way out.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Cause {
+    /// A resource the job depends on is critical.
+    Resource(Resource),
+    /// Its memory was projected to reach a limit within the reaction time.
+    Predicted,
+    /// The engine paused it again on its way out (its room ran out, or its fix did not come).
+    WayOut,
+    /// A person paused it.
+    User,
+}
+
+impl Cause {
+    /// The cause without its scope, as events name it: a resource's kind (`job_cgroup`, not
+    /// `job_cgroup:train`), `predicted`, `way_out` or `user`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Cause::Resource(r) => r.kind(),
+            Cause::Predicted => "predicted",
+            Cause::WayOut => "way_out",
+            Cause::User => "user",
+        }
+    }
+}
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Cause::Resource(r) => r.fmt(f),
+            Cause::Predicted => f.write_str("predicted"),
+            Cause::WayOut => f.write_str("way_out"),
+            Cause::User => f.write_str("user"),
+        }
+    }
+}
+
+impl FromStr for Cause {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "predicted" => Cause::Predicted,
+            "way_out" => Cause::WayOut,
+            "user" => Cause::User,
+            _ => Cause::Resource(s.parse()?),
+        })
+    }
+}
+
+/// Serialized as the string key, so the API, the events and state files keep their form.
+macro_rules! as_string {
+    ($t:ty) => {
+        impl Serialize for $t {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                String::deserialize(d)?
+                    .parse()
+                    .map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+as_string!(Resource);
+as_string!(Cause);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_round_trip_and_bad_ones_are_named() {
+        for key in [
+            "host_memory",
+            "swap",
+            "pressure",
+            "cpu_temperature",
+            "gpu_memory:0",
+            "gpu_temperature:7",
+            "job_cgroup:train:a",
+        ] {
+            let r: Resource = key.parse().unwrap();
+            assert_eq!(r.to_string(), key);
+            assert_eq!(serde_json::to_value(&r).unwrap(), key);
+            let c: Cause = key.parse().unwrap();
+            assert_eq!(c, Cause::Resource(r));
+        }
+        for key in ["predicted", "way_out", "user"] {
+            assert_eq!(key.parse::<Cause>().unwrap().to_string(), key);
+        }
+        for bad in ["ram", "gpu_memory:x", "job_cgroup:", "gpu_memory"] {
+            let e = bad.parse::<Resource>().unwrap_err();
+            assert!(e.contains(bad), "{e}");
+        }
+        let map: std::collections::BTreeMap<Resource, u8> =
+            serde_json::from_str(r#"{"gpu_memory:1": 2, "swap": 1}"#).unwrap();
+        assert_eq!(map[&Resource::GpuMemory(1)], 2);
+    }
+
+    #[test]
+    fn words_and_values() {
+        assert_eq!(Resource::GpuMemory(0).words(), "GPU 0 memory");
+        assert_eq!(
+            Resource::JobCgroup("train".into()).words(),
+            "train's cgroup"
+        );
+        assert_eq!(
+            Resource::GpuTemperature(0).value_words(Some(92.4)),
+            " 92 °C"
+        );
+        assert_eq!(Resource::HostMemory.value_words(Some(0.981)), " 98 %");
+        assert_eq!(Resource::Pressure.value_words(Some(0.125)), " 12.5 %");
+    }
+}

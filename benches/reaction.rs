@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::cgroup::MemCgroup;
-use common::{Daemon, memhog, state};
+use common::{Daemon, memhog, pct, state};
 
 const MIB: u64 = 1 << 20;
 const LIMIT: u64 = 512 * MIB;
@@ -214,14 +214,6 @@ fn run(cg: &Cg, hog: &Path, rate: u64, w: Watcher, d: Option<&Daemon>, i: usize)
     }
 }
 
-fn pct(v: &mut [f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
-}
-
 fn report(label: &str, rate: u64, runs: usize, outs: &[Outcome]) {
     let killed = outs.iter().filter(|o| o.killed).count();
     let mut lat: Vec<f64> = outs.iter().filter_map(|o| o.latency_ms).collect();
@@ -315,13 +307,10 @@ fn bursty(cg: &Cg, hog: &Path, runs: usize) {
 }
 
 fn main() {
-    if std::env::args().any(|a| a == "--list" || a == "--test") {
+    if common::listing() {
         return;
     }
-    let runs: usize = std::env::var("RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(30);
+    let runs = common::runs(30);
     let hog = memhog();
     let cg = new_cgroup();
     // ONLY=bursty runs the false-pause part alone.

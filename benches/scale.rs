@@ -90,7 +90,7 @@ fn end(mut child: Child, pids: &[u32]) {
 }
 
 fn main() {
-    if std::env::args().any(|a| a == "--list" || a == "--test") {
+    if common::listing() {
         return;
     }
     let secs: u64 = std::env::var("SECONDS")
@@ -101,10 +101,7 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(60);
-    let runs: usize = std::env::var("RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10);
+    let runs = common::runs(10);
     let hog = memhog();
     let clk = 100.0; // CLK_TCK
     let freezer = PathBuf::from(format!(

@@ -32,6 +32,29 @@ pub fn memhog() -> PathBuf {
     repo().join("target/release/memhog")
 }
 
+/// Whether cargo only lists or smoke-tests the benchmarks (`cargo test --benches`, `--list`): then a
+/// benchmark does nothing.
+pub fn listing() -> bool {
+    std::env::args().any(|a| a == "--list" || a == "--test")
+}
+
+/// The run count: `RUNS` from the environment, else `default`.
+pub fn runs(default: usize) -> usize {
+    std::env::var("RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The `p` quantile (0–1) of `v`, nearest rank; NaN when empty. Sorts `v`.
+pub fn pct(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
 /// A process's state letter (R, S, T …), or None when it is gone.
 pub fn state(pid: u32) -> Option<char> {
     let t = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

@@ -27,6 +27,17 @@ pub enum Phase {
 }
 
 impl Phase {
+    /// Every phase, in ladder order.
+    pub const ALL: [Phase; 7] = [
+        Phase::MakingSwap,
+        Phase::Fixing,
+        Phase::Clearing,
+        Phase::Checkpointing,
+        Phase::Stopping,
+        Phase::NoWayOut,
+        Phase::Done,
+    ];
+
     /// The name the API, the events and the metrics use (as serialized).
     pub fn as_str(self) -> &'static str {
         match self {
@@ -109,16 +120,7 @@ mod tests {
 
     #[test]
     fn phase_names_are_the_serialized_ones() {
-        use Phase::*;
-        for p in [
-            MakingSwap,
-            Fixing,
-            Clearing,
-            Checkpointing,
-            Stopping,
-            NoWayOut,
-            Done,
-        ] {
+        for p in Phase::ALL {
             assert_eq!(serde_json::to_value(p).unwrap(), p.as_str());
         }
     }

@@ -116,7 +116,8 @@ pub const DOCS: &[(&str, &str)] = &[
     (
         "policy",
         "When memwatch pauses a job and when it resumes it. Levels per resource are ok / warn / critical,\n\
-         with enter and leave thresholds and hold times so they do not flap.",
+         with enter and leave thresholds and hold times so they do not flap. A [policy.X] table needs\n\
+         only the keys it changes: the others keep that resource's defaults shown here.",
     ),
     ("policy.dry_run", "Decide and record, but send no signal."),
     (

@@ -202,9 +202,9 @@ fn key_at(text: &str, offset: usize) -> Option<String> {
             // `[[notify.channels]]`: the last entry that starts at or before the offset.
             let tables: Vec<&toml_edit::Table> = array.iter().collect();
             let entry = tables.into_iter().enumerate().rev().find(|(_, t)| {
-                t.iter()
-                    .filter_map(|(k, i)| starts_at(t.key(k)?, i))
-                    .min()
+                t.span()
+                    .map(|r| r.start)
+                    .or_else(|| t.iter().filter_map(|(k, i)| starts_at(t.key(k)?, i)).min())
                     .is_some_and(|s| s <= offset)
             });
             let Some((n, t)) = entry else {
@@ -224,11 +224,22 @@ fn key_at(text: &str, offset: usize) -> Option<String> {
     (!path.is_empty()).then(|| path.join("."))
 }
 
-/// Where a key's definition starts: its own span, or for a table only named by headers below it
-/// (`[policy.job_cgroup]` defines `policy`), its first key's.
+/// Where a key's definition starts: a table's header (`[policy.job_cgroup]` starts at its `[`,
+/// before the key's own span inside it), else the key's own span, or for a table only named by
+/// headers below it (`[policy.job_cgroup]` defines `policy`), its first key's.
 fn starts_at(key: &toml_edit::Key, item: &toml_edit::Item) -> Option<usize> {
-    key.span().map(|r| r.start).or_else(|| {
-        let t = item.as_table_like()?;
-        t.iter().filter_map(|(k, i)| starts_at(t.key(k)?, i)).min()
-    })
+    let header = match item.as_array_of_tables() {
+        // `[[notify.channels]]`: the first entry's header.
+        Some(a) => a.iter().next().and_then(|t| t.span()),
+        None => item.as_table().and_then(|t| t.span()),
+    }
+    .map(|r| r.start);
+    let own = key.span().map(|r| r.start);
+    match (header, own) {
+        (Some(h), Some(o)) => Some(h.min(o)),
+        (h, o) => h.or(o).or_else(|| {
+            let t = item.as_table_like()?;
+            t.iter().filter_map(|(k, i)| starts_at(t.key(k)?, i)).min()
+        }),
+    }
 }

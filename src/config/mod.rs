@@ -380,6 +380,43 @@ mod tests {
         assert_eq!(parse("").unwrap(), Config::default());
     }
 
+    /// A `[policy.X]` table that gives some keys keeps that resource's defaults for the others (not
+    /// another resource's); a default that no longer fits a given key is said with both values.
+    #[test]
+    fn a_policy_table_keeps_the_defaults_of_the_keys_it_does_not_give() {
+        let c = parse(
+            "[policy.host_memory]\ncritical = 0.92\n[policy.gpu_temperature]\naction = \"warn\"\n",
+        )
+        .unwrap();
+        let d = Policy::default();
+        assert_eq!(
+            c.policy.host_memory,
+            RatioPolicy {
+                critical: Ratio(0.92),
+                ..d.host_memory.clone()
+            }
+        );
+        assert_eq!(c.policy.swap, d.swap);
+        assert_eq!(c.policy.gpu_temperature.action, Action::Warn);
+        assert_eq!(
+            c.policy.gpu_temperature.leave_hold_ms,
+            d.gpu_temperature.leave_hold_ms
+        );
+        assert_eq!(c.policy.cpu_temperature, d.cpu_temperature);
+        let e = parse("[policy.host_memory]\ncritical = 0.7\n").unwrap_err();
+        assert!(
+            e.contains("policy.host_memory.critical_leave")
+                && e.contains("0.85")
+                && e.contains("0.7"),
+            "{e}"
+        );
+        let e = parse("[policy.swap]\ncriticl = 0.9\n").unwrap_err();
+        assert!(
+            e.contains("line 2") && e.contains("policy.swap.criticl"),
+            "{e}"
+        );
+    }
+
     /// Errors name the line, column and dotted key however the key was written: under a `[table]`
     /// header, as a dotted key, in an inline table, in an array of tables; and a check made after
     /// parsing finds its key's line the same ways.
@@ -401,6 +438,11 @@ mod tests {
             (
                 "[sampling]\nprobe_interval_ms = 50\nfast_interval_ms = 60\n",
                 "line 3, key `sampling.fast_interval_ms`",
+            ),
+            // An error on a table (here a missing field) names the table, not the key above it.
+            (
+                "[notify]\nnear_exhaustion_seconds = 5\n[[notify.channels]]\nname = \"x\"\n",
+                "line 3, column 1, key `notify.channels[0]`",
             ),
             (
                 "sampling.probe_interval_ms = 50\nsampling.fast_interval_ms = 60\n",

@@ -118,19 +118,115 @@ pub struct Policy {
     /// Time the job gets to checkpoint before it is paused.
     pub checkpoint_grace_ms: u64,
     /// `[policy.host_memory]`: 1 - MemAvailable/MemTotal.
+    #[serde(deserialize_with = "given::host_memory")]
     pub host_memory: RatioPolicy,
     /// `[policy.swap]`: swap used / total.
+    #[serde(deserialize_with = "given::swap")]
     pub swap: RatioPolicy,
     /// `[policy.pressure]`: PSI memory full avg10.
+    #[serde(deserialize_with = "given::pressure")]
     pub pressure: RatioPolicy,
     /// `[policy.job_cgroup]`: a job's cgroup working set / its limit.
+    #[serde(deserialize_with = "given::job_cgroup")]
     pub job_cgroup: RatioPolicy,
     /// `[policy.gpu_memory]`: each GPU's used / total memory.
+    #[serde(deserialize_with = "given::gpu_memory")]
     pub gpu_memory: RatioPolicy,
     /// `[policy.gpu_temperature]`: relative to each GPU's slowdown and shutdown points.
+    #[serde(deserialize_with = "given::gpu_temperature")]
     pub gpu_temperature: TempPolicy,
     /// `[policy.cpu_temperature]`: relative to the hottest sensor's own thresholds.
+    #[serde(deserialize_with = "given::cpu_temperature")]
     pub cpu_temperature: TempPolicy,
+}
+
+/// A `[policy.X]` table holds the keys it gives, each over that resource's own default: setting
+/// `critical` alone keeps the rest of the resource's defaults. Each key is read where it is written,
+/// so an error names its line.
+mod given {
+    use serde::{Deserialize, Deserializer};
+
+    use super::{Action, Policy, Ratio, RatioPolicy, TempPolicy};
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct RatioGiven {
+        action: Option<Action>,
+        warn: Option<Ratio>,
+        warn_leave: Option<Ratio>,
+        critical: Option<Ratio>,
+        critical_leave: Option<Ratio>,
+        enter_hold_ms: Option<u64>,
+        leave_hold_ms: Option<u64>,
+    }
+
+    impl RatioGiven {
+        fn over(self, d: RatioPolicy) -> RatioPolicy {
+            RatioPolicy {
+                action: self.action.unwrap_or(d.action),
+                warn: self.warn.unwrap_or(d.warn),
+                warn_leave: self.warn_leave.unwrap_or(d.warn_leave),
+                critical: self.critical.unwrap_or(d.critical),
+                critical_leave: self.critical_leave.unwrap_or(d.critical_leave),
+                enter_hold_ms: self.enter_hold_ms.unwrap_or(d.enter_hold_ms),
+                leave_hold_ms: self.leave_hold_ms.unwrap_or(d.leave_hold_ms),
+            }
+        }
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct TempGiven {
+        action: Option<Action>,
+        warn_below_slowdown: Option<f64>,
+        critical_below_shutdown: Option<f64>,
+        resume_below_slowdown: Option<f64>,
+        fallback_slowdown_celsius: Option<f64>,
+        fallback_shutdown_celsius: Option<f64>,
+        enter_hold_ms: Option<u64>,
+        leave_hold_ms: Option<u64>,
+    }
+
+    impl TempGiven {
+        fn over(self, d: TempPolicy) -> TempPolicy {
+            TempPolicy {
+                action: self.action.unwrap_or(d.action),
+                warn_below_slowdown: self.warn_below_slowdown.unwrap_or(d.warn_below_slowdown),
+                critical_below_shutdown: self
+                    .critical_below_shutdown
+                    .unwrap_or(d.critical_below_shutdown),
+                resume_below_slowdown: self
+                    .resume_below_slowdown
+                    .unwrap_or(d.resume_below_slowdown),
+                fallback_slowdown_celsius: self
+                    .fallback_slowdown_celsius
+                    .unwrap_or(d.fallback_slowdown_celsius),
+                fallback_shutdown_celsius: self
+                    .fallback_shutdown_celsius
+                    .unwrap_or(d.fallback_shutdown_celsius),
+                enter_hold_ms: self.enter_hold_ms.unwrap_or(d.enter_hold_ms),
+                leave_hold_ms: self.leave_hold_ms.unwrap_or(d.leave_hold_ms),
+            }
+        }
+    }
+
+    macro_rules! over_default {
+        ($($field:ident: $given:ident -> $full:ident),* $(,)?) => {$(
+            pub(super) fn $field<'de, D: Deserializer<'de>>(d: D) -> Result<$full, D::Error> {
+                Ok($given::deserialize(d)?.over(Policy::default().$field))
+            }
+        )*};
+    }
+
+    over_default! {
+        host_memory: RatioGiven -> RatioPolicy,
+        swap: RatioGiven -> RatioPolicy,
+        pressure: RatioGiven -> RatioPolicy,
+        job_cgroup: RatioGiven -> RatioPolicy,
+        gpu_memory: RatioGiven -> RatioPolicy,
+        gpu_temperature: TempGiven -> TempPolicy,
+        cpu_temperature: TempGiven -> TempPolicy,
+    }
 }
 
 fn ratio(action: Action, w: f64, wl: f64, c: f64, cl: f64, enter: u64, leave: u64) -> RatioPolicy {
@@ -208,23 +304,25 @@ impl Policy {
             ("job_cgroup", &self.job_cgroup),
             ("gpu_memory", &self.gpu_memory),
         ] {
-            if r.warn_leave.0 > r.warn.0 {
-                return Err((
-                    format!("policy.{name}.warn_leave"),
-                    "must not be above `warn`".into(),
-                ));
-            }
-            if r.critical_leave.0 > r.critical.0 {
-                return Err((
-                    format!("policy.{name}.critical_leave"),
-                    "must not be above `critical`".into(),
-                ));
-            }
-            if r.warn.0 > r.critical.0 {
-                return Err((
-                    format!("policy.{name}.warn"),
-                    "must not be above `critical`".into(),
-                ));
+            // Both values are said: one of them may be a default the file never wrote.
+            for (key, v, other, w) in [
+                ("warn_leave", r.warn_leave.0, "warn", r.warn.0),
+                (
+                    "critical_leave",
+                    r.critical_leave.0,
+                    "critical",
+                    r.critical.0,
+                ),
+                ("warn", r.warn.0, "critical", r.critical.0),
+            ] {
+                if v > w {
+                    return Err((
+                        format!("policy.{name}.{key}"),
+                        format!(
+                            "{v} must not be above `{other}` ({w}); set both in [policy.{name}]"
+                        ),
+                    ));
+                }
             }
         }
         if !self.checkpoint_signal.is_empty() {

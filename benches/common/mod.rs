@@ -115,6 +115,11 @@ impl Daemon {
             .is_ok_and(|s| s.success())
     }
 
+    /// The daemon's events so far (`events.jsonl` in its state directory).
+    pub fn events(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("state/events.jsonl")).unwrap_or_default()
+    }
+
     /// One JSON request on the control socket; the answer line.
     pub fn request(&self, json: &str) -> String {
         let mut s = UnixStream::connect(&self.socket).unwrap();

@@ -61,7 +61,9 @@ pub const DOCS: &[(&str, &str)] = &[
     (
         "sampling.probe_interval_ms",
         "While a job is attached, its memory cgroup and the host's MemAvailable are probed this often\n\
-         (cheap reads) between full samples, so fast growth is seen within this time.",
+         (cheap reads) between full samples, so fast growth is seen within this time. The host is\n\
+         probed once it is half used, or once the room above its critical line is less than 4 GiB/s\n\
+         of growth would take in one interval_ms; a kernel-watched cgroup is probed only near trouble.",
     ),
     (
         "sampling.fast_interval_ms",

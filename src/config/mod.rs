@@ -149,7 +149,9 @@ pub struct Sampling {
     /// Seconds of history kept in memory for /api/v1/history and the dashboard (60 to 604800).
     pub history_seconds: HistorySeconds,
     /// While a job is attached, its memory cgroup and the host's MemAvailable are probed this often
-    /// (cheap reads) between full samples, so fast growth is seen within this time.
+    /// (cheap reads) between full samples, so fast growth is seen within this time. The host is
+    /// probed once it is half used, or once the room above its critical line is less than 4 GiB/s of
+    /// growth would take in one interval_ms; a kernel-watched cgroup is probed only near trouble.
     pub probe_interval_ms: IntervalMs,
     /// Probe interval while any level is warn or worse, or a job is projected to run out of memory
     /// within a few seconds. Must not be above probe_interval_ms.

@@ -120,6 +120,10 @@ const HOST_WINDOW_MS: u64 = 5000;
 /// host's sustained growth spans this long.
 const HOST_STEP_MS: u64 = 1000;
 
+/// The fastest growth the host's probing plans for, bytes/s: one process touching fresh pages on
+/// one core reaches about 2.7 GiB/s on the development machine (BENCHMARKS.md).
+const FASTEST_GROWTH: f64 = 4.0 * 1024.0 * 1024.0 * 1024.0;
+
 /// smaps_rollup (PSS, swap) is read at least this often; RSS every sample.
 const DETAILED_EVERY_MS: u64 = 5000;
 
@@ -296,9 +300,18 @@ impl Engine {
             .collect()
     }
 
-    /// Whether probes should read /proc/meminfo: when host memory is at least half used, or near trouble.
+    /// Whether probes should read /proc/meminfo: near trouble; when host memory is at least half
+    /// used; or when the room left above the host's critical line is less than the fastest growth
+    /// memwatch plans for would take within one full sample interval (a low critical line on a big
+    /// host is crossed between two samples, and no kernel notification comes for MemAvailable).
     pub fn probe_host(&self, now_ms: u64) -> bool {
-        now_ms < self.fast_until_ms || self.host_memory.is_none_or(|(a, t)| t == 0 || a * 2 <= t)
+        let critical = self.cfg.policy.host_memory.critical.0;
+        let interval_s = self.cfg.sampling.interval_ms.0 as f64 / 1000.0;
+        now_ms < self.fast_until_ms
+            || self.host_memory.is_none_or(|(a, t)| {
+                let room = a as f64 - t as f64 * (1.0 - critical);
+                t == 0 || a * 2 <= t || room <= FASTEST_GROWTH * interval_s
+            })
     }
 
     /// How long until the next probe: fast near trouble, slower when calm, none without jobs — and none
@@ -533,5 +546,37 @@ impl Engine {
                 .saturating_add(p.max_pause_seconds.saturating_mul(1000)),
             then: then.into(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const G: u64 = 1 << 30;
+
+    fn engine(critical: f64, available: u64, total: u64) -> (Engine, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = Config::default();
+        cfg.control.state_dir = dir.path().to_owned();
+        cfg.policy.host_memory.critical = crate::config::Ratio(critical);
+        let mut e = Engine::new(cfg, None);
+        e.host_memory = Some((available, total));
+        (e, dir)
+    }
+
+    #[test]
+    fn the_host_is_probed_when_a_fast_hog_could_cross_its_critical_line_between_two_samples() {
+        // 22 of 24 GiB free, critical at 90 %: 19.6 GiB of room, far more than 4 GiB/s × 1 s.
+        assert!(!engine(0.90, 22 * G, 24 * G).0.probe_host(0));
+        // Half used: probed.
+        assert!(engine(0.90, 12 * G, 24 * G).0.probe_host(0));
+        // A critical line at 12 % used with 22 of 24 GiB free: 0.9 GiB of room, a quarter second
+        // of a fast hog.
+        assert!(engine(0.12, 22 * G, 24 * G).0.probe_host(0));
+        // Unknown host memory: probed.
+        let (mut e, _dir) = engine(0.90, 0, 0);
+        e.host_memory = None;
+        assert!(e.probe_host(0));
     }
 }

@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-/// What an event records. Serialized as its snake_case name (`stay_paused`, `way_out` …).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+/// What an event records. Serialized as its snake_case name (`stay_paused`, `way_out` …), and
+/// ordered by it (the counts per action list as they did when actions were strings).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Action {
     /// A job was attached (by a person, `memwatch launch`, a restarted daemon or Slurm).
@@ -115,6 +116,18 @@ impl Action {
                 | Action::CollectorUp
                 | Action::NearExhaustion
         )
+    }
+}
+
+impl Ord for Action {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_str().cmp(other.as_str())
+    }
+}
+
+impl PartialOrd for Action {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
     }
 }
 

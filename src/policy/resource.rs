@@ -7,8 +7,9 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// A resource with a level.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// A resource with a level. Ordered by its key, as the string keys were (`gpu_memory:0` before
+/// `host_memory`): the levels' lists and the pause reasons keep their order.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Resource {
     /// The host's RAM: 1 - MemAvailable / MemTotal.
     HostMemory,
@@ -114,8 +115,9 @@ impl FromStr for Resource {
     }
 }
 
-/// Why the policy paused a job: a critical resource, a projection, or the engine's way out.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// Why the policy paused a job: a critical resource, a projection, or the engine's way out. Ordered
+/// by its key, like `Resource`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Cause {
     /// A resource the job depends on is critical.
     Resource(Resource),
@@ -163,6 +165,26 @@ impl FromStr for Cause {
         })
     }
 }
+
+/// Ordered by the string key (unequal values have unequal keys, so this agrees with `Eq`).
+macro_rules! by_key {
+    ($t:ty) => {
+        impl Ord for $t {
+            fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+                self.to_string().cmp(&other.to_string())
+            }
+        }
+
+        impl PartialOrd for $t {
+            fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+                Some(self.cmp(other))
+            }
+        }
+    };
+}
+
+by_key!(Resource);
+by_key!(Cause);
 
 /// Serialized as the string key, so the API, the events and state files keep their form.
 macro_rules! as_string {
@@ -217,6 +239,20 @@ mod tests {
         let map: std::collections::BTreeMap<Resource, u8> =
             serde_json::from_str(r#"{"gpu_memory:1": 2, "swap": 1}"#).unwrap();
         assert_eq!(map[&Resource::GpuMemory(1)], 2);
+        // Ordered as the keys: what lists levels and joins pause reasons shows them as before.
+        let mut v = [
+            Resource::Swap,
+            Resource::HostMemory,
+            Resource::GpuTemperature(0),
+            Resource::JobCgroup("a".into()),
+            Resource::GpuMemory(10),
+            Resource::GpuMemory(2),
+        ];
+        v.sort();
+        let keys: Vec<String> = v.iter().map(Resource::to_string).collect();
+        let mut sorted = keys.clone();
+        sorted.sort();
+        assert_eq!(keys, sorted);
     }
 
     #[test]

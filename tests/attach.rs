@@ -273,7 +273,7 @@ fn a_hot_gpu_pauses_its_job_and_cooling_resumes_it_without_flapping() {
         gpu_state: Some(&gpu_json),
         extra_config: "[policy.gpu_temperature]\naction = \"pause\"\nwarn_below_slowdown = 3.0\ncritical_below_shutdown = 5.0\n\
                        resume_below_slowdown = 5.0\nfallback_slowdown_celsius = 87.0\nfallback_shutdown_celsius = 95.0\n\
-                       enter_hold_ms = 0\nleave_hold_ms = 1500\n",
+                       enter_hold_ms = 0\nleave_hold_ms = 1000\n",
         ..Opts::default()
     });
     assert_eq!(d.ctl(&["attach", &pid.to_string(), "--name", "hot"]).0, 0);
@@ -283,10 +283,20 @@ fn a_hot_gpu_pauses_its_job_and_cooling_resumes_it_without_flapping() {
         eventually(5.0, || proc_state(pid) == Some('T')),
         "not paused at 94 °C (critical from 93)"
     );
-    // Hovering around the critical line and above the resume line (85) keeps it paused.
-    for t in [92, 93, 91, 94, 88, 92] {
+    // Hovering under the critical line (93) but above the resume line (85), each for longer than the
+    // 1 s leave hold (14 samples of 100 ms), keeps it paused: the hysteresis, not the hold, holds it.
+    // A dip under the resume line shorter than the hold (one sample) keeps it paused too: the hold.
+    for (t, samples) in [
+        (92, 14),
+        (93, 14),
+        (84, 1),
+        (91, 14),
+        (94, 14),
+        (88, 14),
+        (92, 14),
+    ] {
         d.set_gpu_state(&gpu_state(t, pid));
-        d.wait_samples(4);
+        d.wait_samples(samples);
         assert_eq!(proc_state(pid), Some('T'), "resumed at {t} °C");
     }
     d.set_gpu_state(&gpu_state(70, pid));

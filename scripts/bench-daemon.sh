@@ -8,8 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-60}
-# GPU=off measures without GPU sampling (the fake NVML parses its JSON state on every call; real NVML
-# does not).
+# GPU=off measures without GPU sampling (the fake NVML stands in for the driver; it re-reads its JSON
+# state at most every 10 ms, so one sample's calls cost one read and parse).
 GPU=${GPU:-on}
 WRK_SECONDS=${WRK_SECONDS:-10}
 

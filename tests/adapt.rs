@@ -326,6 +326,70 @@ fn a_writer_killed_at_any_point_leaves_the_old_file_or_the_new_one() {
     );
 }
 
+/// Whoever reads a config file while memwatch rewrites it reads the whole old file or the whole new one,
+/// never an empty or half-written one: the rewrite puts a complete file in place by a rename, it never
+/// writes into the file a trainer reads. (A kill lands mid-write too rarely to show this; a reader
+/// reading back to back does.)
+#[test]
+fn a_reader_never_sees_a_half_written_file() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("ds.json");
+    let pad = "x".repeat(400_000);
+    std::fs::write(
+        &f,
+        format!("{{\n  \"train_micro_batch_size_per_gpu\": 32,\n  \"gradient_accumulation_steps\": 2,\n  \"pad\": \"{pad}\"\n}}\n"),
+    )
+    .unwrap();
+    let rewrite = |micro: u32, accumulation: u32| {
+        let out = Command::new(common::bin())
+            .args([
+                "rewrite",
+                f.to_str().unwrap(),
+                "--set",
+                &format!("train_micro_batch_size_per_gpu={micro}"),
+                "--set",
+                &format!("gradient_accumulation_steps={accumulation}"),
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        std::fs::read_to_string(&f).unwrap()
+    };
+    // The two files the rewrites alternate between, exactly as memwatch writes them.
+    let small = rewrite(16, 4);
+    let large = rewrite(32, 2);
+    assert_ne!(small, large);
+    let stop = AtomicBool::new(false);
+    let (reads, torn) = std::thread::scope(|scope| {
+        let reader = scope.spawn(|| {
+            let (mut reads, mut torn) = (0u64, Vec::new());
+            while !stop.load(Ordering::Relaxed) {
+                match std::fs::read_to_string(&f) {
+                    Ok(text) if text == small || text == large => {}
+                    Ok(text) => torn.push(format!("{} bytes", text.len())),
+                    Err(e) => torn.push(e.to_string()),
+                }
+                reads += 1;
+            }
+            (reads, torn)
+        });
+        for i in 0..60 {
+            let text = if i % 2 == 0 {
+                rewrite(16, 4)
+            } else {
+                rewrite(32, 2)
+            };
+            assert!(text == small || text == large);
+        }
+        stop.store(true, Ordering::Relaxed);
+        reader.join().unwrap()
+    });
+    eprintln!("{reads} reads during 60 rewrites, {} torn", torn.len());
+    assert!(reads >= 60, "the reader read only {reads} times");
+    assert!(torn.is_empty(), "read a file that was neither: {torn:?}");
+}
+
 #[test]
 fn rewrite_keeps_comments_in_every_format() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,9 +1,12 @@
 //! A stand-in `libnvidia-ml.so` for tests on machines without an NVIDIA GPU.
 //!
-//! It exports the NVML C functions memwatch calls. Every call re-reads a JSON state file named by the
-//! environment variable `MEMWATCH_FAKE_NVML_STATE`, so a test can change GPU memory, temperature or
-//! processes while the daemon runs, and can make any function return an NVML error. memwatch loads this
-//! library through nvml-wrapper's `lib_path`, so its real NVML code path runs against it.
+//! It exports the NVML C functions memwatch calls. They answer from a JSON state file named by the
+//! environment variable `MEMWATCH_FAKE_NVML_STATE`, re-read when the last reading is more than
+//! [`FRESH_FOR`] old: a test can change GPU memory, temperature or processes while the daemon runs, and
+//! can make any function return an NVML error, and the calls of one sample see one state, as they would
+//! a driver's, without the fake's own file reads and JSON parses weighing in the daemon's measured CPU.
+//! memwatch loads this library through nvml-wrapper's `lib_path`, so its real NVML code path runs
+//! against it.
 //!
 //! State file shape (every device field is optional; a missing one answers `NVML_ERROR_NOT_SUPPORTED`):
 //! ```json
@@ -24,6 +27,8 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_uint, c_ulonglong};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use nvml_wrapper_sys::bindings::{
     nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t, nvmlProcessInfo_t, nvmlReturn_t,
@@ -80,20 +85,40 @@ pub struct Process {
     pub used_memory: Option<u64>,
 }
 
-fn load() -> Result<State, nvmlReturn_t> {
+/// How long one reading of the state file answers calls: far below the daemon's sample and probe
+/// intervals (the tests' are 100 ms), far above the span of one sample's calls.
+pub const FRESH_FOR: Duration = Duration::from_millis(10);
+
+fn read() -> Result<State, nvmlReturn_t> {
     let path = std::env::var_os(STATE_ENV).ok_or(ERROR_DRIVER_NOT_LOADED)?;
     let text = std::fs::read_to_string(path).map_err(|_| ERROR_DRIVER_NOT_LOADED)?;
     serde_json::from_str(&text).map_err(|_| ERROR_UNKNOWN)
 }
 
+type Reading = (Instant, Arc<Result<State, nvmlReturn_t>>);
+
+/// The state as last read, re-read when older than [`FRESH_FOR`]; a failed read is kept as long.
+fn load() -> Arc<Result<State, nvmlReturn_t>> {
+    static LAST: Mutex<Option<Reading>> = Mutex::new(None);
+    let mut last = LAST.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    match &*last {
+        Some((at, state)) if at.elapsed() < FRESH_FOR => Arc::clone(state),
+        _ => {
+            let state = Arc::new(read());
+            *last = Some((Instant::now(), Arc::clone(&state)));
+            state
+        }
+    }
+}
+
 /// Loads the state, applies a global injected error for `func`, and hands the state to `f`.
 fn with_state(func: &str, f: impl FnOnce(&State) -> nvmlReturn_t) -> nvmlReturn_t {
-    match load() {
+    match &*load() {
         Ok(state) => match state.errors.get(func) {
             Some(&code) => code,
-            None => f(&state),
+            None => f(state),
         },
-        Err(code) => code,
+        Err(code) => *code,
     }
 }
 
@@ -148,9 +173,9 @@ unsafe fn put_str(buf: *mut c_char, len: c_uint, value: Option<&str>) -> nvmlRet
 
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
-    match load() {
+    match &*load() {
         Ok(state) => state.init_error.unwrap_or(SUCCESS),
-        Err(code) => code,
+        Err(code) => *code,
     }
 }
 

@@ -3,7 +3,7 @@
 # binary on fixture roots with the fake NVML. Installs what the tests need when it is missing and this runs
 # as root: promtool and prometheus, systemd-analyze, chromium, node/npm, tmux, fuse3 and python3-fusepy,
 # slurmctld, slurmd, slurm-client and munge (Debian),
-# playwright-core (npm),
+# playwright-core (npm), kubernetes-validate (PyPI, for the manifest),
 # and torch 2.13.0 for the trainer plus the Python package's pinned test dependencies (PyPI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +42,15 @@ have munged || missing+=(munge)
 [ ${#missing[@]} -eq 0 ] || install_debian "${missing[@]}"
 # playwright-core drives Debian's chromium (no browser download); the lock file pins it.
 [ -d tests/browser/node_modules/playwright-core ] || (cd tests/browser && npm ci --no-audit --no-fund --silent)
+
+# tests/deploy.rs validates the Kubernetes manifest against Kubernetes' own schemas with PyPI's
+# kubernetes-validate (pinned in deploy/kubernetes/requirements-validate.txt), in a venv of its own.
+validate_venv=$PWD/target/validate-venv
+if ! "$validate_venv/bin/kubernetes-validate" --version >/dev/null 2>&1; then
+  python3 -m venv "$validate_venv"
+  "$validate_venv/bin/pip" install -q -r deploy/kubernetes/requirements-validate.txt
+fi
+export MEMWATCH_KUBERNETES_VALIDATE="$validate_venv/bin/kubernetes-validate"
 
 # The embedded trainer (memwatch-train) needs libtorch, taken from PyPI's torch==2.13.0 in a venv
 # (MEMWATCH_VENV, default .venv). MEMWATCH_SKIP_TRAINER=1 skips building and testing it.

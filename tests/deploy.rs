@@ -1,7 +1,7 @@
-//! The Kubernetes manifest (deploy/kubernetes/memwatch.yaml), parsed and checked against what it must
-//! agree with: the systemd unit's capabilities and writable paths, memwatch's own config parser, and
-//! the Service and ServiceMonitor that scrape it. (No schema validator for Kubernetes is available from
-//! the package registries here, so the checks are these.)
+//! The Kubernetes manifest (deploy/kubernetes/memwatch.yaml): validated against Kubernetes' own schemas
+//! (PyPI's kubernetes-validate, strict), and checked against what it must agree with: the systemd
+//! unit's capabilities and writable paths, memwatch's own config parser, and the Service and
+//! ServiceMonitor that scrape it.
 
 mod common;
 
@@ -153,4 +153,58 @@ fn the_daemonset_matches_the_unit_the_config_and_its_scraper() {
         Some("/metrics")
     );
     assert_eq!(svc["spec"]["ports"][0]["targetPort"], c["ports"][0]["name"]);
+}
+
+/// The schema validator: `MEMWATCH_KUBERNETES_VALIDATE` (scripts/test.sh installs it and sets this),
+/// else `kubernetes-validate` on the PATH.
+fn validate(manifest: &std::path::Path) -> (bool, String) {
+    let validator = std::env::var_os("MEMWATCH_KUBERNETES_VALIDATE")
+        .unwrap_or_else(|| "kubernetes-validate".into());
+    let out = std::process::Command::new(&validator)
+        .args(["--strict", "--kubernetes-version", "1.37.0"])
+        .arg(manifest)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run {validator:?} ({e}): install it with pip install -r \
+                 deploy/kubernetes/requirements-validate.txt (scripts/test.sh does)"
+            )
+        });
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+#[test]
+fn the_manifest_passes_kubernetes_own_schemas_strictly() {
+    let manifest = common::repo().join("deploy/kubernetes/memwatch.yaml");
+    let (ok, out) = validate(&manifest);
+    assert!(ok, "{out}");
+    for resource in [
+        "namespace/memwatch",
+        "serviceaccount/memwatch",
+        "configmap/memwatch",
+        "daemonset/memwatch",
+        "service/memwatch",
+    ] {
+        assert!(
+            out.contains(&format!("passed for resource {resource} ")),
+            "{resource} was not validated: {out}"
+        );
+    }
+    // The Prometheus Operator's ServiceMonitor is a custom resource, not among Kubernetes' schemas: the
+    // one document only the checks above cover.
+    assert_eq!(out.matches("Couldn't find schema").count(), 1, "{out}");
+    assert!(out.contains("kind ServiceMonitor"), "{out}");
+
+    // The validator is live: a field Kubernetes does not know in the pod spec is refused.
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let bad = text.replacen("hostPID: true", "hostPID: true\n      hostPIDs: true", 1);
+    assert_ne!(bad, text, "the manifest no longer sets hostPID");
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("memwatch.yaml");
+    std::fs::write(&copy, bad).unwrap();
+    let (ok, out) = validate(&copy);
+    assert!(!ok, "an unknown pod field passed: {out}");
+    assert!(out.contains("'hostPIDs' was unexpected"), "{out}");
 }

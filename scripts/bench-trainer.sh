@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The cost of memwatch to a trainer, reported in BENCHMARKS.md (not a test):
 #  1. optimizer steps per second of memwatch-train without memwatch and attached to a running daemon,
-#     alternated RUNS times each in the same run (default 3);
+#     RUNS pairs in the same run (default 3), the order within a pair alternating (alone first in odd
+#     pairs, attached first in even ones); then the median ratio with its quartiles, and how many
+#     pairs were above 1 (a sign test: with no effect, about half);
 #  2. the time from a rewrite (staged by memwatch when the fake GPU fills up) to the trainer's
 #     acknowledgement, in milliseconds and in epochs.
 # Needs the trainer's libtorch (see the README) and the fake NVML.
@@ -32,13 +34,25 @@ mk() { sed -e "s|epochs = 8|epochs = $2|" -e "s|steps_per_epoch = 20|steps_per_e
   -e "s|socket = \"/run/memwatch/control.sock\"|socket = \"$work/run/control.sock\"|" \
   -e "s|name = \"memwatch-train\"|name = \"$3\"|" trainer/memwatch-train.toml >"$work/$1.toml"; }
 rate() { python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['steps']; print(len(s)/((s[-1]['t_ms']-s[0]['t_ms'])/1000))" "$1"; }
+alone() { ./target/release/memwatch-train --config "$work/alone.toml" --no-memwatch --log-json "$work/a.json" >/dev/null; }
+attached() { ./target/release/memwatch-train --config "$work/with.toml" --log-json "$work/w.json" >/dev/null 2>&1; }
+ratios=()
 for i in $(seq "$RUNS"); do
   mk alone 4 alone; mk with 4 "with$i"
-  ./target/release/memwatch-train --config "$work/alone.toml" --no-memwatch --log-json "$work/a.json" >/dev/null
-  ./target/release/memwatch-train --config "$work/with.toml" --log-json "$work/w.json" >/dev/null 2>&1
+  if [ $((i % 2)) = 1 ]; then alone; attached; else attached; alone; fi
   a=$(rate "$work/a.json"); w=$(rate "$work/w.json")
-  echo "run $i: steps/s without memwatch $a, attached $w, ratio $(python3 -c "print(f'{$w/$a:.3f}')")"
+  ratio=$(python3 -c "print(f'{$w/$a:.4f}')")
+  ratios+=("$ratio")
+  echo "run $i: steps/s without memwatch $a, attached $w, ratio $ratio"
 done
+python3 - "${ratios[@]}" <<'PY'
+import statistics, sys
+r = sorted(float(x) for x in sys.argv[1:])
+q = statistics.quantiles(r, n=4) if len(r) >= 2 else [r[0]] * 3
+above = sum(x > 1 for x in r)
+print(f"ratio attached / alone over {len(r)} pairs: median {statistics.median(r):.4f} "
+      f"(quartiles {q[0]:.4f} - {q[2]:.4f}), {above} of {len(r)} pairs above 1")
+PY
 # Rewrite → acknowledgement: fill the GPU once the trainer runs.
 mk rw 6 rewrite
 ./target/release/memwatch-train --config "$work/rw.toml" --log-json "$work/r.json" >/dev/null 2>&1 &

@@ -20,6 +20,11 @@ cargo build --release --quiet -p memwatch-fake-nvml -p memwatch-memhog
 results=$(mktemp)
 trap 'rm -f "$results"' EXIT
 
+# CPU time of process $1: utime+stime in ticks (every thread it ever had), and its live threads' run
+# time in nanoseconds.
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+nanos() { cat /proc/"$1"/task/*/schedstat | awk '{s += $1} END {print s}'; }
+
 one() {
   local variant=$1 work mw hog enabled=true library=$1
   [ "$variant" = off ] && { enabled=false; library=/nonexistent; }
@@ -43,11 +48,9 @@ TOML
   ./target/release/memwatch attach $hog --name bench --socket "$work/run/control.sock" >/dev/null
   sleep 3
   local c0 c1 n0 n1 t0 t1
-  c0=$(awk '{print $14 + $15}' /proc/$mw/stat); n0=$(cat /proc/$mw/task/*/schedstat | awk '{s += $1} END {print s}')
-  t0=$(date +%s.%N)
+  c0=$(ticks $mw); n0=$(nanos $mw); t0=$(date +%s.%N)
   sleep "$SECONDS_EACH"
-  c1=$(awk '{print $14 + $15}' /proc/$mw/stat); n1=$(cat /proc/$mw/task/*/schedstat | awk '{s += $1} END {print s}')
-  t1=$(date +%s.%N)
+  c1=$(ticks $mw); n1=$(nanos $mw); t1=$(date +%s.%N)
   pkill -P $hog 2>/dev/null || true
   kill $hog $mw 2>/dev/null || true
   wait $hog $mw 2>/dev/null || true

@@ -19,14 +19,14 @@ fn user_dir(uid: u32) -> (tempfile::TempDir, PathBuf) {
     std::fs::set_permissions(top.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let dir = top.path().join("user");
     std::fs::create_dir(&dir).unwrap();
-    std::os::unix::fs::chown(&dir, Some(uid), Some(uid)).unwrap();
+    std::os::unix::fs::chown(&dir, Some(uid), Some(common::gid_of(uid))).unwrap();
     (top, dir)
 }
 
 /// Writes `text` to `path` as the user's file.
 fn user_file(path: &Path, text: &[u8], uid: u32) {
     std::fs::write(path, text).unwrap();
-    std::os::unix::fs::chown(path, Some(uid), Some(uid)).unwrap();
+    std::os::unix::fs::chown(path, Some(uid), Some(common::gid_of(uid))).unwrap();
 }
 
 /// Runs memwatch as the user.
@@ -235,7 +235,7 @@ fn a_directory_swapped_under_roots_rewrite_never_reaches_a_root_file() {
     let (_top, dir) = user_dir(uid);
     let real = dir.join("real");
     std::fs::create_dir(&real).unwrap();
-    std::os::unix::fs::chown(&real, Some(uid), Some(uid)).unwrap();
+    std::os::unix::fs::chown(&real, Some(uid), Some(common::gid_of(uid))).unwrap();
     let config = b"{\"train_micro_batch_size_per_gpu\": 4}\n";
     user_file(&real.join("cfg.json"), config, uid);
     // Root's private directory with a file of the same name.
@@ -255,15 +255,8 @@ fn a_directory_swapped_under_roots_rewrite_never_reaches_a_root_file() {
         }
     }
     let swap = Swap(
-        Command::new("setpriv")
-            .args([
-                &format!("--reuid={uid}"),
-                &format!("--regid={uid}"),
-                "--clear-groups",
-                "/usr/bin/python3",
-                "-c",
-                SWAP,
-            ])
+        common::command_as(uid)
+            .args(["/usr/bin/python3", "-c", SWAP])
             .arg(&dir)
             .arg(decoy_dir.path())
             .stdout(Stdio::null())

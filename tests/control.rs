@@ -82,3 +82,53 @@ fn refusals_say_their_kind() {
     assert_eq!(proc_state(pid), Some('S'));
     kill(s);
 }
+
+/// A pause by hand lasts until someone resumes it, as `memwatch pause --help` says: the longest
+/// pause (1 s here) does not end it, and neither the API nor `memwatch status` shows a deadline.
+#[test]
+fn a_pause_by_hand_has_no_deadline_and_outlasts_the_longest_pause() {
+    let d = Daemon::start(Opts {
+        root: "/".into(),
+        gpu_state: None,
+        extra_config: "[policy]\nmax_pause_seconds = 1\n",
+        ..Opts::default()
+    });
+    let s = sleeper();
+    let pid = s.id();
+    assert_eq!(d.ctl(&["attach", &pid.to_string(), "--name", "hand"]).0, 0);
+    assert_eq!(d.ctl(&["pause", "hand"]).0, 0);
+    let job = || -> serde_json::Value {
+        let (status, body) = d.get("/api/v1/jobs");
+        assert_eq!(status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v["jobs"]
+            .as_array()
+            .and_then(|j| j.iter().find(|j| j["name"] == "hand").cloned())
+            .unwrap_or_else(|| panic!("job hand not in {v}"))
+    };
+    let j = job();
+    assert_eq!(j["pause"]["by"], "user", "{j}");
+    assert!(j["pause_deadline"].is_null(), "{j}");
+    // Three times the longest pause, counted in samples (each one a chance for the policy to act).
+    let since = std::time::Instant::now();
+    while since.elapsed() < Duration::from_secs(3) {
+        d.wait_samples(5);
+    }
+    let j = job();
+    assert!(j["pause"].is_object(), "resumed by itself: {j}");
+    assert!(j["pause_deadline"].is_null(), "{j}");
+    assert_eq!(proc_state(pid), Some('T'));
+    let (code, out, err) = common::memwatch(&["status", "--url", &d.url()]);
+    assert_eq!(code, 0, "{err}");
+    let line = out
+        .lines()
+        .find(|l| l.contains("hand"))
+        .unwrap_or_else(|| panic!("no line for the job in:\n{out}"));
+    assert!(
+        line.contains("by hand") && line.contains("until resumed") && !line.contains(" in "),
+        "status says the pause ends: {line}"
+    );
+    assert_eq!(d.ctl(&["resume", "hand"]).0, 0);
+    assert!(common::eventually(10.0, || proc_state(pid) != Some('T')));
+    kill(s);
+}

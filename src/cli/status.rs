@@ -128,7 +128,10 @@ fn jobs(o: &mut String, jobs: &[JobLine], now_ms: u64, paint: Paint) {
                             human::duration(d.at_ms.saturating_sub(now_ms) as f64 / 1000.0)
                         )
                     })
-                    .unwrap_or_default();
+                    .unwrap_or_else(|| match p.by {
+                        By::User => format!("; until resumed (memwatch resume {})", j.name),
+                        By::Policy => String::new(),
+                    });
                 paint.level(
                     Level::Critical,
                     &format!(

@@ -313,7 +313,8 @@ pub const DOCS: &[(&str, &str)] = &[
     (
         "notify.near_exhaustion_seconds",
         "A running job that will reach a limit within this long at its current (sustained) growth\n\
-         raises a near_exhaustion notification (once, until it is more than twice this far again).",
+         raises a near_exhaustion notification: once, and again only after the job has stayed more than\n\
+         twice this far from every limit (or stopped growing) for this long without a break.",
     ),
     (
         "notify.channels",

@@ -162,7 +162,8 @@ fn default_timeout() -> u64 {
 #[serde(deny_unknown_fields, default)]
 pub struct Notify {
     /// A running job that will reach a limit within this long at its current (sustained) growth
-    /// raises a near_exhaustion notification (once, until it is more than twice this far again).
+    /// raises a near_exhaustion notification: once, and again only after the job has stayed more
+    /// than twice this far from every limit (or stopped growing) for this long without a break.
     pub near_exhaustion_seconds: u64,
     /// The channels, each a `[[notify.channels]]` table (see `notify`). None by default.
     pub channels: Vec<Channel>,

@@ -155,7 +155,7 @@ pub struct Engine {
     /// Notifications, when channels are configured.
     outbox: Option<crate::notify::Outbox>,
     /// Jobs told to be near exhaustion, until they are well clear again.
-    near: std::collections::BTreeSet<String>,
+    near: notice::NearWatch,
     /// Collectors failing in the latest sample.
     failing: std::collections::BTreeSet<String>,
     /// The state file, written ahead of every pause.
@@ -526,9 +526,10 @@ impl Engine {
         }
     }
 
-    /// When a paused job's longest pause runs out, and what follows.
+    /// When a paused job's longest pause runs out, and what follows. None for a pause by hand: the
+    /// policy never ends it (`memwatch resume` does; detach and stopping the daemon resume it too).
     fn pause_deadline(&self, j: &Job) -> Option<crate::job::PauseDeadline> {
-        let pause = j.pause.as_ref()?;
+        let pause = j.pause.as_ref().filter(|p| p.by == policy::By::Policy)?;
         let p = &self.cfg.policy;
         let state = self.policy.jobs.get(&j.name);
         let then = if state.is_some_and(|s| s.managed) {

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Puts this machine back as a fresh one would be for the tests, so that a green run cannot lean on
+# what an earlier run left: .ci/run calls it before the README's test command. Needs root; prints
+# what it removed. It removes only what the tests make, by the names they give it:
+# - processes of the test users, and the test users, their groups and home directories;
+# - cgroups the tests name (memwatch-*, memwatch, and the test Slurm nodes' slurm_mw*), in every
+#   hierarchy: thawed, emptied (SIGKILL), removed deepest first;
+# - emergency swap (zram) left enabled, the users' lock file and the tests' files in /dev/shm;
+# - the daemon's default state and socket directories (/var/lib/memwatch, /run/memwatch), which a
+#   test of the installed package may have made, when no installed memwatch service uses them.
+# Installed Debian packages, pip's and cargo's download caches stay: they are not build outputs, and
+# scripts/test.sh installs them on a machine that lacks them.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+[ "$(id -u)" = 0 ] || { echo "scripts/ci-clean.sh: not root; nothing cleaned" >&2; exit 0; }
+said() { echo "ci-clean: $*"; }
+
+# Daemons and cluster processes the tests start, if any outlived their run.
+for name in memwatch memwatch-train slurmctld slurmd slurmstepd munged prometheus memhog; do
+  for pid in $(pgrep -x "$name" 2>/dev/null); do
+    # Not an installed service's daemon (systemd's, with its own config).
+    # Only those the tests started: their config and state live in the temporary directory.
+    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "${TMPDIR:-/tmp}/" || continue
+    kill -KILL "$pid" 2>/dev/null && said "killed $name ($pid)"
+  done
+done
+
+# Cgroups, deepest first: thaw, kill what is inside, remove.
+mapfile -t groups < <(find /sys/fs/cgroup -mindepth 1 -maxdepth 2 -type d \
+  \( -name 'memwatch-*' -o -name memwatch -o -name 'slurm_mw*' \) 2>/dev/null)
+for top in "${groups[@]}"; do
+  mapfile -t dirs < <(find "$top" -depth -type d 2>/dev/null)
+  for d in "${dirs[@]}"; do
+    [ -f "$d/freezer.state" ] && echo THAWED >"$d/freezer.state" 2>/dev/null
+    [ -f "$d/cgroup.freeze" ] && echo 0 >"$d/cgroup.freeze" 2>/dev/null
+    for f in "$d/cgroup.procs" "$d/tasks"; do
+      [ -f "$f" ] || continue
+      while read -r pid; do kill -CONT "$pid" 2>/dev/null; kill -KILL "$pid" 2>/dev/null; done <"$f"
+    done
+  done
+  for d in "${dirs[@]}"; do
+    for _ in $(seq 50); do rmdir "$d" 2>/dev/null && break; [ -d "$d" ] || break; sleep 0.1; done
+  done
+  [ -d "$top" ] && said "could not remove cgroup $top" || said "removed cgroup $top"
+done
+
+# Emergency swap that a killed daemon left on.
+while read -r dev _; do
+  case "$dev" in
+    /dev/zram*)
+      swapoff "$dev" 2>/dev/null && said "swapoff $dev"
+      n=${dev#/dev/zram}
+      echo 1 >"/sys/block/zram$n/reset" 2>/dev/null
+      echo "$n" >/sys/class/zram-control/hot_remove 2>/dev/null && said "removed zram$n"
+      ;;
+  esac
+done < <(tail -n +2 /proc/swaps)
+
+scripts/test-users.sh --remove && said "removed the test users and groups"
+rm -f "${TMPDIR:-/tmp}/memwatch-test-users.lock" /dev/shm/memwatch-*
+
+if ! systemctl is-active --quiet memwatch 2>/dev/null; then
+  for d in /var/lib/memwatch /run/memwatch; do
+    [ -e "$d" ] && rm -rf "$d" && said "removed $d"
+  done
+fi
+exit 0

@@ -464,7 +464,7 @@ fn check_plans_a_model_for_this_machine() {
         "21",
     ]);
     assert_eq!(code, 3, "{out}{err}");
-    assert!(out.contains("ZeRO-3 would fit on 2 GPUs"), "{out}");
+    assert!(out.contains("ZeRO-2 would fit on 2 GPUs"), "{out}");
     assert!(out.contains("nothing fits: no config is emitted"), "{out}");
     assert!(!out.contains("train_micro_batch_size_per_gpu"), "{out}");
 }

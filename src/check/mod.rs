@@ -7,6 +7,9 @@
 //! bytes without recomputation, about 2·s·b·h with full recomputation).
 
 pub mod model_config;
+pub mod nothing_fits;
+#[cfg(test)]
+mod nothing_fits_tests;
 #[cfg(test)]
 mod tests;
 
@@ -202,6 +205,39 @@ pub struct Verdict {
     pub fits_ram: bool,
 }
 
+impl Verdict {
+    /// Whether the layout fits both the GPU and the node's RAM.
+    pub fn fits(&self) -> bool {
+        self.fits_gpu == Some(true) && self.fits_ram
+    }
+}
+
+/// Judges every layout of `m` against `machine`: the table's rows. Every claim `check` makes about
+/// what fits (the layout chosen, and what would fit when nothing does) goes through this one check.
+pub fn judge(machine: &Machine, m: &Model) -> Vec<Verdict> {
+    let gpu_mem = machine.gpu_memory_bytes();
+    // The floor: micro-batch 1 with full recomputation (gradient checkpointing).
+    let act1 = activations(m, 1, true).unwrap_or(0.0);
+    options(m)
+        .into_iter()
+        .map(|o| {
+            let need = o.gpu_bytes + act1;
+            Verdict {
+                fits_gpu: gpu_mem.map(|g| need <= g as f64 * GPU_USABLE),
+                fits_ram: o.cpu_bytes <= machine.ram_available_bytes as f64,
+                option: o,
+                gpu_needed_bytes: need,
+            }
+        })
+        .collect()
+}
+
+/// The layout to run: the first of `verdicts` (the least offloading) that fits both the GPU and host
+/// RAM.
+pub fn first_fit(verdicts: &[Verdict]) -> Option<&Verdict> {
+    verdicts.iter().find(|v| v.fits())
+}
+
 /// What `check` recommends.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Recommendation {
@@ -280,24 +316,8 @@ pub fn check(machine: Machine, model: Option<Model>) -> Report {
                     .into(),
             );
         }
-        for o in options(m) {
-            // The floor: micro-batch 1 with full recomputation (gradient checkpointing).
-            let act1 = activations(m, 1, true).unwrap_or(0.0);
-            let need = o.gpu_bytes + act1;
-            let fits_gpu = gpu_mem.map(|g| need <= g as f64 * GPU_USABLE);
-            let fits_ram = o.cpu_bytes <= machine.ram_available_bytes as f64;
-            verdicts.push(Verdict {
-                option: o,
-                gpu_needed_bytes: need,
-                fits_gpu,
-                fits_ram,
-            });
-        }
-        // The least offloading that fits both the GPU and host RAM.
-        chosen = verdicts
-            .iter()
-            .find(|v| v.fits_gpu == Some(true) && v.fits_ram)
-            .map(|v| v.option.clone());
+        verdicts = judge(&machine, m);
+        chosen = first_fit(&verdicts).map(|v| v.option.clone());
         match (&chosen, gpu_mem) {
             (Some(o), Some(g)) => {
                 let room = g as f64 * GPU_USABLE - o.gpu_bytes;
@@ -335,17 +355,7 @@ pub fn check(machine: Machine, model: Option<Model>) -> Report {
                     ));
                 }
             }
-            (None, Some(g)) => {
-                let ram_short = verdicts
-                    .iter()
-                    .any(|v| v.fits_gpu == Some(true) && !v.fits_ram);
-                notes.push(if ram_short {
-                    "the model fits the GPUs only with CPU offload, and host RAM cannot hold what offload moves there: add RAM or GPUs, or train a smaller model".into()
-                } else {
-                    "the model does not fit these GPUs in any ZeRO layout".into()
-                });
-                notes.extend(what_would_fit(m, g, machine.ram_available_bytes));
-            }
+            (None, Some(_)) => notes.extend(nothing_fits::notes(&machine, m, &verdicts)),
             _ => notes.push(
                 "no GPU seen: the estimates are per GPU for --gpu-memory-gib / --gpus".into(),
             ),
@@ -370,37 +380,6 @@ pub fn check(machine: Machine, model: Option<Model>) -> Report {
         model,
         verdicts,
     }
-}
-
-/// What would fit when nothing does: more GPUs (ZeRO-3 partitions everything but the largest layer),
-/// a smaller model on these GPUs, or NVMe offload when even the largest layer is too big.
-fn what_would_fit(m: &Model, gpu_bytes: u64, ram_available: u64) -> Vec<String> {
-    let usable = gpu_bytes as f64 * GPU_USABLE;
-    let fixed = 4.0 * m.largest_layer() + activations(m, 1, true).unwrap_or(0.0);
-    let mut out = Vec::new();
-    if usable <= fixed {
-        out.push(format!(
-            "even the largest layer ({:.2} GiB with its activations) does not fit a GPU: parameter offload to NVMe (ZeRO-Infinity), a model with smaller layers, or GPUs with more memory",
-            fixed / GIB
-        ));
-        return out;
-    }
-    let total = (18.0 * m.params / (usable - fixed)).ceil().max(1.0) as u64;
-    let per_node = total.div_ceil(m.nodes.max(1));
-    let host = m.largest_layer() * 4.0 * per_node as f64 * BUFFER;
-    out.push(format!(
-        "ZeRO-3 would fit on {total} GPUs of this size ({per_node} per node over {} node(s)), needing {:.1} GiB of host RAM per node{}",
-        m.nodes.max(1),
-        host / GIB,
-        if host > ram_available as f64 { " (more than is available)" } else { "" }
-    ));
-    let smaller = (usable - fixed) * m.total_gpus() as f64 / 18.0;
-    out.push(format!(
-        "on these {} GPU(s), ZeRO-3 fits a model of at most {:.3e} parameters",
-        m.total_gpus(),
-        smaller
-    ));
-    out
 }
 
 /// (ZeRO stage, optimizer offloaded, parameters offloaded) of the recommendation; ZeRO-2 when none fits.

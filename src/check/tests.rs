@@ -246,7 +246,7 @@ fn nothing_fits_is_said_with_what_would() {
         (Some(false), None)
     );
     let notes = r.recommendation.notes.join("\n");
-    assert!(notes.contains("ZeRO-3 would fit on 2 GPUs"), "{notes}");
+    assert!(notes.contains("ZeRO-2 would fit on 2 GPUs"), "{notes}");
     // The largest layer alone over a tiny GPU: NVMe offload or smaller layers.
     let huge_layer = Model {
         largest_layer_params: Some(300e6),

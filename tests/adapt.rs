@@ -119,9 +119,13 @@ fn a_full_gpu_halves_the_batch_at_the_next_epoch_boundary_keeping_the_effective_
         staged_mid_epoch,
         "the rewrite should have landed mid-epoch for this test to mean anything"
     );
-    let events = d.events();
-    assert!(events.iter().any(|e| e["action"] == "rewrite"));
-    assert!(events.iter().any(|e| e["action"] == "applied"));
+    d.wait_events(
+        "the rewrite and its acknowledgement among the events",
+        |events| {
+            events.iter().any(|e| e["action"] == "rewrite")
+                && events.iter().any(|e| e["action"] == "applied")
+        },
+    );
 }
 
 #[test]
@@ -170,8 +174,12 @@ fn trainer_endpoints_need_the_token() {
     assert_eq!(ack(5).0, 400, "a generation never staged");
     assert_eq!(ack(0).0, 200);
     assert_eq!(d.get("/api/v1/jobs/nope/directives").0, 404);
-    // The token never shows in the API.
-    assert!(!d.get("/api/v1/jobs").1.contains(&token));
+    // The token never shows in the API: read once the API shows the job (published after the attach
+    // is answered).
+    let api = d.wait_api("/api/v1/jobs", "the job in /api/v1/jobs", |v| {
+        v["jobs"][0]["name"] == "tok"
+    });
+    assert!(!api.to_string().contains(&token));
     // Without the job's token, /api/v1/jobs shows its name, state and numbers, not its details: no
     // config file, knobs or process names. With it, everything.
     let jobs = |auth: &str| -> serde_json::Value {
@@ -537,6 +545,7 @@ fn a_rewrite_that_landed_before_a_kill_is_not_lost() {
     };
 
     // Killed after the rename: the file holds generation 1, the state still generation 0.
+    d.wait_guardian_pid();
     d.crash(true);
     intent(1, 16, 4, (32, 2));
     let (code, _, err) = memwatch(&[
@@ -572,6 +581,7 @@ fn a_rewrite_that_landed_before_a_kill_is_not_lost() {
     );
 
     // Killed before the rename: the journal says generation 2, the file never got it.
+    d2.wait_guardian_pid();
     d2.crash(true);
     intent(2, 8, 8, (16, 4));
     let d3 = Daemon::start(Opts {

@@ -91,13 +91,11 @@ fn a_tree_is_paused_and_resumed_together() {
     for p in &pids {
         assert_ne!(proc_state(*p), Some('T'), "pid {p} still stopped");
     }
-    // The metrics show the job.
-    let m = d.metrics();
-    assert!(
-        m.contains("memwatch_job_processes{job_name=\"tree\"} 5\n"),
-        "{m}"
-    );
-    assert!(m.contains("memwatch_interventions_total{action=\"pause\",reason=\"user\"} 1\n"));
+    // The metrics show the job (the view is published after the command is answered).
+    d.wait_metrics("the job's processes and the hand pause in /metrics", |m| {
+        m.contains("memwatch_job_processes{job_name=\"tree\"} 5\n")
+            && m.contains("memwatch_interventions_total{action=\"pause\",reason=\"user\"} 1\n")
+    });
     kill_tree(hog, &pids);
 }
 
@@ -112,6 +110,7 @@ fn a_crashed_daemon_is_followed_by_one_that_resumes_the_job() {
     assert!(eventually(1.0, || proc_state(s.id()) == Some('T')));
     let state = d.state.clone();
     // The daemon and its guardian both die: only a new daemon can resume the job.
+    d.wait_guardian_pid();
     d.crash(true);
     assert_eq!(
         proc_state(s.id()),
@@ -132,11 +131,10 @@ fn a_crashed_daemon_is_followed_by_one_that_resumes_the_job() {
     eprintln!("resumed {:?} after the restart began", started.elapsed());
     // Re-adopted: still attached, now running.
     assert_eq!(d2.job_state("crashy").as_deref(), Some("running"));
-    assert!(
-        d2.events()
-            .iter()
-            .any(|e| e["action"] == "resume" && e["reason"] == "restart")
-    );
+    // The API shows the restart's resume once a view with it is published.
+    d2.wait_event("the restart's resume among the events", |e| {
+        e["action"] == "resume" && e["reason"] == "restart"
+    });
     kill(s);
 }
 
@@ -388,18 +386,21 @@ fn a_job_that_owns_its_cgroup_is_frozen_not_signalled() {
             .collect();
         assert_eq!(d.ctl(&["attach", &pid.to_string(), "--name", "owner"]).0, 0);
         assert_eq!(d.ctl(&["pause", "owner"]).0, 0);
-        let frozen = || match probe {
-            "freezer.state" => {
-                std::fs::read_to_string(dir.join("freezer.state"))
-                    .unwrap()
-                    .trim()
-                    == "FROZEN"
-            }
-            _ => std::fs::read_to_string(dir.join("cgroup.events"))
-                .unwrap()
-                .contains("frozen 1"),
+        // The kernel freezes the tasks after the write: the cgroup says so once every one is frozen.
+        let (state_file, frozen_text) = match probe {
+            "freezer.state" => (dir.join("freezer.state"), "FROZEN"),
+            _ => (dir.join("cgroup.events"), "frozen 1"),
         };
-        assert!(frozen(), "{}: not frozen", dir.display());
+        let is_frozen = |t: &str| t.lines().any(|l| l.trim() == frozen_text);
+        let frozen = || is_frozen(&std::fs::read_to_string(&state_file).unwrap());
+        let wait_frozen = || {
+            common::wait::file(
+                &format!("{}: frozen", dir.display()),
+                &state_file,
+                is_frozen,
+            )
+        };
+        wait_frozen();
         // Frozen, not stopped: no process shows the T state, and the job records the cgroup.
         assert!(
             std::iter::once(pid)
@@ -408,6 +409,7 @@ fn a_job_that_owns_its_cgroup_is_frozen_not_signalled() {
         );
         assert_eq!(d.jobs()[0]["pause"]["frozen"]["dir"], dir.to_str().unwrap());
         // A restart thaws it (the daemon and its guardian are killed, as in a crash).
+        d.wait_guardian_pid();
         d.crash(true);
         assert!(frozen(), "killing the daemon cannot thaw anything");
         let d2 = Daemon::start(Opts {
@@ -422,7 +424,7 @@ fn a_job_that_owns_its_cgroup_is_frozen_not_signalled() {
             dir.display()
         );
         assert_eq!(d2.ctl(&["pause", "owner"]).0, 0);
-        assert!(frozen());
+        wait_frozen();
         assert_eq!(d2.ctl(&["resume", "owner"]).0, 0);
         assert!(!frozen(), "{}: not thawed by resume", dir.display());
         let mut pids = workers.clone();
@@ -492,13 +494,17 @@ fn pss_keeps_up_with_a_growing_job_and_says_how_old_it_is() {
         checked >= 4,
         "saw only {checked} samples while the job grew"
     );
-    let metrics = d.metrics();
-    for m in [
-        "memwatch_job_pss_age_seconds{job_name=\"grower\"}",
-        "memwatch_job_cgroup_memory_charged_bytes{job_name=\"grower\"}",
-    ] {
-        assert!(metrics.contains(m), "{m} missing");
-    }
+    d.wait_metrics(
+        "the job's PSS age and charged memory in /metrics",
+        |metrics| {
+            [
+                "memwatch_job_pss_age_seconds{job_name=\"grower\"}",
+                "memwatch_job_cgroup_memory_charged_bytes{job_name=\"grower\"}",
+            ]
+            .iter()
+            .all(|m| metrics.contains(m))
+        },
+    );
     kill(hog);
 }
 
@@ -542,7 +548,9 @@ fn a_container_job_is_named_from_its_cgroup_path() {
         (Some("docker"), Some(id))
     );
     assert_eq!(j["sample"]["cgroup"]["limit_bytes"], 805306368u64, "{j}");
-    assert!(d.metrics().contains("container=\"3f2a1b9c0d1e\""));
+    d.wait_metrics("the container id in /metrics", |m| {
+        m.contains("container=\"3f2a1b9c0d1e\"")
+    });
     kill(c);
     assert!(c_wait_removed(&dir));
     if let Some(parent) = dir.parent().filter(|p| p.ends_with("docker")) {

@@ -90,8 +90,18 @@ fn status_shows_levels_and_a_paused_job_at_a_glance() {
         |d| d.job_state("train").as_deref() == Some("paused"),
         "the job paused",
     );
-    let (code, out, err) = memwatch(&["status", "--url", &d.url()]);
-    assert_eq!(code, 0, "{err}");
+    // `status` reads the published view, which shows the pause once it is published.
+    let url = d.url();
+    let (_, out, _) = common::wait::until(
+        "`memwatch status` showing the paused job",
+        || memwatch(&["status", "--url", &url]),
+        |(code, out, _)| {
+            *code == 0
+                && out
+                    .lines()
+                    .any(|l| l.starts_with("jobs     train (pid ") && l.contains(" PAUSED "))
+        },
+    );
     let first: Vec<&str> = out.lines().skip(2).take(3).collect();
     assert!(first[0].starts_with("CRITICAL "), "{out}");
     for want in [

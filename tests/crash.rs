@@ -126,7 +126,7 @@ fn start(state: &Path, job: &Job) -> Daemon {
 
 /// Kills the guardian and the daemon with SIGKILL in the same instant.
 fn kill_both(d: &mut Daemon) {
-    let g = d.guardian_pid().expect("no guardian logged");
+    let g = d.wait_guardian_pid();
     // SAFETY: plain kill(2) calls on pids this test started (the guardian is the daemon's child).
     unsafe {
         nix::libc::kill(g as i32, nix::libc::SIGKILL);

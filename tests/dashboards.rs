@@ -58,19 +58,21 @@ fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     assert!(exprs.len() >= 15);
     let empty = prom.without_data(&exprs, 40);
     assert!(empty.is_empty(), "panels without data: {empty:#?}");
-    // The variables: both instances, the job, both GPUs.
-    assert_eq!(
-        prom.label_values("instance", "memwatch_up").len(),
-        2,
-        "one dashboard, two machines"
+    // The variables: both instances, the job, both GPUs (each once Prometheus has scraped it).
+    common::wait::until(
+        "one dashboard, two machines",
+        || prom.label_values("instance", "memwatch_up"),
+        |v| v.len() == 2,
     );
-    assert_eq!(
-        prom.label_values("job_name", "memwatch_job_info"),
-        vec!["train".to_owned()]
+    common::wait::until(
+        "the job as the job variable",
+        || prom.label_values("job_name", "memwatch_job_info"),
+        |v| *v == ["train"],
     );
-    assert_eq!(
-        prom.label_values("gpu", "memwatch_gpu_info"),
-        vec!["0".to_owned(), "1".to_owned()]
+    common::wait::until(
+        "both GPUs as the GPU variable",
+        || prom.label_values("gpu", "memwatch_gpu_info"),
+        |v| *v == ["0", "1"],
     );
     // The rules loaded into the real Prometheus too.
     let rules = prom.get("/api/v1/rules");

@@ -104,7 +104,10 @@ fn no_driver_means_no_gpus_and_the_daemon_runs_on() {
     assert!(m.contains("memwatch_gpus 0\n"));
     assert!(m.contains("memwatch_memory_total_bytes 33084669952\n"));
     assert!(m.contains("memwatch_collector_success{collector=\"gpu\"} 1\n"));
-    let log = d.log_text();
+    // Logged once: read once the thread that reads the daemon's stderr has the line.
+    let log = d.wait_log("the missing driver logged", |l| {
+        l.contains("no NVIDIA GPU available")
+    });
     assert_eq!(log.matches("no NVIDIA GPU available").count(), 1, "{log}");
 }
 
@@ -158,12 +161,11 @@ fn broken_host_files_fail_one_collector_only() {
         |d| d.metrics().contains("memwatch_samples_total 5"),
         "sampling stopped",
     );
-    let warns = d
-        .log_text()
-        .lines()
-        .filter(|l| l.contains("\"WARN\"") && l.contains("meminfo"))
-        .count();
-    assert_eq!(warns, 1, "{}", d.log_text());
+    let warn = |l: &&str| l.contains("\"WARN\"") && l.contains("meminfo");
+    let log = d.wait_log("the meminfo failure logged at warn", |l| {
+        l.lines().any(|l| warn(&l))
+    });
+    assert_eq!(log.lines().filter(warn).count(), 1, "{log}");
     // A fixed file is picked up again.
     std::fs::copy(
         common::fixture_root().join("proc/meminfo"),

@@ -42,7 +42,7 @@ fn a_dead_daemon_that_is_not_restarted_leaves_no_job_stopped() {
     assert!(eventually(1.0, || pids
         .iter()
         .all(|p| proc_state(*p) == Some('T'))));
-    let guardian = d.guardian_pid().expect("no guardian");
+    let guardian = d.wait_guardian_pid();
     let killed = Instant::now();
     d.child.kill().unwrap();
     d.child.wait().unwrap();
@@ -114,7 +114,7 @@ fn a_frozen_cgroup_is_thawed_when_the_daemon_dies() {
 #[test]
 fn the_guardian_leaves_after_a_clean_stop_and_is_replaced_when_killed() {
     let mut d = daemon();
-    let first = d.guardian_pid().expect("no guardian");
+    let first = d.wait_guardian_pid();
     assert_eq!(proc_state(first).map(|s| s != 'Z'), Some(true));
     // Killed: the daemon starts another at its next full sample.
     let _ = Command::new("kill")
@@ -204,6 +204,7 @@ fn a_restart_resumes_paused_jobs_even_when_the_port_is_taken() {
     assert!(eventually(2.0, || pids
         .iter()
         .all(|p| proc_state(*p) == Some('T'))));
+    d.wait_guardian_pid();
     d.crash(true);
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let config = std::fs::read_to_string(d.dir.path().join("memwatch.toml"))
@@ -289,9 +290,10 @@ fn a_paused_job_whose_root_is_killed_leaves_nothing_stopped() {
             pids.iter().map(|p| proc_state(*p)).collect::<Vec<_>>()
         );
         assert!(eventually(2.0, || d.job_state("o").is_none()));
-        let (status, body) = d.get("/api/v1/jobs");
-        assert_eq!(status, 200);
-        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        // The API shows the ended job once a view without it is published.
+        let v = d.wait_api("/api/v1/jobs", &format!("{place:?}: the ended job"), |v| {
+            v["ended"][0]["name"] == "o"
+        });
         let ended = &v["ended"][0];
         assert_eq!(ended["name"], "o", "{v}");
         assert_eq!(ended["was_paused"], true, "{v}");

@@ -62,6 +62,7 @@ fn a_stopped_job_is_relaunched_to_resume_and_finishes() {
     );
     // A restarted daemon still knows (the state file holds it).
     let state = d.state.clone();
+    first.wait_guardian_pid();
     first.crash(true);
     let d = &Daemon::start(Opts {
         root: "/".into(),

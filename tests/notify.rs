@@ -204,14 +204,12 @@ fn every_kind_of_channel_is_told_of_a_pause() {
     ] {
         assert!(env.contains(want), "{want} not in {env}");
     }
-    d.wait_until(
-        |d| count(&d.metrics(), "script", "sent") == 1,
-        "the command counted as sent",
-    );
-    let metrics = d.metrics();
-    for ch in ["hook", "chat", "phone"] {
-        assert_eq!(count(&metrics, ch, "sent"), 1, "{ch}");
-    }
+    // A channel counts a delivery once its receiver has answered, after the receiver saw it.
+    let metrics = d.wait_metrics("each channel counted as sent once", |m| {
+        ["hook", "chat", "phone", "script"]
+            .iter()
+            .all(|ch| count(m, ch, "sent") == 1)
+    });
     // Secrets stay out of the log, the API and the metrics.
     let log = d.log_text();
     let (_, api) = d.get("/api/v1/jobs");
@@ -270,7 +268,8 @@ fn retries_back_off_and_a_dead_receiver_delays_nothing() {
         |d| count(&d.metrics(), "dead", "failed") == 1,
         "the dead receiver given up",
     );
-    assert!(d.log_text().contains("timed out"), "the log says why");
+    // The channel counts the failure, then logs it.
+    d.wait_log("the log says why", |l| l.contains("timed out"));
     let _ = job.kill();
     let _ = job.wait();
 }
@@ -317,11 +316,10 @@ fn rate_limits_hold_back_and_say_so() {
         .collect();
     assert_eq!(events, vec!["\"pause\"", "\"resume\""]);
     assert_eq!(capped.wait_for(2).len(), 2);
-    let m = d.metrics();
-    assert_eq!(
-        (count(&m, "calm", "sent"), count(&m, "capped", "sent")),
-        (2, 2)
-    );
+    // Counted as sent once the receivers have answered.
+    d.wait_metrics("two sent on each channel", |m| {
+        (count(m, "calm", "sent"), count(m, "capped", "sent")) == (2, 2)
+    });
     let _ = job.kill();
     let _ = job.wait();
 }

@@ -75,7 +75,7 @@ fn an_acknowledged_change_that_did_not_happen_is_caught() {
                 "{}",
                 d.metrics()
             );
-            assert!(d.events().iter().any(|e| e["action"] == "declined"));
+            d.wait_event("the declined event", |e| e["action"] == "declined");
         }
         let _ = trainer.kill();
         let _ = trainer.wait();

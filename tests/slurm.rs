@@ -149,12 +149,11 @@ fn a_slurm_job_is_attached_by_its_prolog_suspended_whole_and_resumed() {
         tasks.iter().any(|t| listed.contains(&u64::from(*t))),
         "the step's tasks are the job's processes: {listed:?} vs {tasks:?}"
     );
-    let metrics = d.metrics();
-    assert!(
-        metrics.lines().any(|l| l.starts_with("memwatch_job_info{")
-            && l.contains(&format!("slurm_job_id=\"{id}\""))),
-        "no memwatch_job_info with slurm_job_id:\n{metrics}"
-    );
+    d.wait_metrics("memwatch_job_info with slurm_job_id", |metrics| {
+        metrics.lines().any(|l| {
+            l.starts_with("memwatch_job_info{") && l.contains(&format!("slurm_job_id=\"{id}\""))
+        })
+    });
 
     // Task 0 crosses critical: the whole job is suspended through Slurm.
     assert!(
@@ -183,11 +182,12 @@ fn a_slurm_job_is_attached_by_its_prolog_suspended_whole_and_resumed() {
         std::fs::read_to_string(cluster.job_cgroup(&id).join("memory.usage_in_bytes")),
     );
     assert_eq!(d.job_state(&name).as_deref(), Some("paused"));
+    let is_pause = |e: &serde_json::Value| e["action"] == "pause" && e["job"] == name.as_str();
     let pause = d
-        .events()
+        .wait_event("a pause event", is_pause)
         .into_iter()
-        .find(|e| e["action"] == "pause" && e["job"] == name.as_str())
-        .expect("a pause event");
+        .find(is_pause)
+        .unwrap();
     assert_eq!(pause["slurm_job_id"], id.as_str(), "{pause}");
     let oom = std::fs::read_to_string(cluster.job_cgroup(&id).join("memory.oom_control"))
         .unwrap_or_default();
@@ -367,18 +367,28 @@ fn every_cluster_dashboard_query_returns_data_for_two_nodes_with_a_slurm_job_eac
     assert!(exprs.len() >= 12, "{exprs:?}");
     let empty = prom.without_data(&exprs, 60);
     assert!(empty.is_empty(), "cluster panels without data: {empty:#?}");
-    let mut ids = prom.label_values("slurm_job_id", "memwatch_job_info");
-    ids.sort();
+    // Each as soon as Prometheus has scraped it, and evaluated the rules over it.
     let mut want = vec![grows.clone(), held.clone(), opted.clone()];
     want.sort();
-    assert_eq!(ids, want, "the Slurm job variable lists both jobs");
-    assert_eq!(prom.label_values("instance", "memwatch_up").len(), 2);
-    assert!(prom.has_data(&format!(
-        "slurm_job_id:memwatch_job_paused:sum{{slurm_job_id=\"{held}\"}} == 1"
-    )));
-    assert!(prom.has_data(&format!(
-        "slurm_job_id:memwatch_job_paused:sum{{slurm_job_id=\"{grows}\"}} == 0"
-    )));
+    common::wait::until(
+        "the Slurm job variable lists the jobs",
+        || {
+            let mut ids = prom.label_values("slurm_job_id", "memwatch_job_info");
+            ids.sort();
+            ids
+        },
+        |ids| *ids == want,
+    );
+    common::wait::until(
+        "both instances",
+        || prom.label_values("instance", "memwatch_up"),
+        |v| v.len() == 2,
+    );
+    for (id, paused) in [(&held, 1), (&grows, 0)] {
+        let query =
+            format!("slurm_job_id:memwatch_job_paused:sum{{slurm_job_id=\"{id}\"}} == {paused}");
+        common::wait::until(&query, || prom.has_data(&query), |has| *has);
+    }
     assert_eq!(b.ctl(&["resume", &paused]).0, 0);
     assert!(eventually(10.0, || cluster.state(&held) == "R"));
 }
@@ -429,10 +439,9 @@ fn without_slurm_the_pause_stops_every_task_with_signals() {
         proc_state(a),
         proc_state(b)
     );
-    assert!(
-        d.log_text().contains("cannot suspend the Slurm job"),
-        "the fallback is logged"
-    );
+    d.wait_log("the fallback logged", |log| {
+        log.contains("cannot suspend the Slurm job")
+    });
     assert_eq!(d.ctl(&["resume", "slurm-77"]).0, 0);
     assert!(eventually(5.0, || proc_state(a) == Some('S')
         && proc_state(b) == Some('S')));
@@ -496,10 +505,9 @@ fn launch_inside_an_allocation_stays_in_the_slurm_job_and_resumes_after_a_requeu
         Some(200 << 20),
         "Slurm's limit, not a cgroup of memwatch's: {job}"
     );
-    assert!(
-        std::fs::read_to_string(&out).unwrap_or_default() == "resume=0\n",
-        "the first run does not resume"
-    );
+    // The run writes its line once the launcher lets it start, after the attach.
+    let first = common::wait::file("the first run's line", &out, |t| t.ends_with('\n'));
+    assert_eq!(first, "resume=0\n", "the first run does not resume");
     cluster.run("scontrol", &["requeue", &id]).unwrap();
     cluster.run_requeued(&id, &out, "resume=1");
 }

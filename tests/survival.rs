@@ -145,13 +145,13 @@ fn hog_is_paused_before_the_oom_killer_in_every_run() {
             "run {run}: the finished job stayed attached"
         );
     }
-    let events = d.events();
-    let pauses = events.iter().filter(|e| e["action"] == "pause").count();
-    let resumes = events.iter().filter(|e| e["action"] == "resume").count();
-    assert!(
-        pauses >= runs && resumes >= runs,
-        "{pauses} pauses, {resumes} resumes"
-    );
+    // The API shows the last run's events once a view with them is published.
+    let count = |events: &[serde_json::Value], action: &str| {
+        events.iter().filter(|e| e["action"] == action).count()
+    };
+    d.wait_events(&format!("{runs} pauses and {runs} resumes"), |events| {
+        count(events, "pause") >= runs && count(events, "resume") >= runs
+    });
     eprintln!("paused at cgroup usage (MiB of 512): {paused_at:?}");
     eprintln!("held by signals {} times, frozen {} times", ways.0, ways.1);
     // Both pause mechanisms ran (v1); v2 freezes every job that owns its cgroup.

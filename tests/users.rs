@@ -111,7 +111,10 @@ fn users_act_on_their_own_processes_only() {
     assert_eq!(as_user("memwatch-test", &d, &["pause", "mine"]).0, 0);
     assert!(eventually(1.0, || proc_state(user_proc.id()) == Some('T')));
     assert_eq!(as_user("memwatch-test", &d, &["resume", "mine"]).0, 0);
-    assert_eq!(proc_state(user_proc.id()), Some('S'));
+    // Continued, it runs until it is back asleep in its nanosleep.
+    common::wait::proc_state("the resumed job asleep again", user_proc.id(), |s| {
+        s == Some('S')
+    });
     // One rule with HTTP: the user sees every job, their own in full, root's as a summary (state,
     // numbers, process count), without its processes or config.
     let user_jobs = || -> Vec<serde_json::Value> {
@@ -147,15 +150,17 @@ fn users_act_on_their_own_processes_only() {
     );
     assert_eq!(roots["sample"]["process_count"], 1);
     assert_eq!(roots["state"], "running");
-    // The same as the unauthenticated HTTP API shows.
-    let (_, http) = d.get("/api/v1/jobs");
-    let http: serde_json::Value = serde_json::from_str(&http).unwrap();
+    // The same as the unauthenticated HTTP API shows (once it publishes both).
     let names = |v: &[serde_json::Value]| {
         let mut n: Vec<String> = v.iter().map(|j| j["name"].to_string()).collect();
         n.sort();
         n
     };
-    assert_eq!(names(http["jobs"].as_array().unwrap()), names(&jobs));
+    d.wait_api("/api/v1/jobs", "the same jobs over HTTP", |http| {
+        http["jobs"]
+            .as_array()
+            .is_some_and(|h| names(h) == names(&jobs))
+    });
     let (code, text) = {
         let out = Command::new("runuser")
             .args(["-u", "memwatch-test", "--"])
@@ -253,7 +258,8 @@ fn a_root_child_in_a_users_job_is_never_signalled_or_frozen() {
         );
         let (code, err) = as_user("memwatch-test", &d, &["resume", "mixed"]);
         assert_eq!(code, 0, "{place}: {err}");
-        assert_eq!(proc_state(user_child), Some('S'), "{place}: not resumed");
+        // Continued, it runs until it is back asleep in its nanosleep.
+        common::wait::proc_state(&format!("{place}: resumed"), user_child, |s| s == Some('S'));
         let _ = Command::new("kill")
             .args([
                 "-KILL",

@@ -217,9 +217,14 @@ fn fix_now_on_swap(way_out: &str, kind: &str, scenario: &str) {
     let status = wait_exit(&mut trainer, 240);
     let seconds = started.elapsed().as_secs_f64();
     let a = account(&out);
-    // The swap is cleared and removed (once RAM can take its pages back).
+    // The swap is cleared and removed (once RAM can take its pages back); the event comes after the
+    // record is gone, when the daemon hears that the removal is done.
     let cleared = eventually(60.0, || swap_records(&d.dir.path().join("state")) == 0);
-    let events = events_text(&d);
+    let events = common::wait::poll(
+        || events_text(&d),
+        |e| !cleared || e.contains("cleared and removed"),
+    )
+    .unwrap_or_else(|last| last);
     bench_line(
         scenario,
         status.is_some_and(|s| s.success()) && a["epochs_done"] == 3,
@@ -497,6 +502,7 @@ fn crash_on_the_way_out(
         "the step was never taken: {}",
         read_events(&state)
     );
+    d.wait_guardian_pid();
     d.crash(true);
     after_crash(&state, &cg);
     for pid in std::fs::read_to_string(cg.dir.join("cgroup.procs"))

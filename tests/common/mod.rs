@@ -5,6 +5,7 @@ pub mod cgroup;
 pub mod prometheus;
 pub mod slurm;
 pub mod tmux;
+pub mod wait;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -3,24 +3,26 @@
 # failed: the way to find a flaky test before CI does. Nothing is retried; every failure is counted
 # and its output kept under target/flake-hunt/.
 #
-#   scripts/flake-hunt.sh [-n RUNS] [--load] [--python] [TEST ...]
+#   scripts/flake-hunt.sh [-n RUNS] [--load] [--fresh-users] [--python] [TEST ...]
 #
 # TEST names a test target (attach, attacks, ... as in tests/*.rs, or `lib` for the unit tests);
 # none means every target. --python runs the Python suite too (python/tests, as scripts/test.sh
-# does). --load runs `stress-ng --cpu N` (N = the cores) for the whole hunt. Build and environment as
+# does). --load runs `stress-ng --cpu N` (N = the cores) for the whole hunt. --fresh-users removes
+# the test users before every run, as on a machine that never ran the tests (the tests then make them). Build and environment as
 # scripts/test.sh (run that once first: it installs what the tests need). Needs root, as the tests do.
 # Prints a Markdown table: target, mode, runs, failed runs, median seconds, and each failing test
 # with how many runs it failed in.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-runs=5 load=0 python=0 targets=()
+runs=5 load=0 python=0 fresh=0 targets=()
 while [ $# -gt 0 ]; do
   case "$1" in
     -n) runs=$2; shift 2 ;;
     --load) load=1; shift ;;
     --python) python=1; shift ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    --fresh-users) fresh=1; shift ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     -*) echo "scripts/flake-hunt.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) targets+=("$1"); shift ;;
   esac
@@ -35,7 +37,7 @@ if [ -z "${MEMWATCH_SKIP_TRAINER:-}" ] && [ -x "$venv/bin/python" ]; then
   features=(--features memwatch/trainer)
 fi
 export MEMWATCH_KUBERNETES_VALIDATE=${MEMWATCH_KUBERNETES_VALIDATE:-$PWD/target/validate-venv/bin/kubernetes-validate}
-[ "$(id -u)" != 0 ] || ./scripts/test-users.sh
+[ "$(id -u)" != 0 ] || [ "$fresh" = 1 ] || ./scripts/test-users.sh
 
 if [ ${#targets[@]} -eq 0 ]; then
   targets=(lib)
@@ -44,11 +46,12 @@ fi
 cargo test --workspace "${features[@]}" --locked --no-run -q 2>/dev/null
 
 mode=idle
+[ "$fresh" = 0 ] || mode=fresh
 out=target/flake-hunt
 mkdir -p "$out"
 stress=
 if [ "$load" = 1 ]; then
-  mode=load
+  mode=$mode-load
   command -v stress-ng >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq stress-ng >/dev/null; }
   stress-ng --cpu "$(nproc)" --quiet &
   stress=$!
@@ -67,6 +70,7 @@ hunt() { # name, then the command
   declare -A count=()
   for i in $(seq "$runs"); do
     local log="$out/$mode-$name-$i.log" t0 rc
+    [ "$fresh" = 0 ] || ./scripts/test-users.sh --remove
     t0=$(date +%s.%N)
     set +e
     timeout 1200 "$@" >"$log" 2>&1

@@ -1,5 +1,5 @@
-//! The control socket's refusals: each says its kind, so that callers act on it without reading
-//! the words.
+//! The control socket: each refusal says its kind, so that callers act on it without reading the
+//! words; a pause by hand lasts until someone resumes it.
 
 mod common;
 
@@ -8,7 +8,7 @@ use std::os::unix::net::UnixStream;
 use std::process::{Child, Command};
 use std::time::Duration;
 
-use common::{Daemon, Opts};
+use common::{Daemon, Opts, proc_state};
 
 fn daemon() -> Daemon {
     Daemon::start(Opts {

@@ -280,7 +280,7 @@ impl Daemon {
     /// that nothing resumes the jobs until a new daemon starts.
     pub fn crash(&mut self, guardian_too: bool) {
         if guardian_too {
-            let g = self.guardian_pid().expect("the daemon logged no guardian");
+            let g = self.wait_guardian_pid();
             let _ = Command::new("kill")
                 .args(["-KILL", &g.to_string()])
                 .status();

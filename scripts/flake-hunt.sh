@@ -80,7 +80,7 @@ hunt() { # name, then the command
     if [ "$rc" != 0 ]; then
       failed=$((failed + 1))
       # libtest: "test NAME ... FAILED"; pytest -rf: "FAILED path::NAME - ..."; else the whole run.
-      tests=$(grep -oE '^test [^ ]+ \.\.\. FAILED|^FAILED [^ ]+' "$log" | sed -E 's/^test ([^ ]+) .*/\1/; s/^FAILED //' | sort -u)
+      tests=$(grep -oE '^test [^ ]+ \.\.\. FAILED|^FAILED [^ ]+' "$log" | sed -E 's/^test ([^ ]+) .*/\1/; s/^FAILED //' | sort -u || true)
       [ -n "$tests" ] || tests="(exit $rc$([ "$rc" = 124 ] && echo ', timed out'))"
       while read -r t; do count[$t]=$(( ${count[$t]:-0} + 1 )); done <<<"$tests"
     else
@@ -94,9 +94,9 @@ hunt() { # name, then the command
 
 for t in "${targets[@]}"; do
   if [ "$t" = lib ]; then
-    hunt lib cargo test "${features[@]}" --locked -q --lib -p memwatch
+    hunt lib cargo test "${features[@]}" --locked --lib -p memwatch
   else
-    hunt "$t" cargo test "${features[@]}" --locked -q --test "$t"
+    hunt "$t" cargo test "${features[@]}" --locked --test "$t"
   fi
 done
 if [ "$python" = 1 ]; then

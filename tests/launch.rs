@@ -23,6 +23,7 @@ fn a_stopped_job_is_relaunched_to_resume_and_finishes() {
     let seen = d.dir.path().join("seen");
     let script = format!(
         "if [ \"{{resume}}\" = 1 ]; then echo \"resumed after restart $MEMWATCH_RESTART\"; \
+         echo \"launched by $MEMWATCH_LAUNCHED as $MEMWATCH_JOB\"; \
          while [ ! -e {seen} ]; do sleep 0.05; done; exit 0; fi; \
          exec {} --rate-mib 1024 --total-mib 768",
         memhog().display(),
@@ -46,6 +47,7 @@ fn a_stopped_job_is_relaunched_to_resume_and_finishes() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    let launch_pid = launch.id();
     // `memwatch jobs` shows the relaunched run and how the first ended.
     assert!(
         common::eventually(20.0, || d
@@ -87,6 +89,11 @@ fn a_stopped_job_is_relaunched_to_resume_and_finishes() {
         d.events()
     );
     assert!(stdout.contains("resumed after restart 1"), "{stdout}");
+    // Launch's marker is its own pid (the job's ancestor), not something a user sets by hand.
+    assert!(
+        stdout.contains(&format!("launched by {} as l", launch_pid)),
+        "{stdout}"
+    );
     assert!(
         stderr.contains("run 1 stopped") && stderr.contains("relaunching"),
         "{stderr}"

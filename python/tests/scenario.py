@@ -77,11 +77,13 @@ def under_pressure(
     args: Sequence[str] = (),
     gpu: bool = True,
     timeout: float = 240,
+    env: Optional[Dict[str, str]] = None,
 ) -> Run:
     cfg = tmp / "train.json"
     cfg.write_text(json.dumps(config))
     out, go = tmp / "out.jsonl", tmp / "go"
-    p = cg.spawn([python(), str(TRAINERS / script), str(cfg), str(out), str(go), str(tmp / "output"), *args], d.env())
+    argv = [python(), str(TRAINERS / script), str(cfg), str(out), str(go), str(tmp / "output"), *args]
+    p = cg.spawn(argv, dict(d.env(), **(env or {})))
     try:
         ready = eventually(120, lambda: _first(out, "ready") or _exited(p), "the trainer never reached its first step")
         assert p.poll() is None, f"the trainer exited with {p.returncode} before its first step"

@@ -44,3 +44,25 @@ def live_workers(pid: Optional[int] = None) -> Optional[int]:
         if not any(h in cmdline for h in _HELPERS):
             count += 1
     return count
+
+
+def _parent(pid: int) -> Optional[int]:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return int(fields[1]) if len(fields) >= 2 else None
+
+
+def descends_from(ancestor: int, pid: Optional[int] = None) -> bool:
+    """Whether `ancestor` is among the parents of `pid` (default: this process), up the tree."""
+    p = _parent(pid or os.getpid())
+    seen = set()
+    while p and p not in seen:
+        if p == ancestor:
+            return True
+        seen.add(p)
+        p = _parent(p)
+    return False

@@ -24,10 +24,13 @@ from .pytorch import AdaptiveLoader
 
 def gradient_accumulation_plugin(client: Optional[Client] = None, default: int = 1) -> Any:
     """A `GradientAccumulationPlugin` with the config's accumulation (or `default`). It does not
-    sync with the DataLoader's end: `AcceleratedLoader` ends its windows itself."""
+    sync with the DataLoader's end: `AcceleratedLoader` ends its windows itself. It attaches the
+    client first (`Client.attach`: a refusal raises `MemwatchError`)."""
     from accelerate.utils import GradientAccumulationPlugin
 
     steps = default
+    if client is not None:
+        client.attach()  # a refusal raises MemwatchError here, before the Accelerator is built
     d = client.directives(force=True) if client is not None else None
     if d is not None and ACCUMULATION in d.knobs:
         steps = int(d.knobs[ACCUMULATION])

@@ -4,12 +4,15 @@ A `Client` attaches the current process (with its config file and profile), keep
 directives, acknowledges them, reports progress and what the run actually runs with, and answers a
 checkpoint request. It never raises into the training loop because the daemon is down: it warns once
 and the run trains on; it tries again after `retry_seconds`. A refusal (a bad config file at attach,
-a wrong token or job name) is a mistake to fix: `attach` raises `MemwatchError`; later refusals are
-logged once each.
+no attached job by its name, a wrong token) is a mistake to fix: `attach` raises `MemwatchError`, and
+every integration calls it before its first step; later refusals are logged once each.
 
-Under `memwatch launch` the job is attached before its first instruction; the client then takes the
-job name, the token file, the socket and the URL from the environment launch sets (`MEMWATCH_JOB`,
-`MEMWATCH_TOKEN_FILE`, `MEMWATCH_SOCKET`, `MEMWATCH_URL`) and does not attach again.
+Under `memwatch launch` the job is attached before its first instruction. Launch marks its job with
+`MEMWATCH_LAUNCHED`, the pid of the `memwatch launch` process; a client whose process descends from
+that pid (the job's root, a torchrun rank, a DataLoader worker) takes the job as attached, finds its
+token file, socket and URL in `MEMWATCH_TOKEN_FILE`, `MEMWATCH_SOCKET` and `MEMWATCH_URL`, and does not
+attach again: `attach` only checks once that the daemon knows the job and takes this client for it.
+`MEMWATCH_JOB` names the job, launched or not: set by hand, it never means "already attached".
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from . import _proc
+
 log = logging.getLogger("memwatch")
 
 DEFAULT_SOCKET = "/run/memwatch/control.sock"
@@ -35,6 +40,13 @@ MICRO_BATCH = "micro_batch"
 ACCUMULATION = "accumulation"
 WORKERS = "workers"
 PIN_MEMORY = "pin_memory"
+
+LAUNCHED = "MEMWATCH_LAUNCHED"
+"""The variable `memwatch launch` sets in its job's environment: its own pid."""
+
+# The refusals that say this client's job is not what it takes it for: a mistake to fix, not an outage.
+_WRONG_JOB = ("not_found", "forbidden")
+_HTTP_KINDS = {400: "invalid", 403: "forbidden", 404: "not_found", 409: "conflict", 429: "limit", 503: "unavailable"}
 
 
 class MemwatchError(RuntimeError):
@@ -112,7 +124,10 @@ class Client:
         poll_seconds: float = 0.5,
     ) -> None:
         env = os.environ
-        self.launched = "MEMWATCH_JOB" in env
+        self.launched = launched_by_memwatch(env)
+        """`memwatch launch` started this process's tree and attached the job (`MEMWATCH_LAUNCHED`
+        holds the pid of a `memwatch launch` this process descends from): the client does not
+        attach it again."""
         self.name = name or env.get("MEMWATCH_JOB") or _default_name()
         self.config_file = os.path.abspath(config_file) if config_file else None
         self.profile = profile or ("generic" if keys else None)
@@ -130,6 +145,8 @@ class Client:
         """`memwatch launch` relaunched this run after memwatch stopped the previous one: resume from
         the last checkpoint."""
         self.attached = self.launched
+        self._confirmed = False
+        """The daemon has taken this client for its job (attached it, or answered it as the job's)."""
         self._outage = _Outage()
         self._last_poll = float("-inf")
         self._last: Optional[Directives] = None
@@ -137,10 +154,14 @@ class Client:
     # --- attaching -----------------------------------------------------------------------------
 
     def attach(self) -> bool:
-        """Attaches this process (idempotent). False when the daemon cannot be reached (warned
-        once); raises `MemwatchError` when it refuses (a bad config file, say)."""
-        if self.attached:
+        """Attaches this process (idempotent); when it is attached already (by `memwatch launch`),
+        checks once that the daemon knows the job and takes this client for it. False when the
+        daemon cannot be reached (warned once); raises `MemwatchError` when it refuses: a bad config
+        file, no attached job by this name, a wrong token."""
+        if self._confirmed:
             return True
+        if self.attached:
+            return self._check_attached()
         request: Dict[str, Any] = {"cmd": "attach", "pid": self.pid, "name": self.name}
         if self.config_file:
             request.update(config_file=self.config_file, profile=self.profile or "generic", keys=self.keys)
@@ -152,9 +173,55 @@ class Client:
         self.token = reply.get("token") or self.token
         job = reply.get("job") or {}
         self.name = job.get("name", self.name)
-        self.attached = True
+        self.attached = self._confirmed = True
         log.info("memwatch: attached %s (pid %d)", self.name, self.pid)
         return True
+
+    def _check_attached(self) -> bool:
+        """Asks for the directives once, as the job's trainer: a job the daemon does not know, or a
+        token it does not take, raises `MemwatchError` with what to fix."""
+        path = f"directives?since={self.generation}"
+        reply = self._request({"cmd": "directives", "since": self.generation}, "GET", path)
+        if reply is None:
+            return False
+        if reply.get("ok") is False:
+            kind, error = reply.get("kind"), reply.get("error")
+            if kind == "unavailable":  # shutting down: an outage
+                self._down(str(error))
+                return False
+            if kind in _WRONG_JOB:
+                raise MemwatchError(self._wrong_job(kind, error))
+            if kind == "invalid" and self.config_file:
+                raise MemwatchError(
+                    f"memwatch has job {self.name!r} attached without a config file ({error}), so "
+                    f"{self.config_file} is never rewritten: give it to `memwatch launch --config-file` "
+                    "(with --profile or --key), or leave config_file out here"
+                )
+        else:
+            self._last_poll = time.monotonic()
+            self._last = self._directives(reply)
+        self._confirmed = True
+        return True
+
+    def _wrong_job(self, kind: str, error: Any) -> str:
+        """A refusal that says this client's job is not what it takes it for, and what to fix."""
+        by = (
+            f"{LAUNCHED} says `memwatch launch` attached this run, so this client does not attach it "
+            "again"
+            if self.launched
+            else "this client was told the job is attached already, so it does not attach it"
+        )
+        if kind == "not_found":
+            return (
+                f"memwatch has no attached job named {self.name!r} ({error}); {by}. Give the client "
+                "the name the job was attached under (launch's --name, which it sets in MEMWATCH_JOB), "
+                "or let the client attach the job itself"
+            )
+        return (
+            f"memwatch refused this client for job {self.name!r} ({error}); {by}. Give it the job's "
+            "token (the file in MEMWATCH_TOKEN_FILE, from `memwatch launch --config-file` or `memwatch "
+            "attach --token-file`, or token=), or run it as the job's owner on the control socket"
+        )
 
     # --- the protocol --------------------------------------------------------------------------
 
@@ -166,18 +233,19 @@ class Client:
             return self._last
         self._last_poll = now
         reply = self._call({"cmd": "directives", "since": self.generation}, "GET", f"directives?since={self.generation}")
-        if reply is None:
-            self._last = None
-            return None
+        self._last = None if reply is None else self._directives(reply)
+        return self._last
+
+    @staticmethod
+    def _directives(reply: Dict[str, Any]) -> Directives:
         d = reply.get("directives", reply)
         checkpoint = d.get("checkpoint") or {}
-        self._last = Directives(
+        return Directives(
             generation=int(d.get("generation", 0)),
             changes=[x for x in d.get("directives", []) if not x.get("declined")],
             knobs=dict(d.get("knobs", {})),
             checkpoint_requested=bool(checkpoint) and not checkpoint.get("saved_at_ms"),
         )
-        return self._last
 
     def ack(self, generation: int, epoch: int) -> bool:
         """Everything up to `generation` is applied, at `epoch`."""
@@ -243,22 +311,30 @@ class Client:
                 self._refused(str(e))
                 self._outage.retry_at = time.monotonic() + self.retry_seconds
                 return None
-        if os.path.exists(self.socket_path):
-            request = dict(request, target=self.name)
-            if self.token:
-                request["token"] = self.token
-            reply = self._socket(request)
-        else:
-            if body is None and method == "POST":
-                body = {k: v for k, v in request.items() if k != "cmd"}
-            reply = self._http(method, path, body)
+        reply = self._request(request, method, path, body)
         if reply is None:
             return None
+        if reply.get("kind") not in (*_WRONG_JOB, "unavailable"):
+            self._confirmed = True
         if reply.get("ok") is False:
             self._refused(f"memwatch refused {request.get('cmd')} for {self.name}: {reply.get('error')}")
             return None
         self._outage = _Outage(refusals=self._outage.refusals)
         return reply
+
+    def _request(
+        self, request: Dict[str, Any], method: str, path: str, body: Optional[Dict[str, Any]] = None
+    ) -> Optional[Dict[str, Any]]:
+        """Sends a trainer request for this job, as it is: the daemon's answer (a refusal with its
+        `kind`), or None when the daemon is down."""
+        if os.path.exists(self.socket_path):
+            request = dict(request, target=self.name)
+            if self.token:
+                request["token"] = self.token
+            return self._socket(request)
+        if body is None and method == "POST":
+            body = {k: v for k, v in request.items() if k != "cmd"}
+        return self._http(method, path, body)
 
     def _socket(self, request: Dict[str, Any]) -> Optional[Dict[str, Any]]:
         try:
@@ -286,7 +362,8 @@ class Client:
                 v = json.load(r)
                 return v if "ok" in v else {"ok": True, "directives": v}
         except urllib.error.HTTPError as e:
-            return {"ok": False, "error": f"{e.code} {e.read().decode(errors='replace')}"}
+            error = f"{e.code} {e.read().decode(errors='replace')}"
+            return {"ok": False, "error": error, "kind": _HTTP_KINDS.get(e.code, "failed")}
         except (OSError, ValueError) as e:
             self._down(f"{self.url}: {e}")
             return None
@@ -301,6 +378,13 @@ class Client:
         if message not in self._outage.refusals:
             self._outage.refusals.add(message)
             log.error("%s", message)
+
+
+def launched_by_memwatch(env: Mapping[str, str]) -> bool:
+    """Whether `memwatch launch` started this process's tree: `MEMWATCH_LAUNCHED` holds the pid of
+    the `memwatch launch` process, and this process descends from it."""
+    marker = env.get(LAUNCHED, "").strip()
+    return marker.isdigit() and _proc.descends_from(int(marker))
 
 
 def _default_name() -> str:

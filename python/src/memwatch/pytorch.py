@@ -48,7 +48,9 @@ def accumulation_for(effective_batch: int, micro_batch: int, world_size: int = 1
 class AdaptiveLoader:
     """An epoch-at-a-time iterable over `dataset` whose DataLoader memwatch may change.
 
-    client: the run's `memwatch.Client` (None: a plain loader that never changes).
+    client: the run's `memwatch.Client` (None: a plain loader that never changes). The first
+    iteration attaches it (or checks the job `memwatch launch` attached): a refusal raises
+    `MemwatchError` before the first batch.
     batch_size, accumulation, num_workers, pin_memory: the starting values (the config file's).
     shuffle, seed: a fresh permutation each epoch from `seed + epoch` (so a resumed run sees the
     same order). rank, world_size: this process's share of each epoch (padded to equal shares).
@@ -103,6 +105,7 @@ class AdaptiveLoader:
         self.rebuilds = 0
         self._last_report = float("-inf")
         self._checkpointed = False
+        self._started = False
         # A checkpoint request must be answered also while the loop waits for a batch from workers
         # memwatch has paused (only the root runs then): a watcher thread saves it meanwhile. The
         # lock keeps the loop from going on while it does, and the client to one thread at a time.
@@ -148,6 +151,11 @@ class AdaptiveLoader:
         return n // self.micro_batch if self.drop_last else math.ceil(n / self.micro_batch)
 
     def __iter__(self) -> Iterator[Any]:
+        if self.client is not None and not self._started:
+            # Before the first step: a job memwatch refuses (no job by this name, a wrong token, a
+            # bad config file) raises MemwatchError here; an outage only warns.
+            self.client.attach()
+            self._started = True
         if self.client is not None and self.checkpoint is not None and self._watcher is None:
             self._watcher = threading.Thread(target=self._watch, name="memwatch-checkpoint", daemon=True)
             self._watcher.start()

@@ -1,8 +1,9 @@
 """A transformers.Trainer run on a tiny random GPT-2 (nothing downloaded), recording every optimizer
-step. usage: hf_train.py CONFIG OUT GO OUTPUT_DIR MODE  (MODE: memwatch, naive or none)
+step. usage: hf_train.py CONFIG OUT GO OUTPUT_DIR MODE  (MODE: memwatch, by-env, naive or none)
 
-memwatch: `callbacks=[MemwatchCallback()]`, the one line. naive: the callback a user would write from
-the protocol doc, which sets `num_workers` on the DataLoader the Trainer hands it and acknowledges.
+memwatch: `callbacks=[MemwatchCallback()]`, the one line. by-env: the same with no name, so that the
+job is named by `MEMWATCH_JOB`. naive: the callback a user would write from the protocol doc, which
+sets `num_workers` on the DataLoader the Trainer hands it and acknowledges.
 """
 
 import json
@@ -85,6 +86,8 @@ class Naive(TrainerCallback):
 callbacks = [Probe()]
 if mode == "memwatch":
     callbacks.append(memwatch.hf.MemwatchCallback(config_file=cfg_path, name="hf"))
+elif mode == "by-env":
+    callbacks.append(memwatch.hf.MemwatchCallback(config_file=cfg_path))
 elif mode == "naive":
     callbacks.append(Naive())
 

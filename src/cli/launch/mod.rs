@@ -3,6 +3,12 @@
 //! (by memwatch's `terminate`, a signal, or its cgroup's OOM killer) — with `{resume}` in its arguments
 //! and `MEMWATCH_RESUME` in its environment set to 1, so that it resumes from its checkpoint and reads
 //! its config (which memwatch may have rewritten) afresh. It runs as the invoking user.
+//!
+//! The job's environment names it (`MEMWATCH_JOB`), says where the daemon is (`MEMWATCH_SOCKET`,
+//! `MEMWATCH_URL`) and where its token is (`MEMWATCH_TOKEN_FILE`, with a config file), and carries
+//! launch's own marker, `MEMWATCH_LAUNCHED`: the pid of this `memwatch launch`, an ancestor of every
+//! process of the job. A client takes the job as already attached only when that pid is its ancestor:
+//! `MEMWATCH_JOB` alone, which users set by hand to name a job, never means so.
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -170,6 +176,8 @@ fn runs(
             ("MEMWATCH_RESUME".into(), resume.into()),
             ("MEMWATCH_RESTART".into(), run.to_string()),
             ("MEMWATCH_JOB".into(), name.into()),
+            // Launch's marker: its own pid, which every process of the job descends from.
+            ("MEMWATCH_LAUNCHED".into(), std::process::id().to_string()),
         ];
         env.extend(daemon.env.iter().cloned());
         if config_file.is_some() {

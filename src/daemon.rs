@@ -231,15 +231,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut full: Option<JoinHandle<FullResult>> = None;
     let mut panics = 0u32;
     let mut failure: Option<anyhow::Error> = None;
-    let (settled_tx, mut settled_rx) = mpsc::unbounded_channel::<Settled>();
-    let (way_out_tx, mut way_out_rx) = mpsc::unbounded_channel::<crate::engine::WayOutDone>();
+    // Work handed off the owner task reports back on bounded channels: a sender waits (on the blocking
+    // pool, never on the owner task) while one is full. Wake-ups coalesce into one pending permit.
+    let (settled_tx, mut settled_rx) = mpsc::channel::<Settled>(HANDOFF_CAPACITY);
+    let (way_out_tx, mut way_out_rx) = mpsc::channel::<crate::engine::WayOutDone>(HANDOFF_CAPACITY);
     let handoff = Handoff {
         settled: settled_tx,
         way_out: way_out_tx,
     };
-    let (wake_tx, mut wake_rx) = mpsc::unbounded_channel::<crate::wake::Key>();
-    let mut watches = Watches::start(&config, &mut engine, wake_tx);
-    let (adapted_tx, mut adapted_rx) = mpsc::unbounded_channel::<crate::engine::AdaptDone>();
+    let woken = Arc::new(tokio::sync::Notify::new());
+    let mut watches = Watches::start(&config, &mut engine, woken.clone());
+    let (adapted_tx, mut adapted_rx) = mpsc::channel::<crate::engine::AdaptDone>(HANDOFF_CAPACITY);
     let mut stop = std::pin::pin!(shutdown_signal());
     // Under systemd: ready now, and a watchdog ping from this loop while samples are fresh, so a stuck
     // owner task or a sampler that stopped is restarted (and the restarted daemon resumes what this
@@ -266,7 +268,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     shared.publish_view(engine.view());
                 }
             }
-            Some(_key) = wake_rx.recv() => {
+            _ = woken.notified() => {
                 // The kernel saw a crossing: probe now, on this very turn.
                 let now = clock.now_ms();
                 engine.on_wake(now);
@@ -310,7 +312,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                         for task in engine.take_adapt_tasks() {
                             let tx = adapted_tx.clone();
                             tokio::task::spawn_blocking(move || {
-                                let _ = tx.send(crate::engine::run_adapt_task(task));
+                                let _ = tx.blocking_send(crate::engine::run_adapt_task(task));
                             });
                         }
                         let view = engine.take_dirty().then(|| engine.view());
@@ -395,9 +397,12 @@ type Settled = (String, crate::act::freeze::Frozen, bool);
 /// Waits for unsettled freezes on the blocking pool; each result comes back as a message.
 /// Where work handed off the owner task reports back.
 struct Handoff {
-    settled: mpsc::UnboundedSender<Settled>,
-    way_out: mpsc::UnboundedSender<crate::engine::WayOutDone>,
+    settled: mpsc::Sender<Settled>,
+    way_out: mpsc::Sender<crate::engine::WayOutDone>,
 }
+
+/// Results of handed-off work that may wait for the owner task at once, per kind.
+const HANDOFF_CAPACITY: usize = 64;
 
 /// Hands freezes still settling and swap work (mkswap, swapon, swapoff) to the blocking pool.
 fn hand_off(engine: &mut Engine, h: &Handoff) {
@@ -405,13 +410,13 @@ fn hand_off(engine: &mut Engine, h: &Handoff) {
         let tx = h.settled.clone();
         tokio::task::spawn_blocking(move || {
             let settled = frozen.settled_within(crate::act::freeze::SETTLE);
-            let _ = tx.send((name, frozen, settled));
+            let _ = tx.blocking_send((name, frozen, settled));
         });
     }
     for task in engine.take_way_out_tasks() {
         let tx = h.way_out.clone();
         tokio::task::spawn_blocking(move || {
-            let _ = tx.send(crate::engine::run_way_out_task(task));
+            let _ = tx.blocking_send(crate::engine::run_way_out_task(task));
         });
     }
 }

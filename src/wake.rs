@@ -8,14 +8,17 @@
 //!   window is 500 ms at least (2 s, and a multiple of it, without CAP_SYS_RESOURCE; the daemon asks
 //!   for 100 ms in 2 s), so they wake fast probing; they cannot stop a fast OOM by themselves.
 //!
-//! One thread polls every descriptor and sends the key of what fired to the owner task, which probes
-//! at once. Polling stays, as the fallback and for growth rates (prediction).
+//! One thread polls every descriptor and wakes the owner task, which probes at once: wake-ups coalesce
+//! into one pending permit (a `Notify`), so a storm of crossings costs one probe and no memory. Polling
+//! stays, as the fallback and for growth rates (prediction).
 
 use std::collections::HashMap;
 use std::io::Write as _;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
+
+use tokio::sync::Notify;
 
 /// What a watch is for: the job it concerns (its name) or the host (`None`).
 pub type Key = Option<String>;
@@ -33,29 +36,36 @@ enum Kind {
     Psi,
 }
 
-/// The handle the owner task keeps: add and drop watches; notifications arrive on the receiver given
-/// to [`Wakers::start`].
+/// The handle the owner task keeps: add and drop watches; notifications wake the `Notify` given to
+/// [`Wakers::start`].
 pub struct Wakers {
-    tx: mpsc::Sender<Cmd>,
+    tx: mpsc::SyncSender<Cmd>,
     /// Writing a byte here interrupts the thread's poll so it picks up new commands.
     kick: OwnedFd,
 }
 
 impl Wakers {
-    /// Starts the polling thread; each notification sends its key on `out`.
-    pub fn start(out: tokio::sync::mpsc::UnboundedSender<Key>) -> std::io::Result<Wakers> {
+    /// Starts the polling thread; each notification wakes `out`.
+    pub fn start(out: Arc<Notify>) -> std::io::Result<Wakers> {
         let (read, write) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)?;
-        let (tx, rx) = mpsc::channel();
+        let (tx, rx) = mpsc::sync_channel(COMMANDS_QUEUED);
         std::thread::Builder::new()
             .name("wake".into())
             .spawn(move || run(read, rx, out))?;
         Ok(Wakers { tx, kick: write })
     }
 
+    /// Queues a command for the thread and kicks it; never waits (a full queue means the thread is
+    /// stuck: the command is dropped and polling covers what it was for).
     fn send(&self, cmd: Cmd) {
-        if self.tx.send(cmd).is_ok() {
-            let _ = nix::unistd::write(&self.kick, &[1u8]);
+        match self.tx.try_send(cmd) {
+            Ok(()) => {
+                let _ = nix::unistd::write(&self.kick, &[1u8]);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the wake thread does not take commands; polling only for this watch")
+            }
         }
     }
 
@@ -140,7 +150,10 @@ struct Watch {
     kind: Kind,
 }
 
-fn run(kick: OwnedFd, rx: mpsc::Receiver<Cmd>, out: tokio::sync::mpsc::UnboundedSender<Key>) {
+/// Commands that may wait for the wake thread (it takes them all at each turn).
+const COMMANDS_QUEUED: usize = 256;
+
+fn run(kick: OwnedFd, rx: mpsc::Receiver<Cmd>, out: Arc<Notify>) {
     let mut watches: HashMap<Key, Watch> = HashMap::new();
     loop {
         while let Ok(cmd) = rx.try_recv() {
@@ -206,9 +219,7 @@ fn run(kick: OwnedFd, rx: mpsc::Receiver<Cmd>, out: tokio::sync::mpsc::Unbounded
                 // SAFETY: reading 8 bytes into an 8-byte buffer from an eventfd.
                 let _ = unsafe { nix::libc::read(p.fd, count.as_mut_ptr().cast(), 8) };
             }
-            if out.send(key.clone()).is_err() {
-                return;
-            }
+            out.notify_one();
         }
         for key in dead {
             watches.remove(&key);

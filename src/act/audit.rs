@@ -154,16 +154,27 @@ pub struct Event {
 /// How many events the in-memory list keeps.
 pub const RECENT: usize = 500;
 
+/// Events that may wait for the writer thread before new ones are dropped from the file (they stay in
+/// memory and in the API; the drop is logged).
+pub const QUEUED: usize = 1024;
+
 /// The audit log: `events.jsonl` in the state directory, trimmed to its newer half past its size
-/// limit, and the newest events in memory.
+/// limit, and the newest events in memory. The file is written by a thread of its own, fed through a
+/// bounded queue, so that recording an event never waits on the disk (appends, and the trim's
+/// read, rewrite and fsync past `max_bytes`); dropping the log waits for what is queued.
 pub struct Audit {
     path: PathBuf,
-    max_bytes: u64,
     recent: VecDeque<Event>,
+    writer: Option<(
+        std::sync::mpsc::SyncSender<Event>,
+        std::thread::JoinHandle<()>,
+    )>,
+    /// Events the full queue kept out of the file.
+    dropped: u64,
 }
 
 impl Audit {
-    /// Opens the log in `dir`, loading its newest events.
+    /// Opens the log in `dir`, loading its newest events, and starts its writer.
     pub fn open(dir: &Path, max_bytes: u64) -> Audit {
         let path = dir.join("events.jsonl");
         let mut recent = VecDeque::new();
@@ -177,10 +188,29 @@ impl Audit {
                 }
             }
         }
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Event>(QUEUED);
+        let file = path.clone();
+        let writer = std::thread::Builder::new()
+            .name("audit".into())
+            .spawn(move || {
+                for e in rx {
+                    if let Err(err) = append(&file, max_bytes, &e) {
+                        tracing::warn!(path = %file.display(), error = %err, "cannot write the audit log");
+                    }
+                }
+            });
+        let writer = match writer {
+            Ok(handle) => Some((tx, handle)),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start the audit log's writer; events are kept in memory only");
+                None
+            }
+        };
         Audit {
             path,
-            max_bytes,
             recent,
+            writer,
+            dropped: 0,
         }
     }
 
@@ -189,41 +219,55 @@ impl Audit {
         self.recent.iter()
     }
 
-    /// Records an event: memory, then the file (failures to write are logged, never fatal).
+    /// Records an event: in memory at once, in the file by the writer (a full queue or a write that
+    /// fails is logged, never fatal, and never waited for).
     pub fn record(&mut self, e: Event) {
-        if let Err(err) = self.append(&e) {
-            tracing::warn!(path = %self.path.display(), error = %err, "cannot write the audit log");
+        if let Some((tx, _)) = &self.writer {
+            if let Err(err) = tx.try_send(e.clone()) {
+                self.dropped += 1;
+                tracing::warn!(path = %self.path.display(), dropped = self.dropped, error = %err, "the audit log's writer is behind; an event is not in the file");
+            }
         }
         if self.recent.len() == RECENT {
             self.recent.pop_front();
         }
         self.recent.push_back(e);
     }
+}
 
-    fn append(&self, e: &Event) -> std::io::Result<()> {
-        if let Some(dir) = self.path.parent() {
-            std::fs::create_dir_all(dir)?;
+impl Drop for Audit {
+    /// Waits for the writer to write what is queued.
+    fn drop(&mut self) {
+        if let Some((tx, handle)) = self.writer.take() {
+            drop(tx);
+            let _ = handle.join();
         }
-        let mut line = serde_json::to_vec(e).map_err(std::io::Error::other)?;
-        line.push(b'\n');
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.path)?;
-        f.write_all(&line)?;
-        if f.metadata()?.len() > self.max_bytes {
-            self.trim()?;
-        }
-        Ok(())
     }
+}
 
-    /// Keeps the newer half of the file.
-    fn trim(&self) -> std::io::Result<()> {
-        let text = std::fs::read_to_string(&self.path)?;
-        let lines: Vec<&str> = text.lines().collect();
-        let keep = lines[lines.len() / 2..].join("\n") + "\n";
-        super::persist::write_atomic(&self.path, keep.as_bytes())
+fn append(path: &Path, max_bytes: u64, e: &Event) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
     }
+    let mut line = serde_json::to_vec(e).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    f.write_all(&line)?;
+    if f.metadata()?.len() > max_bytes {
+        trim(path)?;
+    }
+    Ok(())
+}
+
+/// Keeps the newer half of the file.
+fn trim(path: &Path) -> std::io::Result<()> {
+    let text = std::fs::read_to_string(path)?;
+    let lines: Vec<&str> = text.lines().collect();
+    let keep = lines[lines.len() / 2..].join("\n") + "\n";
+    super::persist::write_atomic(path, keep.as_bytes())
 }
 
 #[cfg(test)]
@@ -259,6 +303,8 @@ mod tests {
                 dry_run: false,
             });
         }
+        // Dropping the log waits for its writer.
+        drop(a);
         let size = std::fs::metadata(dir.path().join("events.jsonl"))
             .unwrap()
             .len();

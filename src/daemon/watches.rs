@@ -1,8 +1,9 @@
 //! The kernel notifications the daemon asks for (v1 memory thresholds, PSI triggers on the host and on
 //! v2 job cgroups), kept in step with the attached jobs.
 
+use std::sync::Arc;
+
 use crate::sample::cgroup::Version;
-use tokio::sync::mpsc;
 
 use crate::config::Config;
 use crate::engine::Engine;
@@ -27,9 +28,9 @@ impl Watches {
     pub(super) fn start(
         config: &Config,
         engine: &mut Engine,
-        tx: mpsc::UnboundedSender<crate::wake::Key>,
+        woken: Arc<tokio::sync::Notify>,
     ) -> Watches {
-        let wakers = match crate::wake::Wakers::start(tx) {
+        let wakers = match crate::wake::Wakers::start(woken) {
             Ok(w) => Some(w),
             Err(e) => {
                 tracing::warn!(error = %e, "no kernel notifications; polling only");

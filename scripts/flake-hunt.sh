@@ -62,7 +62,7 @@ report="$out/report-$mode.md"
 echo "| target | mode | runs | failed runs | median s | failing tests (runs failed) |" | tee "$report"
 echo "|---|---|---|---|---|---|" | tee -a "$report"
 
-median() { sort -n | awk '{a[NR]=$1} END {if (NR == 0) print "-"; else if (NR % 2) print a[(NR+1)/2]; else printf "%.1f\n", (a[NR/2]+a[NR/2+1])/2}'; }
+median() { sort -n | awk '{a[NR]=$1} END {if (NR == 0) print "-"; else if (NR % 2) printf "%.1f\n", a[(NR+1)/2]; else printf "%.1f\n", (a[NR/2]+a[NR/2+1])/2}'; }
 
 hunt() { # name, then the command
   local name=$1; shift

@@ -252,6 +252,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     loop {
         let probing = engine.probe_interval_ms(clock.now_ms());
+        // The engine's next deadline, on tokio's clock (a millisecond late rather than early).
+        let deadline = engine.poll_timeout().map(|at| {
+            Instant::now() + Duration::from_millis(at.saturating_sub(clock.now_ms()) + 1)
+        });
         tokio::select! {
             biased;
             _ = stop.as_mut() => break,
@@ -340,6 +344,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 }
                 if let Some(s) = sampler.take() {
                     full = Some(spawn_full(s, &mut engine, clock.now_ms(), config.host.process_root.clone()));
+                }
+            }
+            _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
+                engine.handle_timeout(clock.now_ms());
+                hand_off(&mut engine, &handoff);
+                watches.sync(&mut engine);
+                if engine.take_dirty() {
+                    shared.publish_view(engine.view());
                 }
             }
             _ = tokio::time::sleep_until(next_probe), if probing.is_some() => {

@@ -9,6 +9,7 @@ mod ending;
 mod notice;
 mod observe;
 mod slurm;
+mod timeout;
 mod way_out;
 
 pub use adapt::{AdaptDone, AdaptTask, run_adapt_task};
@@ -181,6 +182,8 @@ pub struct Engine {
     leftover_loans: Vec<crate::act::lend::Loan>,
     /// Slurm jobs attached by id, waiting for their first process on this node.
     pending_slurm: BTreeMap<String, slurm::PendingSlurm>,
+    /// When `handle_timeout` last ran: deadlines up to then are handled.
+    timeouts_handled_ms: Option<u64>,
 }
 
 /// How many ended jobs the view keeps.
@@ -201,6 +204,7 @@ impl Engine {
             clearing_leftover: Vec::new(),
             leftover_loans: Vec::new(),
             pending_slurm: BTreeMap::new(),
+            timeouts_handled_ms: None,
             adapt_tasks: Vec::new(),
             adapting: Default::default(),
             host_watched: false,

@@ -112,7 +112,9 @@ fn a_user_flooding_the_control_socket_blinds_nothing() {
     eprintln!(
         "during the flood: root's requests took at most {worst:?}; the daemon holds {fds_during} descriptors (before: {fds_before}), RSS {rss} MiB"
     );
-    assert!(worst < Duration::from_millis(100), "root waited {worst:?}");
+    // Blinded, root would wait for a slot the flood holds (until the flood ends); the bound says "not
+    // blinded", the figure above how fast (a loaded machine takes tens of milliseconds).
+    assert!(worst < Duration::from_secs(1), "root waited {worst:?}");
     assert!(fds_during < fds_before + 64, "{fds_during} descriptors");
     assert!(rss < 64, "RSS {rss} MiB");
     assert_eq!(d.get("/metrics").0, 200);

@@ -123,13 +123,16 @@ fn metrics_and_the_control_socket_answer_while_a_config_read_hangs() {
     eprintln!(
         "{probes} probes while a config read hung: /metrics at most {worst_metrics:?}, control socket at most {worst_socket:?}"
     );
+    // Each open on the mount hangs for 4 s: an answer that waited on the read would take seconds. The
+    // bound says "did not wait on the stall", not how fast an answer is (a loaded machine takes tens
+    // of milliseconds; the figures above are what to compare).
     assert!(
-        worst_metrics < Duration::from_millis(50),
-        "/metrics took {worst_metrics:?}"
+        worst_metrics < Duration::from_secs(1),
+        "/metrics took {worst_metrics:?}: it waited on the hung read"
     );
     assert!(
-        worst_socket < Duration::from_millis(50),
-        "the control socket took {worst_socket:?}"
+        worst_socket < Duration::from_secs(1),
+        "the control socket took {worst_socket:?}: it waited on the hung read"
     );
     let _ = job.kill();
     let _ = job.wait();

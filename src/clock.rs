@@ -126,9 +126,13 @@ mod tests {
         BOOT.store(1_000_000 + 10_000, Ordering::SeqCst);
         let (_, d) = policy::evaluate(&state, &observation(clock.now_ms(), 0.99), &cfg);
         assert!(
-            d.iter().any(
-                |d| matches!(d, Decision::Resume { reason, .. } if reason.contains("maximum"))
-            ),
+            d.iter().any(|d| matches!(
+                d,
+                Decision::Resume {
+                    why: crate::policy::Resumed::MaxPause,
+                    ..
+                }
+            )),
             "{d:?}"
         );
         // A fresh anchor taken after the step (a restarted daemon in a new boot) only shifts the

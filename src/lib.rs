@@ -24,6 +24,7 @@ pub mod logging;
 pub mod notify;
 pub mod policy;
 pub mod proc;
+pub mod reason;
 pub mod rewrite;
 pub mod sample;
 pub mod sd_notify;

@@ -368,6 +368,8 @@ fn near_exhaustion_and_a_collector_down_are_told() {
         (Some("near_exhaustion"), Some("grow"))
     );
     assert!(v["detail"].as_str().unwrap().starts_with("cgroup: "), "{v}");
+    // The reason is the resource whose limit it is, as docs/api.md lists it.
+    assert_eq!(v["reason"], "job_cgroup", "{v}");
     assert_eq!(d.job_state("grow").as_deref(), Some("running"));
     d.set_gpu_state(r#"{"devices": [], "errors": {"nvmlDeviceGetCount_v2": 999}}"#);
     let got = rx.wait_for(2);

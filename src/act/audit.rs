@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::reason::Reason;
+
 /// What an event records. Serialized as its snake_case name (`stay_paused`, `way_out` …), and
 /// ordered by it (the counts per action list as they did when actions were strings).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -144,7 +146,8 @@ pub struct Event {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slurm_job_id: Option<String>,
     /// A short machine-readable cause: host_memory, job_cgroup, gpu_temperature, predicted, user …
-    pub reason: String,
+    /// (docs/api.md lists them all).
+    pub reason: Reason,
     /// The numbers behind it, for people.
     pub detail: String,
     /// Decided in dry-run mode: recorded, not carried out.
@@ -298,7 +301,7 @@ mod tests {
                 action: Action::Pause,
                 job: "j".into(),
                 slurm_job_id: None,
-                reason: "host_memory".into(),
+                reason: Reason::HostMemory,
                 detail: "x".repeat(20),
                 dry_run: false,
             });
@@ -311,5 +314,33 @@ mod tests {
         assert!(size <= 2000 + 200, "{size}");
         let b = Audit::open(dir.path(), 2000);
         assert_eq!(b.recent().last().unwrap().timestamp_ms, 99);
+        assert_eq!(b.recent().last().unwrap().reason, Reason::HostMemory);
+    }
+
+    #[test]
+    fn lines_an_older_daemon_wrote_still_load() {
+        // Reasons once taken from the first word of a sentence, a level's scoped key, a limit.
+        let dir = tempfile::tempdir().unwrap();
+        let lines = [
+            r#"{"timestamp_ms":1,"action":"checkpoint","job":"qa","reason":"qa's","detail":"qa's cgroup at 96 %","dry_run":false}"#,
+            r#"{"timestamp_ms":2,"action":"level","job":"","reason":"job_cgroup:qa","detail":"","dry_run":false}"#,
+            r#"{"timestamp_ms":3,"action":"near_exhaustion","job":"qa","reason":"gpu 0","detail":"","dry_run":false}"#,
+            r#"{"timestamp_ms":4,"action":"pause","job":"qa","reason":"job_cgroup","detail":"","dry_run":false}"#,
+        ];
+        std::fs::write(dir.path().join("events.jsonl"), lines.join("\n") + "\n").unwrap();
+        let a = Audit::open(dir.path(), 1 << 20);
+        let reasons: Vec<Reason> = a.recent().map(|e| e.reason.clone()).collect();
+        assert_eq!(
+            reasons,
+            [
+                Reason::Other("qa's".into()),
+                Reason::Other("job_cgroup:qa".into()),
+                Reason::Other("gpu 0".into()),
+                Reason::JobCgroup,
+            ]
+        );
+        // Served as written.
+        let e = a.recent().next().unwrap();
+        assert_eq!(serde_json::to_value(e).unwrap()["reason"], "qa's");
     }
 }

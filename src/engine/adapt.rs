@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::Engine;
-use crate::act::audit::Action;
+use crate::act::audit::{Action, Reason};
 use crate::adapt::rules::{self, Signals};
 use crate::adapt::{Change, Directive, JobConfig};
 use crate::advice::{self, Knobs};
@@ -458,7 +458,7 @@ impl Engine {
                     now_ms,
                     Action::Rewrite,
                     &name,
-                    "restart",
+                    Reason::Restart,
                     format!(
                         "generation {generation} was journaled before a restart but never reached {}; nothing changed",
                         c.file.display()
@@ -467,7 +467,7 @@ impl Engine {
                 );
             }
             Staged::WouldChange(what) => {
-                self.record(now_ms, Action::Rewrite, &name, "adapt", what, true);
+                self.record(now_ms, Action::Rewrite, &name, Reason::Adapt, what, true);
             }
             Staged::Refused(e) => {
                 if let Some(j) = self.jobs.get_mut(&name) {
@@ -511,7 +511,7 @@ impl Engine {
                         None => c.directives.remove(0),
                     };
                 }
-                self.record(now_ms, Action::Rewrite, &name, "adapt", detail, false);
+                self.record(now_ms, Action::Rewrite, &name, Reason::Adapt, detail, false);
             }
         }
         if let Some(j) = self.jobs.get_mut(&name) {
@@ -525,7 +525,7 @@ impl Engine {
         if let Some(c) = self.jobs.get_mut(name).and_then(|j| j.config.as_mut()) {
             c.last_error = Some((now_ms, message.clone()));
         }
-        self.record(now_ms, Action::Error, name, "adapt", message, false);
+        self.record(now_ms, Action::Error, name, Reason::Adapt, message, false);
     }
 
     /// Recomputes the advice from the latest sample.
@@ -542,7 +542,9 @@ impl Engine {
         let hour_ago = sample.timestamp_ms.saturating_sub(3_600_000);
         let mut thermal: BTreeMap<String, u32> = BTreeMap::new();
         for e in self.audit.recent().filter(|e| {
-            e.action == Action::Pause && e.reason == "gpu_temperature" && e.timestamp_ms >= hour_ago
+            e.action == Action::Pause
+                && e.reason == Reason::GpuTemperature
+                && e.timestamp_ms >= hour_ago
         }) {
             *thermal.entry(e.job.clone()).or_default() += 1;
         }

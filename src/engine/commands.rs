@@ -2,7 +2,7 @@
 //! processes whose real uid is theirs. A refusal changes nothing.
 
 use super::Engine;
-use crate::act::audit::Action;
+use crate::act::audit::{Action, Reason};
 use crate::control::{Caller, Refusal, Request, Response};
 use crate::job::Job;
 use crate::policy::{self, By};
@@ -46,7 +46,7 @@ impl Engine {
                                     now_ms,
                                     Action::Attach,
                                     &name,
-                                    "relaunch",
+                                    Reason::Relaunch,
                                     detail,
                                     false,
                                 );
@@ -268,7 +268,7 @@ impl Engine {
                 now_ms,
                 Action::Checkpoint,
                 &job,
-                "trainer",
+                Reason::Trainer,
                 "the trainer saved its checkpoint".into(),
                 false,
             );
@@ -347,7 +347,7 @@ impl Engine {
                     format!("generation(s) {settled:?} cannot be applied: {why}"),
                 ),
             };
-            self.record(now_ms, action, &job, "trainer", detail, false);
+            self.record(now_ms, action, &job, Reason::Trainer, detail, false);
         }
         r
     }
@@ -378,7 +378,7 @@ impl Engine {
                 now_ms,
                 Action::Verified,
                 &job,
-                "trainer",
+                Reason::Trainer,
                 format!("generation(s) {verified:?} verified: the trainer reports running with the change"),
                 false,
             );
@@ -510,7 +510,7 @@ impl Engine {
             now_ms,
             Action::Attach,
             &name,
-            "user",
+            Reason::User,
             format!("pid {pid} by uid {}", caller.uid),
             false,
         );
@@ -532,7 +532,7 @@ impl Engine {
             now_ms,
             Action::Detach,
             &name,
-            "user",
+            Reason::User,
             format!("by uid {}", caller.uid),
             false,
         );
@@ -551,7 +551,7 @@ impl Engine {
             now_ms,
             Action::Pause,
             &name,
-            "user",
+            Reason::User,
             format!("by uid {}", caller.uid),
             self.cfg.policy.dry_run,
         );
@@ -574,7 +574,7 @@ impl Engine {
             now_ms,
             Action::Resume,
             &name,
-            "user",
+            Reason::User,
             format!("by uid {}", caller.uid),
             self.cfg.policy.dry_run,
         );

@@ -4,7 +4,7 @@
 use nix::sys::signal::Signal;
 
 use super::Engine;
-use crate::act::audit::Action;
+use crate::act::audit::{Action, Reason};
 use crate::act::persist::{self, Persisted, PersistedJob, PersistedPause};
 use crate::act::{pause, signal};
 use crate::job::{Job, Pause};
@@ -19,16 +19,6 @@ pub enum PauseError {
     /// The write-ahead record could not be written, so nothing was stopped.
     #[error("not paused: the pause could not be recorded ({0})")]
     Unrecorded(String),
-}
-
-/// The short cause of a decision, for counting: the first resource named, without its scope.
-fn cause(reason: &str) -> String {
-    reason
-        .split([' ', ':', ';', ','])
-        .next()
-        .filter(|s| !s.is_empty())
-        .unwrap_or("policy")
-        .to_owned()
 }
 
 impl Engine {
@@ -57,9 +47,9 @@ impl Engine {
                     Some(v) => format!("{key}: {} → {} at {v:.3}", from.as_str(), to.as_str()),
                     None => format!("{key}: {} → {}", from.as_str(), to.as_str()),
                 };
-                self.record(now_ms, Action::Level, "", &key.to_string(), detail, false);
+                self.record(now_ms, Action::Level, "", (&key).into(), detail, false);
             }
-            Decision::Checkpoint { job, reason } => {
+            Decision::Checkpoint { job, cause, reason } => {
                 let name = &self.cfg.policy.checkpoint_signal;
                 let sig = crate::config::signal_by_name(name);
                 if let (Some(sig), Some(j), false) = (sig, self.jobs.get(&job), dry) {
@@ -84,12 +74,12 @@ impl Engine {
                     now_ms,
                     Action::Checkpoint,
                     &job,
-                    &cause(&reason),
+                    (&cause).into(),
                     reason,
                     dry,
                 );
             }
-            Decision::Pause { job, reason } => {
+            Decision::Pause { job, cause, reason } => {
                 if self
                     .jobs
                     .get(&job)
@@ -101,13 +91,7 @@ impl Engine {
                     }
                     return;
                 }
-                let key = self
-                    .policy
-                    .jobs
-                    .get(&job)
-                    .and_then(|j| j.pause.as_ref())
-                    .and_then(|p| p.reasons.first().cloned());
-                let why = key.map_or_else(|| cause(&reason), |k| k.kind().to_owned());
+                let why = Reason::from(&cause);
                 if let Err(e) = self.pause_job(&job, By::Policy, &reason, now_ms) {
                     if let Some(js) = self.policy.jobs.get_mut(&job) {
                         js.pause = None;
@@ -116,7 +100,7 @@ impl Engine {
                         now_ms,
                         Action::Error,
                         &job,
-                        &why,
+                        why.clone(),
                         format!("pause failed: {e}"),
                         dry,
                     );
@@ -125,31 +109,33 @@ impl Engine {
                     }
                     return;
                 }
-                self.record(now_ms, Action::Pause, &job, &why, reason, dry);
+                self.record(now_ms, Action::Pause, &job, why, reason, dry);
             }
-            Decision::Resume { job, reason } => {
+            Decision::Resume { job, why, reason } => {
                 self.resume_job(&job);
-                let why = if reason.starts_with("paused for the maximum") {
-                    "max_pause"
-                } else {
-                    "recovered"
-                };
-                self.record(now_ms, Action::Resume, &job, why, reason, dry);
+                self.record(now_ms, Action::Resume, &job, why.into(), reason, dry);
             }
             Decision::Terminate { job, reason } => {
                 let why = format!("{reason} (on_max_pause = \"terminate\")");
-                self.terminate_job(&job, &why, "max_pause", now_ms);
+                self.terminate_job(&job, &why, Reason::MaxPause, now_ms);
             }
             Decision::StayPaused { job, reason } => {
-                self.record(now_ms, Action::StayPaused, &job, "max_pause", reason, dry);
+                self.record(
+                    now_ms,
+                    Action::StayPaused,
+                    &job,
+                    Reason::MaxPause,
+                    reason,
+                    dry,
+                );
             }
         }
     }
 
     /// Ends a whole job: SIGTERM to every process of it (its tree, its own cgroup, what was stopped),
     /// then SIGCONT and a thaw so that stopped ones act on it; what is left after `TERMINATE_GRACE_MS`
-    /// is killed (`finish_terminations`). It is never paused again.
-    pub(super) fn terminate_job(&mut self, job: &str, reason: &str, cause: &str, now_ms: u64) {
+    /// is killed (`finish_terminations`), with the same `cause`. It is never paused again.
+    pub(super) fn terminate_job(&mut self, job: &str, reason: &str, cause: Reason, now_ms: u64) {
         let dry = self.cfg.policy.dry_run;
         // A Slurm job is requeued (or cancelled) through Slurm, on every node; this node's
         // processes are ended by hand only when Slurm will not.
@@ -212,6 +198,7 @@ impl Engine {
                 if let Some(j) = self.jobs.get_mut(job) {
                     j.pause = None;
                     j.stop_reason = Some(reason.to_owned());
+                    j.stop_cause = Some(cause.clone());
                     if !dry {
                         j.terminating_since_ms = Some(now_ms);
                     }
@@ -390,7 +377,7 @@ impl Engine {
                     now_ms,
                     Action::Error,
                     name,
-                    "freeze",
+                    Reason::Freeze,
                     format!("the cgroup did not freeze and signals failed: {e}"),
                     false,
                 );
@@ -492,7 +479,7 @@ impl Engine {
                     now_ms,
                     Action::Resume,
                     &pj.name,
-                    "restart",
+                    Reason::Restart,
                     done.to_string(),
                     false,
                 );
@@ -547,7 +534,7 @@ impl Engine {
                     now_ms,
                     Action::Attach,
                     &pj.name,
-                    "restart",
+                    Reason::Restart,
                     format!("re-adopted pid {}", pj.root.pid),
                     false,
                 );
@@ -583,7 +570,7 @@ impl Engine {
                 now_ms,
                 Action::Resume,
                 &name,
-                "shutdown",
+                Reason::Shutdown,
                 "the daemon is stopping".into(),
                 false,
             );

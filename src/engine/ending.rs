@@ -4,7 +4,7 @@
 use nix::sys::signal::Signal;
 
 use super::Engine;
-use crate::act::audit::Action;
+use crate::act::audit::{Action, Reason};
 use crate::act::signal;
 use crate::job::{EndedJob, Job};
 use crate::policy;
@@ -70,6 +70,7 @@ impl Engine {
             for r in &members {
                 let _ = signal::send(&self.process_root, *r, Signal::SIGKILL);
             }
+            let cause = j.stop_cause.clone().unwrap_or(Reason::MaxPause);
             if let Some(j) = self.jobs.get_mut(&name) {
                 j.killed = true;
             }
@@ -77,7 +78,7 @@ impl Engine {
                 now_ms,
                 Action::Kill,
                 &name,
-                "max_pause",
+                cause,
                 format!(
                     "{} process(es) still alive {} s after SIGTERM were killed",
                     members.len(),
@@ -182,7 +183,7 @@ impl Engine {
             self.ended.pop_front();
         }
         self.save();
-        self.record(now_ms, Action::Detach, name, "gone", how, false);
+        self.record(now_ms, Action::Detach, name, Reason::Gone, how, false);
     }
 }
 

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::act::audit::{Action, Audit, Event};
+use crate::act::audit::{Action, Audit, Event, Reason};
 use crate::config::Config;
 use crate::job::{EndedJob, Growth, Job, JobView};
 use crate::policy;
@@ -72,7 +72,7 @@ pub struct InterventionCount {
     /// The action (pause, resume, terminate …).
     pub action: Action,
     /// The reason (host_memory, predicted, user …).
-    pub reason: String,
+    pub reason: Reason,
     /// How many times.
     pub count: u64,
     /// When last (ms since the epoch).
@@ -143,7 +143,7 @@ pub struct Engine {
     /// The freshest MemAvailable and MemTotal (probe or full sample).
     host_memory: Option<(u64, u64)>,
     latest: Option<Arc<Sample>>,
-    counts: BTreeMap<(Action, String), (u64, u64)>,
+    counts: BTreeMap<(Action, Reason), (u64, u64)>,
     /// The policy wants fast probing until this time (ms).
     fast_until_ms: u64,
     /// Something the view shows changed since the last `take_dirty`.
@@ -405,10 +405,14 @@ impl Engine {
         now_ms: u64,
         action: Action,
         job: &str,
-        reason: &str,
+        reason: Reason,
         detail: String,
         dry_run: bool,
     ) {
+        debug_assert!(
+            !matches!(reason, Reason::Other(_)),
+            "an event's reason is one docs/api.md lists"
+        );
         self.dirty = true;
         // Events that are no intervention: not counted as one, logged at info.
         let notice = action.is_notice();
@@ -418,7 +422,7 @@ impl Engine {
             _ => {
                 let c = self
                     .counts
-                    .entry((action, reason.to_owned()))
+                    .entry((action, reason.clone()))
                     .or_insert((0, 0));
                 c.0 += 1;
                 c.1 = now_ms;
@@ -430,9 +434,9 @@ impl Engine {
             tracing::Level::WARN
         };
         if level == tracing::Level::WARN {
-            tracing::warn!(action = action.as_str(), job, reason, detail = %detail, dry_run, "intervention");
+            tracing::warn!(action = action.as_str(), job, reason = reason.as_str(), detail = %detail, dry_run, "intervention");
         } else {
-            tracing::info!(action = action.as_str(), job, reason, detail = %detail, "event");
+            tracing::info!(action = action.as_str(), job, reason = reason.as_str(), detail = %detail, "event");
         }
         // A job that just ended is among the ended ones.
         let slurm_job_id = match self.jobs.get(job) {
@@ -449,7 +453,7 @@ impl Engine {
             action,
             job: job.to_owned(),
             slurm_job_id,
-            reason: reason.to_owned(),
+            reason,
             detail,
             dry_run,
         };

@@ -57,7 +57,8 @@ impl NearWatch {
 }
 
 impl Engine {
-    /// Records `near_exhaustion` for a running job whose sustained growth reaches a limit within
+    /// Records `near_exhaustion` (its reason the resource whose limit it is: `job_cgroup`,
+    /// `host_memory`, `gpu_memory`) for a running job whose sustained growth reaches a limit within
     /// `notify.near_exhaustion_seconds`, once, until it has stayed more than twice that far for that
     /// long again ([`NearWatch`]); and
     /// `collector_down` / `collector_up` when a collector starts or stops failing.
@@ -66,18 +67,18 @@ impl Engine {
         let mut found = Vec::new();
         for j in self.jobs.values().filter(|j| j.pause.is_none()) {
             let soonest = self
-                .limits_with(j, true)
+                .limits_on(j, true)
                 .into_iter()
-                .filter_map(|l| Some((l.time_to_exhaustion_seconds?, l)))
+                .filter_map(|(r, l)| Some((l.time_to_exhaustion_seconds?, r, l)))
                 .min_by(|a, b| a.0.total_cmp(&b.0));
             found.push((j.name.clone(), soonest));
         }
         for (name, soonest) in found {
-            let seconds_left = soonest.as_ref().map(|(t, _)| *t);
+            let seconds_left = soonest.as_ref().map(|(t, _, _)| *t);
             if !self.near.update(&name, seconds_left, near_s, now_ms) {
                 continue;
             }
-            if let Some((t, l)) = soonest {
+            if let Some((t, resource, l)) = soonest {
                 let detail = format!(
                     "{}: {} left, growing {}/s: full in {:.0} s",
                     l.limit,
@@ -89,7 +90,7 @@ impl Engine {
                     now_ms,
                     Action::NearExhaustion,
                     &name,
-                    &l.limit,
+                    (&resource).into(),
                     detail,
                     false,
                 );
@@ -101,6 +102,9 @@ impl Engine {
             return;
         };
         for c in &sample.collectors {
+            let Some(collector) = crate::sample::Collector::by_name(&c.name) else {
+                continue;
+            };
             let was = self.failing.contains(&c.name);
             if !c.success && !was {
                 self.failing.insert(c.name.clone());
@@ -108,11 +112,25 @@ impl Engine {
                     "the {} collector failed ({} failures since the daemon started); see the daemon's log",
                     c.name, c.errors_total
                 );
-                self.record(now_ms, Action::CollectorDown, "", &c.name, detail, false);
+                self.record(
+                    now_ms,
+                    Action::CollectorDown,
+                    "",
+                    collector.into(),
+                    detail,
+                    false,
+                );
             } else if c.success && was {
                 self.failing.remove(&c.name);
                 let detail = format!("the {} collector works again", c.name);
-                self.record(now_ms, Action::CollectorUp, "", &c.name, detail, false);
+                self.record(
+                    now_ms,
+                    Action::CollectorUp,
+                    "",
+                    collector.into(),
+                    detail,
+                    false,
+                );
             }
         }
     }

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::Engine;
-use crate::act::audit;
+use crate::act::audit::{self, Reason};
 use crate::config::Action;
 use crate::job::{JobSample, Limit};
 
@@ -17,7 +17,7 @@ pub struct Measured {
     pub freezer: Option<crate::act::freeze::Frozen>,
 }
 use crate::policy::{
-    self, GpuObservation, JobObservation, Observation, Projection, Reading, Temperature,
+    self, GpuObservation, JobObservation, Observation, Projection, Reading, Resource, Temperature,
 };
 use crate::sample::Sample;
 use crate::sample::cgroup::CgroupMemory;
@@ -136,7 +136,7 @@ impl Engine {
             } else {
                 audit::Action::Unverified
             };
-            self.record(now_ms, action, &job, "trainer", detail, false);
+            self.record(now_ms, action, &job, Reason::Trainer, detail, false);
         }
     }
 
@@ -220,6 +220,15 @@ impl Engine {
     /// Limits with growth as a trend only (`Growth::sustained_rate_per_second`): what prediction and
     /// resume decisions use, so bursts and per-step buffers pause nothing.
     pub(super) fn limits_with(&self, j: &crate::job::Job, sustained: bool) -> Vec<Limit> {
+        self.limits_on(j, sustained)
+            .into_iter()
+            .map(|(_, l)| l)
+            .collect()
+    }
+
+    /// `limits_with`, each with the resource it is a limit of (the job's cgroup, the host's RAM, a
+    /// GPU's memory).
+    pub(super) fn limits_on(&self, j: &crate::job::Job, sustained: bool) -> Vec<(Resource, Limit)> {
         let rate = |g: &crate::job::Growth| {
             if sustained {
                 g.sustained_rate_per_second()
@@ -230,22 +239,28 @@ impl Engine {
         let mut v = Vec::new();
         if let Some(cg) = j.cgroup() {
             if let Some(limit) = cg.limit_bytes {
-                v.push(Limit::new(
-                    "cgroup".into(),
-                    limit.saturating_sub(cg.working_set_bytes()),
-                    rate(&j.cgroup_growth),
+                v.push((
+                    Resource::JobCgroup(j.name.clone()),
+                    Limit::new(
+                        "cgroup".into(),
+                        limit.saturating_sub(cg.working_set_bytes()),
+                        rate(&j.cgroup_growth),
+                    ),
                 ));
             }
         }
         if let Some((available, _)) = self.host_memory {
-            v.push(Limit::new(
-                "host".into(),
-                available,
-                if sustained {
-                    self.host_used.sustained_rate_per_second()
-                } else {
-                    self.host_used.trend_per_second()
-                },
+            v.push((
+                Resource::HostMemory,
+                Limit::new(
+                    "host".into(),
+                    available,
+                    if sustained {
+                        self.host_used.sustained_rate_per_second()
+                    } else {
+                        self.host_used.trend_per_second()
+                    },
+                ),
             ));
         }
         if let (Some(sample), Some(last)) = (&self.latest, &j.last) {
@@ -254,10 +269,13 @@ impl Engine {
                     continue;
                 };
                 if let (Some(total), Some(used)) = (g.memory_total_bytes, g.memory_used_bytes) {
-                    v.push(Limit::new(
-                        format!("gpu {idx}"),
-                        total.saturating_sub(used),
-                        rate(&j.gpu_growth),
+                    v.push((
+                        Resource::GpuMemory(*idx),
+                        Limit::new(
+                            format!("gpu {idx}"),
+                            total.saturating_sub(used),
+                            rate(&j.gpu_growth),
+                        ),
                     ));
                 }
             }

@@ -4,7 +4,7 @@
 use nix::sys::signal::Signal;
 
 use super::Engine;
-use crate::act::audit::Action;
+use crate::act::audit::{Action, Reason};
 use crate::act::slurm::{Slurmctl, Suspended};
 use crate::act::{pause, signal};
 use crate::control::{Caller, Refusal};
@@ -131,7 +131,7 @@ impl Engine {
             now_ms,
             Action::Attach,
             &shown,
-            "slurm",
+            Reason::Slurm,
             format!(
                 "Slurm job {id}: waiting for its first process on this node (at most {} s)",
                 self.cfg.slurm.adopt_within_seconds
@@ -214,7 +214,7 @@ impl Engine {
             };
             if let Some(why) = gave_up {
                 self.pending_slurm.remove(&id);
-                self.record(now_ms, Action::Error, &shown, "slurm", why, false);
+                self.record(now_ms, Action::Error, &shown, Reason::Slurm, why, false);
             }
         }
     }
@@ -238,7 +238,7 @@ impl Engine {
                 now_ms,
                 Action::Detach,
                 &shown,
-                "slurm",
+                Reason::Slurm,
                 format!("Slurm job {id}, before any process of it ran here"),
                 false,
             );
@@ -266,7 +266,7 @@ impl Engine {
                     now_ms,
                     Action::Detach,
                     &name,
-                    "slurm",
+                    Reason::Slurm,
                     format!("Slurm job {id} ended (its epilog ran)"),
                     false,
                 );

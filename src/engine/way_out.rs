@@ -10,7 +10,7 @@ use super::Engine;
 mod room;
 mod steps;
 
-use crate::act::audit::Action;
+use crate::act::audit::{Action, Reason};
 use crate::act::swap;
 use crate::config::{OnMaxPause, Step};
 use crate::job::way_out::{Phase, Taken, WayOut};
@@ -222,7 +222,12 @@ impl Engine {
             Some(Phase::Clearing) => {
                 if paused_since.is_some() {
                     // The fix did not hold: on down the ladder, the room kept.
-                    self.taken(name, "fix", now_ms, "the job ran out of room again".into());
+                    self.taken(
+                        name,
+                        Reason::Fix,
+                        now_ms,
+                        "the job ran out of room again".into(),
+                    );
                     self.next_step(name, now_ms);
                 } else {
                     self.clearing(name, now_ms);
@@ -246,7 +251,7 @@ impl Engine {
                     } else {
                         format!("no acknowledgement within {} s", grace / 1000)
                     };
-                    self.taken(name, "checkpoint", now_ms, outcome);
+                    self.taken(name, Reason::Checkpoint, now_ms, outcome);
                     self.stop(name, now_ms);
                 }
             }
@@ -254,7 +259,12 @@ impl Engine {
             Some(Phase::NoWayOut) => {
                 let Some(since) = paused_since else {
                     // Room came back by itself after all.
-                    self.taken(name, "room", now_ms, "came back; the job runs on".into());
+                    self.taken(
+                        name,
+                        Reason::Room,
+                        now_ms,
+                        "came back; the job runs on".into(),
+                    );
                     self.set_phase(name, Phase::Clearing, now_ms);
                     return;
                 };
@@ -316,7 +326,7 @@ impl Engine {
             now_ms,
             Action::WayOut,
             name,
-            "no_room",
+            Reason::NoRoom,
             format!(
                 "the {limit} limit's room did not come back within {} s (growth {:.0} MiB/s, shortfall {} MiB over {} s); trying: {}",
                 self.cfg.way_out.decide_seconds,
@@ -366,7 +376,7 @@ impl Engine {
                     self.save();
                     return;
                 }
-                Err(why) => self.taken(name, step.as_str(), now_ms, format!("skipped: {why}")),
+                Err(why) => self.taken(name, step.into(), now_ms, format!("skipped: {why}")),
             }
         }
     }
@@ -380,7 +390,7 @@ impl Engine {
             now_ms,
             Action::WayOut,
             name,
-            "none",
+            Reason::NoWayOut,
             format!(
                 "no way out ({}); {}",
                 if account.is_empty() {
@@ -419,7 +429,7 @@ impl Engine {
         } else {
             format!("the way out of its memory pause ({account})")
         };
-        self.terminate_job(name, &reason, "way_out", now_ms);
+        self.terminate_job(name, &reason, Reason::WayOut, now_ms);
     }
 
     pub(in crate::engine) fn set_phase(&mut self, name: &str, phase: Phase, now_ms: u64) {
@@ -438,16 +448,18 @@ impl Engine {
         self.dirty = true;
     }
 
+    /// Records a step taken (or skipped): in the way out's account, and as a `way_out` event whose
+    /// reason is the step (`swap`, `lend`, `checkpoint`, `fix`, `room`).
     pub(in crate::engine) fn taken(
         &mut self,
         name: &str,
-        step: &str,
+        step: Reason,
         now_ms: u64,
         outcome: String,
     ) {
         if let Some(w) = self.jobs.get_mut(name).and_then(|j| j.way_out.as_mut()) {
             w.taken.push(Taken {
-                step: step.to_owned(),
+                step: step.to_string(),
                 at_ms: now_ms,
                 outcome: outcome.clone(),
             });
@@ -459,7 +471,7 @@ impl Engine {
             now_ms,
             Action::WayOut,
             name,
-            step,
+            step.clone(),
             format!("{step}: {outcome}"),
             false,
         );

@@ -289,7 +289,7 @@ fn series(w: &mut Writer, v: &View) {
         );
         for c in &v.interventions {
             f.add(
-                &[("action", c.action.as_str()), ("reason", &c.reason)],
+                &[("action", c.action.as_str()), ("reason", c.reason.as_str())],
                 c.count as f64,
             );
         }
@@ -300,7 +300,7 @@ fn series(w: &mut Writer, v: &View) {
     );
     for c in &v.interventions {
         f.add(
-            &[("action", c.action.as_str()), ("reason", &c.reason)],
+            &[("action", c.action.as_str()), ("reason", c.reason.as_str())],
             c.last_timestamp_ms as f64 / 1000.0,
         );
     }

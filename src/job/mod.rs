@@ -100,6 +100,8 @@ pub struct Job {
     pub way_out: Option<way_out::WayOut>,
     /// Why memwatch is stopping it (a terminate, the way out's checkpoint step, no way out).
     pub stop_reason: Option<String>,
+    /// Its cause, in a word: the reason of the kill that may follow (`max_pause`, `way_out`).
+    pub stop_cause: Option<crate::reason::Reason>,
     /// When its config was last read (and maybe rewritten) by the rules.
     pub adapted_at_ms: Option<u64>,
     /// The job's process counts at its last full samples (at most `RECENT`), newest last.
@@ -144,6 +146,7 @@ impl Job {
             launch: None,
             way_out: None,
             stop_reason: None,
+            stop_cause: None,
             adapted_at_ms: None,
             recent_processes: std::collections::VecDeque::new(),
             origin: None,

@@ -183,7 +183,7 @@ async fn command(c: &Channel, n: &Notice, timeout: Duration) -> Result<(), Failu
             "MEMWATCH_SLURM_JOB_ID",
             n.slurm_job_id.as_deref().unwrap_or(""),
         )
-        .env("MEMWATCH_REASON", &n.reason)
+        .env("MEMWATCH_REASON", n.reason.as_str())
         .env("MEMWATCH_DETAIL", &n.detail)
         .env("MEMWATCH_MESSAGE", format!("{title}: {text}"))
         .env("MEMWATCH_HOST", &n.host)
@@ -232,7 +232,7 @@ mod tests {
             kind: NoticeKind::Pause,
             job: "train".into(),
             slurm_job_id: None,
-            reason: "policy".into(),
+            reason: crate::act::audit::Reason::GpuTemperature,
             detail: "GPU 0 temperature at 92 °C".into(),
             timestamp_ms: 1,
             dry_run: false,

@@ -17,7 +17,7 @@ use std::sync::Mutex;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use crate::act::audit::{Action, Event};
+use crate::act::audit::{Action, Event, Reason};
 use crate::config::{Channel, NoticeKind, Notify};
 
 pub use deliver::message;
@@ -32,7 +32,7 @@ pub struct Notice {
     /// The Slurm job the job belongs to, if any.
     pub slurm_job_id: Option<String>,
     /// A short machine-readable cause (as in the event).
-    pub reason: String,
+    pub reason: Reason,
     /// The numbers behind it, for people.
     pub detail: String,
     /// When it happened (ms since the epoch).
@@ -47,11 +47,11 @@ pub struct Notice {
 
 /// The kind of notice an engine event is, if it is one people are told about.
 pub fn kind_of(e: &Event) -> Option<NoticeKind> {
-    Some(match (e.action, e.reason.as_str()) {
+    Some(match (e.action, &e.reason) {
         (Action::Pause, _) => NoticeKind::Pause,
         (Action::Resume, _) => NoticeKind::Resume,
         (Action::Terminate, _) => NoticeKind::Stop,
-        (Action::Attach, "relaunch") => NoticeKind::Restart,
+        (Action::Attach, Reason::Relaunch) => NoticeKind::Restart,
         (Action::Rewrite, _) if !e.dry_run => NoticeKind::Staged,
         (Action::Applied, _) => NoticeKind::Applied,
         (Action::Unverified, _) => NoticeKind::Unverified,
@@ -155,7 +155,7 @@ mod tests {
             action: Action::parse(action).unwrap(),
             job: "j".into(),
             slurm_job_id: None,
-            reason: reason.into(),
+            reason: Reason::parse(reason),
             detail: String::new(),
             dry_run,
         }
@@ -165,7 +165,7 @@ mod tests {
     fn which_events_people_are_told_about() {
         for (action, reason, kind) in [
             ("pause", "host_memory", Some(NoticeKind::Pause)),
-            ("resume", "policy", Some(NoticeKind::Resume)),
+            ("resume", "recovered", Some(NoticeKind::Resume)),
             ("terminate", "way_out", Some(NoticeKind::Stop)),
             ("attach", "relaunch", Some(NoticeKind::Restart)),
             ("attach", "user", None),
@@ -174,7 +174,7 @@ mod tests {
             ("unverified", "trainer", Some(NoticeKind::Unverified)),
             (
                 "near_exhaustion",
-                "cgroup",
+                "job_cgroup",
                 Some(NoticeKind::NearExhaustion),
             ),
             ("collector_down", "gpu", Some(NoticeKind::CollectorDown)),

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{Action, OnMaxPause, Policy, RatioPolicy, TempPolicy};
 pub use level::{Level, LevelState, Reading, Thresholds};
-pub use resource::{Cause, Resource};
+pub use resource::{Cause, Resource, Resumed};
 
 /// A second pause on a projection within this long of the last one's end is strict (see
 /// `PauseState::strict`).
@@ -190,6 +190,8 @@ pub enum Decision {
     Checkpoint {
         /// The job.
         job: String,
+        /// What is critical for it (the first, by key): its event's reason.
+        cause: Cause,
         /// Why, for people.
         reason: String,
     },
@@ -197,6 +199,8 @@ pub enum Decision {
     Pause {
         /// The job.
         job: String,
+        /// The first of the pause's causes (by key, a projection last): its event's reason.
+        cause: Cause,
         /// Why, for people.
         reason: String,
     },
@@ -204,17 +208,21 @@ pub enum Decision {
     Resume {
         /// The job.
         job: String,
+        /// What ended the pause: its event's reason.
+        why: Resumed,
         /// Why, for people.
         reason: String,
     },
-    /// Stop the job (the maximum pause was reached and the configuration says to terminate).
+    /// Stop the job (the maximum pause was reached and the configuration says to terminate): its
+    /// event's reason is `max_pause`.
     Terminate {
         /// The job.
         job: String,
         /// Why, for people.
         reason: String,
     },
-    /// The maximum pause was reached and the configuration says to stay paused.
+    /// The maximum pause was reached and the configuration says to stay paused: its event's reason
+    /// is `max_pause`.
     StayPaused {
         /// The job.
         job: String,
@@ -395,6 +403,15 @@ pub fn evaluate(prev: &State, obs: &Observation, cfg: &Policy) -> (State, Vec<De
                         ));
                     }
                     let reason = reasons.join("; ");
+                    // Never empty here: something is critical, or a projection runs out.
+                    let mut keys: Vec<Cause> = critical
+                        .iter()
+                        .map(|k| Cause::Resource((*k).clone()))
+                        .collect();
+                    if predicted {
+                        keys.push(Cause::Predicted);
+                    }
+                    let cause = keys[0].clone();
                     let time_to_checkpoint = tte.is_none_or(|t| t > 2 * cfg.checkpoint_grace_ms);
                     match js.checkpoint_deadline_ms {
                         None if !cfg.checkpoint_signal.is_empty()
@@ -404,19 +421,13 @@ pub fn evaluate(prev: &State, obs: &Observation, cfg: &Policy) -> (State, Vec<De
                             js.checkpoint_deadline_ms = Some(now + cfg.checkpoint_grace_ms);
                             out.push(Decision::Checkpoint {
                                 job: job.name.clone(),
+                                cause,
                                 reason,
                             });
                         }
                         Some(deadline) if now < deadline && !predicted => {}
                         _ => {
                             js.checkpoint_deadline_ms = None;
-                            let mut keys: Vec<Cause> = critical
-                                .iter()
-                                .map(|k| Cause::Resource((*k).clone()))
-                                .collect();
-                            if predicted {
-                                keys.push(Cause::Predicted);
-                            }
                             let strict = predicted
                                 && js
                                     .predicted_resume_ms
@@ -433,6 +444,7 @@ pub fn evaluate(prev: &State, obs: &Observation, cfg: &Policy) -> (State, Vec<De
                             });
                             out.push(Decision::Pause {
                                 job: job.name.clone(),
+                                cause,
                                 reason,
                             });
                         }
@@ -474,6 +486,7 @@ pub fn evaluate(prev: &State, obs: &Observation, cfg: &Policy) -> (State, Vec<De
                             js.pause = None;
                             out.push(Decision::Resume {
                                 job: job.name.clone(),
+                                why: Resumed::MaxPause,
                                 reason,
                             });
                         }
@@ -499,6 +512,7 @@ pub fn evaluate(prev: &State, obs: &Observation, cfg: &Policy) -> (State, Vec<De
                     js.pause = None;
                     out.push(Decision::Resume {
                         job: job.name.clone(),
+                        why: Resumed::Recovered,
                         reason: format!(
                             "recovered from {}",
                             p.reasons

@@ -1,6 +1,6 @@
-//! What the policy gives a level to, and why a job is paused: typed, with the string keys the API,
-//! the events and the state file have always used (`host_memory`, `gpu_memory:0`,
-//! `job_cgroup:NAME`, `predicted` …) as their serialized form.
+//! What the policy gives a level to, why a job is paused and why a pause ends: typed, with the
+//! string keys the API, the events and the state file have always used (`host_memory`,
+//! `gpu_memory:0`, `job_cgroup:NAME`, `predicted` …) as their serialized form.
 
 use std::fmt;
 use std::str::FromStr;
@@ -28,8 +28,8 @@ pub enum Resource {
 }
 
 impl Resource {
-    /// The kind without its argument (`gpu_memory` for `gpu_memory:0`): what events name as the
-    /// reason for a pause.
+    /// The kind without its argument (`gpu_memory` for `gpu_memory:0`), as its key begins (an
+    /// event's reason is `reason::Reason::from` it).
     pub fn kind(&self) -> &'static str {
         match self {
             Resource::HostMemory => "host_memory",
@@ -129,17 +129,13 @@ pub enum Cause {
     User,
 }
 
-impl Cause {
-    /// The cause without its scope, as events name it: a resource's kind (`job_cgroup`, not
-    /// `job_cgroup:train`), `predicted`, `way_out` or `user`.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Cause::Resource(r) => r.kind(),
-            Cause::Predicted => "predicted",
-            Cause::WayOut => "way_out",
-            Cause::User => "user",
-        }
-    }
+/// What ends a pause the policy holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resumed {
+    /// What paused the job recovered (and, after a projection, there is room again).
+    Recovered,
+    /// The job was paused for the maximum pause and the configuration says to resume it.
+    MaxPause,
 }
 
 impl fmt::Display for Cause {

@@ -387,3 +387,98 @@ fn temperature_thresholds_follow_the_device() {
         tight.critical_leave < tight.critical_enter && tight.warn_enter <= tight.critical_enter
     );
 }
+
+/// Each decision to act on a job carries its typed cause (what its event's reason is derived from),
+/// never only a sentence: the checkpoint and pause for a critical cgroup name that cgroup, the first
+/// cause by key leads, a projection comes last, and a resume says what ended the pause.
+#[test]
+fn decisions_carry_their_typed_cause() {
+    let cfg = Policy {
+        checkpoint_signal: "SIGUSR1".into(),
+        checkpoint_grace_ms: 2000,
+        ..Policy::default()
+    };
+    let train = Cause::Resource(Resource::JobCgroup("train".into()));
+    let step = |state: &State, now: u64, change: fn(&mut Observation)| {
+        let mut o = obs(now);
+        change(&mut o);
+        evaluate(state, &o, &cfg)
+    };
+    let (s1, d) = step(&State::default(), 0, cgroup_critical);
+    assert!(
+        d.contains(&Decision::Checkpoint {
+            job: "train".into(),
+            cause: train.clone(),
+            reason: "train's cgroup at 96.0 %".into(),
+        }),
+        "{d:?}"
+    );
+    let (s2, d) = step(&s1, 2000, cgroup_critical);
+    assert!(
+        matches!(&d[..], [Decision::Pause { cause, .. }] if *cause == train),
+        "{d:?}"
+    );
+    // Calm for the level's leave hold.
+    let (s3, _) = step(&s2, 10_000, calm);
+    let (_, d) = step(&s3, 13_000, calm);
+    assert!(
+        d.iter().any(|d| matches!(
+            d,
+            Decision::Resume {
+                why: Resumed::Recovered,
+                ..
+            }
+        )),
+        "{d:?}"
+    );
+    // Host memory and the job's cgroup both critical: host_memory leads (by key).
+    let (_, d) = step(&State::default(), 0, |o| {
+        host_critical(o);
+        cgroup_critical(o);
+    });
+    assert!(
+        d.iter().any(|d| matches!(
+            d,
+            Decision::Checkpoint {
+                cause: Cause::Resource(Resource::HostMemory),
+                ..
+            }
+        )),
+        "{d:?}"
+    );
+    // A projection alone.
+    let (_, d) = step(&State::default(), 0, growing_fast);
+    assert!(
+        matches!(
+            &d[..],
+            [Decision::Pause {
+                cause: Cause::Predicted,
+                ..
+            }]
+        ),
+        "{d:?}"
+    );
+    // The maximum pause.
+    let (s, _) = evaluate(
+        &State::default(),
+        &{
+            let mut o = obs(0);
+            host_critical(&mut o);
+            o
+        },
+        &Policy::default(),
+    );
+    let mut o = obs(300_000);
+    host_critical(&mut o);
+    let (_, d) = evaluate(&s, &o, &Policy::default());
+    assert!(
+        matches!(
+            &d[..],
+            [Decision::Resume {
+                why: Resumed::MaxPause,
+                ..
+            }]
+        ),
+        "{d:?}"
+    );
+}

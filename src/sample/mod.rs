@@ -102,6 +102,11 @@ impl Collector {
         Collector::Gpu,
     ];
 
+    /// The collector of that name (as `name` gives it).
+    pub fn by_name(name: &str) -> Option<Collector> {
+        Collector::ALL.into_iter().find(|c| c.name() == name)
+    }
+
     /// Its name in `memwatch_collector_*{collector}` and the API.
     pub const fn name(self) -> &'static str {
         match self {

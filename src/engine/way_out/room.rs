@@ -1,7 +1,7 @@
 //! While a job runs on emergency room: whether its fix came and it fits, whether the room runs out;
 //! giving the room back (swap work off the owner task), and what ended jobs and killed daemons left.
 
-use crate::act::audit::Action;
+use crate::act::audit::{Action, Reason};
 use crate::act::swap;
 use crate::engine::Engine;
 use crate::job::way_out::Phase;
@@ -18,7 +18,7 @@ impl Engine {
         let Some(w) = j.way_out.clone() else {
             return;
         };
-        let step = w.step.map_or("fix", |s| s.as_str());
+        let step = w.step.map_or(Reason::Fix, Reason::from);
         if j.pause.is_some() {
             self.taken(name, step, now_ms, "the job was paused again".into());
             self.next_step(name, now_ms);
@@ -90,7 +90,7 @@ impl Engine {
                 now_ms,
                 Action::WayOut,
                 name,
-                "fixed",
+                Reason::Fixed,
                 format!("generation {g} applied mid-epoch; giving the emergency room back"),
                 false,
             );
@@ -208,7 +208,7 @@ impl Engine {
                         now_ms,
                         Action::WayOut,
                         name,
-                        "lend",
+                        Reason::Lend,
                         format!("{} back at {} MiB", l.dir.display(), l.original >> 20),
                         false,
                     );
@@ -275,7 +275,7 @@ impl Engine {
                         w.swap = Some(record.clone());
                         self.taken(
                             &job,
-                            "swap",
+                            Reason::Swap,
                             now_ms,
                             format!("{} MiB on {}", record.bytes >> 20, record.device),
                         );
@@ -290,7 +290,7 @@ impl Engine {
                         self.save();
                     }
                     Err(e) => {
-                        self.taken(&job, "swap", now_ms, format!("failed: {e}"));
+                        self.taken(&job, Reason::Swap, now_ms, format!("failed: {e}"));
                         if phase == Some(Phase::MakingSwap) {
                             self.next_step(&job, now_ms);
                         }
@@ -315,7 +315,7 @@ impl Engine {
                             now_ms,
                             Action::WayOut,
                             &name,
-                            "swap",
+                            Reason::Swap,
                             format!("emergency swap {} cleared and removed{peak}", record.device),
                             false,
                         );

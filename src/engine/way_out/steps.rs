@@ -1,7 +1,7 @@
 //! The ladder's steps: emergency swap or a lent limit for an urgent fix, and the checkpoint before a
 //! clean stop; resuming a job on its room, and pausing it again.
 
-use crate::act::audit::Action;
+use crate::act::audit::{Action, Reason};
 use crate::act::lend;
 use crate::engine::Engine;
 use crate::job::way_out::Phase;
@@ -121,7 +121,7 @@ impl Engine {
             now_ms,
             Action::WayOut,
             name,
-            "swap",
+            Reason::Swap,
             format!(
                 "making {} MiB of emergency swap ({}) so the job can apply generation {generation} now",
                 bytes >> 20,
@@ -191,7 +191,7 @@ impl Engine {
             now_ms,
             Action::WayOut,
             name,
-            "lend",
+            Reason::Lend,
             format!(
                 "raised {} from {} to {} MiB so the job can apply generation {generation} now",
                 dir.dir.display(),
@@ -245,7 +245,7 @@ impl Engine {
             // save, as under Slurm or Kubernetes.
             self.taken(
                 name,
-                "checkpoint",
+                Reason::Checkpoint,
                 now_ms,
                 "the job is asked to stop with SIGTERM (its chance to save)".into(),
             );
@@ -268,7 +268,7 @@ impl Engine {
             now_ms,
             Action::Checkpoint,
             name,
-            "way_out",
+            Reason::WayOut,
             format!(
                 "checkpoint requested{}{}{}; the job is stopped cleanly once it is saved or in {} s",
                 if protocol { " (directive)" } else { "" },
@@ -345,7 +345,7 @@ impl Engine {
             now_ms,
             Action::Resume,
             name,
-            "way_out",
+            Reason::WayOut,
             "resumed with emergency room to apply its fix".into(),
             false,
         );
@@ -365,6 +365,6 @@ impl Engine {
         if let Err(e) = self.pause_job(name, policy::By::Policy, &why, now_ms) {
             tracing::warn!(job = name, error = %e, "cannot pause the job again");
         }
-        self.record(now_ms, Action::Pause, name, "way_out", why, false);
+        self.record(now_ms, Action::Pause, name, Reason::WayOut, why, false);
     }
 }

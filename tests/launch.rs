@@ -152,3 +152,48 @@ fn a_user_without_cgroup_rights_is_told_so() {
         "{stderr}"
     );
 }
+
+/// A launch killed before it removed its private directory leaves it behind, and its pid comes round
+/// again: a later launch still starts. Here the directories a launch by pid would have made are there
+/// for the next 400 pids, and the launch's own pid (`MEMWATCH_LAUNCHED`) is among them.
+#[test]
+fn leftovers_of_a_killed_launch_never_stop_a_new_one() {
+    let d = Daemon::start(Opts {
+        root: "/".into(),
+        gpu_state: None,
+        ..Opts::default()
+    });
+    let tmp = tempfile::tempdir().unwrap();
+    let last: u32 = std::fs::read_to_string("/proc/sys/kernel/ns_last_pid")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let taken = (last + 1)..(last + 400);
+    for pid in taken.clone() {
+        std::fs::create_dir(tmp.path().join(format!("memwatch-launch-{pid}"))).unwrap();
+    }
+    let out = Command::new(common::bin())
+        .args(["launch", "--name", "again", "--memory-max", "256M"])
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["--", "sh", "-c", "echo \"launched by $MEMWATCH_LAUNCHED\""])
+        .env("TMPDIR", tmp.path())
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    let by: u32 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("launched by ")?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the job did not run: {text}"));
+    assert!(
+        taken.contains(&by),
+        "launch's pid {by} fell outside the leftovers made for {taken:?}: nothing was tested"
+    );
+    // Its own directory is gone again; the leftovers are as they were.
+    let left = std::fs::read_dir(tmp.path()).unwrap().count();
+    assert_eq!(left, taken.len(), "launch left its directory behind");
+}

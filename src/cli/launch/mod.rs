@@ -130,14 +130,15 @@ pub fn run(cli: &super::Cli, a: &LaunchArgs) -> Result<u8, Failure> {
         None => JobCgroup::create(&name, a.memory_max).map_err(|e| anyhow::anyhow!(e))?,
     };
     let procs = cg.procs_files().map_err(|e| anyhow::anyhow!(e))?;
-    let runtime = std::env::temp_dir().join(format!("memwatch-launch-{}", std::process::id()));
-    {
-        use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&runtime)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", runtime.display()))?;
-    }
+    // A private directory of a new name (mkdtemp: mode 0700, never an existing one): a launch killed
+    // before it could remove its own leaves it behind, and its pid comes round again.
+    let template = std::env::temp_dir().join("memwatch-launch-XXXXXX");
+    let runtime = nix::unistd::mkdtemp(&template).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot make a private directory like {}: {e}",
+            template.display()
+        )
+    })?;
     let token_file = runtime.join("token");
     let result = runs(a, &name, config_file, &cg, &procs, &token_file, &daemon);
     let _ = std::fs::remove_dir_all(&runtime);

@@ -5,7 +5,8 @@
 # - processes of the test users, and the test users, their groups and home directories;
 # - cgroups the tests name (memwatch-*, memwatch, and the test Slurm nodes' slurm_mw*), in every
 #   hierarchy: thawed, emptied (SIGKILL), removed deepest first;
-# - emergency swap (zram) left enabled, the users' lock file and the tests' files in /dev/shm;
+# - emergency swap (zram) left enabled, the users' lock file, the tests' files in /dev/shm and the
+#   private directories of killed launches;
 # - the daemon's default state and socket directories (/var/lib/memwatch, /run/memwatch), which a
 #   test of the installed package may have made, when no installed memwatch service uses them.
 # Installed Debian packages, pip's and cargo's download caches stay: they are not build outputs, and
@@ -59,6 +60,8 @@ done < <(tail -n +2 /proc/swaps)
 
 scripts/test-users.sh --remove && said "removed the test users and groups"
 rm -f "${TMPDIR:-/tmp}/memwatch-test-users.lock" /dev/shm/memwatch-*
+# Private directories of launches killed before they could remove their own.
+rm -rf "${TMPDIR:-/tmp}"/memwatch-launch-*
 
 if ! systemctl is-active --quiet memwatch 2>/dev/null; then
   for d in /var/lib/memwatch /run/memwatch; do

@@ -27,24 +27,34 @@ for name in memwatch memwatch-train slurmctld slurmd slurmstepd munged prometheu
   done
 done
 
-# Cgroups, deepest first: thaw, kill what is inside, remove.
+# Cgroups, deepest first: thaw, kill what is inside, remove; again until it is gone (a process may be
+# between two hierarchies, or exiting, at the first try).
+empty_out() {
+  local d=$1 f pid
+  [ -f "$d/freezer.state" ] && echo THAWED >"$d/freezer.state" 2>/dev/null
+  [ -f "$d/cgroup.freeze" ] && echo 0 >"$d/cgroup.freeze" 2>/dev/null
+  [ -f "$d/cgroup.kill" ] && echo 1 >"$d/cgroup.kill" 2>/dev/null
+  for f in "$d/cgroup.procs" "$d/tasks"; do
+    [ -f "$f" ] || continue
+    while read -r pid; do kill -CONT "$pid" 2>/dev/null; kill -KILL "$pid" 2>/dev/null; done <"$f"
+  done
+}
 mapfile -t groups < <(find /sys/fs/cgroup -mindepth 1 -maxdepth 2 -type d \
   \( -name 'memwatch-*' -o -name memwatch -o -name 'slurm_mw*' \) 2>/dev/null)
-for top in "${groups[@]}"; do
-  mapfile -t dirs < <(find "$top" -depth -type d 2>/dev/null)
-  for d in "${dirs[@]}"; do
-    [ -f "$d/freezer.state" ] && echo THAWED >"$d/freezer.state" 2>/dev/null
-    [ -f "$d/cgroup.freeze" ] && echo 0 >"$d/cgroup.freeze" 2>/dev/null
-    for f in "$d/cgroup.procs" "$d/tasks"; do
-      [ -f "$f" ] || continue
-      while read -r pid; do kill -CONT "$pid" 2>/dev/null; kill -KILL "$pid" 2>/dev/null; done <"$f"
-    done
+for _ in $(seq 50); do
+  left=()
+  for top in "${groups[@]}"; do
+    [ -d "$top" ] || continue
+    mapfile -t dirs < <(find "$top" -depth -type d 2>/dev/null)
+    for d in "${dirs[@]}"; do empty_out "$d"; done
+    for d in "${dirs[@]}"; do rmdir "$d" 2>/dev/null; done
+    if [ -d "$top" ]; then left+=("$top"); else said "removed cgroup $top"; fi
   done
-  for d in "${dirs[@]}"; do
-    for _ in $(seq 50); do rmdir "$d" 2>/dev/null && break; [ -d "$d" ] || break; sleep 0.1; done
-  done
-  [ -d "$top" ] && said "could not remove cgroup $top" || said "removed cgroup $top"
+  [ ${#left[@]} -eq 0 ] && break
+  groups=("${left[@]}")
+  sleep 0.1
 done
+for top in "${left[@]}"; do said "could not remove cgroup $top"; done
 
 # Emergency swap that a killed daemon left on.
 while read -r dev _; do

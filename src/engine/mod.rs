@@ -537,7 +537,7 @@ impl Engine {
     /// When a paused job's longest pause runs out, and what follows. None for a pause by hand: the
     /// policy never ends it (`memwatch resume` does; detach and stopping the daemon resume it too).
     fn pause_deadline(&self, j: &Job) -> Option<crate::job::PauseDeadline> {
-        let pause = j.pause.as_ref().filter(|p| p.by == policy::By::Policy)?;
+        let pause = j.policy_pause()?;
         let p = &self.cfg.policy;
         let state = self.policy.jobs.get(&j.name);
         let then = if state.is_some_and(|s| s.managed) {

@@ -5,7 +5,6 @@
 use super::Engine;
 use super::ending::TERMINATE_GRACE_MS;
 use crate::job::way_out::Phase;
-use crate::policy;
 
 impl Engine {
     /// When the earliest deadline still to be acted on is due (engine clock, ms): a terminated job's
@@ -22,11 +21,7 @@ impl Engine {
                 due.push(t.saturating_add(TERMINATE_GRACE_MS));
                 continue;
             }
-            let paused_since = j
-                .pause
-                .as_ref()
-                .filter(|p| p.by == policy::By::Policy)
-                .map(|p| p.since_ms);
+            let paused_since = j.policy_pause().map(|p| p.since_ms);
             let state = self.policy.jobs.get(&j.name);
             if let Some(since) = paused_since {
                 if state.is_some_and(|s| !s.managed && s.pause.as_ref().is_some_and(|p| !p.expired))

@@ -198,11 +198,7 @@ impl Engine {
         if j.terminating_since_ms.is_some() {
             return;
         }
-        let paused_since = j
-            .pause
-            .as_ref()
-            .filter(|p| p.by == policy::By::Policy)
-            .map(|p| p.since_ms);
+        let paused_since = j.policy_pause().map(|p| p.since_ms);
         let phase = j.way_out.as_ref().map(|w| w.phase);
         match phase {
             None | Some(Phase::Done) => {

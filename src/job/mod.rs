@@ -114,6 +114,11 @@ pub struct Job {
 }
 
 impl Job {
+    /// The pause memwatch's policy holds on the job, if any (a pause by hand is not the policy's).
+    pub fn policy_pause(&self) -> Option<&Pause> {
+        self.pause.as_ref().filter(|p| p.by == By::Policy)
+    }
+
     /// A job just attached: nothing measured yet.
     pub fn new(
         name: String,

@@ -89,6 +89,7 @@ mod tests {
                 cgroup: Reading::Absent,
                 gpus: None,
                 projections: Vec::new(),
+                pause: None,
             }],
         }
     }
@@ -110,10 +111,17 @@ mod tests {
         let t0 = clock.now_ms();
         let (s, d) = policy::evaluate(&state, &observation(t0, 0.99), &cfg);
         state = s;
-        assert!(
-            d.iter().any(|d| matches!(d, Decision::Pause { .. })),
-            "{d:?}"
-        );
+        // The engine keeps the pause's record and shows it in the next observations.
+        let pause = d.iter().find_map(|d| match d {
+            Decision::Pause { pause, .. } => Some(pause.clone()),
+            _ => None,
+        });
+        assert!(pause.is_some(), "{d:?}");
+        let observation = |now: u64, host: f64| {
+            let mut o = observation(now, host);
+            o.jobs[0].pause = pause.clone();
+            o
+        };
         // An NTP step of −1 h happens now; the wall clock is not read by the clock at all, so the
         // anchor stays; only boot time moves. Still critical, 9.9 s later: no resume yet.
         let stepped_wall = wall - 3_600_000;

@@ -5,7 +5,7 @@ use super::Engine;
 use crate::act::audit::{Action, Reason};
 use crate::control::{Caller, Refusal, Request, Response};
 use crate::job::Job;
-use crate::policy::{self, By};
+use crate::policy;
 use crate::proc;
 
 impl Engine {
@@ -544,9 +544,9 @@ impl Engine {
         if self.jobs.get(&name).is_some_and(|j| j.pause.is_some()) {
             return Err(Refusal::conflict(format!("job {name:?} is already paused")));
         }
-        self.pause_job(&name, By::User, "paused by the user", now_ms)
+        let state = policy::user_pause(&mut self.policy, &name, now_ms);
+        self.pause_job(&name, state, "paused by the user", now_ms)
             .map_err(|e| Refusal::failed(e.to_string()))?;
-        policy::user_pause(&mut self.policy, &name, now_ms);
         self.record(
             now_ms,
             Action::Pause,

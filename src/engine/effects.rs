@@ -8,7 +8,7 @@ use crate::act::audit::{Action, Reason};
 use crate::act::persist::{self, Persisted, PersistedJob, PersistedPause};
 use crate::act::{pause, signal};
 use crate::job::{Job, Pause};
-use crate::policy::{By, Decision};
+use crate::policy::Decision;
 
 /// Why a pause did not happen.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -79,23 +79,22 @@ impl Engine {
                     dry,
                 );
             }
-            Decision::Pause { job, cause, reason } => {
+            Decision::Pause {
+                job,
+                cause,
+                reason,
+                pause,
+            } => {
                 if self
                     .jobs
                     .get(&job)
                     .is_some_and(|j| j.terminating_since_ms.is_some())
                 {
                     // Being terminated: never paused again (its processes must be free to exit).
-                    if let Some(js) = self.policy.jobs.get_mut(&job) {
-                        js.pause = None;
-                    }
                     return;
                 }
                 let why = Reason::from(&cause);
-                if let Err(e) = self.pause_job(&job, By::Policy, &reason, now_ms) {
-                    if let Some(js) = self.policy.jobs.get_mut(&job) {
-                        js.pause = None;
-                    }
+                if let Err(e) = self.pause_job(&job, pause, &reason, now_ms) {
                     self.record(
                         now_ms,
                         Action::Error,
@@ -120,6 +119,9 @@ impl Engine {
                 self.terminate_job(&job, &why, Reason::MaxPause, now_ms);
             }
             Decision::StayPaused { job, reason } => {
+                if let Some(p) = self.jobs.get_mut(&job).and_then(|j| j.pause.as_mut()) {
+                    p.held.expired = true;
+                }
                 self.record(
                     now_ms,
                     Action::StayPaused,
@@ -203,9 +205,6 @@ impl Engine {
                         j.terminating_since_ms = Some(now_ms);
                     }
                 }
-                if let Some(js) = self.policy.jobs.get_mut(job) {
-                    js.pause = None;
-                }
                 self.save();
                 self.record(
                     now_ms,
@@ -223,11 +222,12 @@ impl Engine {
     /// cgroup it is about to freeze, is in the state file before the first signal or freeze, so a
     /// daemon killed at any instant leaves a record of all it may have stopped (see `act::recover`).
     /// A pause that cannot be recorded is refused: an unrecorded pause is one a crash could leave
-    /// frozen for good.
+    /// frozen for good. `state` is what the pause holds for the policy; the job's record is the only
+    /// place the pause lives, so a pause that fails leaves no trace for the policy to believe in.
     pub(super) fn pause_job(
         &mut self,
         name: &str,
-        by: By,
+        state: crate::policy::PauseState,
         reason: &str,
         now_ms: u64,
     ) -> Result<(), PauseError> {
@@ -255,7 +255,7 @@ impl Engine {
         };
         j.pause = Some(Pause {
             since_ms: now_ms,
-            by,
+            by: state.by,
             reason: reason.to_owned(),
             stopped: Vec::new(),
             frozen: candidate.clone(),
@@ -265,6 +265,7 @@ impl Engine {
                 cgroup: j.cgroup_growth.rate_per_second(),
                 host: self.host_used.rate_per_second(),
             },
+            held: state.into(),
         });
         if !dry {
             if let Err(e) = self.write_state() {
@@ -383,9 +384,6 @@ impl Engine {
                 );
                 if let Some(j) = self.jobs.get_mut(name) {
                     j.pause = None;
-                }
-                if let Some(js) = self.policy.jobs.get_mut(name) {
-                    js.pause = None;
                 }
                 self.save();
             }

@@ -394,6 +394,7 @@ impl Engine {
                     cgroup,
                     gpus: j.last.as_ref().and_then(|l| l.gpus.clone()),
                     projections,
+                    pause: j.pause.as_ref().map(crate::job::Pause::policy),
                 }
             })
             .collect();

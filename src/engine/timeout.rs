@@ -21,12 +21,12 @@ impl Engine {
                 due.push(t.saturating_add(TERMINATE_GRACE_MS));
                 continue;
             }
-            let paused_since = j.policy_pause().map(|p| p.since_ms);
+            let pause = j.policy_pause();
+            let paused_since = pause.map(|p| p.since_ms);
             let state = self.policy.jobs.get(&j.name);
-            if let Some(since) = paused_since {
-                if state.is_some_and(|s| !s.managed && s.pause.as_ref().is_some_and(|p| !p.expired))
-                {
-                    due.push(since.saturating_add(max_pause));
+            if let Some(p) = pause {
+                if !p.held.expired && state.is_none_or(|s| !s.managed) {
+                    due.push(p.since_ms.saturating_add(max_pause));
                 }
             }
             if let Some(t) = state.and_then(|s| s.checkpoint_deadline_ms) {

@@ -14,7 +14,7 @@ use crate::act::audit::{Action, Reason};
 use crate::act::swap;
 use crate::config::{OnMaxPause, Step};
 use crate::job::way_out::{Phase, Taken, WayOut};
-use crate::policy::{self, Cause, Resource};
+use crate::policy::{Cause, Resource};
 
 /// Blocking swap work, run off the owner task.
 pub enum WayOutTask {
@@ -131,17 +131,15 @@ impl Engine {
     /// The limit and growth rate behind a job's pause, when it is a memory pause the way out can help
     /// (the job's cgroup or the host; not a GPU or a temperature).
     pub(in crate::engine) fn memory_pause(&self, name: &str) -> Option<(String, f64)> {
-        let p = self.policy.jobs.get(name)?.pause.as_ref()?;
-        if p.by != policy::By::Policy {
-            return None;
-        }
+        let j = self.jobs.get(name)?;
+        let p = j.policy_pause()?;
         let mut limit = None;
-        for r in &p.reasons {
+        for r in &p.held.reasons {
             let l = match r {
                 Cause::Resource(Resource::JobCgroup(job)) if job == name => "cgroup",
                 Cause::Resource(Resource::HostMemory) => "host",
                 Cause::Predicted | Cause::WayOut => {
-                    match p.projected.as_ref().map(|(l, _)| l.as_str()) {
+                    match p.held.projected.as_ref().map(|(l, _)| l.as_str()) {
                         Some(l @ ("cgroup" | "host")) => l,
                         _ => return None,
                     }
@@ -151,21 +149,23 @@ impl Engine {
             limit.get_or_insert(l);
         }
         let limit = limit?.to_owned();
-        let j = self.jobs.get(name)?;
         let measured = if limit == "cgroup" {
             j.cgroup_growth.sustained_rate_per_second()
         } else {
             self.host_used.sustained_rate_per_second()
         };
         // Measured while paused, the growth is nil: the rate when the pause began counts too.
-        let at_start = j.pause.as_ref().map_or(0.0, |p| {
-            if limit == "cgroup" {
-                p.growth_at_start.cgroup
-            } else {
-                p.growth_at_start.host
-            }
-        });
-        let at_pause = p.projected.as_ref().map_or(0.0, |(_, r)| *r).max(at_start);
+        let at_start = if limit == "cgroup" {
+            p.growth_at_start.cgroup
+        } else {
+            p.growth_at_start.host
+        };
+        let at_pause = p
+            .held
+            .projected
+            .as_ref()
+            .map_or(0.0, |(_, r)| *r)
+            .max(at_start);
         Some((limit, at_pause.max(measured).max(0.0)))
     }
 

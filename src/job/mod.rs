@@ -16,7 +16,8 @@ use crate::policy::By;
 use crate::proc::ProcRef;
 use crate::sample::cgroup::{CgroupDir, CgroupMemory};
 
-/// A pause memwatch is holding.
+/// A pause memwatch is holding: the one record of it (the policy reads it through [`Pause::policy`]
+/// and keeps no copy).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Pause {
     /// When the pause began (engine clock, ms).
@@ -40,6 +41,49 @@ pub struct Pause {
     /// not grow, so nothing measured later says it. Not kept across restarts.
     #[serde(skip)]
     pub growth_at_start: GrowthAtPause,
+    /// What the policy decided the pause on (its causes, a projection's limit and rate, whether it
+    /// is strict or has run past the longest pause). Not kept across restarts, which resume or
+    /// re-decide every pause.
+    #[serde(skip)]
+    pub held: Held,
+}
+
+/// The policy's part of a pause record.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Held {
+    /// What caused it.
+    pub reasons: Vec<crate::policy::Cause>,
+    /// The limit and growth rate when a projection caused it.
+    pub projected: Option<(String, f64)>,
+    /// The maximum pause was reached and the job stays paused.
+    pub expired: bool,
+    /// A repeated pause on a projection: resuming needs room for the rate seen at the pause.
+    pub strict: bool,
+}
+
+impl Pause {
+    /// The pause as the policy sees it.
+    pub fn policy(&self) -> crate::policy::PauseState {
+        crate::policy::PauseState {
+            since_ms: self.since_ms,
+            by: self.by,
+            reasons: self.held.reasons.clone(),
+            projected: self.held.projected.clone(),
+            expired: self.held.expired,
+            strict: self.held.strict,
+        }
+    }
+}
+
+impl From<crate::policy::PauseState> for Held {
+    fn from(p: crate::policy::PauseState) -> Held {
+        Held {
+            reasons: p.reasons,
+            projected: p.projected,
+            expired: p.expired,
+            strict: p.strict,
+        }
+    }
 }
 
 /// Growth rates when a pause began, bytes/s.

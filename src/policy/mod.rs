@@ -83,6 +83,8 @@ pub struct JobObservation {
     pub gpus: Option<Vec<u32>>,
     /// One projection per limit whose resource may pause the job.
     pub projections: Vec<Projection>,
+    /// The job's pause, as the engine holds it (the one record of it; the policy keeps no copy).
+    pub pause: Option<PauseState>,
 }
 
 impl JobObservation {
@@ -124,7 +126,8 @@ pub enum By {
     User,
 }
 
-/// A paused job, as the policy remembers it.
+/// What the policy needs of a paused job: the engine keeps it in the job's one pause record and shows
+/// it to the policy in each observation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PauseState {
     /// When the pause began (engine clock, ms).
@@ -144,11 +147,9 @@ pub struct PauseState {
     pub strict: bool,
 }
 
-/// The policy's memory of one job.
+/// The policy's memory of one job (its pause is not here: it lives in the job's record).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct JobState {
-    /// The pause the policy holds, if any.
-    pub pause: Option<PauseState>,
     /// Critical resources whose current episode the user chose to run through (a manual resume).
     pub overridden: BTreeSet<Resource>,
     /// A checkpoint was requested; pause at this time (ms).
@@ -195,7 +196,7 @@ pub enum Decision {
         /// Why, for people.
         reason: String,
     },
-    /// Pause the job.
+    /// Pause the job: once it is paused, `pause` is its record's policy part.
     Pause {
         /// The job.
         job: String,
@@ -203,6 +204,8 @@ pub enum Decision {
         cause: Cause,
         /// Why, for people.
         reason: String,
+        /// What the pause is to hold, for the job's record.
+        pause: PauseState,
     },
     /// Resume the job.
     Resume {
@@ -386,7 +389,7 @@ pub fn evaluate(prev: &State, obs: &Observation, cfg: &Policy) -> (State, Vec<De
         let tte = soonest.map(|(_, t)| t);
         let predicted = tte.is_some_and(|t| t < cfg.reaction_ms);
 
-        match js.pause.clone() {
+        match job.pause.clone() {
             None => {
                 if critical.is_empty() && !predicted {
                     js.checkpoint_deadline_ms = None;
@@ -432,20 +435,20 @@ pub fn evaluate(prev: &State, obs: &Observation, cfg: &Policy) -> (State, Vec<De
                                 && js
                                     .predicted_resume_ms
                                     .is_some_and(|t| now.saturating_sub(t) < REPEAT_WITHIN_MS);
-                            js.pause = Some(PauseState {
-                                since_ms: now,
-                                by: By::Policy,
-                                reasons: keys,
-                                projected: soonest
-                                    .filter(|_| predicted)
-                                    .map(|(p, _)| (p.limit.clone(), p.growth_bytes_per_second)),
-                                expired: false,
-                                strict,
-                            });
                             out.push(Decision::Pause {
                                 job: job.name.clone(),
                                 cause,
                                 reason,
+                                pause: PauseState {
+                                    since_ms: now,
+                                    by: By::Policy,
+                                    reasons: keys,
+                                    projected: soonest
+                                        .filter(|_| predicted)
+                                        .map(|(p, _)| (p.limit.clone(), p.growth_bytes_per_second)),
+                                    expired: false,
+                                    strict,
+                                },
                             });
                         }
                     }
@@ -483,7 +486,6 @@ pub fn evaluate(prev: &State, obs: &Observation, cfg: &Policy) -> (State, Vec<De
                     let reason = format!("paused for the maximum of {} s", cfg.max_pause_seconds);
                     match cfg.on_max_pause {
                         OnMaxPause::Resume => {
-                            js.pause = None;
                             out.push(Decision::Resume {
                                 job: job.name.clone(),
                                 why: Resumed::MaxPause,
@@ -491,14 +493,12 @@ pub fn evaluate(prev: &State, obs: &Observation, cfg: &Policy) -> (State, Vec<De
                             });
                         }
                         OnMaxPause::Terminate => {
-                            js.pause = None;
                             out.push(Decision::Terminate {
                                 job: job.name.clone(),
                                 reason,
                             });
                         }
                         OnMaxPause::Stay => {
-                            js.pause = Some(PauseState { expired: true, ..p });
                             out.push(Decision::StayPaused {
                                 job: job.name.clone(),
                                 reason,
@@ -509,7 +509,6 @@ pub fn evaluate(prev: &State, obs: &Observation, cfg: &Policy) -> (State, Vec<De
                     if p.projected.is_some() {
                         js.predicted_resume_ms = Some(now);
                     }
-                    js.pause = None;
                     out.push(Decision::Resume {
                         job: job.name.clone(),
                         why: Resumed::Recovered,
@@ -531,18 +530,18 @@ pub fn evaluate(prev: &State, obs: &Observation, cfg: &Policy) -> (State, Vec<De
     (state, out)
 }
 
-/// The user paused a job: the policy will not resume it.
-pub fn user_pause(state: &mut State, job: &str, now_ms: u64) {
+/// The user paused a job: the policy will not resume it. Returns the pause for the job's record.
+pub fn user_pause(state: &mut State, job: &str, now_ms: u64) -> PauseState {
     let js = state.jobs.entry(job.to_owned()).or_default();
     js.checkpoint_deadline_ms = None;
-    js.pause = Some(PauseState {
+    PauseState {
         since_ms: now_ms,
         by: By::User,
         reasons: vec![Cause::User],
         projected: None,
         expired: false,
         strict: false,
-    });
+    }
 }
 
 /// The user resumed a job: resources critical now will not pause it again until they recover.
@@ -554,7 +553,6 @@ pub fn user_resume(state: &mut State, job: &str) {
         .map(|(k, _)| k.clone())
         .collect();
     let js = state.jobs.entry(job.to_owned()).or_default();
-    js.pause = None;
     js.checkpoint_deadline_ms = None;
     js.overridden = critical;
 }
@@ -570,25 +568,25 @@ pub fn run_through(state: &mut State, job: &str, keys: &[Resource]) {
         .map(|(k, _)| k.clone())
         .collect();
     let js = state.jobs.entry(job.to_owned()).or_default();
-    js.pause = None;
     js.checkpoint_deadline_ms = None;
     js.overridden.extend(critical);
 }
 
-/// The engine paused a job itself (its emergency room ran out, or its fix did not come): it stays
-/// paused until `limit` has room for `rate` again, like a repeated pause on a projection.
-pub fn hold(state: &mut State, job: &str, now_ms: u64, limit: &str, rate: f64) {
+/// The engine pauses a job itself (its emergency room ran out, or its fix did not come): it stays
+/// paused until `limit` has room for `rate` again, like a repeated pause on a projection. Returns
+/// the pause for the job's record.
+pub fn hold(state: &mut State, job: &str, now_ms: u64, limit: &str, rate: f64) -> PauseState {
     let js = state.jobs.entry(job.to_owned()).or_default();
     js.overridden.clear();
     js.checkpoint_deadline_ms = None;
-    js.pause = Some(PauseState {
+    PauseState {
         since_ms: now_ms,
         by: By::Policy,
         reasons: vec![Cause::WayOut],
         projected: Some((limit.to_owned(), rate)),
         expired: false,
         strict: true,
-    });
+    }
 }
 
 /// The job is gone or detached.

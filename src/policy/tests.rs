@@ -23,8 +23,36 @@ fn obs(now_ms: u64) -> Observation {
             cgroup: Reading::Value(0.2),
             gpus: Some(vec![0]),
             projections: Vec::new(),
+            pause: None,
         }],
     }
+}
+
+/// The policy's state and the job's one pause record, which the engine keeps (the policy keeps no
+/// copy) and shows in each observation.
+type World = (State, Option<PauseState>);
+
+/// One policy step as the engine takes it: the pause record in the observation, the decisions carried
+/// out on it (a pause stores its state, a resume or terminate clears it, staying marks it expired).
+fn advance(w: &World, mut o: Observation, cfg: &Policy) -> (World, Vec<Decision>) {
+    for j in &mut o.jobs {
+        j.pause = w.1.clone();
+    }
+    let (state, decisions) = evaluate(&w.0, &o, cfg);
+    let mut pause = w.1.clone();
+    for d in &decisions {
+        match d {
+            Decision::Pause { pause: p, .. } => pause = Some(p.clone()),
+            Decision::Resume { .. } | Decision::Terminate { .. } => pause = None,
+            Decision::StayPaused { .. } => {
+                if let Some(p) = pause.as_mut() {
+                    p.expired = true;
+                }
+            }
+            Decision::LevelChanged { .. } | Decision::Checkpoint { .. } => {}
+        }
+    }
+    ((state, pause), decisions)
 }
 
 /// What a step changes from the calm baseline.
@@ -32,13 +60,13 @@ type Step = (u64, fn(&mut Observation));
 
 /// The decisions after each step, as short strings ("pause", "resume", "level host_memory critical" …).
 fn run(cfg: &Policy, steps: &[Step]) -> Vec<Vec<String>> {
-    let mut state = State::default();
+    let mut state = World::default();
     steps
         .iter()
         .map(|(now, change)| {
             let mut o = obs(*now);
             change(&mut o);
-            let (next, decisions) = evaluate(&state, &o, cfg);
+            let (next, decisions) = advance(&state, o, cfg);
             state = next;
             decisions
                 .into_iter()
@@ -311,27 +339,29 @@ fn checkpoint_comes_first_when_there_is_time() {
 #[test]
 fn user_resume_overrides_the_current_episode_only() {
     let cfg = Policy::default();
-    let mut st = State::default();
+    let mut st = World::default();
     let mut o = obs(0);
     host_critical(&mut o);
-    let (next, d) = evaluate(&st, &o, &cfg);
+    let (next, d) = advance(&st, o.clone(), &cfg);
     assert!(d.iter().any(|d| matches!(d, Decision::Pause { .. })));
     st = next;
-    user_resume(&mut st, "train");
+    // The engine resumes the job and drops its record.
+    user_resume(&mut st.0, "train");
+    st.1 = None;
     o.now_ms = 100;
-    let (next, d) = evaluate(&st, &o, &cfg);
+    let (next, d) = advance(&st, o, &cfg);
     assert!(d.is_empty(), "{d:?}");
     st = next;
     // The episode ends, a new one starts: the policy may pause again.
     let mut calm_obs = obs(6000);
     calm_obs.host_memory = Reading::Value(0.5);
-    st = evaluate(&st, &calm_obs, &cfg).0;
+    st = advance(&st, calm_obs.clone(), &cfg).0;
     calm_obs.now_ms = 12_000;
-    st = evaluate(&st, &calm_obs, &cfg).0;
-    assert_eq!(st.levels[&Resource::HostMemory].level, Level::Ok);
+    st = advance(&st, calm_obs, &cfg).0;
+    assert_eq!(st.0.levels[&Resource::HostMemory].level, Level::Ok);
     let mut again = obs(20_000);
     host_critical(&mut again);
-    let (_, d) = evaluate(&st, &again, &cfg);
+    let (_, d) = advance(&st, again, &cfg);
     assert!(
         d.iter().any(|d| matches!(d, Decision::Pause { .. })),
         "{d:?}"
@@ -341,10 +371,10 @@ fn user_resume_overrides_the_current_episode_only() {
 #[test]
 fn user_pause_is_never_resumed_by_the_policy() {
     let cfg = Policy::default();
-    let mut st = State::default();
-    user_pause(&mut st, "train", 0);
+    let mut st = World::default();
+    st.1 = Some(user_pause(&mut st.0, "train", 0));
     for t in [0, 1000, 400_000] {
-        let (next, d) = evaluate(&st, &obs(t), &cfg);
+        let (next, d) = advance(&st, obs(t), &cfg);
         assert!(d.is_empty(), "{d:?}");
         st = next;
     }
@@ -399,12 +429,12 @@ fn decisions_carry_their_typed_cause() {
         ..Policy::default()
     };
     let train = Cause::Resource(Resource::JobCgroup("train".into()));
-    let step = |state: &State, now: u64, change: fn(&mut Observation)| {
+    let step = |state: &World, now: u64, change: fn(&mut Observation)| {
         let mut o = obs(now);
         change(&mut o);
-        evaluate(state, &o, &cfg)
+        advance(state, o, &cfg)
     };
-    let (s1, d) = step(&State::default(), 0, cgroup_critical);
+    let (s1, d) = step(&World::default(), 0, cgroup_critical);
     assert!(
         d.contains(&Decision::Checkpoint {
             job: "train".into(),
@@ -432,7 +462,7 @@ fn decisions_carry_their_typed_cause() {
         "{d:?}"
     );
     // Host memory and the job's cgroup both critical: host_memory leads (by key).
-    let (_, d) = step(&State::default(), 0, |o| {
+    let (_, d) = step(&World::default(), 0, |o| {
         host_critical(o);
         cgroup_critical(o);
     });
@@ -447,7 +477,7 @@ fn decisions_carry_their_typed_cause() {
         "{d:?}"
     );
     // A projection alone.
-    let (_, d) = step(&State::default(), 0, growing_fast);
+    let (_, d) = step(&World::default(), 0, growing_fast);
     assert!(
         matches!(
             &d[..],
@@ -459,9 +489,9 @@ fn decisions_carry_their_typed_cause() {
         "{d:?}"
     );
     // The maximum pause.
-    let (s, _) = evaluate(
-        &State::default(),
-        &{
+    let (s, _) = advance(
+        &World::default(),
+        {
             let mut o = obs(0);
             host_critical(&mut o);
             o
@@ -470,7 +500,7 @@ fn decisions_carry_their_typed_cause() {
     );
     let mut o = obs(300_000);
     host_critical(&mut o);
-    let (_, d) = evaluate(&s, &o, &Policy::default());
+    let (_, d) = advance(&s, o, &Policy::default());
     assert!(
         matches!(
             &d[..],
@@ -480,5 +510,26 @@ fn decisions_carry_their_typed_cause() {
             }]
         ),
         "{d:?}"
+    );
+}
+
+/// The policy keeps no pause of its own: a pause the engine could not make (no record was written)
+/// is decided again at the next step, where a copy kept in the policy would have believed the job
+/// paused and never paused it again.
+#[test]
+fn a_pause_that_did_not_happen_is_decided_again() {
+    let cfg = Policy::default();
+    let mut o = obs(0);
+    host_critical(&mut o);
+    let (state, d) = evaluate(&State::default(), &o, &cfg);
+    assert!(
+        d.iter().any(|d| matches!(d, Decision::Pause { .. })),
+        "{d:?}"
+    );
+    o.now_ms = 100;
+    let (_, d) = evaluate(&state, &o, &cfg);
+    assert!(
+        d.iter().any(|d| matches!(d, Decision::Pause { .. })),
+        "the failed pause was not decided again: {d:?}"
     );
 }

@@ -358,11 +358,11 @@ impl Engine {
             .get(name)
             .and_then(|j| j.way_out.as_ref())
             .map_or(("cgroup".to_owned(), 0.0), |w| (w.limit.clone(), w.rate));
-        policy::hold(&mut self.policy, name, now_ms, &limit, rate);
+        let state = policy::hold(&mut self.policy, name, now_ms, &limit, rate);
         if let Some(js) = self.policy.jobs.get_mut(name) {
             js.managed = true;
         }
-        if let Err(e) = self.pause_job(name, policy::By::Policy, &why, now_ms) {
+        if let Err(e) = self.pause_job(name, state, &why, now_ms) {
             tracing::warn!(job = name, error = %e, "cannot pause the job again");
         }
         self.record(now_ms, Action::Pause, name, Reason::WayOut, why, false);

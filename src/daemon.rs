@@ -21,7 +21,9 @@ use crate::sample::gpu::GpuSource;
 use crate::sample::nvml::NvmlSource;
 use crate::sample::{Sample, Sampler, cgroup, meminfo};
 
+mod executor;
 mod watches;
+use executor::Executor;
 use watches::Watches;
 
 pub use crate::shared::{Shared, Snapshot, stale_after_ms};
@@ -231,17 +233,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut full: Option<JoinHandle<FullResult>> = None;
     let mut panics = 0u32;
     let mut failure: Option<anyhow::Error> = None;
-    // Work handed off the owner task reports back on bounded channels: a sender waits (on the blocking
-    // pool, never on the owner task) while one is full. Wake-ups coalesce into one pending permit.
-    let (settled_tx, mut settled_rx) = mpsc::channel::<Settled>(HANDOFF_CAPACITY);
-    let (way_out_tx, mut way_out_rx) = mpsc::channel::<crate::engine::WayOutDone>(HANDOFF_CAPACITY);
-    let handoff = Handoff {
-        settled: settled_tx,
-        way_out: way_out_tx,
-    };
+    // Effects run off the owner task and report back on one bounded channel: a sender waits (on the
+    // blocking pool or the Slurm thread, never on the owner task) while it is full. Wake-ups coalesce
+    // into one pending permit.
+    let (executor, mut outcomes) = Executor::start(&config.host.process_root);
     let woken = Arc::new(tokio::sync::Notify::new());
     let mut watches = Watches::start(&config, &mut engine, woken.clone());
-    let (adapted_tx, mut adapted_rx) = mpsc::channel::<crate::engine::AdaptDone>(HANDOFF_CAPACITY);
     let mut stop = std::pin::pin!(shutdown_signal());
     // Under systemd: ready now, and a watchdog ping from this loop while samples are fresh, so a stuck
     // owner task or a sampler that stopped is restarted (and the restarted daemon resumes what this
@@ -266,35 +263,25 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     tracing::warn!("samples are stale; not feeding the watchdog");
                 }
             }
-            Some((name, frozen, settled)) = settled_rx.recv() => {
-                engine.freeze_settled(&name, &frozen, settled, clock.now_ms());
-                if engine.take_dirty() {
-                    shared.publish_view(engine.view());
-                }
-            }
             _ = woken.notified() => {
                 // The kernel saw a crossing: probe now, on this very turn.
                 let now = clock.now_ms();
-                engine.on_wake(now);
-                next_probe = run_probe(&config, &mut engine, &shared, &handoff, now);
+                engine.handle_wake(now);
+                next_probe = run_probe(&config, &mut engine, &shared, &executor, now);
             }
-            Some(done) = way_out_rx.recv() => {
-                engine.way_out_done(done, clock.now_ms());
-                hand_off(&mut engine, &handoff);
-                if engine.take_dirty() {
-                    shared.publish_view(engine.view());
-                }
-            }
-            Some(done) = adapted_rx.recv() => {
-                engine.adapt_done(done, clock.now_ms());
+            Some(outcome) = outcomes.recv() => {
+                let now = clock.now_ms();
+                engine.handle_outcome(outcome, now);
+                executor.drain(&mut engine, now);
                 if engine.take_dirty() {
                     shared.publish_view(engine.view());
                 }
             }
             Some(env) = requests.recv() => {
-                let reply = engine.handle(env.request, env.caller, clock.now_ms());
+                let now = clock.now_ms();
+                let reply = engine.handle_command(env.request, env.caller, now);
                 let _ = env.reply.send(reply);
-                hand_off(&mut engine, &handoff);
+                executor.drain(&mut engine, now);
                 watches.sync(&mut engine);
                 shared.publish_view(engine.view());
                 let _ = engine.take_dirty();
@@ -310,15 +297,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                         let sample = Arc::new(sample);
                         let now = clock.now_ms();
                         let age = u64::try_from(taken.elapsed().as_millis()).unwrap_or(u64::MAX);
-                        engine.on_sample(sample.clone(), jobs, now, now.saturating_sub(age));
-                        hand_off(&mut engine, &handoff);
+                        engine.handle_sample(sample.clone(), jobs, now, now.saturating_sub(age));
+                        executor.drain(&mut engine, now);
                         watches.sync(&mut engine);
-                        for task in engine.take_adapt_tasks() {
-                            let tx = adapted_tx.clone();
-                            tokio::task::spawn_blocking(move || {
-                                let _ = tx.blocking_send(crate::engine::run_adapt_task(task));
-                            });
-                        }
                         let view = engine.take_dirty().then(|| engine.view());
                         shared.publish_sample(sample, view);
                         if let Some(g) = guardian.as_mut() {
@@ -347,15 +328,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 }
             }
             _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
-                engine.handle_timeout(clock.now_ms());
-                hand_off(&mut engine, &handoff);
+                let now = clock.now_ms();
+                engine.handle_timeout(now);
+                executor.drain(&mut engine, now);
                 watches.sync(&mut engine);
                 if engine.take_dirty() {
                     shared.publish_view(engine.view());
                 }
             }
             _ = tokio::time::sleep_until(next_probe), if probing.is_some() => {
-                next_probe = run_probe(&config, &mut engine, &shared, &handoff, clock.now_ms());
+                next_probe = run_probe(&config, &mut engine, &shared, &executor, clock.now_ms());
                 // A new job's cgroup limit is first known from its first probe.
                 if watches.limit_unknown {
                     watches.sync(&mut engine);
@@ -366,6 +348,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     crate::sd_notify::notify("STOPPING=1");
     engine.shutdown(clock.now_ms());
+    executor.finish(&mut engine, &mut outcomes, || clock.now_ms());
     shared.publish_view(engine.view());
     control_task.abort();
     let _ = std::fs::remove_file(&config.control.socket);
@@ -388,12 +371,12 @@ fn run_probe(
     config: &Config,
     engine: &mut Engine,
     shared: &Shared,
-    handoff: &Handoff,
+    executor: &Executor,
     now: u64,
 ) -> Instant {
     let (host, cgroups) = probe(config, engine, now);
-    engine.on_probe(host, cgroups, now);
-    hand_off(engine, handoff);
+    engine.handle_probe(host, cgroups, now);
+    executor.drain(engine, now);
     if engine.take_dirty() {
         shared.publish_view(engine.view());
     }
@@ -401,36 +384,6 @@ fn run_probe(
         .probe_interval_ms(now)
         .unwrap_or(config.sampling.probe_interval_ms.0);
     Instant::now() + Duration::from_millis(wait)
-}
-
-/// A freeze that settled (or did not) off the owner task.
-type Settled = (String, crate::act::freeze::Frozen, bool);
-
-/// Waits for unsettled freezes on the blocking pool; each result comes back as a message.
-/// Where work handed off the owner task reports back.
-struct Handoff {
-    settled: mpsc::Sender<Settled>,
-    way_out: mpsc::Sender<crate::engine::WayOutDone>,
-}
-
-/// Results of handed-off work that may wait for the owner task at once, per kind.
-const HANDOFF_CAPACITY: usize = 64;
-
-/// Hands freezes still settling and swap work (mkswap, swapon, swapoff) to the blocking pool.
-fn hand_off(engine: &mut Engine, h: &Handoff) {
-    for (name, frozen) in engine.take_unsettled() {
-        let tx = h.settled.clone();
-        tokio::task::spawn_blocking(move || {
-            let settled = frozen.settled_within(crate::act::freeze::SETTLE);
-            let _ = tx.blocking_send((name, frozen, settled));
-        });
-    }
-    for task in engine.take_way_out_tasks() {
-        let tx = h.way_out.clone();
-        tokio::task::spawn_blocking(move || {
-            let _ = tx.blocking_send(crate::engine::run_way_out_task(task));
-        });
-    }
 }
 
 /// Consecutive sampler panics after which the daemon exits non-zero (a supervisor restarts it).

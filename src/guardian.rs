@@ -148,14 +148,17 @@ pub fn recover(state_dir: &Path, process_root: &Path) -> Result<usize, String> {
         return Ok(0);
     };
     let mut resumed = 0;
+    let host = crate::act::driver::Host::new(process_root);
     for job in &mut state.jobs {
-        if let Some(done) = crate::act::recover::undo_pause(process_root, job) {
+        if let Some(done) = crate::act::recover::undo_pause(&host, process_root, job) {
             tracing::warn!(job = %job.name, "{done}");
             job.paused = None;
             resumed += 1;
         }
     }
     if resumed > 0 {
+        // Written in this build's format, so labelled with its version.
+        state.version = persist::VERSION;
         persist::save(state_dir, &state).map_err(|e| format!("{}: {e}", state_dir.display()))?;
     }
     Ok(resumed)

@@ -407,7 +407,10 @@ fn a_job_that_owns_its_cgroup_is_frozen_not_signalled() {
                 .chain(workers.iter().copied())
                 .all(|p| proc_state(p) != Some('T'))
         );
-        assert_eq!(d.jobs()[0]["pause"]["frozen"]["dir"], dir.to_str().unwrap());
+        assert_eq!(
+            d.jobs()[0]["pause"]["mechanism"]["dir"],
+            dir.to_str().unwrap()
+        );
         // A restart thaws it (the daemon and its guardian are killed, as in a crash).
         d.wait_guardian_pid();
         d.crash(true);

@@ -144,7 +144,7 @@ fn the_control_protocol_never_panics() {
         |(line, uid)| {
             if let Ok(request) = serde_json::from_str::<memwatch::control::Request>(&line) {
                 let caller = memwatch::control::Caller { uid, pid: None };
-                let r = engine.borrow_mut().handle(request, caller, 1_000);
+                let r = engine.borrow_mut().handle_command(request, caller, 1_000);
                 assert!(r.ok || r.error.is_some());
             }
         },

@@ -247,9 +247,9 @@ fn a_root_child_in_a_users_job_is_never_signalled_or_frozen() {
             "{place}: the user's own processes were not paused"
         );
         assert_eq!(
-            d.jobs()[0]["pause"]["frozen"],
-            serde_json::Value::Null,
-            "{place}: frozen"
+            d.jobs()[0]["pause"]["mechanism"]["kind"],
+            "signals",
+            "{place}: held by another mechanism than signals"
         );
         assert_eq!(
             proc_state(root_child),

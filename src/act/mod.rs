@@ -3,9 +3,11 @@
 //! this carries out.
 
 pub mod audit;
+pub mod driver;
 pub mod freeze;
 pub mod lend;
 pub mod pause;
+pub mod pause_record;
 pub mod persist;
 pub mod recover;
 pub mod signal;

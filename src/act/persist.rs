@@ -6,30 +6,12 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::policy::By;
 use crate::proc::ProcRef;
 
 /// The state file's name inside `control.state_dir`.
 pub const STATE_FILE: &str = "state.json";
 
-/// A pause as the state file keeps it: enough to undo it after a crash.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PersistedPause {
-    /// When the pause began (engine clock, ms).
-    pub since_ms: u64,
-    /// Who paused the job.
-    pub by: By,
-    /// Why, for people.
-    pub reason: String,
-    /// The processes memwatch stopped, root first.
-    pub stopped: Vec<ProcRef>,
-    /// The cgroup memwatch froze instead.
-    #[serde(default)]
-    pub frozen: Option<super::freeze::Frozen>,
-    /// The Slurm job memwatch suspended through Slurm instead.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub slurm: Option<crate::job::held::Suspended>,
-}
+pub use super::pause_record::{HoldRecord, PersistedPause, PhaseRecord, VERSION};
 
 /// One attached job as the state file keeps it, for a restarted daemon to adopt again.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -249,13 +231,14 @@ pub fn load(dir: &Path) -> Result<Option<Persisted>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::By;
 
     #[test]
     fn round_trip_and_garbage() {
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(load(dir.path()).unwrap(), None);
         let s = Persisted {
-            version: 1,
+            version: VERSION,
             jobs: vec![PersistedJob {
                 name: "t".into(),
                 root: ProcRef {
@@ -268,15 +251,17 @@ mod tests {
                     since_ms: 2,
                     by: By::Policy,
                     reason: "r".into(),
+                    phase: PhaseRecord::Held,
                     stopped: vec![ProcRef {
                         pid: 5,
                         start_time: 9,
                     }],
-                    frozen: None,
-                    slurm: Some(crate::job::held::Suspended {
+                    hold: HoldRecord::SlurmSuspend {
                         job_id: "4242".into(),
-                        ctl: crate::act::slurm::Slurmctl::new(&crate::config::Slurm::default()),
-                    }),
+                        scontrol: "scontrol".into(),
+                        scancel: "scancel".into(),
+                        timeout_ms: 5000,
+                    },
                 }),
                 config: None,
                 launch: None,

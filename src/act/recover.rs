@@ -12,20 +12,12 @@ use std::path::Path;
 
 use nix::sys::signal::Signal;
 
+use super::driver::{HostDriver, release};
 use super::persist::PersistedJob;
-use super::signal::send;
 use crate::proc::{descendants, read_stat};
 
 /// What recovery did for one job.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Recovered {
-    /// How many stopped processes were sent SIGCONT.
-    pub continued: usize,
-    /// The cgroup that was thawed, if the pause froze one.
-    pub thawed: Option<std::path::PathBuf>,
-    /// The Slurm job resumed through Slurm.
-    pub slurm_resumed: Option<String>,
-}
+pub type Recovered = super::driver::Released;
 
 impl std::fmt::Display for Recovered {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -48,34 +40,23 @@ impl std::fmt::Display for Recovered {
     }
 }
 
-/// Thaws and continues whatever the paused job `job` may have had stopped. `None` when the record
-/// holds no pause.
-pub fn undo_pause(process_root: &Path, job: &PersistedJob) -> Option<Recovered> {
+/// Thaws and continues whatever the paused job `job` may have had stopped, from its record alone
+/// (`driver::release`), then every stopped member of its tree the record missed. `None` when the
+/// record holds no pause.
+pub fn undo_pause(
+    host: &dyn HostDriver,
+    process_root: &Path,
+    job: &PersistedJob,
+) -> Option<Recovered> {
     let p = job.paused.as_ref()?;
-    let mut out = Recovered::default();
-    if let Some(s) = &p.slurm {
-        match s.ctl.resume(&s.job_id) {
-            Ok(()) => out.slurm_resumed = Some(s.job_id.clone()),
-            // Already running, or gone: Slurm says which; the tree below is continued either way.
-            Err(e) => {
-                tracing::error!(slurm_job_id = %s.job_id, error = %e, "cannot resume a Slurm job a previous daemon suspended")
-            }
-        }
+    let mechanism = p.hold.mechanism();
+    if mechanism.is_none() {
+        tracing::warn!(
+            job = job.name,
+            "a pause held by a mechanism this version does not know; continuing its processes"
+        );
     }
-    if let Some(f) = &p.frozen {
-        match f.thaw() {
-            Ok(()) => out.thawed = Some(f.dir.clone()),
-            Err(e) => {
-                tracing::error!(cgroup = %f.dir.display(), error = %e, "cannot thaw a cgroup a previous daemon froze")
-            }
-        }
-    }
-    // Children before parents, as a resume does.
-    for r in p.stopped.iter().rev() {
-        if send(process_root, *r, Signal::SIGCONT).is_ok() {
-            out.continued += 1;
-        }
-    }
+    let mut out = release(host, mechanism.as_ref(), &p.stopped, None);
     // Whatever of the tree is still stopped: members the record missed.
     let root_is_ours = read_stat(process_root, job.root.pid)
         .is_ok_and(|s| s.start_time == job.root.start_time && s.state != 'Z');
@@ -85,7 +66,7 @@ pub fn undo_pause(process_root: &Path, job: &PersistedJob) -> Option<Recovered> 
                 let r = proc.proc_ref();
                 if proc.is_stopped()
                     && !p.stopped.contains(&r)
-                    && send(process_root, r, Signal::SIGCONT).is_ok()
+                    && host.signal(r, None, Signal::SIGCONT).is_ok()
                 {
                     out.continued += 1;
                 }
@@ -98,8 +79,7 @@ pub fn undo_pause(process_root: &Path, job: &PersistedJob) -> Option<Recovered> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::act::persist::PersistedPause;
-    use crate::act::slurm::{Slurmctl, Suspended};
+    use crate::act::persist::{HoldRecord, PersistedPause, PhaseRecord};
     use crate::proc::ProcRef;
 
     /// A job a killed daemon had suspended through Slurm is resumed through Slurm: the recorded
@@ -129,23 +109,22 @@ mod tests {
                 since_ms: 1,
                 by: crate::policy::By::Policy,
                 reason: "job cgroup".into(),
+                phase: PhaseRecord::Held,
                 stopped: Vec::new(),
-                frozen: None,
-                slurm: Some(Suspended {
+                hold: HoldRecord::SlurmSuspend {
                     job_id: "4242".into(),
-                    ctl: Slurmctl {
-                        scontrol: scontrol.display().to_string(),
-                        scancel: "scancel".into(),
-                        timeout_ms: 5000,
-                    },
-                }),
+                    scontrol: scontrol.display().to_string(),
+                    scancel: "scancel".into(),
+                    timeout_ms: 5000,
+                },
             }),
             config: None,
             launch: None,
             way_out: None,
             slurm: Some("4242".into()),
         };
-        let done = undo_pause(Path::new("/"), &job).unwrap();
+        let host = crate::act::driver::Host::new(Path::new("/"));
+        let done = undo_pause(&host, Path::new("/"), &job).unwrap();
         assert_eq!(done.slurm_resumed.as_deref(), Some("4242"));
         assert!(
             done.to_string().starts_with("resumed Slurm job 4242"),

@@ -89,6 +89,7 @@ pub(super) const JOURNAL: &str = "journal.jsonl";
 const JOURNAL_MAX_BYTES: u64 = 4 << 20;
 
 /// One job's config work, run off the owner task.
+#[derive(Debug)]
 pub struct AdaptTask {
     /// The job's name.
     pub job: String,
@@ -110,6 +111,7 @@ pub struct AdaptTask {
 }
 
 /// What became of a staged change.
+#[derive(Debug)]
 pub enum Staged {
     Nothing,
     /// Dry run: what would have changed.
@@ -125,6 +127,7 @@ pub enum Staged {
 }
 
 /// A finished [`AdaptTask`].
+#[derive(Debug)]
 pub struct AdaptDone {
     /// The job's name.
     pub job: String,
@@ -369,7 +372,7 @@ impl Engine {
     }
 
     /// Plans a read (and maybe a rewrite) of each managed config, for the daemon to run off the owner
-    /// task (`take_adapt_tasks`, `run_adapt_task`, `adapt_done`). One task per job at a time.
+    /// task (`Effect::Adapt`, `run_adapt_task`, `Outcome::Adapted`). One task per job at a time.
     pub(super) fn adapt(&mut self, now_ms: u64) {
         let names: Vec<String> = self
             .jobs
@@ -417,17 +420,12 @@ impl Engine {
                 journal: self.cfg.control.state_dir.join(JOURNAL),
             };
             self.adapting.insert(name);
-            self.adapt_tasks.push(task);
+            self.emit(super::Effect::Adapt(Box::new(task)));
         }
     }
 
-    /// Config work planned by `adapt`, for the daemon to run with [`run_adapt_task`].
-    pub fn take_adapt_tasks(&mut self) -> Vec<AdaptTask> {
-        std::mem::take(&mut self.adapt_tasks)
-    }
-
     /// The result of a config task: new knobs, maybe a staged directive, or an error.
-    pub fn adapt_done(&mut self, done: AdaptDone, now_ms: u64) {
+    pub(super) fn adapt_done(&mut self, done: AdaptDone, now_ms: u64) {
         self.adapting.remove(&done.job);
         if let Some(j) = self.jobs.get_mut(&done.job) {
             j.adapted_at_ms = Some(now_ms);

@@ -10,7 +10,7 @@ use crate::proc;
 
 impl Engine {
     /// Answers one control request.
-    pub fn handle(&mut self, request: Request, caller: Caller, now_ms: u64) -> Response {
+    pub fn handle_command(&mut self, request: Request, caller: Caller, now_ms: u64) -> Response {
         let result = match request {
             Request::Attach {
                 pid,
@@ -501,7 +501,9 @@ impl Engine {
             c
         });
         // From here on the root is signalled only through this descriptor.
-        job.pidfd = crate::act::signal::open(root, stat.proc_ref())
+        job.pidfd = self
+            .host
+            .pin(stat.proc_ref())
             .map_err(|_| Refusal::not_found(format!("no process with pid {pid}")))?;
         job.freezer = self.freezer_of(stat.proc_ref(), owner);
         self.jobs.insert(name.clone(), job);

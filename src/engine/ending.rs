@@ -27,7 +27,7 @@ impl Engine {
         let cgroup = j
             .pause
             .as_ref()
-            .and_then(|p| p.frozen.as_ref())
+            .and_then(|p| p.frozen())
             .or(j.freezer.as_ref());
         if let Some(f) = cgroup {
             out.extend(
@@ -68,7 +68,7 @@ impl Engine {
             };
             let members = self.job_members(j);
             for r in &members {
-                let _ = signal::send(&self.process_root, *r, Signal::SIGKILL);
+                let _ = self.host.signal(*r, None, Signal::SIGKILL);
             }
             let cause = j.stop_cause.clone().unwrap_or(Reason::MaxPause);
             if let Some(j) = self.jobs.get_mut(&name) {
@@ -100,21 +100,18 @@ impl Engine {
         };
         let (mut continued, mut thawed) = (0usize, None);
         if let Some(p) = &j.pause {
-            if let Some(f) = &p.frozen {
-                match f.thaw() {
+            if let Some(f) = p.frozen() {
+                match self.host.thaw(f) {
                     Ok(()) => thawed = Some(f.dir.clone()),
                     Err(e) => {
                         tracing::error!(cgroup = %f.dir.display(), error = %e, "cannot thaw the cgroup of a job that ended")
                     }
                 }
             }
-            for r in p.stopped.iter().rev() {
-                if signal::send(&self.process_root, *r, Signal::SIGCONT).is_ok() {
-                    continued += 1;
-                }
-            }
+            let gone = self.host.continue_tree(&p.stopped, None);
+            continued += p.stopped.len().saturating_sub(gone.len());
             // Orphans: whatever of the job's own cgroup is still stopped.
-            if let Some(f) = p.frozen.as_ref().or(j.freezer.as_ref()) {
+            if let Some(f) = p.frozen().or(j.freezer.as_ref()) {
                 for pid in f.members() {
                     let Ok(s) = crate::proc::read_stat(&self.process_root, pid) else {
                         continue;
@@ -123,7 +120,7 @@ impl Engine {
                     if s.is_stopped()
                         && !p.stopped.contains(&r)
                         && signal::owner_may_signal(&self.process_root, pid, j.owner_uid)
-                        && signal::send(&self.process_root, r, Signal::SIGCONT).is_ok()
+                        && self.host.signal(r, None, Signal::SIGCONT).is_ok()
                     {
                         continued += 1;
                     }
@@ -133,8 +130,8 @@ impl Engine {
         if j.terminating_since_ms.is_some() {
             // Its end was asked for: what the root left behind goes too.
             for r in self.job_members(j) {
-                let _ = signal::send(&self.process_root, r, Signal::SIGTERM);
-                let _ = signal::send(&self.process_root, r, Signal::SIGCONT);
+                let _ = self.host.signal(r, None, Signal::SIGTERM);
+                let _ = self.host.signal(r, None, Signal::SIGCONT);
             }
         }
         let was_paused = j.pause.is_some();

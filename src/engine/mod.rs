@@ -4,15 +4,18 @@
 
 mod adapt;
 mod commands;
+mod effect;
 mod effects;
 mod ending;
 mod notice;
 mod observe;
+mod pausing;
 mod slurm;
 mod timeout;
 mod way_out;
 
 pub use adapt::{AdaptDone, AdaptTask, run_adapt_task};
+pub use effect::{Effect, Ending, Outcome};
 pub use effects::PauseError;
 pub use observe::Measured;
 pub use way_out::{WayOutDone, WayOutTask, run_way_out_task};
@@ -163,17 +166,16 @@ pub struct Engine {
     state: crate::act::persist::StateWriter,
     /// The clock's anchor, persisted so that a restarted daemon counts on the same line.
     clock_anchor: Option<crate::act::persist::ClockAnchor>,
-    /// Freezes still settling, for the daemon to wait on off the owner task.
-    unsettled: Vec<(String, crate::act::freeze::Frozen)>,
-    /// Config work planned, for the daemon to run off the owner task, and the jobs it runs for.
-    adapt_tasks: Vec<adapt::AdaptTask>,
+    /// Work handed off the owner task, oldest first (`poll_effect`).
+    effects: std::collections::VecDeque<Effect>,
+    /// What acts on the host: processes, cgroups, limits, Slurm.
+    host: Arc<dyn crate::act::driver::HostDriver>,
+    /// The jobs config work runs for.
     adapting: std::collections::BTreeSet<String>,
     /// A PSI trigger on /proc/pressure/memory wakes the daemon.
     host_watched: bool,
     /// Jobs that ended, newest last, and how (at most `ENDED_KEPT`).
     ended: std::collections::VecDeque<EndedJob>,
-    /// Swap work planned, for the daemon to run off the owner task.
-    way_out_tasks: Vec<WayOutTask>,
     /// Emergency swap left by jobs that ended or by a killed daemon, cleared when RAM can take it.
     leftover_swaps: Vec<crate::act::swap::Record>,
     /// Those of them being cleared now.
@@ -193,19 +195,28 @@ impl Engine {
     /// An engine with no jobs; `clock_anchor` continues the clock of a daemon that ran before on
     /// this boot.
     pub fn new(cfg: Config, clock_anchor: Option<crate::act::persist::ClockAnchor>) -> Self {
+        let host = Arc::new(crate::act::driver::Host::new(&cfg.host.process_root));
+        Self::with_host(cfg, clock_anchor, host)
+    }
+
+    /// An engine that acts on the host through `host` (a test's driver records instead).
+    pub fn with_host(
+        cfg: Config,
+        clock_anchor: Option<crate::act::persist::ClockAnchor>,
+        host: Arc<dyn crate::act::driver::HostDriver>,
+    ) -> Self {
         let audit = Audit::open(&cfg.control.state_dir, cfg.control.audit_max_bytes.0);
         Engine {
             state: crate::act::persist::StateWriter::new(&cfg.control.state_dir),
             clock_anchor,
-            unsettled: Vec::new(),
+            effects: Default::default(),
+            host,
             ended: std::collections::VecDeque::new(),
-            way_out_tasks: Vec::new(),
             leftover_swaps: Vec::new(),
             clearing_leftover: Vec::new(),
             leftover_loans: Vec::new(),
             pending_slurm: BTreeMap::new(),
             timeouts_handled_ms: None,
-            adapt_tasks: Vec::new(),
             adapting: Default::default(),
             host_watched: false,
             process_root: cfg.host.process_root.clone(),

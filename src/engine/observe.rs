@@ -31,7 +31,7 @@ impl Engine {
     /// A full sample arrived, with a fresh measurement of each job (`None`: the job is gone). The
     /// sample was taken at `sampled_ms`, before the jobs were measured: host memory is placed there,
     /// among the probes', so that its growth is not skewed by the time measuring took.
-    pub fn on_sample(
+    pub fn handle_sample(
         &mut self,
         sample: Arc<Sample>,
         jobs: Vec<Measured>,
@@ -141,7 +141,7 @@ impl Engine {
     }
 
     /// A cheap probe: MemAvailable and each job's cgroup.
-    pub fn on_probe(
+    pub fn handle_probe(
         &mut self,
         host: Option<(u64, u64)>,
         cgroups: Vec<(String, CgroupMemory)>,
@@ -164,7 +164,7 @@ impl Engine {
 
     /// The kernel said something changed (a cgroup threshold crossed, a PSI trigger fired): probe fast
     /// for a while, and run the policy on every probe.
-    pub fn on_wake(&mut self, now_ms: u64) {
+    pub fn handle_wake(&mut self, now_ms: u64) {
         self.fast_until_ms = self.fast_until_ms.max(now_ms + FAST_FOR_MS);
     }
 

@@ -1,12 +1,10 @@
 //! Slurm jobs followed by job id: adopted when their first task appears on this node (a prolog
 //! attaches them before it does), paused whole through Slurm, and ended by a requeue.
 
-use nix::sys::signal::Signal;
-
 use super::Engine;
 use crate::act::audit::{Action, Reason};
+use crate::act::signal;
 use crate::act::slurm::{Slurmctl, Suspended};
-use crate::act::{pause, signal};
 use crate::control::{Caller, Refusal};
 use crate::job::Job;
 use crate::proc::ProcRef;
@@ -28,16 +26,6 @@ pub(super) fn tasks_of(process_root: &std::path::Path, j: &Job) -> Option<Vec<cr
     let mut pids = Vec::new();
     crate::sample::cgroup::pids_below(&dir.dir, &mut pids);
     Some(slurm::tasks_of(process_root, &pids))
-}
-
-/// Sends SIGCONT to every task of a Slurm job on this node, children first: what is left when Slurm
-/// cannot resume the job it suspended.
-pub(super) fn continue_tasks(process_root: &std::path::Path, j: &Job) {
-    for s in tasks_of(process_root, j).unwrap_or_default().iter().rev() {
-        if s.is_stopped() && signal::owner_may_signal(process_root, s.pid, j.owner_uid) {
-            let _ = signal::send(process_root, s.proc_ref(), Signal::SIGCONT);
-        }
-    }
 }
 
 impl Engine {
@@ -66,18 +54,19 @@ impl Engine {
     /// Stops a job with signals: the tree under its root, and for a Slurm job attached by id, every
     /// other task tree of it on this node (its steps' tasks are not the batch script's descendants).
     pub(super) fn stop_tasks(&self, j: &Job) -> Result<Vec<ProcRef>, signal::SignalError> {
-        let mut stopped =
-            pause::stop_tree(&self.process_root, j.root, j.pidfd.as_deref(), j.owner_uid)?;
+        let mut stopped = self
+            .host
+            .stop_tree(j.root, j.pidfd.as_deref(), j.owner_uid)?;
         let tasks = tasks_of(&self.process_root, j).unwrap_or_default();
         for top in slurm::tops(&tasks) {
             if stopped.iter().any(|r| r.pid == top.pid) {
                 continue;
             }
-            match pause::stop_tree(&self.process_root, top.proc_ref(), None, j.owner_uid) {
+            match self.host.stop_tree(top.proc_ref(), None, j.owner_uid) {
                 Ok(s) => stopped.extend(s),
                 Err(signal::SignalError::Gone(_)) => {}
                 Err(e) => {
-                    pause::resume(&self.process_root, &stopped, j.pidfd.as_deref());
+                    self.host.continue_tree(&stopped, j.pidfd.as_deref());
                     return Err(e);
                 }
             }
@@ -275,29 +264,6 @@ impl Engine {
             None => Err(Refusal::not_found(format!(
                 "no attached job belongs to Slurm job {id}"
             ))),
-        }
-    }
-
-    /// Ends a Slurm job through Slurm: a requeue (`slurm.requeue`, the job runs again from its
-    /// checkpoint when scheduled) or a cancel, after resuming it if memwatch had suspended it.
-    /// `Err`: Slurm would not; the caller ends this node's processes itself.
-    pub(super) fn end_through_slurm(&mut self, name: &str) -> Result<String, String> {
-        let Some(j) = self.jobs.get(name) else {
-            return Err("gone".into());
-        };
-        let Some(id) = j.slurm_job_id().map(str::to_owned) else {
-            return Err("not a Slurm job".into());
-        };
-        let ctl = Slurmctl::new(&self.cfg.slurm);
-        if let Some(s) = j.pause.as_ref().and_then(|p| p.slurm.as_ref()) {
-            s.ctl.resume(&s.job_id)?;
-        }
-        if self.cfg.slurm.requeue {
-            ctl.requeue(&id)
-                .map(|()| format!("requeued Slurm job {id} (scontrol requeue)"))
-        } else {
-            ctl.cancel(&id)
-                .map(|()| format!("cancelled Slurm job {id} (scancel)"))
         }
     }
 }

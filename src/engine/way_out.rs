@@ -17,6 +17,7 @@ use crate::job::way_out::{Phase, Taken, WayOut};
 use crate::policy::{Cause, Resource};
 
 /// Blocking swap work, run off the owner task.
+#[derive(Debug)]
 pub enum WayOutTask {
     /// Make emergency swap for a job.
     Make {
@@ -39,6 +40,7 @@ pub enum WayOutTask {
 }
 
 /// A finished [`WayOutTask`].
+#[derive(Debug)]
 pub enum WayOutDone {
     /// Emergency swap was made, or why not.
     Made {
@@ -92,11 +94,6 @@ impl Engine {
             zram: w.zram,
             swapfile_dir: (!w.swapfile_dir.as_os_str().is_empty()).then(|| w.swapfile_dir.clone()),
         }
-    }
-
-    /// Swap work planned, for the daemon to run with [`run_way_out_task`].
-    pub fn take_way_out_tasks(&mut self) -> Vec<WayOutTask> {
-        std::mem::take(&mut self.way_out_tasks)
     }
 
     /// The resources a job resumed with emergency room runs through (see `policy::run_through`).

@@ -1,4 +1,4 @@
-//! What memwatch holds for a job, as records: a cgroup it froze, an emergency swap device, a limit it
+//! What memwatch holds for a job, as records: the mechanism that holds its pause, a cgroup it froze, an emergency swap device, a limit it
 //! lent, a Slurm job it suspended. Plain data, kept in the job, the state file and the API; `act`
 //! does the work (its `impl` blocks for these types live there), so the job's model never imports
 //! the code that acts.
@@ -72,4 +72,63 @@ pub struct Slurmctl {
     pub scancel: String,
     /// How long one call may run.
     pub timeout_ms: u64,
+}
+
+/// What holds one job's pause: a closed set, chosen per job by [`Mechanism::choose`]. Signals are
+/// also the fallback of the other two (the pause record's `stopped` list).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Mechanism {
+    /// SIGSTOP to the job's tree, root first.
+    Signals,
+    /// The job's own cgroup, frozen through cgroup v2's `cgroup.freeze`.
+    #[serde(rename = "cgroup_v2_freeze")]
+    FreezeV2(Frozen),
+    /// The job's own cgroup, frozen through the v1 freezer's `freezer.state`.
+    #[serde(rename = "cgroup_v1_freezer")]
+    FreezeV1(Frozen),
+    /// The whole Slurm job, suspended through Slurm on every node.
+    #[serde(rename = "slurm_suspend")]
+    Slurm(Suspended),
+}
+
+impl Mechanism {
+    /// The one place a job's mechanism is chosen: a Slurm job attached by id is suspended through
+    /// Slurm (its cgroup holds Slurm's own processes and is never frozen); a job that owns a cgroup
+    /// every process of which its user could signal is frozen (v2 where there is one); anything
+    /// else is stopped with signals.
+    pub fn choose(slurm: Option<Suspended>, owned_cgroup: Option<Frozen>) -> Mechanism {
+        match (slurm, owned_cgroup) {
+            (Some(s), _) => Mechanism::Slurm(s),
+            (None, Some(f)) if f.version == Version::V2 => Mechanism::FreezeV2(f),
+            (None, Some(f)) => Mechanism::FreezeV1(f),
+            (None, None) => Mechanism::Signals,
+        }
+    }
+
+    /// The cgroup it freezes, if it is a freezer.
+    pub fn frozen(&self) -> Option<&Frozen> {
+        match self {
+            Mechanism::FreezeV1(f) | Mechanism::FreezeV2(f) => Some(f),
+            _ => None,
+        }
+    }
+
+    /// The Slurm job it suspends, if it goes through Slurm.
+    pub fn suspended(&self) -> Option<&Suspended> {
+        match self {
+            Mechanism::Slurm(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// Its name in the state file and logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Mechanism::Signals => "signals",
+            Mechanism::FreezeV2(_) => "cgroup_v2_freeze",
+            Mechanism::FreezeV1(_) => "cgroup_v1_freezer",
+            Mechanism::Slurm(_) => "slurm_suspend",
+        }
+    }
 }

@@ -26,14 +26,14 @@ pub struct Pause {
     pub by: By,
     /// Why, for people.
     pub reason: String,
-    /// What was stopped, root first (empty in dry-run mode, or when the cgroup was frozen).
+    /// Where the pause stands: being made (a Slurm suspend under way, a freeze settling) or held.
+    pub phase: PausePhase,
+    /// What holds it: signals, the job's own cgroup frozen (v1 or v2), or the whole Slurm job
+    /// suspended through Slurm (every rank on every node).
+    pub mechanism: held::Mechanism,
+    /// What was stopped with signals, root first: the whole pause when the mechanism is signals, the
+    /// fallback when a freeze or Slurm failed (empty in dry-run mode).
     pub stopped: Vec<ProcRef>,
-    /// The job's own cgroup, frozen instead of signalling each process.
-    #[serde(default)]
-    pub frozen: Option<held::Frozen>,
-    /// The whole Slurm job, suspended through Slurm instead (every rank on every node).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub slurm: Option<crate::job::held::Suspended>,
     /// Decided in dry-run mode: nothing was stopped.
     pub dry_run: bool,
     /// How fast the job's cgroup and the host were filling (bytes/s) when the pause began: the
@@ -46,6 +46,29 @@ pub struct Pause {
     /// re-decide every pause.
     #[serde(skip)]
     pub held: Held,
+}
+
+/// Where a pause stands: a pause is a state with steps, not one act.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PausePhase {
+    /// Recorded and under way: Slurm was asked to suspend the job, or a freeze is settling. A
+    /// second pause of the job does nothing (the record is keyed by the job).
+    Pausing,
+    /// In effect.
+    Held,
+}
+
+impl Pause {
+    /// The cgroup memwatch froze for this pause, if its mechanism is a freezer.
+    pub fn frozen(&self) -> Option<&held::Frozen> {
+        self.mechanism.frozen()
+    }
+
+    /// The Slurm job memwatch suspended for this pause, if it went through Slurm.
+    pub fn suspended(&self) -> Option<&held::Suspended> {
+        self.mechanism.suspended()
+    }
 }
 
 /// The policy's part of a pause record.

@@ -188,18 +188,19 @@ impl Engine {
         };
         if let Some(r) = &w.swap {
             if !w.swap_busy && self.swap_clearable(Some(name), r) {
-                self.way_out_tasks.push(WayOutTask::Clear {
+                let plan = self.swap_plan();
+                self.emit(crate::engine::Effect::WayOut(WayOutTask::Clear {
                     job: Some(name.to_owned()),
                     record: r.clone(),
-                    plan: self.swap_plan(),
-                });
+                    plan,
+                }));
                 if let Some(w) = self.jobs.get_mut(name).and_then(|j| j.way_out.as_mut()) {
                     w.swap_busy = true;
                 }
             }
         }
         if let Some(l) = &w.loan {
-            match l.restore(CLEAR_MARGIN) {
+            match self.host.restore_limit(l, CLEAR_MARGIN) {
                 Ok(true) => {
                     if let Some(w) = self.jobs.get_mut(name).and_then(|j| j.way_out.as_mut()) {
                         w.loan = None;
@@ -253,7 +254,7 @@ impl Engine {
     }
 
     /// A swap task came back.
-    pub fn way_out_done(&mut self, done: WayOutDone, now_ms: u64) {
+    pub(in crate::engine) fn way_out_done(&mut self, done: WayOutDone, now_ms: u64) {
         match done {
             WayOutDone::Made { job, result } => {
                 let phase = self
@@ -357,16 +358,18 @@ impl Engine {
         for r in swaps {
             if self.swap_clearable(None, &r) {
                 self.clearing_leftover.push(r.clone());
-                self.way_out_tasks.push(WayOutTask::Clear {
+                let plan = self.swap_plan();
+                self.emit(crate::engine::Effect::WayOut(WayOutTask::Clear {
                     job: None,
                     record: r,
-                    plan: self.swap_plan(),
-                });
+                    plan,
+                }));
             }
         }
         let before = self.leftover_loans.len();
+        let host = self.host.clone();
         self.leftover_loans
-            .retain(|l| !matches!(l.restore(CLEAR_MARGIN), Ok(true)));
+            .retain(|l| !matches!(host.restore_limit(l, CLEAR_MARGIN), Ok(true)));
         if self.leftover_loans.len() != before {
             self.save();
         }
@@ -383,7 +386,7 @@ impl Engine {
             }
         }
         if let Some(l) = w.loan {
-            if !matches!(l.restore(CLEAR_MARGIN), Ok(true)) {
+            if !matches!(self.host.restore_limit(&l, CLEAR_MARGIN), Ok(true)) {
                 self.leftover_loans.push(l);
             }
         }

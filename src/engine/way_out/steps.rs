@@ -108,11 +108,11 @@ impl Engine {
         }
         self.mark_urgent(name, generation);
         let plan = self.swap_plan();
-        self.way_out_tasks.push(WayOutTask::Make {
+        self.emit(crate::engine::Effect::WayOut(WayOutTask::Make {
             job: name.to_owned(),
             bytes,
             plan,
-        });
+        }));
         if let Some(w) = self.jobs.get_mut(name).and_then(|j| j.way_out.as_mut()) {
             w.swap_busy = true;
         }
@@ -179,8 +179,8 @@ impl Engine {
             }
             return Err(format!("the loan could not be recorded ({e})"));
         }
-        if let Err(e) = loan.raise() {
-            let _ = loan.restore(0);
+        if let Err(e) = self.host.set_limit(&loan) {
+            let _ = self.host.restore_limit(&loan, 0);
             if let Some(w) = self.jobs.get_mut(name).and_then(|j| j.way_out.as_mut()) {
                 w.loan = None;
             }
@@ -295,7 +295,7 @@ impl Engine {
             return;
         };
         let mut stopped = p.stopped.clone();
-        if let Some(f) = &p.frozen {
+        if let Some(f) = p.frozen() {
             for pid in f.members() {
                 if pid == j.root.pid {
                     continue;
@@ -305,12 +305,10 @@ impl Engine {
                 };
                 let r = s.proc_ref();
                 if crate::act::signal::owner_may_signal(&self.process_root, pid, j.owner_uid)
-                    && crate::act::signal::send(
-                        &self.process_root,
-                        r,
-                        nix::sys::signal::Signal::SIGSTOP,
-                    )
-                    .is_ok()
+                    && self
+                        .host
+                        .signal(r, None, nix::sys::signal::Signal::SIGSTOP)
+                        .is_ok()
                 {
                     stopped.push(r);
                 }
@@ -324,14 +322,14 @@ impl Engine {
         let Some(j) = self.jobs.get(name) else {
             return;
         };
-        if let Some(f) = &p.frozen {
-            if let Err(e) = f.thaw() {
+        if let Some(f) = p.frozen() {
+            if let Err(e) = self.host.thaw(f) {
                 tracing::error!(cgroup = %f.dir.display(), error = %e, "cannot thaw for the checkpoint");
             }
         }
         let _ = self.signal_root(j, nix::sys::signal::Signal::SIGCONT);
         if let Some(pause) = self.jobs.get_mut(name).and_then(|j| j.pause.as_mut()) {
-            pause.frozen = None;
+            pause.mechanism = crate::act::driver::Mechanism::Signals;
         }
         self.save();
     }

@@ -1,0 +1,244 @@
+//! The host seam. Every change memwatch makes to a job's processes, cgroups, limits and Slurm job
+//! goes through a [`HostDriver`]: [`Host`] makes it on this machine; a test's driver records it
+//! instead (the engine's simulator, `tests/simulator.rs`). Which mechanism holds one job's pause is
+//! a closed enum, [`Mechanism`], chosen for the job in one function ([`Mechanism::choose`]), and
+//! undone from its record alone ([`release`]): what a restarted daemon and the guardian do, with no
+//! config.
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use nix::sys::signal::Signal;
+
+use super::signal::SignalError;
+pub use crate::job::held::Mechanism;
+use crate::job::held::{Frozen, Loan, Slurmctl};
+use crate::proc::ProcRef;
+
+/// A call memwatch makes to Slurm for a whole job, on every node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SlurmCall {
+    /// `scontrol suspend`.
+    Suspend,
+    /// `scontrol resume`.
+    Resume,
+    /// `scontrol requeue`.
+    Requeue,
+    /// `scancel`.
+    Cancel,
+    /// `scancel --full --signal=NAME` (a name such as "USR1").
+    Signal(String),
+}
+
+impl std::fmt::Display for SlurmCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SlurmCall::Suspend => f.write_str("scontrol suspend"),
+            SlurmCall::Resume => f.write_str("scontrol resume"),
+            SlurmCall::Requeue => f.write_str("scontrol requeue"),
+            SlurmCall::Cancel => f.write_str("scancel"),
+            SlurmCall::Signal(s) => write!(f, "scancel --signal={s}"),
+        }
+    }
+}
+
+/// What memwatch does to the host on a job's behalf. Every method acts on exactly what it is given
+/// (a process named by pid and start time, a cgroup directory, a recorded loan); who may be acted on
+/// is decided before the call, by the engine.
+pub trait HostDriver: Send + Sync {
+    /// A pidfd on `target` once it is checked to be that process (its start time), kept from attach
+    /// on; `Ok(None)` where the kernel has none, `Err` when the process is not there.
+    fn pin(&self, target: ProcRef) -> Result<Option<Arc<OwnedFd>>, SignalError>;
+    /// Sends `sig` to exactly `target` (through `pinned` when given), or to nobody.
+    fn signal(
+        &self,
+        target: ProcRef,
+        pinned: Option<&OwnedFd>,
+        sig: Signal,
+    ) -> Result<(), SignalError>;
+    /// Stops the tree under `root` on behalf of user `owner`, root first; the processes it stopped.
+    fn stop_tree(
+        &self,
+        root: ProcRef,
+        pinned: Option<&OwnedFd>,
+        owner: u32,
+    ) -> Result<Vec<ProcRef>, SignalError>;
+    /// Continues `stopped`, children before parents; those that are gone.
+    fn continue_tree(&self, stopped: &[ProcRef], pinned: Option<&OwnedFd>) -> Vec<ProcRef>;
+    /// Freezes a cgroup: `Ok(true)` settled, `Ok(false)` still settling.
+    fn freeze(&self, cgroup: &Frozen) -> std::io::Result<bool>;
+    /// Thaws a cgroup; one that is gone is nothing to thaw.
+    fn thaw(&self, cgroup: &Frozen) -> std::io::Result<()>;
+    /// Runs one Slurm call for job `id`.
+    fn slurm(&self, ctl: &Slurmctl, call: &SlurmCall, id: &str) -> Result<(), String>;
+    /// Raises a cgroup's limit as `loan` says.
+    fn set_limit(&self, loan: &Loan) -> Result<(), String>;
+    /// Puts a lent limit back once usage fits with `margin` to spare; `Ok(false)`: not yet.
+    fn restore_limit(&self, loan: &Loan, margin: u64) -> Result<bool, String>;
+}
+
+/// The driver that acts on this machine, through `/proc` and the cgroup tree under `root`.
+#[derive(Debug, Clone)]
+pub struct Host {
+    root: PathBuf,
+}
+
+impl Host {
+    /// The machine whose `/proc` and `/sys` are under `root` (`/` but in tests).
+    pub fn new(root: &Path) -> Self {
+        Host {
+            root: root.to_path_buf(),
+        }
+    }
+}
+
+impl HostDriver for Host {
+    fn pin(&self, target: ProcRef) -> Result<Option<Arc<OwnedFd>>, SignalError> {
+        super::signal::open(&self.root, target)
+    }
+
+    fn signal(
+        &self,
+        target: ProcRef,
+        pinned: Option<&OwnedFd>,
+        sig: Signal,
+    ) -> Result<(), SignalError> {
+        match pinned {
+            Some(fd) => super::signal::send_pinned(fd, target.pid, sig),
+            None => super::signal::send(&self.root, target, sig),
+        }
+    }
+
+    fn stop_tree(
+        &self,
+        root: ProcRef,
+        pinned: Option<&OwnedFd>,
+        owner: u32,
+    ) -> Result<Vec<ProcRef>, SignalError> {
+        super::pause::stop_tree(&self.root, root, pinned, owner)
+    }
+
+    fn continue_tree(&self, stopped: &[ProcRef], pinned: Option<&OwnedFd>) -> Vec<ProcRef> {
+        super::pause::resume(&self.root, stopped, pinned)
+    }
+
+    fn freeze(&self, cgroup: &Frozen) -> std::io::Result<bool> {
+        cgroup.freeze()
+    }
+
+    fn thaw(&self, cgroup: &Frozen) -> std::io::Result<()> {
+        cgroup.thaw()
+    }
+
+    fn slurm(&self, ctl: &Slurmctl, call: &SlurmCall, id: &str) -> Result<(), String> {
+        match call {
+            SlurmCall::Suspend => ctl.suspend(id),
+            SlurmCall::Resume => ctl.resume(id),
+            SlurmCall::Requeue => ctl.requeue(id),
+            SlurmCall::Cancel => ctl.cancel(id),
+            SlurmCall::Signal(s) => ctl.signal(id, s),
+        }
+    }
+
+    fn set_limit(&self, loan: &Loan) -> Result<(), String> {
+        loan.raise()
+    }
+
+    fn restore_limit(&self, loan: &Loan, margin: u64) -> Result<bool, String> {
+        loan.restore(margin)
+    }
+}
+
+/// What undoing a pause did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Released {
+    /// How many recorded processes were continued.
+    pub continued: usize,
+    /// The cgroup that was thawed.
+    pub thawed: Option<PathBuf>,
+    /// The Slurm job resumed through Slurm.
+    pub slurm_resumed: Option<String>,
+}
+
+/// Undoes a pause from its record alone — the mechanism that held it and the processes stopped
+/// (root first) — with no config: Slurm resumes the job, the cgroup is thawed, and the stopped
+/// processes are continued, children first. Idempotent: continuing a running process or thawing a
+/// thawed cgroup changes nothing.
+pub fn release(
+    host: &dyn HostDriver,
+    mechanism: Option<&Mechanism>,
+    stopped: &[ProcRef],
+    pinned: Option<&OwnedFd>,
+) -> Released {
+    let mut out = Released::default();
+    if let Some(s) = mechanism.and_then(Mechanism::suspended) {
+        match host.slurm(&s.ctl, &SlurmCall::Resume, &s.job_id) {
+            Ok(()) => out.slurm_resumed = Some(s.job_id.clone()),
+            // Already running, or gone: Slurm says which; the processes are continued either way.
+            Err(e) => {
+                tracing::error!(slurm_job_id = %s.job_id, error = %e, "cannot resume a Slurm job memwatch suspended")
+            }
+        }
+    }
+    if let Some(f) = mechanism.and_then(Mechanism::frozen) {
+        match host.thaw(f) {
+            Ok(()) => out.thawed = Some(f.dir.clone()),
+            Err(e) => {
+                tracing::error!(cgroup = %f.dir.display(), error = %e, "cannot thaw a cgroup memwatch froze")
+            }
+        }
+    }
+    let gone = host.continue_tree(stopped, pinned);
+    out.continued = stopped.len().saturating_sub(gone.len());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::held::Suspended;
+    use crate::sample::cgroup::Version;
+
+    fn frozen(version: Version) -> Frozen {
+        Frozen {
+            version,
+            dir: PathBuf::from("/sys/fs/cgroup/job"),
+        }
+    }
+
+    fn suspended() -> Suspended {
+        Suspended {
+            job_id: "7".into(),
+            ctl: Slurmctl {
+                scontrol: "scontrol".into(),
+                scancel: "scancel".into(),
+                timeout_ms: 1000,
+            },
+        }
+    }
+
+    /// Slurm wins over a cgroup (a Slurm job's cgroup is never frozen), v2 and v1 freezers are told
+    /// apart by the cgroup's version, and nothing else leaves signals.
+    #[test]
+    fn one_function_chooses_the_mechanism() {
+        assert_eq!(
+            Mechanism::choose(Some(suspended()), Some(frozen(Version::V2))),
+            Mechanism::Slurm(suspended())
+        );
+        assert_eq!(
+            Mechanism::choose(None, Some(frozen(Version::V2))),
+            Mechanism::FreezeV2(frozen(Version::V2))
+        );
+        assert_eq!(
+            Mechanism::choose(None, Some(frozen(Version::V1))),
+            Mechanism::FreezeV1(frozen(Version::V1))
+        );
+        assert_eq!(Mechanism::choose(None, None), Mechanism::Signals);
+        assert_eq!(Mechanism::Signals.frozen(), None);
+        assert_eq!(
+            Mechanism::FreezeV1(frozen(Version::V1)).name(),
+            "cgroup_v1_freezer"
+        );
+    }
+}

@@ -1,0 +1,220 @@
+//! A pause as the state file keeps it: data transfer types of their own, apart from the engine's
+//! in-memory ones, so that a guardian or a daemon of another version reads what this one wrote.
+//!
+//! Versions of the state file (`Persisted::version`):
+//! - 1: a pause kept `stopped`, and beside it `frozen` (a cgroup) or `slurm` (a Slurm job).
+//! - 2: a pause names the mechanism that holds it (`hold`, tagged by `kind`) and its `phase`.
+//!
+//! Both are read. A `kind` this build does not know (a later mechanism: a systemd unit over the bus,
+//! an armed reflex) loads as [`HoldRecord::Unknown`]; undoing it still continues every recorded and
+//! every stopped process of the job's tree.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::job::held::{Frozen, Mechanism, Slurmctl, Suspended};
+use crate::policy::By;
+use crate::proc::ProcRef;
+use crate::sample::cgroup::Version;
+
+/// The state file version this build writes.
+pub const VERSION: u32 = 2;
+
+/// A pause as the state file keeps it: enough to undo it after a crash, with no config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(from = "PauseWire")]
+pub struct PersistedPause {
+    /// When the pause began (engine clock, ms).
+    pub since_ms: u64,
+    /// Who paused the job.
+    pub by: By,
+    /// Why, for people.
+    pub reason: String,
+    /// Being made, or held. Recovery undoes both: a pause being made may have taken effect.
+    pub phase: PhaseRecord,
+    /// What holds it.
+    pub hold: HoldRecord,
+    /// The processes memwatch stopped with signals, root first (the whole pause, or the fallback
+    /// when the mechanism failed).
+    pub stopped: Vec<ProcRef>,
+}
+
+/// Where a pause stood.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PhaseRecord {
+    /// Recorded, not yet confirmed in effect.
+    Pausing,
+    /// In effect.
+    Held,
+    /// Written by a later version.
+    #[serde(other)]
+    Unknown,
+}
+
+/// The mechanism that holds a pause, as recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum HoldRecord {
+    /// Signals only: `stopped` is the whole pause.
+    Signals,
+    /// A cgroup v2 directory whose `cgroup.freeze` was set.
+    CgroupV2Freeze {
+        /// The cgroup's directory.
+        dir: PathBuf,
+    },
+    /// A cgroup v1 freezer directory whose `freezer.state` was set.
+    CgroupV1Freezer {
+        /// The cgroup's directory.
+        dir: PathBuf,
+    },
+    /// A Slurm job suspended through Slurm.
+    SlurmSuspend {
+        /// The Slurm job's id.
+        job_id: String,
+        /// The scontrol program that resumes it.
+        scontrol: String,
+        /// The scancel program.
+        scancel: String,
+        /// How long one call may run.
+        timeout_ms: u64,
+    },
+    /// A kind this build does not know.
+    #[serde(other)]
+    Unknown,
+}
+
+impl From<&Mechanism> for HoldRecord {
+    fn from(m: &Mechanism) -> HoldRecord {
+        match m {
+            Mechanism::Signals => HoldRecord::Signals,
+            Mechanism::FreezeV2(f) => HoldRecord::CgroupV2Freeze { dir: f.dir.clone() },
+            Mechanism::FreezeV1(f) => HoldRecord::CgroupV1Freezer { dir: f.dir.clone() },
+            Mechanism::Slurm(s) => HoldRecord::SlurmSuspend {
+                job_id: s.job_id.clone(),
+                scontrol: s.ctl.scontrol.clone(),
+                scancel: s.ctl.scancel.clone(),
+                timeout_ms: s.ctl.timeout_ms,
+            },
+        }
+    }
+}
+
+impl HoldRecord {
+    /// The mechanism to undo; `None` for one this build does not know.
+    pub fn mechanism(&self) -> Option<Mechanism> {
+        Some(match self {
+            HoldRecord::Signals => Mechanism::Signals,
+            HoldRecord::CgroupV2Freeze { dir } => Mechanism::FreezeV2(Frozen {
+                version: Version::V2,
+                dir: dir.clone(),
+            }),
+            HoldRecord::CgroupV1Freezer { dir } => Mechanism::FreezeV1(Frozen {
+                version: Version::V1,
+                dir: dir.clone(),
+            }),
+            HoldRecord::SlurmSuspend {
+                job_id,
+                scontrol,
+                scancel,
+                timeout_ms,
+            } => Mechanism::Slurm(Suspended {
+                job_id: job_id.clone(),
+                ctl: Slurmctl {
+                    scontrol: scontrol.clone(),
+                    scancel: scancel.clone(),
+                    timeout_ms: *timeout_ms,
+                },
+            }),
+            HoldRecord::Unknown => return None,
+        })
+    }
+}
+
+impl PersistedPause {
+    /// The record of an engine's pause.
+    pub fn of(p: &crate::job::Pause) -> PersistedPause {
+        PersistedPause {
+            since_ms: p.since_ms,
+            by: p.by,
+            reason: p.reason.clone(),
+            phase: match p.phase {
+                crate::job::PausePhase::Pausing => PhaseRecord::Pausing,
+                crate::job::PausePhase::Held => PhaseRecord::Held,
+            },
+            hold: HoldRecord::from(&p.mechanism),
+            stopped: p.stopped.clone(),
+        }
+    }
+}
+
+/// Every version's fields, as read.
+#[derive(Deserialize)]
+struct PauseWire {
+    since_ms: u64,
+    by: By,
+    #[serde(default)]
+    reason: String,
+    #[serde(default)]
+    stopped: Vec<ProcRef>,
+    #[serde(default)]
+    phase: Option<PhaseRecord>,
+    #[serde(default)]
+    hold: Option<HoldRecord>,
+    /// Version 1.
+    #[serde(default)]
+    frozen: Option<FrozenV1>,
+    /// Version 1.
+    #[serde(default)]
+    slurm: Option<SuspendedV1>,
+}
+
+/// Version 1's frozen cgroup.
+#[derive(Deserialize)]
+struct FrozenV1 {
+    version: Version,
+    dir: PathBuf,
+}
+
+/// Version 1's Slurm suspension.
+#[derive(Deserialize)]
+struct SuspendedV1 {
+    job_id: String,
+    ctl: CtlV1,
+}
+
+/// Version 1's Slurm commands.
+#[derive(Deserialize)]
+struct CtlV1 {
+    scontrol: String,
+    scancel: String,
+    timeout_ms: u64,
+}
+
+impl From<PauseWire> for PersistedPause {
+    fn from(w: PauseWire) -> PersistedPause {
+        let hold = w.hold.unwrap_or_else(|| match (w.slurm, w.frozen) {
+            (Some(s), _) => HoldRecord::SlurmSuspend {
+                job_id: s.job_id,
+                scontrol: s.ctl.scontrol,
+                scancel: s.ctl.scancel,
+                timeout_ms: s.ctl.timeout_ms,
+            },
+            (None, Some(f)) if f.version == Version::V2 => {
+                HoldRecord::CgroupV2Freeze { dir: f.dir }
+            }
+            (None, Some(f)) => HoldRecord::CgroupV1Freezer { dir: f.dir },
+            (None, None) => HoldRecord::Signals,
+        });
+        PersistedPause {
+            since_ms: w.since_ms,
+            by: w.by,
+            reason: w.reason,
+            // Version 1 wrote a pause once it held, and ahead of it: either may be so.
+            phase: w.phase.unwrap_or(PhaseRecord::Pausing),
+            hold,
+            stopped: w.stopped,
+        }
+    }
+}

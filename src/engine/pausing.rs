@@ -1,0 +1,310 @@
+//! A pause, step by step: recorded, then made by the job's mechanism (`Mechanism::choose`), held,
+//! and undone. The pause record (`Job::pause`) is the only place a pause lives, keyed by the job as
+//! systemd-oomd keys its kill mark by cgroup: while a record exists, a second pause of the job does
+//! nothing. A pause that goes through Slurm, or a freeze that does not settle at once, stays
+//! `Pausing` until its outcome comes back (`handle_outcome`); one that fails falls back to signals.
+
+use nix::sys::signal::Signal;
+
+use super::effect::Effect;
+use super::{Engine, PauseError};
+use crate::act::audit::{Action, Reason};
+use crate::act::driver::{Mechanism, SlurmCall};
+use crate::act::freeze::Frozen;
+use crate::job::{Pause, PausePhase};
+
+impl Engine {
+    /// Records a pause of `name` and makes it (unless dry-run). Write-ahead: the pause, with the
+    /// mechanism about to hold it, is in the state file before the first signal, freeze or Slurm
+    /// call, so a daemon killed at any instant leaves a record of all it may have stopped (see
+    /// `act::recover`). A pause that cannot be recorded is refused: an unrecorded pause is one a
+    /// crash could leave frozen for good. `state` is what the pause holds for the policy.
+    pub(super) fn pause_job(
+        &mut self,
+        name: &str,
+        state: crate::policy::PauseState,
+        reason: &str,
+        now_ms: u64,
+    ) -> Result<(), PauseError> {
+        let dry = self.cfg.policy.dry_run;
+        let Some(j) = self.jobs.get(name) else {
+            return Ok(());
+        };
+        if j.pause.is_some() {
+            return Ok(());
+        }
+        // A Slurm job is suspended through Slurm, whole, on every node. Otherwise the job's own
+        // cgroup, decided on the last full sample, so the pause itself walks nothing but the
+        // cgroup's member list: a process that became another user's since then keeps the freezer
+        // out.
+        let suspend = if dry { None } else { self.slurm_suspend_of(j) };
+        let candidate = if dry || suspend.is_some() {
+            None
+        } else {
+            j.freezer
+                .clone()
+                .filter(|f| f.within_reach(&self.process_root, j.owner_uid))
+        };
+        let mechanism = Mechanism::choose(suspend, candidate);
+        let growth_at_start = crate::job::GrowthAtPause {
+            cgroup: j.cgroup_growth.rate_per_second(),
+            host: self.host_used.rate_per_second(),
+        };
+        if let Some(j) = self.jobs.get_mut(name) {
+            j.pause = Some(Pause {
+                since_ms: now_ms,
+                by: state.by,
+                reason: reason.to_owned(),
+                phase: if dry {
+                    PausePhase::Held
+                } else {
+                    PausePhase::Pausing
+                },
+                mechanism: mechanism.clone(),
+                stopped: Vec::new(),
+                dry_run: dry,
+                growth_at_start,
+                held: state.into(),
+            });
+        }
+        if dry {
+            return Ok(());
+        }
+        if let Err(e) = self.write_state() {
+            if let Some(j) = self.jobs.get_mut(name) {
+                j.pause = None;
+            }
+            return Err(PauseError::Unrecorded(e));
+        }
+        match mechanism {
+            Mechanism::Slurm(s) => {
+                tracing::info!(job = name, slurm_job_id = %s.job_id, "suspending the whole Slurm job (scontrol suspend)");
+                self.emit(Effect::Slurm {
+                    job: name.to_owned(),
+                    call: SlurmCall::Suspend,
+                    id: s.job_id,
+                    ctl: s.ctl,
+                    ending: None,
+                });
+                Ok(())
+            }
+            Mechanism::FreezeV1(f) | Mechanism::FreezeV2(f) => match self.host.freeze(&f) {
+                Ok(true) => {
+                    self.set_held(name);
+                    Ok(())
+                }
+                Ok(false) => {
+                    // Still freezing: the executor finishes the wait off this task and reports back
+                    // (`Outcome::Settled`); until then the pause is being made.
+                    self.emit(Effect::Settle {
+                        job: name.to_owned(),
+                        frozen: f,
+                    });
+                    Ok(())
+                }
+                Err(e) => {
+                    tracing::warn!(cgroup = %f.dir.display(), error = %e, "cannot freeze the job's cgroup; stopping it with signals");
+                    let _ = self.host.thaw(&f);
+                    self.pause_by_signals(name)
+                }
+            },
+            Mechanism::Signals => self.pause_by_signals(name),
+        }
+    }
+
+    /// The cgroup a job rooted at `root` owns, if any (a walk of its tree; full samples refresh it).
+    pub(super) fn freezer_of(&self, root: crate::proc::ProcRef, owner: u32) -> Option<Frozen> {
+        let tree = crate::proc::descendants(&self.process_root, root.pid)?;
+        if tree.procs.first()?.start_time != root.start_time {
+            return None;
+        }
+        let pids: Vec<u32> = tree.procs.iter().map(|p| p.pid).collect();
+        crate::act::freeze::owned(&self.process_root, &pids, owner)
+    }
+
+    /// The pause of `name` now holds.
+    fn set_held(&mut self, name: &str) {
+        if let Some(p) = self.jobs.get_mut(name).and_then(|j| j.pause.as_mut()) {
+            p.phase = PausePhase::Held;
+        }
+        self.dirty = true;
+        self.save();
+    }
+
+    /// Makes the pause of `name` hold with signals: the whole pause, or the fallback when a freeze
+    /// or Slurm failed. A failure drops the pause record (nothing is left stopped).
+    fn pause_by_signals(&mut self, name: &str) -> Result<(), PauseError> {
+        let Some(j) = self.jobs.get(name) else {
+            return Ok(());
+        };
+        match self.stop_tasks(j) {
+            Ok(stopped) => {
+                if let Some(p) = self.jobs.get_mut(name).and_then(|j| j.pause.as_mut()) {
+                    p.mechanism = Mechanism::Signals;
+                    p.stopped = stopped;
+                }
+                self.set_held(name);
+                Ok(())
+            }
+            Err(e) => {
+                if let Some(j) = self.jobs.get_mut(name) {
+                    j.pause = None;
+                }
+                self.dirty = true;
+                self.save();
+                Err(PauseError::Signal(e))
+            }
+        }
+    }
+
+    /// A freeze handed off as `Effect::Settle` settled, or did not within `freeze::SETTLE`: then
+    /// the cgroup is thawed and the job stopped with signals instead.
+    pub(super) fn freeze_settled(
+        &mut self,
+        name: &str,
+        frozen: &Frozen,
+        settled: bool,
+        now_ms: u64,
+    ) {
+        let Some(p) = self.jobs.get(name).and_then(|j| j.pause.as_ref()) else {
+            return;
+        };
+        if p.frozen() != Some(frozen) || p.phase != PausePhase::Pausing {
+            return;
+        }
+        if settled {
+            self.set_held(name);
+            return;
+        }
+        tracing::warn!(cgroup = %frozen.dir.display(), "the job's cgroup did not freeze; stopping it with signals");
+        let by_signals = self.pause_by_signals(name);
+        let _ = self.host.thaw(frozen);
+        if let Err(e) = by_signals {
+            self.record(
+                now_ms,
+                Action::Error,
+                name,
+                Reason::Freeze,
+                format!("the cgroup did not freeze and signals failed: {e}"),
+                false,
+            );
+        }
+    }
+
+    /// Continues whatever memwatch stopped of a job and records that it runs. A Slurm job is resumed
+    /// through Slurm, after any suspend still under way (the calls run in order).
+    pub(super) fn resume_job(&mut self, name: &str) {
+        let Some(j) = self.jobs.get_mut(name) else {
+            return;
+        };
+        if let Some(p) = j.pause.take() {
+            if let Some(s) = p.suspended() {
+                self.effects.push_back(Effect::Slurm {
+                    job: name.to_owned(),
+                    call: SlurmCall::Resume,
+                    id: s.job_id.clone(),
+                    ctl: s.ctl.clone(),
+                    ending: None,
+                });
+            }
+            if let Some(f) = p.frozen() {
+                if let Err(e) = self.host.thaw(f) {
+                    tracing::error!(cgroup = %f.dir.display(), error = %e, "cannot thaw a job's cgroup");
+                }
+            }
+            let pinned = j.pidfd.clone();
+            self.host.continue_tree(&p.stopped, pinned.as_deref());
+        }
+        self.dirty = true;
+        self.save();
+    }
+
+    /// What came of a Slurm call.
+    pub(super) fn slurm_done(
+        &mut self,
+        name: &str,
+        call: &SlurmCall,
+        id: &str,
+        result: Result<(), String>,
+        ending: Option<super::effect::Ending>,
+        now_ms: u64,
+    ) {
+        match (call, result) {
+            (SlurmCall::Suspend, result) => {
+                let ours = self
+                    .jobs
+                    .get(name)
+                    .and_then(|j| j.pause.as_ref())
+                    .is_some_and(|p| {
+                        p.phase == PausePhase::Pausing
+                            && p.suspended().is_some_and(|s| s.job_id == id)
+                    });
+                if !ours {
+                    // Resumed meanwhile: the resume was queued behind this suspend.
+                    return;
+                }
+                match result {
+                    Ok(()) => {
+                        tracing::info!(
+                            job = name,
+                            slurm_job_id = id,
+                            "suspended the whole Slurm job (scontrol suspend)"
+                        );
+                        self.set_held(name);
+                    }
+                    Err(e) => {
+                        tracing::warn!(job = name, error = %e, "cannot suspend the Slurm job; stopping this node's tasks with signals");
+                        if let Err(e) = self.pause_by_signals(name) {
+                            self.record(
+                                now_ms,
+                                Action::Error,
+                                name,
+                                Reason::Slurm,
+                                format!("Slurm did not suspend the job and signals failed: {e}"),
+                                false,
+                            );
+                        }
+                    }
+                }
+            }
+            (SlurmCall::Resume, Err(e)) => {
+                // Never left stopped: this node's tasks are continued by hand.
+                tracing::error!(job = name, error = %e, "cannot resume the Slurm job memwatch suspended; continuing this node's tasks with signals");
+                if let Some(j) = self.jobs.get(name) {
+                    self.continue_tasks(j);
+                }
+            }
+            (SlurmCall::Signal(_), Err(e)) => {
+                tracing::warn!(job = name, error = %e, "cannot signal the Slurm job; signalling its leader");
+                let sig = crate::config::signal_by_name(&self.cfg.policy.checkpoint_signal);
+                if let (Some(sig), Some(j)) = (sig, self.jobs.get(name)) {
+                    if let Err(e) = self.signal_root(j, sig) {
+                        tracing::warn!(job = name, error = %e, "checkpoint signal failed");
+                    }
+                }
+            }
+            (SlurmCall::Requeue | SlurmCall::Cancel, result) => {
+                if let Some(ending) = ending {
+                    self.ended_through_slurm(name, call, id, result, ending, now_ms);
+                }
+            }
+            (SlurmCall::Resume | SlurmCall::Signal(_), Ok(())) => {}
+        }
+    }
+
+    /// Sends SIGCONT to every task of a Slurm job on this node, children first: what is left when
+    /// Slurm cannot resume the job it suspended.
+    pub(super) fn continue_tasks(&self, j: &crate::job::Job) {
+        for s in super::slurm::tasks_of(&self.process_root, j)
+            .unwrap_or_default()
+            .iter()
+            .rev()
+        {
+            if s.is_stopped()
+                && crate::act::signal::owner_may_signal(&self.process_root, s.pid, j.owner_uid)
+            {
+                let _ = self.host.signal(s.proc_ref(), None, Signal::SIGCONT);
+            }
+        }
+    }
+}

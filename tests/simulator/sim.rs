@@ -1,0 +1,430 @@
+//! The simulator's harness: one engine on a fixture host (`host.rs`) with a clock the test moves,
+//! its effects drained and answered here, and the invariants checked after every step.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use memwatch::act::driver::SlurmCall;
+use memwatch::engine::{Effect, Engine, Outcome};
+
+use super::host::FakeHost;
+
+/// The job's owner.
+pub const OWNER: u32 = 1000;
+/// The job's root; its worker is `PID + 1`.
+pub const PID: u32 = 4100;
+/// Its Slurm job id, where it is one.
+pub const SLURM_ID: &str = "77";
+
+/// What should hold the job's pause.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Signals,
+    V1,
+    V2,
+    Slurm,
+}
+
+pub const ALL: [Kind; 4] = [Kind::Signals, Kind::V1, Kind::V2, Kind::Slurm];
+
+impl Kind {
+    /// The state file's name for the mechanism.
+    pub fn record(self) -> &'static str {
+        match self {
+            Kind::Signals => "signals",
+            Kind::V1 => "cgroup_v1_freezer",
+            Kind::V2 => "cgroup_v2_freeze",
+            Kind::Slurm => "slurm_suspend",
+        }
+    }
+}
+
+/// One engine on one fixture.
+pub struct Sim {
+    _root: tempfile::TempDir,
+    _state: tempfile::TempDir,
+    pub host: Arc<FakeHost>,
+    pub engine: Engine,
+    pub now: u64,
+    pub kind: Kind,
+    /// Slurm calls made, in order.
+    pub slurm: Vec<(SlurmCall, String)>,
+    /// Slurm answers no.
+    pub slurm_fails: bool,
+    /// Slurm calls are answered only by `answer_slurm`.
+    pub slurm_held: bool,
+    held: VecDeque<Outcome>,
+    /// Freezes still settling, answered by `settle`.
+    pub settling: VecDeque<(String, memwatch::job::held::Frozen)>,
+}
+
+/// Writes a fixture process.
+pub fn process(root: &Path, pid: u32, ppid: u32, uid: u32, cgroup: &str) {
+    let dir = root.join("proc").join(pid.to_string());
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut fields = vec!["0"; 49];
+    fields[0] = "S";
+    let ppid = ppid.to_string();
+    fields[1] = &ppid;
+    let start = (1000 + pid).to_string();
+    fields[19] = &start;
+    fields[21] = "2000";
+    std::fs::write(
+        dir.join("stat"),
+        format!("{pid} (sim) {}\n", fields.join(" ")),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("status"),
+        format!("Name:\tsim\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nNSpid:\t{pid}\n"),
+    )
+    .unwrap();
+    std::fs::write(dir.join("cgroup"), cgroup).unwrap();
+}
+
+/// The job's own cgroup directory for `kind`, if it has one.
+pub fn cgroup_dir(root: &Path, kind: Kind) -> Option<PathBuf> {
+    match kind {
+        Kind::V1 => Some(root.join("sys/fs/cgroup/freezer/simjob")),
+        Kind::V2 => Some(root.join("sys/fs/cgroup/simjob")),
+        _ => None,
+    }
+}
+
+impl Sim {
+    pub fn new(kind: Kind) -> Sim {
+        Sim::with(kind, "", &[])
+    }
+
+    /// A job of `kind` (a root and one worker of `OWNER`, plus `strangers`: processes of other
+    /// uids in its cgroup), attached by its owner, with `extra` config.
+    pub fn with(kind: Kind, extra: &str, strangers: &[(u32, u32)]) -> Sim {
+        let root = tempfile::tempdir().unwrap();
+        let state = tempfile::tempdir().unwrap();
+        let r = root.path();
+        let membership = match kind {
+            Kind::Signals => "0::/user.slice/sim\n".to_owned(),
+            Kind::V1 => "7:freezer:/simjob\n0::/\n".to_owned(),
+            Kind::V2 => "0::/simjob\n".to_owned(),
+            Kind::Slurm => {
+                format!("6:memory:/slurm/uid_{OWNER}/job_{SLURM_ID}/step_0/task_0\n0::/\n")
+            }
+        };
+        process(r, 1, 0, 0, "0::/\n");
+        process(r, PID, 1, OWNER, &membership);
+        process(r, PID + 1, PID, OWNER, &membership);
+        let mut members = vec![PID, PID + 1];
+        for (pid, uid) in strangers {
+            process(r, *pid, PID, *uid, &membership);
+            members.push(*pid);
+        }
+        let procs: String = members.iter().map(|p| format!("{p}\n")).collect();
+        match cgroup_dir(r, kind) {
+            Some(d) if kind == Kind::V1 => {
+                std::fs::create_dir_all(&d).unwrap();
+                std::fs::write(d.join("freezer.state"), "THAWED\n").unwrap();
+                std::fs::write(d.join("cgroup.procs"), &procs).unwrap();
+            }
+            Some(d) => {
+                std::fs::create_dir_all(&d).unwrap();
+                std::fs::write(d.join("cgroup.freeze"), "0\n").unwrap();
+                std::fs::write(d.join("cgroup.events"), "populated 1\nfrozen 0\n").unwrap();
+                std::fs::write(d.join("cgroup.procs"), &procs).unwrap();
+            }
+            None => {}
+        }
+        // No way out (its swap and config work are the executor's, not the host's).
+        let extra = if extra.contains("[way_out]\n") {
+            extra.replace("[way_out]\n", "[way_out]\nsteps = []\n")
+        } else {
+            format!("{extra}\n[way_out]\nsteps = []\n")
+        };
+        let text = format!(
+            "[host]\nroot = {r:?}\nprocess_root = {r:?}\n[control]\nstate_dir = {:?}\n{extra}",
+            state.path()
+        );
+        let cfg = memwatch::config::parse(&text).unwrap();
+        let host = FakeHost::new(r, state.path());
+        let engine = Engine::with_host(cfg, None, host.clone());
+        let mut sim = Sim {
+            _root: root,
+            _state: state,
+            host,
+            engine,
+            now: 1_000,
+            kind,
+            slurm: Vec::new(),
+            slurm_fails: false,
+            slurm_held: false,
+            held: VecDeque::new(),
+            settling: VecDeque::new(),
+        };
+        let r = sim.cmd(serde_json::json!({"cmd": "attach", "pid": PID, "name": "sim"}));
+        assert!(r.ok, "attach: {:?}", r.error);
+        sim
+    }
+
+    pub fn root(&self) -> PathBuf {
+        self.host.root.clone()
+    }
+
+    /// A control command from the job's owner.
+    pub fn cmd(&mut self, request: serde_json::Value) -> memwatch::control::Response {
+        self.cmd_as(OWNER, request)
+    }
+
+    pub fn cmd_as(&mut self, uid: u32, request: serde_json::Value) -> memwatch::control::Response {
+        let request = serde_json::from_value(request).unwrap();
+        let caller = memwatch::control::Caller { uid, pid: None };
+        let r = self.engine.handle_command(request, caller, self.now);
+        self.drain();
+        self.check();
+        r
+    }
+
+    /// A full sample at `self.now`: host memory `used` of 16 GiB in use, the job's tree as in
+    /// the fixture.
+    pub fn sample(&mut self, used: f64) {
+        let total: u64 = 16 << 30;
+        let mut sample = memwatch::sample::Sample {
+            timestamp_ms: self.now,
+            ..Default::default()
+        };
+        sample.host.memory = Some(memwatch::sample::meminfo::MemInfo {
+            total_bytes: total,
+            free_bytes: ((1.0 - used) * total as f64) as u64,
+            available_bytes: ((1.0 - used) * total as f64) as u64,
+            ..Default::default()
+        });
+        let proc = |pid: u32| {
+            serde_json::json!({"pid": pid, "ppid": PID, "name": "sim", "state": "S",
+                "rss_bytes": 4u64 << 30, "pss_bytes": 4u64 << 30, "pss_read_ms": self.now,
+                "swap_bytes": 0, "gpu_bytes": null})
+        };
+        let job: memwatch::job::JobSample = serde_json::from_value(serde_json::json!({
+            "timestamp_ms": self.now, "processes": [proc(PID), proc(PID + 1)], "process_count": 2,
+            "rss_bytes": 8u64 << 30, "pss_bytes": 8u64 << 30, "pss_read_ms": self.now,
+            "swap_bytes": 0, "cgroup": null, "gpu_bytes": null, "gpus": null
+        }))
+        .unwrap();
+        let freezer = cgroup_dir(&self.root(), self.kind).map(|dir| memwatch::job::held::Frozen {
+            version: if self.kind == Kind::V1 {
+                memwatch::sample::cgroup::Version::V1
+            } else {
+                memwatch::sample::cgroup::Version::V2
+            },
+            dir,
+        });
+        let measured = memwatch::engine::Measured {
+            name: "sim".into(),
+            sample: Some(job),
+            freezer,
+        };
+        self.engine
+            .handle_sample(Arc::new(sample), vec![measured], self.now, self.now);
+        self.drain();
+        self.check();
+    }
+
+    /// Moves the clock to `t`, waking the engine at each deadline it names on the way (as the
+    /// daemon does); returns the deadlines it woke at.
+    pub fn advance_to(&mut self, t: u64) -> Vec<u64> {
+        let mut woke = Vec::new();
+        while let Some(d) = self.engine.poll_timeout() {
+            if d > t {
+                break;
+            }
+            self.now = d.max(self.now);
+            woke.push(self.now);
+            self.engine.handle_timeout(self.now);
+            self.drain();
+            self.check();
+        }
+        self.now = t;
+        woke
+    }
+
+    /// Carries out the engine's effects as the daemon's executor would, answering for the host.
+    pub fn drain(&mut self) {
+        while let Some(effect) = self.engine.poll_effect() {
+            match effect {
+                Effect::Settle { job, frozen } => self.settling.push_back((job, frozen)),
+                Effect::Slurm {
+                    job,
+                    call,
+                    id,
+                    ending,
+                    ..
+                } => {
+                    if call == SlurmCall::Suspend {
+                        let s = self.host.state();
+                        let recorded = s["jobs"].as_array().is_some_and(|jobs| {
+                            jobs.iter().any(|j| {
+                                j["paused"]["hold"]["kind"] == "slurm_suspend"
+                                    && j["paused"]["hold"]["job_id"] == id.as_str()
+                            })
+                        });
+                        if !recorded {
+                            self.host
+                                .violations
+                                .lock()
+                                .unwrap()
+                                .push(format!("Slurm job {id} suspended with no pause recorded"));
+                        }
+                    }
+                    self.slurm.push((call.clone(), id.clone()));
+                    let result = if self.slurm_fails {
+                        Err("injected: slurmctld is down".to_owned())
+                    } else {
+                        Ok(())
+                    };
+                    let outcome = Outcome::Slurm {
+                        job,
+                        call,
+                        id,
+                        result,
+                        ending,
+                    };
+                    if self.slurm_held {
+                        self.held.push_back(outcome);
+                    } else {
+                        self.engine.handle_outcome(outcome, self.now);
+                    }
+                }
+                Effect::WayOut(_) | Effect::Adapt(_) => self
+                    .host
+                    .violations
+                    .lock()
+                    .unwrap()
+                    .push("swap or config work with no way out and no config".into()),
+            }
+        }
+    }
+
+    /// Slurm answers the oldest call held back.
+    pub fn answer_slurm(&mut self) {
+        if let Some(o) = self.held.pop_front() {
+            self.engine.handle_outcome(o, self.now);
+            self.drain();
+            self.check();
+        }
+    }
+
+    /// The oldest freeze still settling settles (or not).
+    pub fn settle(&mut self, settled: bool) {
+        if let Some((job, frozen)) = self.settling.pop_front() {
+            self.engine.handle_outcome(
+                Outcome::Settled {
+                    job,
+                    frozen,
+                    settled,
+                },
+                self.now,
+            );
+            self.drain();
+            self.check();
+        }
+    }
+
+    /// The job's pause as the engine holds it.
+    pub fn pause(&self) -> Option<memwatch::job::Pause> {
+        self.engine
+            .view()
+            .jobs
+            .iter()
+            .find(|j| j.name == "sim")
+            .and_then(|j| j.pause.clone())
+    }
+
+    /// Events, oldest first, as (action, reason, time).
+    pub fn events(&self) -> Vec<(String, String, u64)> {
+        self.engine
+            .view()
+            .events
+            .iter()
+            .map(|e| {
+                (
+                    e.action.as_str().to_owned(),
+                    e.reason.as_str().to_owned(),
+                    e.timestamp_ms,
+                )
+            })
+            .collect()
+    }
+
+    /// The time of the first event with `action`.
+    pub fn event_at(&self, action: &str) -> Option<u64> {
+        self.events()
+            .into_iter()
+            .find(|(a, _, _)| a == action)
+            .map(|(_, _, t)| t)
+    }
+
+    /// Every process of the fixture's job is running and its cgroup thawed.
+    pub fn all_running(&self) -> bool {
+        [PID, PID + 1]
+            .iter()
+            .all(|p| self.host.state_of(*p) == Some('S'))
+            && cgroup_dir(&self.root(), self.kind).is_none_or(|d| !self.host.frozen(&d))
+    }
+
+    /// The job is held: stopped, frozen or suspended through Slurm.
+    pub fn held(&self) -> bool {
+        match self.kind {
+            Kind::Signals => self.host.state_of(PID) == Some('T'),
+            Kind::V1 | Kind::V2 => {
+                cgroup_dir(&self.root(), self.kind).is_some_and(|d| self.host.frozen(&d))
+            }
+            Kind::Slurm => self
+                .slurm
+                .last()
+                .is_some_and(|(c, _)| *c == SlurmCall::Suspend),
+        }
+    }
+
+    /// The invariants, after every step: nothing the host flagged (an act ahead of its record,
+    /// another user's process touched); the state file holds exactly the engine's pause record
+    /// (mechanism and start); no deadline left in the past; every event's reason one the API lists.
+    pub fn check(&self) {
+        let violations = self.host.violations.lock().unwrap().clone();
+        assert!(violations.is_empty(), "{:?}: {violations:?}", self.kind);
+        let state = self.host.state();
+        let recorded = state["jobs"]
+            .as_array()
+            .and_then(|jobs| jobs.iter().find(|j| j["name"] == "sim"))
+            .map(|j| j["paused"].clone());
+        match (self.pause(), recorded) {
+            (Some(p), Some(r)) if !p.dry_run => {
+                assert_eq!(r["since_ms"], p.since_ms, "{:?}: record {r}", self.kind);
+                assert_eq!(
+                    r["hold"]["kind"],
+                    p.mechanism.name(),
+                    "{:?}: the record names another mechanism: {r}",
+                    self.kind
+                );
+            }
+            (None, Some(r)) => assert!(
+                r.is_null(),
+                "{:?}: a pause left in the file: {r}",
+                self.kind
+            ),
+            _ => {}
+        }
+        if let Some(d) = self.engine.poll_timeout() {
+            assert!(
+                d >= self.now,
+                "{:?}: a deadline at {d} still due at {}",
+                self.kind,
+                self.now
+            );
+        }
+        for e in self.engine.view().events {
+            assert!(
+                !matches!(e.reason, memwatch::reason::Reason::Other(_)),
+                "{:?}: unlisted reason in {e:?}",
+                self.kind
+            );
+        }
+    }
+}

@@ -21,6 +21,14 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The memwatch binary the benchmarks launch (daemon and client): `MEMWATCH_BIN` from the environment
+/// when set (e.g. to compare two builds side by side in one run), else the one cargo built.
+fn memwatch_bin() -> PathBuf {
+    std::env::var_os("MEMWATCH_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_memwatch")))
+}
+
 /// Builds memhog in release mode and returns its path.
 pub fn memhog() -> PathBuf {
     let ok = Command::new(env!("CARGO"))
@@ -83,7 +91,7 @@ impl Daemon {
             ),
         )
         .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_memwatch"))
+        let child = Command::new(memwatch_bin())
             .args([
                 "--config",
                 config.to_str().unwrap(),
@@ -106,7 +114,7 @@ impl Daemon {
 
     /// Runs `memwatch <args> --socket …`; whether it succeeded.
     pub fn ctl(&self, args: &[&str]) -> bool {
-        Command::new(env!("CARGO_BIN_EXE_memwatch"))
+        Command::new(memwatch_bin())
             .args(args)
             .arg("--socket")
             .arg(&self.socket)

@@ -18,7 +18,9 @@
 //! levels off at 50 %, and 256 MiB taken and freed every 300 ms at 2 GiB/s, like a step's buffers),
 //! with the shipped policy: how often it was paused, and how long after its last burst it ran again.
 //!
-//! `cargo bench --bench reaction` (RUNS=30 by default; ONLY=bursty for the false pauses alone).
+//! `cargo bench --bench reaction` (RUNS=30 by default; ONLY=bursty for the false pauses alone;
+//! ONLY=level for the two memwatch level-only rows alone, with one line per run; RATES=1024,2048 for
+//! some rates only, in MiB/s).
 
 use std::io::{BufRead, BufReader};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -306,6 +308,34 @@ fn bursty(cg: &Cg, hog: &Path, runs: usize) {
     }
 }
 
+/// The memwatch level-only rows alone (SIGSTOP and freezer, alternated), one line per run.
+fn level_only(cg: &Cg, hog: &Path, rates: &[u64], runs: usize) {
+    let level = Daemon::start("[policy]\nreaction_ms = 0\n");
+    for &rate in rates {
+        let mut outs: [Vec<Outcome>; 2] = Default::default();
+        for i in 0..runs {
+            for (k, (label, freezer)) in [("sigstop", false), ("freezer", true)].iter().enumerate()
+            {
+                let o = run(cg, hog, rate, Watcher::Memwatch(*freezer), Some(&level), i);
+                println!(
+                    "run {label} rate={rate} i={i} killed={} latency_ms={} usage_mib={:.1} measured={:.0}",
+                    o.killed,
+                    o.latency_ms.map_or("none".into(), |l| format!("{l:.3}")),
+                    o.usage_at_stop as f64 / MIB as f64,
+                    o.rate
+                );
+                outs[k].push(o);
+            }
+        }
+        for (label, o) in ["memwatch level, SIGSTOP", "memwatch level, freezer"]
+            .iter()
+            .zip(&outs)
+        {
+            report(label, rate, runs, o);
+        }
+    }
+}
+
 fn main() {
     if common::listing() {
         return;
@@ -318,9 +348,19 @@ fn main() {
         bursty(&cg, &hog, runs.min(10));
         return;
     }
+    // RATES=1024,2048 runs some rates only (MiB/s).
+    let rates: Vec<u64> = std::env::var("RATES")
+        .ok()
+        .map(|v| v.split(',').filter_map(|r| r.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![512, 1024, 2048, 4096]);
+    // ONLY=level runs the two memwatch level-only rows alone and prints each run.
+    if std::env::var("ONLY").is_ok_and(|v| v == "level") {
+        level_only(&cg, &hog, &rates, runs);
+        return;
+    }
     let level = Daemon::start("[policy]\nreaction_ms = 0\n");
     let default = Daemon::start("");
-    for rate in [512u64, 1024, 2048, 4096] {
+    for &rate in &rates {
         let mut outs: [Vec<Outcome>; 5] = Default::default();
         // Alternate the watchers run by run, so that noise falls on all of them alike.
         for i in 0..runs {

@@ -182,7 +182,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let control = server::bind(&config.control.socket)?;
     tracing::info!(%addr, socket = %config.control.socket.display(), "listening");
 
-    let mut guardian = match Guardian::spawn(&config.control.state_dir, &config.host.process_root) {
+    let mut guardian = match Guardian::spawn(
+        &config.control.state_dir,
+        &config.host.process_root,
+        Duration::from_millis(config.control.successor_grace_ms),
+    ) {
         Ok(g) => {
             tracing::info!(pid = g.pid(), "guardian started");
             Some(g)
@@ -245,7 +249,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // one paused).
     crate::sd_notify::notify("READY=1");
     let watchdog_every = crate::sd_notify::watchdog_interval();
-    let mut watchdog = tokio::time::interval(watchdog_every.unwrap_or(Duration::from_secs(3600)));
+    // The first ping goes with the first sample; the ticks start one period later.
+    let watchdog_period = watchdog_every.unwrap_or(Duration::from_secs(3600));
+    let mut watchdog = tokio::time::interval_at(Instant::now() + watchdog_period, watchdog_period);
+    let mut first_sample = true;
 
     loop {
         let probing = engine.probe_interval_ms(clock.now_ms());
@@ -259,6 +266,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             _ = watchdog.tick(), if watchdog_every.is_some() => {
                 if shared.fresh() {
                     crate::sd_notify::notify("WATCHDOG=1");
+                } else if first_sample {
+                    tracing::debug!("no sample yet; not feeding the watchdog");
                 } else {
                     tracing::warn!("samples are stale; not feeding the watchdog");
                 }
@@ -302,6 +311,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                         watches.sync(&mut engine);
                         let view = engine.take_dirty().then(|| engine.view());
                         shared.publish_sample(sample, view);
+                        if std::mem::take(&mut first_sample) && watchdog_every.is_some() {
+                            crate::sd_notify::notify("WATCHDOG=1");
+                        }
                         if let Some(g) = guardian.as_mut() {
                             g.keep_alive();
                         }

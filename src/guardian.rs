@@ -6,11 +6,21 @@
 //! for any reason, SIGKILL and the OOM killer included, and the guardian's blocked `read` returns 0.
 //! It costs nothing while it waits: one sleeping process, no timer, no polling.
 //!
-//! What it does then: it takes the state directory's lock (`daemon.lock`). If it gets it, no daemon is
-//! running: it undoes every pause recorded in `state.json` (the same idempotent recovery a restarted
-//! daemon runs, see `act::recover`), marks them undone, and exits. If a new daemon already holds the
-//! lock, the new daemon recovers and the guardian just exits. A daemon starting while the guardian
-//! recovers waits for the lock.
+//! What it does then: it gives a successor `control.successor_grace_ms` (5 s) to take over, watching
+//! the state directory's lock (`daemon.lock`) every 50 ms. A successor — the daemon systemd restarts
+//! after `RestartSec=1` — takes the lock, re-adopts the jobs and goes on holding every pause the
+//! policy made (a job paused at its memory limit stays paused, rather than thawed into the OOM
+//! killer); the guardian then just exits. If no daemon holds the lock when the grace is over, none is
+//! coming: the guardian takes the lock, undoes every pause recorded in `state.json` (the same
+//! idempotent recovery a restarted daemon runs for the pauses it does not keep, see `act::recover`),
+//! marks them undone, and exits. So after a death with no successor every job runs again within the
+//! grace (plus the 50 ms of a look). A daemon starting while the guardian recovers waits for the lock.
+//!
+//! Under systemd the unit uses `KillMode=process`: systemd then restarts the daemon without killing
+//! the guardian first (with `control-group` it would wait for the whole cgroup to empty, and the
+//! guardian, waiting for that very successor, would thaw the job into its limit first). A `systemctl
+//! stop` signals the daemon alone, which resumes everything before it exits; its guardian finds
+//! nothing to undo and leaves within the grace.
 //!
 //! Failure modes: the guardian ignores SIGTERM, SIGINT and SIGHUP (systemd's stop of the unit's cgroup
 //! after a crash would otherwise kill it before it acts; in a clean stop the daemon resumes everything
@@ -34,11 +44,17 @@ pub struct Guardian {
     _wake: OwnedFd,
     state_dir: PathBuf,
     process_root: PathBuf,
+    grace: Duration,
 }
 
 impl Guardian {
-    /// Starts `memwatch guardian` for this state directory and process root.
-    pub fn spawn(state_dir: &Path, process_root: &Path) -> std::io::Result<Guardian> {
+    /// Starts `memwatch guardian` for this state directory and process root, giving a successor
+    /// `grace` to take over.
+    pub fn spawn(
+        state_dir: &Path,
+        process_root: &Path,
+        grace: Duration,
+    ) -> std::io::Result<Guardian> {
         use std::os::unix::process::CommandExt;
         let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         let exe = std::env::current_exe()?;
@@ -59,6 +75,8 @@ impl Guardian {
             .arg(state_dir)
             .arg("--process-root")
             .arg(process_root)
+            .arg("--successor-grace-ms")
+            .arg(grace.as_millis().to_string())
             .stdin(Stdio::from(read))
             .stdout(Stdio::null())
             .process_group(0)
@@ -68,6 +86,7 @@ impl Guardian {
             _wake: write,
             state_dir: state_dir.to_owned(),
             process_root: process_root.to_owned(),
+            grace,
         })
     }
 
@@ -80,7 +99,7 @@ impl Guardian {
     pub fn keep_alive(&mut self) -> bool {
         match self.child.try_wait() {
             Ok(None) => false,
-            _ => match Guardian::spawn(&self.state_dir, &self.process_root) {
+            _ => match Guardian::spawn(&self.state_dir, &self.process_root, self.grace) {
                 Ok(g) => {
                     tracing::warn!(pid = g.pid(), restarted = true, "guardian started");
                     *self = g;
@@ -95,8 +114,9 @@ impl Guardian {
     }
 }
 
-/// `memwatch guardian`: waits for the daemon's end, then undoes its pauses unless a new daemon runs.
-pub fn run(state_dir: &Path, process_root: &Path) -> ExitCode {
+/// `memwatch guardian`: waits for the daemon's end, then for a successor up to `grace`, then undoes
+/// the pauses unless a new daemon runs.
+pub fn run(state_dir: &Path, process_root: &Path, grace: Duration) -> ExitCode {
     for sig in [
         nix::sys::signal::Signal::SIGTERM,
         nix::sys::signal::Signal::SIGINT,
@@ -115,6 +135,10 @@ pub fn run(state_dir: &Path, process_root: &Path) -> ExitCode {
             Err(_) => break,
         }
     }
+    if successor_within(state_dir, grace) {
+        tracing::info!("a new memwatch daemon took over; it holds the paused jobs");
+        return ExitCode::SUCCESS;
+    }
     match recover(state_dir, process_root) {
         Ok(0) => ExitCode::SUCCESS,
         Ok(n) => {
@@ -128,6 +152,27 @@ pub fn run(state_dir: &Path, process_root: &Path) -> ExitCode {
             tracing::error!(error = %e, "the guardian could not recover the paused jobs");
             ExitCode::from(1)
         }
+    }
+}
+
+/// Whether a daemon holds the state lock within `grace` (looked at every 50 ms). A lock taken for a
+/// look is let go at once, so a daemon starting meanwhile waits a moment at most.
+fn successor_within(state_dir: &Path, grace: Duration) -> bool {
+    let start = std::time::Instant::now();
+    loop {
+        match StateLock::acquire(state_dir, Duration::ZERO) {
+            // Held by another: a successor runs.
+            Ok(None) => return true,
+            Ok(Some(lock)) => drop(lock),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot look at the state lock; not waiting for a successor");
+                return false;
+            }
+        }
+        if start.elapsed() >= grace {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 

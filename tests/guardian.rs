@@ -1,6 +1,7 @@
-//! The guardian: when the daemon dies and nothing restarts it, every job it paused runs again within
-//! 5 s, by signals and by the freezer; after a clean stop the guardian leaves; a killed guardian is
-//! replaced.
+//! The guardian: when the daemon dies and nothing restarts it, every job it paused runs again once
+//! the grace it gives a successor is over (1 s here), and not before, by signals and by the freezer;
+//! after a clean stop the guardian leaves; a killed guardian is replaced. `handover.rs` tests a
+//! successor that comes within the grace.
 
 mod common;
 
@@ -10,10 +11,14 @@ use std::time::{Duration, Instant};
 
 use common::{Daemon, Opts, eventually, proc_state};
 
+/// The grace the guardian gives a successor, in these tests.
+const GRACE: Duration = Duration::from_millis(1000);
+
 fn daemon() -> Daemon {
     Daemon::start(Opts {
         root: "/".into(),
         gpu_state: None,
+        control: "successor_grace_ms = 1000",
         ..Opts::default()
     })
 }
@@ -47,13 +52,15 @@ fn a_dead_daemon_that_is_not_restarted_leaves_no_job_stopped() {
     d.child.kill().unwrap();
     d.child.wait().unwrap();
     assert!(
-        eventually(5.0, || pids.iter().all(|p| proc_state(*p) != Some('T'))),
-        "still stopped 5 s after the daemon died: {:?}",
+        eventually(6.0, || pids.iter().all(|p| proc_state(*p) != Some('T'))),
+        "still stopped 6 s after the daemon died: {:?}",
         pids.iter().map(|p| proc_state(*p)).collect::<Vec<_>>()
     );
-    eprintln!(
-        "signals: running again {:?} after the kill",
-        killed.elapsed()
+    let after = killed.elapsed();
+    eprintln!("signals: running again {after:?} after the kill");
+    assert!(
+        after >= GRACE,
+        "resumed {after:?} after the kill, before the grace for a successor was over"
     );
     // Its work done, the guardian is gone too, and the state file says nothing is paused.
     assert!(eventually(5.0, || proc_state(guardian).is_none_or(|s| s == 'Z')));
@@ -97,11 +104,16 @@ fn a_frozen_cgroup_is_thawed_when_the_daemon_dies() {
     d.child.kill().unwrap();
     d.child.wait().unwrap();
     assert!(
-        eventually(5.0, || !frozen(&dir)),
-        "{}: still frozen 5 s after the daemon died",
+        eventually(6.0, || !frozen(&dir)),
+        "{}: still frozen 6 s after the daemon died",
         dir.display()
     );
-    eprintln!("freezer: thawed {:?} after the kill", killed.elapsed());
+    let after = killed.elapsed();
+    eprintln!("freezer: thawed {after:?} after the kill");
+    assert!(
+        after >= GRACE,
+        "thawed {after:?} after the kill, within the grace"
+    );
     end(child, &pids);
     for _ in 0..100 {
         if std::fs::remove_dir(&dir).is_ok() {

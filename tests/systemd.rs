@@ -136,6 +136,12 @@ fn the_daemon_speaks_the_notify_protocol() {
         got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
     }
     assert_eq!(got[0], "READY=1", "{got:?}");
+    // A healthy start feeds the watchdog from its first sample and never calls its samples stale.
+    let log = d.log_text();
+    assert!(
+        !log.contains("samples are stale"),
+        "a healthy start said its samples were stale:\n{log}"
+    );
     assert_eq!(d.terminate(), Some(0));
     let mut rest = Vec::new();
     while let Ok(n) = sock.recv(&mut buf) {

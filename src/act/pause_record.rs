@@ -38,6 +38,16 @@ pub struct PersistedPause {
     /// The processes memwatch stopped with signals, root first (the whole pause, or the fallback
     /// when the mechanism failed).
     pub stopped: Vec<ProcRef>,
+    /// What the policy paused the job for, by key (`host_memory`, `job_cgroup:train`, `predicted`,
+    /// `way_out` …): a restarted daemon holds the pause until these recover. Keys this build does
+    /// not know are dropped on reading.
+    pub causes: Vec<String>,
+    /// The limit and growth rate (bytes/s) when a projection caused it.
+    pub projected: Option<(String, f64)>,
+    /// A repeated pause on a projection: resuming needs room for the rate seen at the pause.
+    pub strict: bool,
+    /// The longest pause was reached and the job stays paused.
+    pub expired: bool,
 }
 
 /// Where a pause stood.
@@ -145,7 +155,36 @@ impl PersistedPause {
             },
             hold: HoldRecord::from(&p.mechanism),
             stopped: p.stopped.clone(),
+            causes: p.held.reasons.iter().map(ToString::to_string).collect(),
+            projected: p.held.projected.clone(),
+            strict: p.held.strict,
+            expired: p.held.expired,
         }
+    }
+
+    /// The pause a restarted daemon goes on holding: `None` when it was still being made (it may
+    /// not have taken effect whole) or its mechanism is one this build does not know; both are
+    /// undone instead.
+    pub fn resumable_hold(&self) -> Option<crate::job::Pause> {
+        if self.phase != PhaseRecord::Held {
+            return None;
+        }
+        Some(crate::job::Pause {
+            since_ms: self.since_ms,
+            by: self.by,
+            reason: self.reason.clone(),
+            phase: crate::job::PausePhase::Held,
+            mechanism: self.hold.mechanism()?,
+            stopped: self.stopped.clone(),
+            dry_run: false,
+            growth_at_start: Default::default(),
+            held: crate::job::Held {
+                reasons: self.causes.iter().filter_map(|c| c.parse().ok()).collect(),
+                projected: self.projected.clone(),
+                expired: self.expired,
+                strict: self.strict,
+            },
+        })
     }
 }
 
@@ -162,6 +201,14 @@ struct PauseWire {
     phase: Option<PhaseRecord>,
     #[serde(default)]
     hold: Option<HoldRecord>,
+    #[serde(default)]
+    causes: Vec<String>,
+    #[serde(default)]
+    projected: Option<(String, f64)>,
+    #[serde(default)]
+    strict: bool,
+    #[serde(default)]
+    expired: bool,
     /// Version 1.
     #[serde(default)]
     frozen: Option<FrozenV1>,
@@ -215,6 +262,10 @@ impl From<PauseWire> for PersistedPause {
             phase: w.phase.unwrap_or(PhaseRecord::Pausing),
             hold,
             stopped: w.stopped,
+            causes: w.causes,
+            projected: w.projected,
+            strict: w.strict,
+            expired: w.expired,
         }
     }
 }

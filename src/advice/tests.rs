@@ -120,6 +120,7 @@ fn levels(sample: &Sample, jobs: &[JobView]) -> BTreeMap<Resource, LevelState> {
         pending: None,
         value: Some(v),
         since_ms: 0,
+        known: true,
     };
     let mut out = BTreeMap::new();
     if let Some(m) = &sample.host.memory {

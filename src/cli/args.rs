@@ -38,6 +38,9 @@ pub(super) enum Command {
         state_dir: PathBuf,
         #[arg(long, value_name = "DIR", default_value = "/")]
         process_root: PathBuf,
+        /// How long to wait for a successor daemon before resuming the jobs
+        #[arg(long, value_name = "MS", default_value_t = 0)]
+        successor_grace_ms: u64,
     },
     /// Show levels, jobs, memory, swap, pressure and GPUs as the running daemon sees them
     Status {

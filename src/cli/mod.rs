@@ -60,13 +60,18 @@ pub fn main() -> ExitCode {
     if let Command::Guardian {
         state_dir,
         process_root,
+        successor_grace_ms,
     } = &cli.command
     {
         crate::logging::init(
             cli.log_level.unwrap_or(LogLevel::Info),
             cli.log_format.unwrap_or(LogFormat::Text),
         );
-        return crate::guardian::run(state_dir, process_root);
+        return crate::guardian::run(
+            state_dir,
+            process_root,
+            std::time::Duration::from_millis((*successor_grace_ms).min(60_000)),
+        );
     }
     if let Command::Launch(a) = &cli.command {
         return match launch::run(&cli, a) {

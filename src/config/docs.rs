@@ -116,6 +116,13 @@ pub const DOCS: &[(&str, &str)] = &[
         "Config changes remembered per job; the oldest applied ones are dropped beyond this.",
     ),
     (
+        "control.successor_grace_ms",
+        "When the daemon dies, how long its guardian waits for a successor (a daemon restarted by\n\
+         systemd, RestartSec=1) to take over the paused jobs before it resumes them itself (ms, at most\n\
+         60000). A successor keeps a job paused for memory paused; without one, the jobs run again\n\
+         this long after the death.",
+    ),
+    (
         "policy",
         "When memwatch pauses a job and when it resumes it. Levels per resource are ok / warn / critical,\n\
          with enter and leave thresholds and hold times so they do not flap. A [policy.X] table needs\n\

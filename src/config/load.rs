@@ -79,7 +79,7 @@ fn utf8(bytes: &[u8]) -> Result<String, String> {
 
 /// Upper bounds on counts and sizes: beyond them a value is a typo, or would exhaust the daemon.
 fn bounds(c: &Config) -> Result<(), (String, String)> {
-    let checks: [(&str, u64, u64); 8] = [
+    let checks: [(&str, u64, u64); 9] = [
         ("http.max_connections", c.http.max_connections.0, 65_536),
         ("http.max_body_bytes", c.http.max_body_bytes.0, 64 << 20),
         (
@@ -104,6 +104,11 @@ fn bounds(c: &Config) -> Result<(), (String, String)> {
             4096,
         ),
         ("adapt.max_micro_batch", c.adapt.max_micro_batch, 1 << 20),
+        (
+            "control.successor_grace_ms",
+            c.control.successor_grace_ms,
+            60_000,
+        ),
     ];
     for (key, value, max) in checks {
         if value > max {

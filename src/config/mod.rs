@@ -124,6 +124,10 @@ pub struct Control {
     pub max_jobs_per_uid: Positive,
     /// Config changes remembered per job; the oldest applied ones are dropped beyond this.
     pub max_directives_per_job: Positive,
+    /// When the daemon dies, how long its guardian waits for a successor (a daemon restarted by
+    /// systemd, RestartSec=1) to take over the paused jobs before it resumes them itself (ms, at
+    /// most 60 000).
+    pub successor_grace_ms: u64,
 }
 
 impl Default for Control {
@@ -136,6 +140,7 @@ impl Default for Control {
             max_connections_per_uid: Positive(16),
             max_jobs_per_uid: Positive(32),
             max_directives_per_job: Positive(64),
+            successor_grace_ms: 5000,
         }
     }
 }

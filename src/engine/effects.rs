@@ -319,27 +319,47 @@ impl Engine {
         }
     }
 
-    /// At start: continue whatever a previous daemon left stopped, and re-adopt its jobs that still run.
+    /// At start: re-adopt a previous daemon's jobs that still run, go on holding the policy's pauses
+    /// that were in effect (a memory pause survives a crash as a pause: the policy resumes it when
+    /// its causes recover, the way out goes on where it was, the longest pause still counts from its
+    /// start), and undo every other pause it left: one by hand, one still being made, one of a job
+    /// that is gone, one whose mechanism this build does not know.
     pub fn recover(&mut self, state: Option<Persisted>, now_ms: u64) {
         let state = state.unwrap_or_default();
         // The journal, read once and only when a job has a config.
         let mut intents = None;
         self.leftover_loans = state.loans;
         for pj in state.jobs {
-            if let Some(done) =
-                crate::act::recover::undo_pause(self.host.as_ref(), &self.process_root, &pj)
-            {
-                self.record(
-                    now_ms,
-                    Action::Resume,
-                    &pj.name,
-                    Reason::Restart,
-                    done.to_string(),
-                    false,
-                );
-            }
             let alive = crate::proc::read_stat(&self.process_root, pj.root.pid)
                 .is_ok_and(|s| s.start_time == pj.root.start_time && s.state != 'Z');
+            let swap_lost = pj
+                .way_out
+                .as_ref()
+                .is_some_and(|w| w.phase == crate::job::way_out::Phase::MakingSwap);
+            let kept = pj
+                .paused
+                .as_ref()
+                .filter(|p| {
+                    alive
+                        && !swap_lost
+                        && !self.cfg.policy.dry_run
+                        && p.by == crate::policy::By::Policy
+                })
+                .and_then(|p| p.resumable_hold());
+            if kept.is_none() {
+                if let Some(done) =
+                    crate::act::recover::undo_pause(self.host.as_ref(), &self.process_root, &pj)
+                {
+                    self.record(
+                        now_ms,
+                        Action::Resume,
+                        &pj.name,
+                        Reason::Restart,
+                        done.to_string(),
+                        false,
+                    );
+                }
+            }
             if alive {
                 let (cg, origin) = crate::job::measure::cgroup_of(&self.process_root, pj.root.pid);
                 let mut job = Job::new(
@@ -353,11 +373,13 @@ impl Engine {
                 job.config = pj.config.clone();
                 job.launch = pj.launch.clone();
                 job.origin = origin;
-                // Its pause was just undone: a way out in progress ends here, and the room it held
-                // is given back once the job fits (a new pause starts a new ladder).
+                // A pause held on goes on with its way out where it was. One that was undone ends
+                // its way out here, and the room it held is given back once the job fits (a new
+                // pause starts a new ladder).
+                let held_on = kept.is_some();
                 job.way_out = pj.way_out.clone().map(|mut w| {
                     use crate::job::way_out::Phase;
-                    if !matches!(w.phase, Phase::Done | Phase::Clearing) {
+                    if !held_on && !matches!(w.phase, Phase::Done | Phase::Clearing) {
                         w.phase = Phase::Clearing;
                         w.phase_since_ms = now_ms;
                     }
@@ -383,13 +405,23 @@ impl Engine {
                     job.slurm = Some(id.clone());
                     job.freezer = None;
                 }
+                let detail = match &kept {
+                    Some(p) => format!(
+                        "re-adopted pid {}, still paused ({}, since {} ms ago)",
+                        pj.root.pid,
+                        p.mechanism.name(),
+                        now_ms.saturating_sub(p.since_ms)
+                    ),
+                    None => format!("re-adopted pid {}", pj.root.pid),
+                };
+                job.pause = kept;
                 self.jobs.insert(pj.name.clone(), job);
                 self.record(
                     now_ms,
                     Action::Attach,
                     &pj.name,
                     Reason::Restart,
-                    format!("re-adopted pid {}", pj.root.pid),
+                    detail,
                     false,
                 );
             } else if let Some(loan) = pj.way_out.and_then(|w| w.loan) {

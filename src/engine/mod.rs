@@ -561,9 +561,7 @@ impl Engine {
             }
         };
         Some(crate::job::PauseDeadline {
-            at_ms: pause
-                .since_ms
-                .saturating_add(p.max_pause_seconds.saturating_mul(1000)),
+            at_ms: self.max_pause_due(pause),
             then: then.into(),
         })
     }

@@ -26,7 +26,7 @@ impl Engine {
             let state = self.policy.jobs.get(&j.name);
             if let Some(p) = pause {
                 if !p.held.expired && state.is_none_or(|s| !s.managed) {
-                    due.push(p.since_ms.saturating_add(max_pause));
+                    due.push(self.max_pause_due(p));
                 }
             }
             if let Some(t) = state.and_then(|s| s.checkpoint_deadline_ms) {
@@ -52,6 +52,13 @@ impl Engine {
         due.into_iter()
             .filter(|t| self.timeouts_handled_ms.is_none_or(|h| *t > h))
             .min()
+    }
+
+    /// When a pause reaches `policy.max_pause_seconds` (engine clock, ms): the one place this is
+    /// computed, for `poll_timeout` and for the API's `pause_deadline`.
+    pub(super) fn max_pause_due(&self, p: &crate::job::Pause) -> u64 {
+        p.since_ms
+            .saturating_add(self.cfg.policy.max_pause_seconds.saturating_mul(1000))
     }
 
     /// A deadline from `poll_timeout` is due: ends the graces that ran out and runs the policy and the

@@ -74,6 +74,10 @@ pub struct LevelState {
     pub value: Option<f64>,
     /// When `level` was entered (ms).
     pub since_ms: u64,
+    /// A reading (a value, or the resource's absence) came since this state began: a level that
+    /// never had one says nothing yet (a daemon that just started, a probe with no GPU data).
+    #[serde(default)]
+    pub known: bool,
 }
 
 impl LevelState {
@@ -84,6 +88,7 @@ impl LevelState {
             pending: None,
             value: None,
             since_ms: now_ms,
+            known: false,
         }
     }
 }
@@ -108,6 +113,7 @@ pub fn step(state: LevelState, reading: Reading, t: &Thresholds, now_ms: u64) ->
                 level: Level::Ok,
                 pending: None,
                 value: None,
+                known: true,
                 since_ms: if state.level == Level::Ok {
                     state.since_ms
                 } else {
@@ -122,6 +128,7 @@ pub fn step(state: LevelState, reading: Reading, t: &Thresholds, now_ms: u64) ->
         return LevelState {
             pending: None,
             value: Some(value),
+            known: true,
             ..state
         };
     }
@@ -140,11 +147,13 @@ pub fn step(state: LevelState, reading: Reading, t: &Thresholds, now_ms: u64) ->
             pending: None,
             value: Some(value),
             since_ms: now_ms,
+            known: true,
         }
     } else {
         LevelState {
             pending: Some((want, since)),
             value: Some(value),
+            known: true,
             ..state
         }
     }

@@ -533,3 +533,39 @@ fn a_pause_that_did_not_happen_is_decided_again() {
         "the failed pause was not decided again: {d:?}"
     );
 }
+
+/// A pause carried over a daemon's restart (the policy's state starts empty, the pause record comes
+/// from the state file) is not resumed before what caused it has been read again: a probe with no
+/// GPU data says nothing about a hot GPU. Once the GPU is read cool, it is resumed.
+#[test]
+fn a_pause_carried_over_a_restart_waits_for_its_cause_to_be_read() {
+    let cfg = Policy::default();
+    let hot_gpu = Cause::Resource(Resource::GpuTemperature(0));
+    let carried = PauseState {
+        since_ms: 500,
+        by: By::Policy,
+        reasons: vec![hot_gpu],
+        projected: None,
+        expired: false,
+        strict: false,
+    };
+    let mut w: World = (State::default(), Some(carried));
+    // Probes: no GPU in the observation yet.
+    for now in [1_000, 1_100, 1_200] {
+        let mut o = obs(now);
+        o.gpus.clear();
+        let (next, d) = advance(&w, o, &cfg);
+        assert!(
+            !d.iter().any(|d| matches!(d, Decision::Resume { .. })),
+            "resumed at {now} before the GPU was read: {d:?}"
+        );
+        w = next;
+    }
+    // The first full sample reads the GPU cool: resumed.
+    let (w, d) = advance(&w, obs(1_300), &cfg);
+    assert!(
+        d.iter().any(|d| matches!(d, Decision::Resume { .. })),
+        "{d:?}"
+    );
+    assert_eq!(w.1, None);
+}

@@ -75,6 +75,8 @@ pub struct Opts<'a> {
     /// Set in the daemon's environment (what systemd would set, say); nothing else of the test's
     /// environment is changed.
     pub env: &'a [(&'a str, &'a str)],
+    /// More keys of `[control]` (the section the harness writes last).
+    pub control: &'a str,
 }
 
 impl Default for Opts<'_> {
@@ -86,6 +88,7 @@ impl Default for Opts<'_> {
             interval_ms: 100,
             state: None,
             env: &[],
+            control: "",
         }
     }
 }
@@ -114,13 +117,14 @@ impl Daemon {
             &config,
             format!(
                 "listen = \"127.0.0.1:0\"\n{}\n[sampling]\ninterval_ms = {}\n[host]\nroot = {:?}\n[gpu]\nlibrary = {:?}\n\
-                 [control]\nsocket = {:?}\nstate_dir = {:?}\n",
+                 [control]\nsocket = {:?}\nstate_dir = {:?}\n{}\n",
                 o.extra_config,
                 o.interval_ms,
                 o.root,
                 fake_nvml(),
                 socket,
-                state
+                state,
+                o.control
             ),
         )
         .unwrap();

@@ -346,6 +346,56 @@ fn a_resume_during_a_slurm_suspend_comes_after_it() {
     assert!(s.pause().is_none());
 }
 
+/// A restarted daemon goes on holding a pause the policy made, by the same mechanism, touching
+/// nothing, and resumes it once its cause is read recovered; a pause by hand is undone instead.
+#[test]
+fn a_restart_holds_a_policy_pause_and_undoes_a_hand_pause() {
+    for kind in ALL {
+        let mut s = Sim::new(kind);
+        s.sample(0.97);
+        let before = s.pause().expect("paused");
+        let acts = s.host.acts().len();
+        let calls = s.slurm.len();
+        s.now += 500;
+        s.restart();
+        let after = s
+            .pause()
+            .unwrap_or_else(|| panic!("{kind:?}: not held: {:?}", s.events()));
+        assert_eq!(after.mechanism, before.mechanism, "{kind:?}");
+        assert_eq!(after.since_ms, before.since_ms, "{kind:?}");
+        assert_eq!(after.held.reasons, before.held.reasons, "{kind:?}");
+        assert_eq!(
+            s.host.acts().len(),
+            acts,
+            "{kind:?}: {:?}",
+            &s.host.acts()[acts..]
+        );
+        assert_eq!(s.slurm.len(), calls);
+        assert!(s.held(), "{kind:?}");
+        s.now += 1000;
+        s.sample(0.97);
+        assert!(
+            s.pause().is_some(),
+            "{kind:?}: resumed while still short of memory"
+        );
+        for _ in 0..10 {
+            s.now += 1000;
+            s.sample(0.5);
+        }
+        assert!(s.pause().is_none(), "{kind:?}: {:?}", s.events());
+        assert!(s.all_running(), "{kind:?}");
+
+        let mut s = Sim::new(kind);
+        assert!(s.cmd(pause_cmd()).ok);
+        s.restart();
+        assert!(
+            s.pause().is_none(),
+            "{kind:?}: a pause by hand carried over"
+        );
+        assert!(s.all_running(), "{kind:?}: {:?}", s.host.acts());
+    }
+}
+
 /// A restarted engine undoes a version 1 record (the format before the pause named its mechanism)
 /// and a version 2 one, from the record alone.
 #[test]

@@ -57,6 +57,7 @@ pub struct Sim {
     held: VecDeque<Outcome>,
     /// Freezes still settling, answered by `settle`.
     pub settling: VecDeque<(String, memwatch::job::held::Frozen)>,
+    config: String,
 }
 
 /// Writes a fixture process.
@@ -145,6 +146,7 @@ impl Sim {
             state.path()
         );
         let cfg = memwatch::config::parse(&text).unwrap();
+        let config = text.clone();
         let host = FakeHost::new(r, state.path());
         let engine = Engine::with_host(cfg, None, host.clone());
         let mut sim = Sim {
@@ -159,10 +161,22 @@ impl Sim {
             slurm_held: false,
             held: VecDeque::new(),
             settling: VecDeque::new(),
+            config,
         };
         let r = sim.cmd(serde_json::json!({"cmd": "attach", "pid": PID, "name": "sim"}));
         assert!(r.ok, "attach: {:?}", r.error);
         sim
+    }
+
+    /// The daemon is killed and a new one starts on the same state file and host: the engine is
+    /// replaced by one that recovers from the file.
+    pub fn restart(&mut self) {
+        let cfg = memwatch::config::parse(&self.config).unwrap();
+        let state = memwatch::act::persist::load(&self.host.state_dir).unwrap();
+        self.engine = Engine::with_host(cfg, None, self.host.clone());
+        self.engine.recover(state, self.now);
+        self.drain();
+        self.check();
     }
 
     pub fn root(&self) -> PathBuf {

@@ -39,7 +39,7 @@ if [ -n "$froze" ]; then
     timing="frozen at +$((froze - go)) ms, before 95 % was crossed (50 ms polls)"
   fi
   detail="$timing at $used of $limit MiB; memory.events oom_kill $oom; mechanism $kind, by $by: $why"
-  if [ "$oom" = 0 ] && [ "$kind" = cgroup_v2_freeze ] && kill -0 "$HOG_PID" 2>/dev/null; then
+  if [ "$oom" = 0 ] && [ -z "$(oom_killed_at "$HOG_PID")" ] && [ "$kind" = cgroup_v2_freeze ] && kill -0 "$HOG_PID" 2>/dev/null; then
     result $S ok "frozen: $detail"
   else
     result $S fail "frozen: $detail; job alive: $(kill -0 "$HOG_PID" 2>/dev/null && echo yes || echo no)"

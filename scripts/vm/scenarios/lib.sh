@@ -31,6 +31,11 @@ main_pid() { systemctl show -p MainPID --value "$1"; }
 cg_key() { awk -v k="$2" '$1 == k { print $2 }' "$1" 2>/dev/null; }
 frozen() { [ "$(cg_key "$CG/$1/cgroup.events" frozen)" = 1 ]; }
 oom_kills() { cg_key "$CG/$1/memory.events" oom_kill; }
+# When the kernel's OOM killer killed PID, in ms since boot (from its log: a unit's cgroup, and so its
+# memory.events, is gone as soon as its last process is); nothing if it did not.
+oom_killed_at() {
+  dmesg | sed -n "s/^\[ *\([0-9.]*\)\].*Killed process $1 .*/\1/p" | awk '{ printf "%d\n", $1 * 1000; exit }'
+}
 mib() { echo $(($(cat "$CG/$1/memory.current" 2>/dev/null || echo 0) / 1048576)); }
 
 # The package, installed and started (offline: the guest has no network).

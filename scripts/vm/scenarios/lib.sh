@@ -67,7 +67,7 @@ hog_field() { curl -sf 127.0.0.1:9300/api/v1/jobs | jq -r ".jobs[] | select(.nam
 
 stop_hog() {
   memwatch detach hog >/dev/null 2>&1
-  echo 0 >"$CG/hogjob.service/cgroup.freeze" 2>/dev/null
+  [ -f "$CG/hogjob.service/cgroup.freeze" ] && echo 0 >"$CG/hogjob.service/cgroup.freeze"
   systemctl stop hogjob >/dev/null 2>&1
   systemctl reset-failed hogjob >/dev/null 2>&1
   rm -f /run/hog-go

@@ -2,7 +2,7 @@
 # Runs every memwatch test: formatting, clippy, unit tests and the end-to-end tests that start the real
 # binary on fixture roots with the fake NVML. Installs what the tests need when it is missing and this runs
 # as root: promtool and prometheus, systemd-analyze, chromium, node/npm, tmux, fuse3 and python3-fusepy,
-# slurmctld, slurmd, slurm-client and munge (Debian),
+# slurmctld, slurmd, slurm-client and munge, debootstrap and qemu-system-x86 for the VM tests (Debian),
 # playwright-core (npm), kubernetes-validate (PyPI, for the manifest),
 # and torch 2.13.0 for the trainer plus the Python package's pinned test dependencies (PyPI).
 set -euo pipefail
@@ -39,7 +39,17 @@ have slurmctld || missing+=(slurmctld)
 have slurmd || missing+=(slurmd)
 have sbatch || missing+=(slurm-client)
 have munged || missing+=(munge)
+# The VM tests (tests/vm.rs, scripts/vm/): debootstrap builds a Debian 12 guest, qemu boots it.
+have debootstrap || [ -x /usr/sbin/debootstrap ] || missing+=(debootstrap)
 [ ${#missing[@]} -eq 0 ] || install_debian "${missing[@]}"
+# Debian 12's qemu-system-x86 needs qemu-utils of its own version: a newer one (backports) is downgraded
+# to it. Only as root: tests/vm.rs skips without root.
+if ! have qemu-system-x86_64 && [ "$(id -u)" = 0 ] && have apt-get; then
+  apt-get update -qq
+  qemu=$(apt-cache policy qemu-system-x86 | awk '/Candidate:/ { print $2 }')
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends --allow-downgrades \
+    "qemu-system-x86=$qemu" "qemu-utils=$qemu" >/dev/null
+fi
 # playwright-core drives Debian's chromium (no browser download); the lock file pins it.
 [ -d tests/browser/node_modules/playwright-core ] || (cd tests/browser && npm ci --no-audit --no-fund --silent)
 

@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Boots the Debian 12 guest (scripts/vm/image.sh: systemd 252, kernel 6.1, cgroup v2 only) under qemu
+# and runs the named scenarios in it, in order, in one boot, against the memwatch .deb:
+#
+#   sudo ./scripts/vm/run.sh install freeze-v2 crash-under-systemd
+#
+# Scenarios are scripts/vm/scenarios/NAME.sh; each reports `VMRESULT NAME ok|fail DETAIL` lines, which
+# this prints. Exits 1 when any failed or a named one reported nothing, 2 on bad usage.
+#
+# Inputs: the newest target/debian/memwatch_*.deb (scripts/build-deb.sh; MEMWATCH_VM_DEB overrides) and
+# memhog (target/debug or target/release; MEMWATCH_VM_MEMHOG overrides). They go on a disk of their
+# own (ext4, label MWIN), read-only in the guest; the guest writes to a third (MWOUT), read back with
+# debugfs; the root is a qcow2 overlay on the cached image, so a boot never changes the image. Nothing
+# is mounted on this machine.
+#
+# MEMWATCH_VM_ACCEL: tcg (the default: multi-threaded TCG, which needs nothing from the host) or kvm
+# (where /dev/kvm can boot a stock kernel). MEMWATCH_VM_TIMEOUT: the boot's wall-clock limit in seconds
+# (default 1500). The last run's serial log and output disk are kept in target/vm/.
+# Needs root (debootstrap for the image); installs qemu when it is missing.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+log() { echo "vm: $*" >&2; }
+[ $# -gt 0 ] || { log "usage: scripts/vm/run.sh SCENARIO... (from scripts/vm/scenarios/)"; exit 2; }
+for s in "$@"; do
+  [ -f "scripts/vm/scenarios/$s.sh" ] || { log "no scenario $s (scripts/vm/scenarios/$s.sh)"; exit 2; }
+done
+[ "$(id -u)" = 0 ] || { log "run as root"; exit 2; }
+
+# Debian 12's qemu-system-x86 wants qemu-utils of its own version; a newer one (backports) is
+# downgraded to it.
+if ! command -v qemu-system-x86_64 >/dev/null 2>&1 || ! command -v qemu-img >/dev/null 2>&1; then
+  apt-get update -qq
+  v=$(apt-cache policy qemu-system-x86 | awk '/Candidate:/ { print $2 }')
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends --allow-downgrades \
+    "qemu-system-x86=$v" "qemu-utils=$v" >/dev/null
+fi
+
+deb=${MEMWATCH_VM_DEB:-$(ls -t target/debian/memwatch_*.deb 2>/dev/null | head -n 1 || true)}
+[ -f "$deb" ] || { log "no memwatch .deb in target/debian: ./scripts/build-deb.sh [--debug] makes it"; exit 2; }
+memhog=${MEMWATCH_VM_MEMHOG:-$(ls -t target/debug/memhog target/release/memhog 2>/dev/null | head -n 1 || true)}
+[ -x "$memhog" ] || { log "no memhog in target/: cargo build -p memwatch-memhog makes it"; exit 2; }
+
+image=$(./scripts/vm/image.sh | tail -n 1)
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/memwatch-vm.XXXXXX")
+qemu_pid=
+cleanup() {
+  [ -z "$qemu_pid" ] || kill -KILL "$qemu_pid" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# The input disk: the package, memhog, the scenarios and the guest's runner.
+in=$work/in
+mkdir -p "$in/scenarios"
+cp "$deb" "$in/"
+cp "$memhog" "$in/memhog"
+cp scripts/vm/scenarios/*.sh "$in/scenarios/"
+mv "$in/scenarios/lib.sh" "$in/lib.sh"
+cp scripts/vm/guest-run.sh "$in/run.sh"
+printf '%s\n' "$@" >"$in/scenarios/list"
+# The guest's own limit on run.sh: the scenarios' timeouts added up.
+total=0
+for s in "$@"; do
+  t=$(sed -n 's/^# timeout: //p' "scripts/vm/scenarios/$s.sh")
+  total=$((total + ${t:-300} + 10))
+done
+echo "$total" >"$in/timeout"
+size=$(( $(du -sm "$in" | cut -f1) + 32 ))
+truncate -s "${size}M" "$work/in.img"
+mkfs.ext4 -q -F -L MWIN -d "$in" "$work/in.img"
+truncate -s 64M "$work/out.img"
+mkfs.ext4 -q -F -L MWOUT "$work/out.img"
+qemu-img create -q -f qcow2 -b "$image/base.img" -F raw "$work/root.qcow2"
+
+accel=${MEMWATCH_VM_ACCEL:-tcg}
+case $accel in
+  tcg) accel_args=(-accel tcg,thread=multi -cpu max) ;;
+  kvm) accel_args=(-accel kvm -cpu host) ;;
+  *) log "MEMWATCH_VM_ACCEL must be tcg or kvm, not $accel"; exit 2 ;;
+esac
+limit=${MEMWATCH_VM_TIMEOUT:-1500}
+log "booting ($accel, limit $limit s): $*"
+start=$(date +%s)
+timeout --signal=KILL "$limit" qemu-system-x86_64 "${accel_args[@]}" -smp 2 -m 4096 \
+  -nodefaults -display none -no-reboot -monitor none -serial "file:$work/serial.log" \
+  -kernel "$image/vmlinuz" -initrd "$image/initrd.img" -append "$(cat "$image/cmdline")" \
+  -drive "file=$work/root.qcow2,if=virtio,format=qcow2" \
+  -drive "file=$work/in.img,if=virtio,format=raw,readonly=on" \
+  -drive "file=$work/out.img,if=virtio,format=raw" &
+qemu_pid=$!
+status=0
+wait "$qemu_pid" || status=$?
+qemu_pid=
+took=$(($(date +%s) - start))
+[ "$status" = 0 ] || log "qemu exited with $status after $took s (137: killed at the $limit s limit)"
+
+mkdir -p "$work/out"
+debugfs -R "rdump / $work/out" "$work/out.img" >/dev/null 2>&1 || true
+keep=target/vm
+rm -rf "$keep"
+mkdir -p "$keep"
+cp -r "$work/serial.log" "$work/out" "$keep/" 2>/dev/null || true
+
+# The results: from the output disk, else (a guest that died before it synced) from the serial log.
+results=$(grep -a '^VMRESULT ' "$work/out/log" 2>/dev/null || true)
+[ -n "$results" ] || results=$(tr -d '\r' <"$work/serial.log" | grep -a '^VMRESULT ' || true)
+boot=$(tr -d '\r' <"$work/serial.log" | grep -a '^VMBOOT ' | head -n 1 || true)
+log "qemu ran $took s; ${boot:-the guest never reported booting}"
+tr -d '\r' <"$work/serial.log" | grep -a -E '^VM(START|END) ' >&2 || true
+[ -z "$results" ] || echo "$results"
+
+failed=0
+for s in "$@"; do
+  grep -q "^VMRESULT $s " <<<"$results" || { echo "VMRESULT $s fail reported nothing"; failed=1; }
+done
+grep -q '^VMRESULT [^ ]* fail' <<<"$results" && failed=1
+if [ "$failed" = 1 ]; then
+  for j in "$work"/out/journal-*.txt; do
+    [ -f "$j" ] || continue
+    log "$(basename "$j")"
+    cat "$j" >&2
+  done
+  if [ -z "$results" ]; then
+    log "serial log's tail:"
+    tail -n 60 "$work/serial.log" >&2
+  fi
+fi
+exit "$failed"

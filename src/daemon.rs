@@ -361,6 +361,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     crate::sd_notify::notify("STOPPING=1");
     engine.shutdown(clock.now_ms());
     executor.finish(&mut engine, &mut outcomes, || clock.now_ms());
+    if let Some(g) = guardian.as_mut() {
+        g.stand_down();
+    }
     shared.publish_view(engine.view());
     control_task.abort();
     let _ = std::fs::remove_file(&config.control.socket);

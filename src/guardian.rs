@@ -15,12 +15,19 @@
 //! idempotent recovery a restarted daemon runs for the pauses it does not keep, see `act::recover`),
 //! marks them undone, and exits. So after a death with no successor every job runs again within the
 //! grace (plus the 50 ms of a look). A daemon starting while the guardian recovers waits for the lock.
+//! The pipe's end closes before the dying daemon's last descriptors, its lock among them, so the
+//! guardian first waits (up to 2 s) until the kernel has reparented it: only then is a held lock a
+//! successor's.
 //!
 //! Under systemd the unit uses `KillMode=process`: systemd then restarts the daemon without killing
 //! the guardian first (with `control-group` it would wait for the whole cgroup to empty, and the
 //! guardian, waiting for that very successor, would thaw the job into its limit first). A `systemctl
 //! stop` signals the daemon alone, which resumes everything before it exits; its guardian finds
 //! nothing to undo and leaves within the grace.
+//!
+//! A daemon that stops cleanly resumes everything first and then writes a byte to the pipe: its
+//! guardian leaves as soon as the daemon has gone, with no grace to wait (it still looks, and finds
+//! nothing to undo).
 //!
 //! Failure modes: the guardian ignores SIGTERM, SIGINT and SIGHUP (systemd's stop of the unit's cgroup
 //! after a crash would otherwise kill it before it acts; in a clean stop the daemon resumes everything
@@ -31,17 +38,19 @@
 //! recovers: the jobs stay paused until then, as before the guardian existed.
 
 use std::io::Read;
-use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::Duration;
 
 use crate::act::persist::{self, StateLock};
 
+/// What the daemon writes to the pipe before a clean exit.
+const STAND_DOWN: &[u8] = b"S";
+
 /// The daemon's handle on its guardian: the child, and the pipe end whose closing wakes it.
 pub struct Guardian {
     child: Child,
-    _wake: OwnedFd,
+    wake: std::fs::File,
     state_dir: PathBuf,
     process_root: PathBuf,
     grace: Duration,
@@ -83,11 +92,18 @@ impl Guardian {
             .spawn()?;
         Ok(Guardian {
             child,
-            _wake: write,
+            wake: std::fs::File::from(write),
             state_dir: state_dir.to_owned(),
             process_root: process_root.to_owned(),
             grace,
         })
+    }
+
+    /// Tells the guardian the daemon is stopping cleanly, everything resumed: it leaves as soon as
+    /// the daemon has gone, without waiting for a successor.
+    pub fn stand_down(&mut self) {
+        use std::io::Write;
+        let _ = self.wake.write_all(STAND_DOWN);
     }
 
     /// The guardian's pid.
@@ -125,16 +141,26 @@ pub fn run(state_dir: &Path, process_root: &Path, grace: Duration) -> ExitCode {
         // SAFETY: SIG_IGN installs no handler code.
         let _ = unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigIgn) };
     }
+    // The daemon: our parent until it has died whole.
+    let daemon = nix::unistd::getppid();
     let mut stdin = std::io::stdin().lock();
     let mut buf = [0u8; 64];
+    let mut stood_down = false;
     loop {
         match stdin.read(&mut buf) {
             Ok(0) => break,
-            Ok(_) => {}
+            Ok(n) => stood_down |= buf[..n].contains(&STAND_DOWN[0]),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(_) => break,
         }
     }
+    // The pipe's end closes while the dying daemon still holds its other descriptors, the state lock
+    // among them: until the kernel has reparented us, its lock would pass for a successor's.
+    let dying = std::time::Instant::now();
+    while nix::unistd::getppid() == daemon && dying.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let grace = if stood_down { Duration::ZERO } else { grace };
     if successor_within(state_dir, grace) {
         tracing::info!("a new memwatch daemon took over; it holds the paused jobs");
         return ExitCode::SUCCESS;

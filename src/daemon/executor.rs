@@ -8,9 +8,8 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use crate::act::driver::{Host, HostDriver, SlurmCall};
-use crate::engine::{Effect, Engine, Outcome};
-use crate::job::held::Slurmctl;
+use crate::act::driver::{Host, HostDriver};
+use crate::engine::{Effect, Engine, Outcome, SlurmRequest};
 
 /// Outcomes that may wait for the owner task at once.
 pub const OUTCOME_CAPACITY: usize = 64;
@@ -19,18 +18,9 @@ const SLURM_QUEUE: usize = 256;
 /// How long the stop waits for Slurm calls under way.
 const FLUSH_WAIT: Duration = Duration::from_secs(30);
 
-/// One Slurm call, as the thread receives it.
-struct SlurmWork {
-    job: String,
-    call: SlurmCall,
-    id: String,
-    ctl: Slurmctl,
-    ending: Option<crate::engine::Ending>,
-}
-
 /// What the Slurm thread is asked.
 enum ToSlurm {
-    Call(SlurmWork),
+    Call(SlurmRequest),
     /// Answer once every call queued before this one has finished.
     Flush(std_mpsc::Sender<()>),
 }
@@ -103,35 +93,14 @@ impl Executor {
                 });
                 None
             }
-            Effect::Slurm {
-                job,
-                call,
-                id,
-                ctl,
-                ending,
-            } => {
-                let work = SlurmWork {
-                    job,
-                    call,
-                    id,
-                    ctl,
-                    ending,
-                };
-                match self.slurm.try_send(ToSlurm::Call(work)) {
-                    Ok(()) => None,
-                    Err(std_mpsc::TrySendError::Full(ToSlurm::Call(w)))
-                    | Err(std_mpsc::TrySendError::Disconnected(ToSlurm::Call(w))) => {
-                        Some(Outcome::Slurm {
-                            job: w.job,
-                            call: w.call,
-                            id: w.id,
-                            result: Err("too many Slurm calls are waiting".into()),
-                            ending: w.ending,
-                        })
-                    }
-                    Err(_) => None,
+            Effect::Slurm(request) => match self.slurm.try_send(ToSlurm::Call(request)) {
+                Ok(()) => None,
+                Err(std_mpsc::TrySendError::Full(ToSlurm::Call(r)))
+                | Err(std_mpsc::TrySendError::Disconnected(ToSlurm::Call(r))) => {
+                    Some(r.outcome(Err("too many Slurm calls are waiting".into())))
                 }
-            }
+                Err(_) => None,
+            },
             Effect::WayOut(task) => {
                 let tx = self.outcomes.clone();
                 tokio::task::spawn_blocking(move || {
@@ -175,24 +144,8 @@ impl Executor {
             while let Some(effect) = engine.poll_effect() {
                 any = true;
                 match effect {
-                    Effect::Slurm {
-                        job,
-                        call,
-                        id,
-                        ctl,
-                        ending,
-                    } => {
-                        let outcome = run_slurm(
-                            &self.host,
-                            SlurmWork {
-                                job,
-                                call,
-                                id,
-                                ctl,
-                                ending,
-                            },
-                        );
-                        engine.handle_outcome(outcome, now());
+                    Effect::Slurm(request) => {
+                        engine.handle_outcome(run_slurm(&self.host, request), now());
                     }
                     Effect::Settle { job, frozen } => {
                         let settled = frozen.settled_within(crate::act::freeze::SETTLE);
@@ -216,13 +169,7 @@ impl Executor {
 }
 
 /// Runs one Slurm call.
-fn run_slurm(host: &Host, w: SlurmWork) -> Outcome {
-    let result = host.slurm(&w.ctl, &w.call, &w.id);
-    Outcome::Slurm {
-        job: w.job,
-        call: w.call,
-        id: w.id,
-        result,
-        ending: w.ending,
-    }
+fn run_slurm(host: &Host, request: SlurmRequest) -> Outcome {
+    let result = host.slurm(&request.ctl, &request.call, &request.id);
+    request.outcome(result)
 }

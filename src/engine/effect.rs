@@ -24,22 +24,39 @@ pub enum Effect {
     },
     /// One Slurm call for a whole job. Calls run one at a time, in order: a resume never overtakes
     /// the suspend it undoes.
-    Slurm {
-        /// The job (memwatch's name).
-        job: String,
-        /// The call.
-        call: SlurmCall,
-        /// The Slurm job's id.
-        id: String,
-        /// The commands and their timeout.
-        ctl: Slurmctl,
-        /// For a requeue or cancel that ends the job: why, for its event.
-        ending: Option<Ending>,
-    },
+    Slurm(SlurmRequest),
     /// Emergency swap made or removed.
     WayOut(WayOutTask),
     /// A config read, rewrite or check.
     Adapt(Box<AdaptTask>),
+}
+
+/// One Slurm call the engine asks for.
+#[derive(Debug)]
+pub struct SlurmRequest {
+    /// The job (memwatch's name).
+    pub job: String,
+    /// The call.
+    pub call: SlurmCall,
+    /// The Slurm job's id.
+    pub id: String,
+    /// The commands and their timeout.
+    pub ctl: Slurmctl,
+    /// For a requeue or cancel that ends the job: why, for its event.
+    pub ending: Option<Ending>,
+}
+
+impl SlurmRequest {
+    /// What came of it.
+    pub fn outcome(self, result: Result<(), String>) -> Outcome {
+        Outcome::Slurm {
+            job: self.job,
+            call: self.call,
+            id: self.id,
+            result,
+            ending: self.ending,
+        }
+    }
 }
 
 /// Why a job is being ended through Slurm: its `terminate` event is recorded when Slurm answers.

@@ -54,13 +54,13 @@ impl Engine {
                     // A Slurm job attached by id: every step's tasks, on every node (its leader
                     // alone when Slurm fails).
                     match j.slurm.clone() {
-                        Some(id) => self.emit(super::Effect::Slurm {
+                        Some(id) => self.emit(super::Effect::Slurm(super::SlurmRequest {
                             job: job.clone(),
                             call: SlurmCall::Signal(name.trim_start_matches("SIG").to_owned()),
                             id,
                             ctl: crate::act::slurm::Slurmctl::new(&self.cfg.slurm),
                             ending: None,
-                        }),
+                        })),
                         None => {
                             if let Err(e) = self.signal_root(j, sig) {
                                 tracing::warn!(job, error = %e, "checkpoint signal failed");
@@ -147,20 +147,20 @@ impl Engine {
         match slurm_id {
             Some(id) => {
                 if let Some(s) = j.pause.as_ref().and_then(|p| p.suspended()).cloned() {
-                    self.emit(super::Effect::Slurm {
+                    self.emit(super::Effect::Slurm(super::SlurmRequest {
                         job: job.to_owned(),
                         call: SlurmCall::Resume,
                         id: s.job_id,
                         ctl: s.ctl,
                         ending: None,
-                    });
+                    }));
                 }
                 let call = if self.cfg.slurm.requeue {
                     SlurmCall::Requeue
                 } else {
                     SlurmCall::Cancel
                 };
-                self.emit(super::Effect::Slurm {
+                self.emit(super::Effect::Slurm(super::SlurmRequest {
                     job: job.to_owned(),
                     call,
                     id,
@@ -174,7 +174,7 @@ impl Engine {
                             .map(|p| p.stopped.clone())
                             .unwrap_or_default(),
                     }),
-                });
+                }));
                 // Its processes stay as they are until Slurm answers; the record no longer holds
                 // them (what Slurm suspended, Slurm resumes first).
                 self.mark_terminating(job, reason, &cause, now_ms);

@@ -15,7 +15,7 @@ mod timeout;
 mod way_out;
 
 pub use adapt::{AdaptDone, AdaptTask, run_adapt_task};
-pub use effect::{Effect, Ending, Outcome};
+pub use effect::{Effect, Ending, Outcome, SlurmRequest};
 pub use effects::PauseError;
 pub use observe::Measured;
 pub use way_out::{WayOutDone, WayOutTask, run_way_out_task};

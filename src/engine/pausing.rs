@@ -79,13 +79,13 @@ impl Engine {
         match mechanism {
             Mechanism::Slurm(s) => {
                 tracing::info!(job = name, slurm_job_id = %s.job_id, "suspending the whole Slurm job (scontrol suspend)");
-                self.emit(Effect::Slurm {
+                self.emit(Effect::Slurm(super::SlurmRequest {
                     job: name.to_owned(),
                     call: SlurmCall::Suspend,
                     id: s.job_id,
                     ctl: s.ctl,
                     ending: None,
-                });
+                }));
                 Ok(())
             }
             Mechanism::FreezeV1(f) | Mechanism::FreezeV2(f) => match self.host.freeze(&f) {
@@ -199,13 +199,13 @@ impl Engine {
         };
         if let Some(p) = j.pause.take() {
             if let Some(s) = p.suspended() {
-                self.effects.push_back(Effect::Slurm {
+                self.effects.push_back(Effect::Slurm(super::SlurmRequest {
                     job: name.to_owned(),
                     call: SlurmCall::Resume,
                     id: s.job_id.clone(),
                     ctl: s.ctl.clone(),
                     ending: None,
-                });
+                }));
             }
             if let Some(f) = p.frozen() {
                 if let Err(e) = self.host.thaw(f) {

@@ -264,13 +264,8 @@ impl Sim {
         while let Some(effect) = self.engine.poll_effect() {
             match effect {
                 Effect::Settle { job, frozen } => self.settling.push_back((job, frozen)),
-                Effect::Slurm {
-                    job,
-                    call,
-                    id,
-                    ending,
-                    ..
-                } => {
+                Effect::Slurm(request) => {
+                    let (call, id) = (request.call.clone(), request.id.clone());
                     if call == SlurmCall::Suspend {
                         let s = self.host.state();
                         let recorded = s["jobs"].as_array().is_some_and(|jobs| {
@@ -287,19 +282,12 @@ impl Sim {
                                 .push(format!("Slurm job {id} suspended with no pause recorded"));
                         }
                     }
-                    self.slurm.push((call.clone(), id.clone()));
-                    let result = if self.slurm_fails {
+                    self.slurm.push((call, id));
+                    let outcome = request.outcome(if self.slurm_fails {
                         Err("injected: slurmctld is down".to_owned())
                     } else {
                         Ok(())
-                    };
-                    let outcome = Outcome::Slurm {
-                        job,
-                        call,
-                        id,
-                        result,
-                        ending,
-                    };
+                    });
                     if self.slurm_held {
                         self.held.push_back(outcome);
                     } else {

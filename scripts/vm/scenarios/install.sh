@@ -66,9 +66,12 @@ fi
 t1=$(now_ms)
 systemctl stop memwatch
 r=$(systemctl show -p Result --value memwatch)
+stopped=$(($(now_ms) - t1))
+# The guardian (KillMode=process leaves it to itself) goes as soon as the daemon has gone.
+wait_until 2 sh -c '! pgrep -x memwatch'
 left=$(pgrep -x memwatch | wc -l)
 if [ "$r" = success ] && ! is_active memwatch && [ "$left" = 0 ]; then
-  result $S ok "stop: stopped in $(($(now_ms) - t1)) ms, Result=$r, no memwatch process left"
+  result $S ok "stop: stopped in $stopped ms, Result=$r, no memwatch process left $(($(now_ms) - t1)) ms after the stop began"
 else
   result $S fail "stop: Result=$r, state $(systemctl is-active memwatch), $left memwatch processes left"
 fi

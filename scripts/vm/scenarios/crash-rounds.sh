@@ -1,0 +1,53 @@
+# timeout: 400
+# The daemon is SIGKILLed 20 times in a row while it holds a job frozen at its memory limit (the job
+# set to grow to 600 MiB of 400): each time systemd restarts it, and the new daemon must take the job
+# over still frozen. The job's cgroup is read every 50 ms throughout. ok if it never thawed, was never
+# OOM-killed, and every new daemon showed the job paused.
+. /mnt/in/lib.sh
+S=crash-rounds
+ROUNDS=20
+
+ensure_memwatch || { result $S fail "setup: memwatch not serving ($(systemctl is-active memwatch))"; exit 1; }
+start_hog 600
+touch /run/hog-go
+if ! wait_until 60 frozen hogjob.service; then
+  result $S fail "setup: the job was never frozen ($(mib hogjob.service) MiB, oom_kill $(oom_kills hogjob.service))"
+  stop_hog
+  exit 1
+fi
+wait_until 10 sh -c '[ "$(hog_field .pause.phase)" = held ]'
+oom0=$(oom_kills hogjob.service)
+thaws=0 held=0 times=''
+r=0
+while [ $r -lt $ROUNDS ]; do
+  r=$((r + 1))
+  systemctl reset-failed memwatch >/dev/null 2>&1
+  old=$(main_pid memwatch)
+  t0=$(now_ms)
+  kill -9 "$old"
+  took=''
+  while [ "$(now_ms)" -lt $((t0 + 30000)) ]; do
+    [ "$(cg_key "$CG/hogjob.service/cgroup.events" frozen)" = 1 ] || thaws=$((thaws + 1))
+    pid=$(main_pid memwatch)
+    if [ "$pid" != 0 ] && [ "$pid" != "$old" ] && [ "$(hog_field .state)" = paused ]; then
+      took=$(($(now_ms) - t0))
+      break
+    fi
+    sleep 0.05
+  done
+  [ -n "$took" ] && held=$((held + 1)) && times="$times $took"
+done
+oom=$(oom_kills hogjob.service)
+alive=no
+kill -0 "$HOG_PID" 2>/dev/null && alive=yes
+sorted=$(echo $times | tr ' ' '\n' | sort -n)
+p50=$(echo "$sorted" | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+max=$(echo "$sorted" | tail -n 1)
+detail="$ROUNDS kills; held by the new daemon in $held (paused in its API, restart to take-over p50 ${p50:-?} ms, max ${max:-?} ms); looks that found the cgroup thawed: $thaws; oom_kill $oom0 -> $oom; job alive: $alive; frozen now: $(cg_key "$CG/hogjob.service/cgroup.events" frozen)"
+if [ "$held" = $ROUNDS ] && [ "$thaws" = 0 ] && [ "$oom" = "$oom0" ] && [ "$alive" = yes ]; then
+  result $S ok "$detail"
+else
+  result $S fail "$detail"
+fi
+stop_hog
+exit "${FAILED:-0}"

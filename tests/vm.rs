@@ -4,7 +4,9 @@
 //! scenarios in `scripts/vm/scenarios/` in it against the .deb that `scripts/build-deb.sh` makes:
 //! `install` (apt-get offline, the service started, metrics, status, no stale samples, the unit's
 //! exposure, restart and stop), `freeze-v2` (a systemd unit's job growing toward its MemoryMax is
-//! frozen through cgroup.freeze, never OOM-killed, and thawed on detach), `crash-under-systemd` (the
+//! frozen through cgroup.freeze, never OOM-killed, and thawed on detach), `launch-systemd` (`memwatch
+//! launch` as root and as an ordinary user runs the job in a transient scope of its own, removed when it
+//! ends, nothing at the root of the tree), `crash-under-systemd` (the
 //! daemon killed while it holds a frozen job, restarted by systemd: the new daemon holds the job),
 //! `crash-rounds` (the same 20 times in a row, the cgroup read every 50 ms) and
 //! `guardian-no-restart` (the same with restarts off: the guardian thaws it after its grace). Each reports
@@ -26,10 +28,11 @@ struct Outcome {
 }
 
 /// The scenarios of the one boot, in the order they run (the crashes last: they kill the daemon).
-const SCENARIOS: [&str; 6] = [
+const SCENARIOS: [&str; 7] = [
     "boot",
     "install",
     "freeze-v2",
+    "launch-systemd",
     "crash-under-systemd",
     "crash-rounds",
     "guardian-no-restart",
@@ -115,7 +118,11 @@ fn assert_ok(outcomes: &[Outcome], scenarios: &[&str], except: &[&str]) {
 #[test]
 fn the_package_runs_under_systemd_and_freezes_with_cgroup_v2_on_debian_12() {
     let Some(outcomes) = vm() else { return };
-    assert_ok(outcomes, &["boot", "install", "freeze-v2"], &[]);
+    assert_ok(
+        outcomes,
+        &["boot", "install", "freeze-v2", "launch-systemd"],
+        &[],
+    );
 }
 
 /// The daemon killed with SIGKILL while it holds a job frozen at its memory limit: systemd restarts it

@@ -65,7 +65,7 @@ start=$(date +%s)
 
 log "debootstrap bookworm from $mirror into $root"
 debootstrap --variant=minbase \
-  --include=systemd,systemd-sysv,udev,dbus,linux-image-amd64,procps,iproute2,curl,kmod,util-linux,e2fsprogs,jq \
+  --include=systemd,systemd-sysv,udev,dbus,dbus-user-session,libpam-systemd,linux-image-amd64,procps,iproute2,curl,kmod,util-linux,e2fsprogs,jq \
   bookworm "$root" "$mirror" >"$work/debootstrap.log" 2>&1 || {
   tail -n 30 "$work/debootstrap.log" >&2
   exit 1

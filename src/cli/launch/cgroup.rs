@@ -12,6 +12,9 @@ pub(super) struct JobCgroup {
     /// Where the OOM kills are counted.
     events: PathBuf,
     v2: bool,
+    /// Made by memwatch (removed on drop, with its `memwatch` parent once that is empty), not by
+    /// systemd or Slurm.
+    owned: bool,
 }
 
 impl JobCgroup {
@@ -35,7 +38,18 @@ impl JobCgroup {
             }),
             dirs: Vec::new(),
             v2: job.memory.version == Version::V2,
+            owned: false,
         })
+    }
+
+    /// A systemd scope's cgroup: systemd removes it when the job ends.
+    pub(super) fn of_scope(dir: PathBuf) -> JobCgroup {
+        JobCgroup {
+            events: dir.join("memory.events"),
+            dirs: vec![dir],
+            v2: true,
+            owned: false,
+        }
     }
 
     pub(super) fn create(name: &str, memory_max: Option<u64>) -> Result<JobCgroup, String> {
@@ -64,6 +78,7 @@ impl JobCgroup {
                 events: dir.join("memory.events"),
                 dirs: vec![dir],
                 v2: true,
+                owned: true,
             }
         } else if fs.join("memory/memory.limit_in_bytes").exists() {
             let memory = fs.join("memory/memwatch").join(&leaf);
@@ -77,6 +92,7 @@ impl JobCgroup {
                 events: memory.join("memory.oom_control"),
                 dirs,
                 v2: false,
+                owned: true,
             }
         } else {
             return Err("no memory cgroup controller to put the job in".into());
@@ -147,8 +163,15 @@ impl JobCgroup {
 impl Drop for JobCgroup {
     fn drop(&mut self) {
         self.kill_all();
+        if !self.owned {
+            return;
+        }
         for d in &self.dirs {
             let _ = std::fs::remove_dir(d);
+            // The `memwatch` directory above it, once no other launch uses it.
+            if let Some(parent) = d.parent().filter(|p| p.ends_with("memwatch")) {
+                let _ = std::fs::remove_dir(parent);
+            }
         }
     }
 }

@@ -16,6 +16,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 
 mod cgroup;
+mod scope;
 
 use cgroup::JobCgroup;
 
@@ -124,12 +125,18 @@ pub fn run(cli: &super::Cli, a: &LaunchArgs) -> Result<u8, Failure> {
         env.push(("MEMWATCH_URL".to_owned(), super::daemon_url(c)));
     }
     let daemon = Daemon { socket, env };
-    let cg = match slurm_allocation() {
-        Some(id) => JobCgroup::in_slurm_job(&id, a.memory_max.is_some())
-            .map_err(|e| usage(anyhow::anyhow!(e)))?,
-        None => JobCgroup::create(&name, a.memory_max).map_err(|e| anyhow::anyhow!(e))?,
+    // Inside a Slurm allocation, Slurm's cgroup; where systemd runs the machine, a scope of its own
+    // per run; else a cgroup of its own.
+    let place = match slurm_allocation() {
+        Some(id) => Place::Cgroup(
+            JobCgroup::in_slurm_job(&id, a.memory_max.is_some())
+                .map_err(|e| usage(anyhow::anyhow!(e)))?,
+        ),
+        None if scope::systemd_runs_here() => Place::Scope,
+        None => {
+            Place::Cgroup(JobCgroup::create(&name, a.memory_max).map_err(|e| anyhow::anyhow!(e))?)
+        }
     };
-    let procs = cg.procs_files().map_err(|e| anyhow::anyhow!(e))?;
     // A private directory of a new name (mkdtemp: mode 0700, never an existing one): a launch killed
     // before it could remove its own leaves it behind, and its pid comes round again.
     let template = std::env::temp_dir().join("memwatch-launch-XXXXXX");
@@ -140,9 +147,15 @@ pub fn run(cli: &super::Cli, a: &LaunchArgs) -> Result<u8, Failure> {
         )
     })?;
     let token_file = runtime.join("token");
-    let result = runs(a, &name, config_file, &cg, &procs, &token_file, &daemon);
+    let result = runs(a, &name, config_file, &place, &token_file, &daemon);
     let _ = std::fs::remove_dir_all(&runtime);
     result
+}
+
+/// Where the job runs: one cgroup for every run, or a systemd scope made for each.
+enum Place {
+    Cgroup(JobCgroup),
+    Scope,
 }
 
 /// The daemon, as resolved once at the start: its control socket, and what the job's environment says
@@ -156,8 +169,7 @@ fn runs(
     a: &LaunchArgs,
     name: &str,
     config_file: Option<PathBuf>,
-    cg: &JobCgroup,
-    procs: &[CString],
+    place: &Place,
     token_file: &Path,
     daemon: &Daemon,
 ) -> Result<u8, Failure> {
@@ -188,11 +200,38 @@ fn runs(
             ));
         }
         let exec = Exec::new(&a.command[0], &args, &env).map_err(|e| anyhow::anyhow!(e))?;
-        let oom_before = cg.oom_kills();
+        let procs = match place {
+            Place::Cgroup(cg) => cg.procs_files().map_err(|e| anyhow::anyhow!(e))?,
+            Place::Scope => Vec::new(),
+        };
+        let oom_before = match place {
+            Place::Cgroup(cg) => cg.oom_kills(),
+            Place::Scope => 0,
+        };
         let started = exec
-            .start(procs)
+            .start(&procs)
             .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", a.command[0]))?;
         let child = started.pid;
+        // This run's scope, made around the child at its gate.
+        let scope = match place {
+            Place::Scope => match scope::start(&scope::unit_name(name, run), child, a.memory_max) {
+                Ok(dir) => Some(JobCgroup::of_scope(dir)),
+                Err(e) => {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(child as i32),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                    let _ = started.go().and_then(|p| p.wait());
+                    return Err(anyhow::anyhow!(e).into());
+                }
+            },
+            Place::Cgroup(_) => None,
+        };
+        let cg = match (place, &scope) {
+            (_, Some(s)) => s,
+            (Place::Cgroup(cg), None) => cg,
+            (Place::Scope, None) => unreachable!("a scope run has its scope"),
+        };
         let launched = crate::job::Launched {
             run: run + 1,
             max_restarts: a.max_restarts,

@@ -159,6 +159,19 @@ pub fn step(state: LevelState, reading: Reading, t: &Thresholds, now_ms: u64) ->
     }
 }
 
+/// Whether every resource a pause was made for has had a reading since the policy's state began: one
+/// that has not (a pause carried over a daemon's restart, before the first full sample reads the
+/// GPUs) has not recovered, it is unknown.
+pub(super) fn causes_read(
+    causes: &[super::Cause],
+    levels: &std::collections::BTreeMap<super::Resource, LevelState>,
+) -> bool {
+    causes.iter().all(|c| match c {
+        super::Cause::Resource(r) => levels.get(r).is_some_and(|l| l.known),
+        super::Cause::Predicted | super::Cause::WayOut | super::Cause::User => true,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -349,16 +349,6 @@ fn describe(r: &Resource, l: &LevelState) -> String {
     }
 }
 
-/// Whether every resource a pause was made for has had a reading since the policy's state began: one
-/// that has not (a pause carried over a daemon's restart, before the first full sample reads the
-/// GPUs) has not recovered, it is unknown.
-fn causes_read(causes: &[Cause], state: &State) -> bool {
-    causes.iter().all(|c| match c {
-        Cause::Resource(r) => state.levels.get(r).is_some_and(|l| l.known),
-        Cause::Predicted | Cause::WayOut | Cause::User => true,
-    })
-}
-
 /// Advances the policy by one observation.
 pub fn evaluate(prev: &State, obs: &Observation, cfg: &Policy) -> (State, Vec<Decision>) {
     let now = obs.now_ms;
@@ -515,7 +505,10 @@ pub fn evaluate(prev: &State, obs: &Observation, cfg: &Policy) -> (State, Vec<De
                             });
                         }
                     }
-                } else if critical.is_empty() && room_ok && causes_read(&p.reasons, &state) {
+                } else if critical.is_empty()
+                    && room_ok
+                    && level::causes_read(&p.reasons, &state.levels)
+                {
                     if p.projected.is_some() {
                         js.predicted_resume_ms = Some(now);
                     }

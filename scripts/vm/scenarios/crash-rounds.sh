@@ -7,15 +7,7 @@
 S=crash-rounds
 ROUNDS=20
 
-ensure_memwatch || { result $S fail "setup: memwatch not serving ($(systemctl is-active memwatch))"; exit 1; }
-start_hog 600
-touch /run/hog-go
-if ! wait_until 60 frozen hogjob.service; then
-  result $S fail "setup: the job was never frozen ($(mib hogjob.service) MiB, oom_kill $(oom_kills hogjob.service))"
-  stop_hog
-  exit 1
-fi
-wait_until 10 sh -c '[ "$(hog_field .pause.phase)" = held ]'
+frozen_hog $S 600
 oom0=$(oom_kills hogjob.service)
 thaws=0 held=0 times=''
 r=0

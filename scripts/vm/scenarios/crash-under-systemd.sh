@@ -6,16 +6,8 @@
 . /mnt/in/lib.sh
 S=crash-under-systemd
 
-ensure_memwatch || { result $S fail "setup: memwatch not serving ($(systemctl is-active memwatch))"; exit 1; }
 # 600 MiB of 400: only memwatch's pause keeps it from the OOM killer.
-start_hog 600
-touch /run/hog-go
-if ! wait_until 60 frozen hogjob.service; then
-  result $S fail "setup: the job was never frozen ($(mib hogjob.service) MiB, oom_kill $(oom_kills hogjob.service))"
-  stop_hog
-  exit 1
-fi
-wait_until 10 sh -c '[ "$(curl -sf 127.0.0.1:9300/api/v1/jobs | jq -r ".jobs[] | select(.name == \"hog\") | .pause.phase")" = held ]'
+frozen_hog $S 600
 oom0=$(oom_kills hogjob.service)
 at=$(mib hogjob.service)
 old=$(main_pid memwatch)

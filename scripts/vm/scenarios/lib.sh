@@ -72,3 +72,17 @@ stop_hog() {
   systemctl reset-failed hogjob >/dev/null 2>&1
   rm -f /run/hog-go
 }
+
+# frozen_hog SCENARIO TOTAL_MIB: memwatch serving, a hog set to grow to TOTAL_MIB of its 400 started
+# and frozen by memwatch, its pause held; on failure reports the setup's failure and exits.
+frozen_hog() {
+  ensure_memwatch || { result "$1" fail "setup: memwatch not serving ($(systemctl is-active memwatch))"; exit 1; }
+  start_hog "$2"
+  touch /run/hog-go
+  if ! wait_until 60 frozen hogjob.service; then
+    result "$1" fail "setup: the job was never frozen ($(mib hogjob.service) MiB, oom_kill $(oom_kills hogjob.service))"
+    stop_hog
+    exit 1
+  fi
+  wait_until 10 sh -c '[ "$(curl -sf 127.0.0.1:9300/api/v1/jobs | jq -r ".jobs[] | select(.name == \"hog\") | .pause.phase")" = held ]'
+}

@@ -39,10 +39,10 @@ have slurmctld || missing+=(slurmctld)
 have slurmd || missing+=(slurmd)
 have sbatch || missing+=(slurm-client)
 have munged || missing+=(munge)
-# The VM tests (tests/vm.rs, scripts/vm/): debootstrap builds a Debian 12 guest, qemu boots it.
+# The VM tests (tests/vm.rs, scripts/vm/): debootstrap builds a Debian 13 guest, qemu boots it.
 have debootstrap || [ -x /usr/sbin/debootstrap ] || missing+=(debootstrap)
 [ ${#missing[@]} -eq 0 ] || install_debian "${missing[@]}"
-# Debian 12's qemu-system-x86 needs qemu-utils of its own version: a newer one (backports) is downgraded
+# This machine's (Debian 12) qemu-system-x86 needs qemu-utils of its own version: a newer one (backports) is downgraded
 # to it. Only as root: tests/vm.rs skips without root.
 if ! have qemu-system-x86_64 && [ "$(id -u)" = 0 ] && have apt-get; then
   apt-get update -qq

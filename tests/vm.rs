@@ -1,5 +1,5 @@
-//! The package as memwatch's users run it: systemd as PID 1 and cgroup v2 only, on a real Debian 12
-//! (systemd 252, kernel 6.1) booted under qemu, which this machine (no systemd, cgroup v1) is not.
+//! The package as memwatch's users run it: systemd as PID 1 and cgroup v2 only, on a real Debian 13
+//! (systemd 257, kernel 6.12) booted under qemu, which this machine (no systemd, cgroup v1) is not.
 //! `scripts/vm/run.sh` boots the guest once (its image cached by `scripts/vm/image.sh`) and runs the
 //! scenarios in `scripts/vm/scenarios/` in it against the .deb that `scripts/build-deb.sh` makes:
 //! `install` (apt-get offline, the service started, metrics, status, no stale samples, the unit's
@@ -116,7 +116,7 @@ fn assert_ok(outcomes: &[Outcome], scenarios: &[&str], except: &[&str]) {
 }
 
 #[test]
-fn the_package_runs_under_systemd_and_freezes_with_cgroup_v2_on_debian_12() {
+fn the_package_runs_under_systemd_and_freezes_with_cgroup_v2_on_debian_13() {
     let Some(outcomes) = vm() else { return };
     assert_ok(
         outcomes,

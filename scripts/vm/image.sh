@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the guest the VM tests boot: Debian 12 (bookworm: systemd 252, kernel 6.1) with cgroup v2 only,
-# as memwatch's users run it. Prints the image's directory on its last line of stdout:
+# Builds the guest the VM tests boot: Debian 13 (trixie: systemd 257, kernel 6.12, the closest to Ubuntu
+# 24.04) with cgroup v2 only, as memwatch's users run it, with systemd-oomd enabled (as Ubuntu has it) and
+# earlyoom installed but not started (the earlyoom scenario starts it). Prints the image's directory on its last line of stdout:
 #   base.img     the root filesystem (ext4, sparse, 3 GiB), made with mkfs.ext4 -d: no loop mounts
 #   vmlinuz, initrd.img, cmdline   the kernel, its initramfs and its command line, from the guest's /boot
 #
@@ -41,7 +42,9 @@ command -v mkfs.ext4 >/dev/null 2>&1 || {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends e2fsprogs >/dev/null
 }
 
-# The mirror this machine's apt uses for bookworm (deb822 .sources or one-line .list files).
+# The mirror this machine's apt uses for Debian (deb822 .sources or one-line .list files): the one that
+# carries its bookworm, which carries trixie too.
+suite=trixie
 mirror=${MEMWATCH_VM_MIRROR:-}
 if [ -z "$mirror" ]; then
   mirror=$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '
@@ -63,10 +66,10 @@ mkdir -p "$work"
 root=$work/rootfs
 start=$(date +%s)
 
-log "debootstrap bookworm from $mirror into $root"
+log "debootstrap $suite from $mirror into $root"
 debootstrap --variant=minbase \
-  --include=systemd,systemd-sysv,udev,dbus,dbus-user-session,libpam-systemd,linux-image-amd64,procps,iproute2,curl,kmod,util-linux,e2fsprogs,jq \
-  bookworm "$root" "$mirror" >"$work/debootstrap.log" 2>&1 || {
+  --include=systemd,systemd-sysv,systemd-oomd,udev,dbus,dbus-user-session,libpam-systemd,linux-image-amd64,procps,iproute2,curl,kmod,util-linux,e2fsprogs,jq,attr,earlyoom \
+  "$suite" "$root" "$mirror" >"$work/debootstrap.log" 2>&1 || {
   tail -n 30 "$work/debootstrap.log" >&2
   exit 1
 }
@@ -83,7 +86,7 @@ printf '[Journal]\nStorage=volatile\nForwardToConsole=no\n' >"$root/etc/systemd/
 # Nothing to log in with, nothing periodic: the boot does what the scenarios need and no more.
 for unit in getty.target serial-getty@ttyS0.service getty@tty1.service apt-daily.timer \
   apt-daily-upgrade.timer e2scrub_all.timer e2scrub_reap.service fstrim.timer systemd-tmpfiles-clean.timer \
-  systemd-networkd-wait-online.service; do
+  systemd-networkd-wait-online.service earlyoom.service; do
   ln -sf /dev/null "$root/etc/systemd/system/$unit"
 done
 ln -sf /lib/systemd/system/multi-user.target "$root/etc/systemd/system/default.target"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Boots the Debian 12 guest (scripts/vm/image.sh: systemd 252, kernel 6.1, cgroup v2 only) under qemu
+# Boots the Debian 13 guest (scripts/vm/image.sh: systemd 257, kernel 6.12, cgroup v2 only) under qemu
 # and runs the named scenarios in it, in order, in one boot, against the memwatch .deb:
 #
 #   sudo ./scripts/vm/run.sh install freeze-v2 crash-under-systemd
@@ -27,7 +27,7 @@ for s in "$@"; do
 done
 [ "$(id -u)" = 0 ] || { log "run as root"; exit 2; }
 
-# Debian 12's qemu-system-x86 wants qemu-utils of its own version; a newer one (backports) is
+# This machine's (Debian 12) qemu-system-x86 wants qemu-utils of its own version; a newer one (backports) is
 # downgraded to it.
 if ! command -v qemu-system-x86_64 >/dev/null 2>&1 || ! command -v qemu-img >/dev/null 2>&1; then
   apt-get update -qq

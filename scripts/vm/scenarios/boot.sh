@@ -1,6 +1,6 @@
 # timeout: 60
 # The guest is what memwatch's users run: systemd as PID 1, cgroup v2 only, the kernel and systemd
-# Debian 12 ships.
+# Debian 13 ships.
 . /mnt/in/lib.sh
 S=boot
 fs=$(stat -fc %T /sys/fs/cgroup)

@@ -1,5 +1,5 @@
 # timeout: 240
-# The package on a clean Debian 12 under systemd: apt-get installs it offline and its postinst starts
+# The package on a clean Debian 13 under systemd: apt-get installs it offline and its postinst starts
 # the service; it serves metrics and answers `memwatch status`; its first 30 s log no stale samples;
 # the unit's exposure; restart and stop.
 . /mnt/in/lib.sh

@@ -1,5 +1,6 @@
 //! The systemd unit: it verifies, its exposure stays low, and the daemon speaks the notify protocol
-//! (READY, WATCHDOG pings, STOPPING) that Type=notify and WatchdogSec rely on.
+//! (READY, WATCHDOG pings, STOPPING) that Type=notify and WatchdogSec rely on, and stops the pings
+//! while its sampler hangs.
 
 mod common;
 
@@ -156,4 +157,80 @@ fn the_daemon_speaks_the_notify_protocol() {
         Some("STOPPING=1"),
         "{rest:?}"
     );
+}
+
+/// A sampler that hangs (its /proc/vmstat, which only the full sample reads, a FIFO nobody writes, so
+/// the read blocks) starves the watchdog: once the last sample is older than the staleness bound, the pings stop and the daemon
+/// says why, so systemd restarts it; when the read comes back, the pings do too.
+#[test]
+fn a_hung_sampler_stops_the_watchdog_pings_and_they_come_back_with_it() {
+    use std::io::Write as _;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    common::copy_tree(&common::fixture_root(), &root);
+    let path = dir.path().join("notify");
+    let sock = UnixDatagram::bind(&path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let socket = path.to_str().unwrap();
+    let mut d = Daemon::start(Opts {
+        root: root.clone(),
+        gpu_state: None,
+        env: &[("NOTIFY_SOCKET", socket), ("WATCHDOG_USEC", "200000")],
+        ..Opts::default()
+    });
+    let recv = |sock: &UnixDatagram| {
+        let mut buf = [0u8; 128];
+        let n = sock.recv(&mut buf).expect("a notification");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    let mut pings = 0;
+    while pings < 3 {
+        pings += usize::from(recv(&sock) == "WATCHDOG=1");
+    }
+
+    // From now on every read of vmstat blocks.
+    let vmstat = root.join("proc/vmstat");
+    let real = std::fs::read(&vmstat).unwrap();
+    let fifo = dir.path().join("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+    std::fs::rename(&fifo, &vmstat).unwrap();
+    d.wait_log("the stale-sample warning", |l| {
+        l.contains("samples are stale; not feeding the watchdog")
+    });
+    // Pings sent before the warning may still be queued; after it, none comes while the read hangs.
+    while sock.set_nonblocking(true).is_ok() && sock.recv(&mut [0u8; 128]).is_ok() {}
+    sock.set_nonblocking(false).unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(600)))
+        .unwrap();
+    let mut buf = [0u8; 128];
+    match sock.recv(&mut buf) {
+        Ok(n) => panic!(
+            "the daemon sent {:?} while its sampler hung",
+            String::from_utf8_lossy(&buf[..n])
+        ),
+        Err(e) => assert!(
+            matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+            "{e}"
+        ),
+    }
+
+    // The hung read returns (the writer comes), and the real file is back for the next ones.
+    let mut writer = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&vmstat)
+        .unwrap();
+    let back = dir.path().join("vmstat");
+    std::fs::write(&back, &real).unwrap();
+    std::fs::rename(&back, &vmstat).unwrap();
+    writer.write_all(&real).unwrap();
+    drop(writer);
+    sock.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    while recv(&sock) != "WATCHDOG=1" {}
+    assert_eq!(d.terminate(), Some(0));
 }

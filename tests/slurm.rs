@@ -511,3 +511,92 @@ fn launch_inside_an_allocation_stays_in_the_slurm_job_and_resumes_after_a_requeu
     cluster.run("scontrol", &["requeue", &id]).unwrap();
     cluster.run_requeued(&id, &out, "resume=1");
 }
+
+/// Slurm's word is checked, not assumed: an `scontrol suspend` that carries the suspension out but
+/// answers after `command_timeout_ms` (a busy slurmctld, here a wrapper that sleeps after the real
+/// call) is settled by the job's state read back, so memwatch knows the job is suspended through
+/// Slurm and resumes it through Slurm once there is room. Before, it fell back to signals, recorded
+/// no Slurm suspension and said `running` while squeue said S for good.
+#[test]
+fn a_suspend_slurm_answers_late_is_known_and_resumed_through_slurm() {
+    use std::os::unix::fs::PermissionsExt;
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cluster = Cluster::prepare();
+    let slow = cluster.dir.path().join("scontrol-slow");
+    std::fs::write(
+        &slow,
+        format!(
+            "#!/bin/sh\n{} \"$@\"\nrc=$?\n[ \"$1\" = suspend ] && sleep 4\nexit $rc\n",
+            cluster.scontrol.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&slow, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let config = format!(
+        "[slurm]\nscontrol = {slow:?}\nscancel = {:?}\ncommand_timeout_ms = 1000\n\
+         [policy]\nmax_pause_seconds = 120\n",
+        cluster.scancel
+    );
+    let d = Daemon::start(Opts {
+        root: "/".into(),
+        gpu_state: None,
+        interval_ms: 100,
+        extra_config: &config,
+        ..Opts::default()
+    });
+    let memwatch = bin();
+    cluster.start(&[
+        ("MEMWATCH", memwatch.to_str().unwrap()),
+        ("MEMWATCH_SOCKET", d.socket.to_str().unwrap()),
+    ]);
+
+    // One task fills a tmpfs file (charged to the job's cgroup) toward the job's 300 MiB and stops
+    // once the file is gone.
+    let fill = std::path::Path::new("/dev/shm").join(format!("memwatch-late-{}", cluster.node));
+    let script = format!(
+        "#!/bin/bash\n\
+         srun -n1 bash -c 'for i in $(seq 1 299); do\n\
+           if [ $i -gt 1 ] && [ ! -e {fill} ]; then break; fi\n\
+           dd if=/dev/zero bs=1M count=1 status=none >> {fill}; sleep 0.04\n\
+         done; exec sleep 600'\n",
+        fill = fill.display(),
+    );
+    let id = cluster.sbatch(&["-n1", "--mem=300M", "-J", "mwlate"], &script);
+    let name = format!("slurm-{id}");
+    assert!(
+        eventually(60.0, || cluster.state(&id) == "S"),
+        "squeue never showed the job suspended (state {:?}); events: {:?}",
+        cluster.state(&id),
+        d.events()
+    );
+    d.wait_log("the late answer settled by the job's state", |l| {
+        l.contains("Slurm answered late, but the job is as asked")
+    });
+    d.wait_until(
+        |d| {
+            d.jobs().iter().any(|j| {
+                j["name"] == name.as_str()
+                    && j["pause"]["mechanism"]["kind"] == "slurm_suspend"
+                    && j["pause"]["phase"] == "held"
+            })
+        },
+        "the job's pause is not held through Slurm",
+    );
+
+    // Room is made: the job is resumed through Slurm, not left suspended.
+    std::fs::remove_file(&fill).unwrap();
+    assert!(
+        eventually(30.0, || cluster.state(&id) == "R"),
+        "the job stayed suspended (state {:?}); memwatch says {:?}; events: {:?}",
+        cluster.state(&id),
+        d.job_state(&name),
+        d.events()
+    );
+    d.wait_until(
+        |d| d.job_state(&name).as_deref() == Some("running"),
+        "memwatch does not show the job running",
+    );
+    cluster.run("scancel", &[&id]).unwrap();
+    assert!(eventually(20.0, || cluster.state(&id).is_empty()));
+    let _ = std::fs::remove_file(&fill);
+}

@@ -352,7 +352,9 @@ pub const DOCS: &[(&str, &str)] = &[
     (
         "slurm.command_timeout_ms",
         "How long one scontrol or scancel may run before memwatch gives up on it (and falls back to\n\
-         signals for a pause). The daemon waits for it, so keep it short.",
+         signals for a pause; a suspend or resume that timed out is first checked against the job's state,\n\
+         `scontrol show job`, since a busy slurmctld may have carried it out). The daemon waits for it, so\n\
+         keep it short.",
     ),
     (
         "slurm.adopt_within_seconds",

@@ -83,8 +83,10 @@ SCRIPT
 cat > "$stage/DEBIAN/prerm" <<'SCRIPT'
 #!/bin/sh
 set -e
-# Stopping memwatch resumes every job it paused before it exits.
-if [ -z "${DPKG_ROOT:-}" ] && [ -d /run/systemd/system ]; then
+# Stopping memwatch resumes every job it paused before it exits. An upgrade does not stop it: the
+# new postinst restarts it, and on a restart the daemon keeps the pauses its policy holds for the new
+# daemon (a job held at its memory limit is not thawed into it in between).
+if [ "$1" != upgrade ] && [ -z "${DPKG_ROOT:-}" ] && [ -d /run/systemd/system ]; then
   systemctl stop memwatch.service || true
 fi
 exit 0

@@ -22,6 +22,7 @@ use crate::sample::nvml::NvmlSource;
 use crate::sample::{Sample, Sampler, cgroup, meminfo};
 
 mod executor;
+mod successor;
 mod watches;
 use executor::Executor;
 use watches::Watches;
@@ -359,9 +360,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
 
     crate::sd_notify::notify("STOPPING=1");
-    engine.shutdown(clock.now_ms());
+    // A restart keeps the pauses the policy holds for the next daemon; the guardian then waits for
+    // it as after a crash, and undoes them if it does not come.
+    let successor = failure.is_none() && successor::restart_pending();
+    let kept = engine.shutdown(clock.now_ms(), successor);
     executor.finish(&mut engine, &mut outcomes, || clock.now_ms());
-    if let Some(g) = guardian.as_mut() {
+    if !kept.is_empty() {
+        tracing::info!(jobs = ?kept, "restarting: the pauses the policy holds are kept for the next daemon");
+    } else if let Some(g) = guardian.as_mut() {
         g.stand_down();
     }
     shared.publish_view(engine.view());

@@ -23,7 +23,10 @@
 //! the guardian first (with `control-group` it would wait for the whole cgroup to empty, and the
 //! guardian, waiting for that very successor, would thaw the job into its limit first). A `systemctl
 //! stop` signals the daemon alone, which resumes everything before it exits; its guardian finds
-//! nothing to undo and leaves within the grace.
+//! nothing to undo and leaves within the grace. A `systemctl restart` (or a package upgrade's) signals
+//! it the same way, but the daemon asks systemd which job it runs (`daemon::successor`): on a restart
+//! it keeps the pauses the policy holds, does not stand its guardian down, and the successor takes
+//! them over exactly as after a crash.
 //!
 //! A daemon that stops cleanly resumes everything first and then writes a byte to the pipe: its
 //! guardian leaves as soon as the daemon has gone, with no grace to wait (it still looks, and finds

@@ -70,6 +70,8 @@ reasons! {
     User = "user",
     /// What paused the job recovered.
     Recovered = "recovered",
+    /// The room came back because the OOM killer ended processes of the paused job.
+    OomKilled = "oom_killed",
     /// The job was paused for `policy.max_pause_seconds`.
     MaxPause = "max_pause",
     /// A restarted daemon: a pause undone, a job re-adopted, a journaled rewrite that never landed.

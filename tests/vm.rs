@@ -8,7 +8,9 @@
 //! launch` as root and as an ordinary user runs the job in a transient scope of its own, removed when it
 //! ends, nothing at the root of the tree), `crash-under-systemd` (the
 //! daemon killed while it holds a frozen job, restarted by systemd: the new daemon holds the job),
-//! `crash-rounds` (the same 20 times in a row, the cgroup read every 50 ms) and
+//! `crash-rounds` (the same 20 times in a row, SIGKILL, SIGABRT and SIGQUIT in turn, the cgroup read
+//! every 50 ms), `restart-held` (`systemctl restart` and a package upgrade while the daemon holds a
+//! frozen job: the new daemon holds it, never thawed) and
 //! `guardian-no-restart` (the same with restarts off: the guardian thaws it after its grace). Each reports
 //! `VMRESULT SCENARIO ok|fail DETAIL` lines with the numbers it measured; they are printed here.
 //!
@@ -28,11 +30,12 @@ struct Outcome {
 }
 
 /// The scenarios of the one boot, in the order they run (the crashes last: they kill the daemon).
-const SCENARIOS: [&str; 7] = [
+const SCENARIOS: [&str; 8] = [
     "boot",
     "install",
     "freeze-v2",
     "launch-systemd",
+    "restart-held",
     "crash-under-systemd",
     "crash-rounds",
     "guardian-no-restart",
@@ -125,16 +128,22 @@ fn the_package_runs_under_systemd_and_freezes_with_cgroup_v2_on_debian_13() {
     );
 }
 
-/// The daemon killed with SIGKILL while it holds a job frozen at its memory limit: systemd restarts it
-/// and the new daemon goes on holding the job, never thawed into the OOM killer (the guardian waits
-/// for the successor), once and then 20 times in a row; with restarts off, the guardian thaws the
-/// job once its grace (5 s) is over.
+/// The daemon restarted (`systemctl restart`, a package upgrade) or crashed (SIGKILL once, then
+/// SIGKILL, SIGABRT and SIGQUIT 20 times in a row) while it holds a job frozen at its memory limit:
+/// the new daemon goes on holding the job, never thawed into the OOM killer (the stopping daemon
+/// keeps the pause, the guardian waits for the successor); with restarts off, the guardian thaws
+/// the job once its grace (5 s) is over.
 #[test]
 fn a_frozen_job_is_handed_to_the_restarted_daemon_or_thawed_after_the_grace() {
     let Some(outcomes) = vm() else { return };
     assert_ok(
         outcomes,
-        &["crash-under-systemd", "crash-rounds", "guardian-no-restart"],
+        &[
+            "restart-held",
+            "crash-under-systemd",
+            "crash-rounds",
+            "guardian-no-restart",
+        ],
         &[],
     );
 }

@@ -32,6 +32,8 @@ pub enum Action {
     StayPaused,
     /// A resource changed level.
     Level,
+    /// The OOM killer ended processes in a job's cgroups (its step and task cgroups included).
+    OomKill,
     /// A change to a job's training config was staged (written to its file).
     Rewrite,
     /// The trainer acknowledged changes as applied.
@@ -67,6 +69,7 @@ impl Action {
             Action::Kill => "kill",
             Action::StayPaused => "stay_paused",
             Action::Level => "level",
+            Action::OomKill => "oom_kill",
             Action::Rewrite => "rewrite",
             Action::Applied => "applied",
             Action::Declined => "declined",
@@ -81,7 +84,7 @@ impl Action {
     }
 
     /// Every action, in the order the API's docs list them.
-    pub const ALL: [Action; 19] = [
+    pub const ALL: [Action; 20] = [
         Action::Attach,
         Action::Detach,
         Action::Pause,
@@ -91,6 +94,7 @@ impl Action {
         Action::Kill,
         Action::StayPaused,
         Action::Level,
+        Action::OomKill,
         Action::Rewrite,
         Action::Applied,
         Action::Declined,
@@ -113,6 +117,7 @@ impl Action {
         matches!(
             self,
             Action::Level
+                | Action::OomKill
                 | Action::Error
                 | Action::CollectorDown
                 | Action::CollectorUp

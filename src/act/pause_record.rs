@@ -178,6 +178,7 @@ impl PersistedPause {
             stopped: self.stopped.clone(),
             dry_run: false,
             growth_at_start: Default::default(),
+            oom_killed: 0,
             held: crate::job::Held {
                 reasons: self.causes.iter().filter_map(|c| c.parse().ok()).collect(),
                 projected: self.projected.clone(),

@@ -109,8 +109,24 @@ impl Engine {
                 self.record(now_ms, Action::Pause, &job, why, reason, dry);
             }
             Decision::Resume { job, why, reason } => {
+                // Room the OOM killer made by ending processes of the job is no recovery: the
+                // job may have lost a rank or a worker, and says so.
+                let killed = self
+                    .jobs
+                    .get(&job)
+                    .and_then(|j| j.pause.as_ref())
+                    .map_or(0, |p| p.oom_killed);
+                let (why, reason) = match why {
+                    crate::policy::Resumed::Recovered if killed > 0 => (
+                        Reason::OomKilled,
+                        format!(
+                            "{reason}, after the OOM killer ended {killed} process(es) of the job during the pause: it may have lost a rank or a worker"
+                        ),
+                    ),
+                    _ => (why.into(), reason),
+                };
                 self.resume_job(&job);
-                self.record(now_ms, Action::Resume, &job, why.into(), reason, dry);
+                self.record(now_ms, Action::Resume, &job, why, reason, dry);
             }
             Decision::Terminate { job, reason } => {
                 let why = format!("{reason} (on_max_pause = \"terminate\")");
@@ -442,12 +458,39 @@ impl Engine {
         self.save();
     }
 
-    /// At stop: continue everything memwatch paused, keep the jobs for the next start.
-    pub fn shutdown(&mut self, now_ms: u64) {
+    /// At stop: continue everything memwatch paused, keep the jobs for the next start. With
+    /// `successor` (the service manager is restarting the daemon), a pause the policy made and holds
+    /// is kept instead, as after a crash: the next daemon goes on holding it (`recover`), and the
+    /// guardian undoes it if none comes within its grace. Returns the jobs kept paused.
+    pub fn shutdown(&mut self, now_ms: u64, successor: bool) -> Vec<String> {
+        let keep = |j: &crate::job::Job| {
+            successor
+                && j.pause.as_ref().is_some_and(|p| {
+                    p.by == crate::policy::By::Policy
+                        && p.phase == crate::job::PausePhase::Held
+                        && !p.dry_run
+                })
+        };
+        let kept: Vec<String> = self
+            .jobs
+            .iter()
+            .filter(|(_, j)| keep(j))
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in &kept {
+            self.record(
+                now_ms,
+                Action::StayPaused,
+                name,
+                Reason::Restart,
+                "the daemon is restarting: the pause is kept for its successor".into(),
+                false,
+            );
+        }
         let names: Vec<String> = self
             .jobs
             .iter()
-            .filter(|(_, j)| j.pause.is_some())
+            .filter(|(_, j)| j.pause.is_some() && !keep(j))
             .map(|(n, _)| n.clone())
             .collect();
         for name in names {
@@ -462,5 +505,6 @@ impl Engine {
             );
         }
         self.save();
+        kept
     }
 }

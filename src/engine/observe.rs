@@ -41,6 +41,7 @@ impl Engine {
         if let Some(m) = &sample.host.memory {
             self.note_host(m.available_bytes, m.total_bytes, sampled_ms);
         }
+        let mut killed: Vec<(String, u64)> = Vec::new();
         for Measured {
             name,
             sample: measured,
@@ -62,6 +63,16 @@ impl Engine {
                             }
                         }
                         j.note_processes(s.processes.len());
+                        let before = j.last.as_ref().and_then(|l| l.cgroup.as_ref()?.oom_kills);
+                        let now = s.cgroup.as_ref().and_then(|c| c.oom_kills);
+                        if let (Some(before), Some(now)) = (before, now) {
+                            if now > before {
+                                killed.push((name.clone(), now - before));
+                                if let Some(p) = j.pause.as_mut() {
+                                    p.oom_killed += now - before;
+                                }
+                            }
+                        }
                         j.last = Some(s);
                         j.sampled_at_ms = now_ms;
                         // A Slurm job's cgroup holds Slurm's own processes: never frozen.
@@ -70,6 +81,20 @@ impl Engine {
                 }
                 None => self.job_gone(&name, now_ms),
             }
+        }
+        for (name, n) in killed {
+            let paused = self.jobs.get(&name).is_some_and(|j| j.pause.is_some());
+            self.record(
+                now_ms,
+                audit::Action::OomKill,
+                &name,
+                Reason::JobCgroup,
+                format!(
+                    "the OOM killer ended {n} process(es) in the job's cgroups{}",
+                    if paused { " while it was paused" } else { "" }
+                ),
+                false,
+            );
         }
         self.verify(now_ms);
         self.adopt_pending_slurm(now_ms);

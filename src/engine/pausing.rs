@@ -65,6 +65,7 @@ impl Engine {
                 dry_run: dry,
                 growth_at_start,
                 held: state.into(),
+                oom_killed: 0,
             });
         }
         if dry {

@@ -46,6 +46,11 @@ pub struct Pause {
     /// re-decide every pause.
     #[serde(skip)]
     pub held: Held,
+    /// Processes the OOM killer ended in the job's cgroups (its step and task cgroups too) since the
+    /// pause began: room that came back this way is not the job's recovery. Not kept across
+    /// restarts.
+    #[serde(skip)]
+    pub oom_killed: u64,
 }
 
 /// Where a pause stands: a pause is a state with steps, not one act.

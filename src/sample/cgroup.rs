@@ -236,9 +236,7 @@ fn read_v1(mount: &Path, dir: &Path, cg: &str) -> Result<CgroupMemory, ReadError
             }
         }
     }
-    let oom_kills = key_value(&dir.join("memory.oom_control"), "oom_kill")
-        .ok()
-        .flatten();
+    let oom_kills = v1_oom_kills(dir, V1_OOM_DEPTH);
     let [inactive_file_bytes, anon_bytes, file_bytes] = key_values(
         &dir.join("memory.stat"),
         ["total_inactive_file", "total_rss", "total_cache"],
@@ -253,6 +251,31 @@ fn read_v1(mount: &Path, dir: &Path, cg: &str) -> Result<CgroupMemory, ReadError
         anon_bytes,
         file_bytes,
     })
+}
+
+/// How deep below a job's v1 cgroup OOM kills are counted: a Slurm job's `step_N/task_M` and one more.
+const V1_OOM_DEPTH: usize = 3;
+
+/// OOM kills in a v1 memory cgroup and its descendants down to `depth` levels. v1's
+/// `memory.oom_control` counts only kills in its own cgroup (v2's memory.events is hierarchical), and
+/// a Slurm job's tasks run in step and task cgroups below the job's, where a kill would otherwise go
+/// unseen. `None` when the job's own file has no count.
+fn v1_oom_kills(dir: &Path, depth: usize) -> Option<u64> {
+    let own = key_value(&dir.join("memory.oom_control"), "oom_kill")
+        .ok()
+        .flatten()?;
+    let below: u64 = if depth == 0 {
+        0
+    } else {
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .filter_map(|e| v1_oom_kills(&e.path(), depth - 1))
+            .fold(0, u64::saturating_add)
+    };
+    Some(own.saturating_add(below))
 }
 
 fn read_v2(mount: &Path, dir: &Path, cg: &str) -> Result<CgroupMemory, ReadError> {
@@ -435,6 +458,33 @@ mod tests {
             (cg.anon_bytes, cg.file_bytes, cg.inactive_file_bytes),
             (Some(2048), Some(1024), Some(512))
         );
+    }
+
+    /// v1 counts a kill only in its own cgroup: a kill in a Slurm job's step or task cgroup is
+    /// counted for the job too (what slurmstepd reports as "Detected 1 oom-kill event(s) in StepId").
+    #[test]
+    fn v1_counts_the_oom_kills_of_step_and_task_cgroups() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path();
+        let job = "sys/fs/cgroup/memory/slurm_n1/uid_0/job_7";
+        write(
+            r,
+            "proc/self/cgroup",
+            "4:memory:/slurm_n1/uid_0/job_7\n0::/\n",
+        );
+        write(r, &format!("{job}/memory.usage_in_bytes"), "4096\n");
+        write(r, &format!("{job}/memory.limit_in_bytes"), "1048576\n");
+        let oom = |n: u32| format!("oom_kill_disable 0\nunder_oom 0\noom_kill {n}\n");
+        write(r, &format!("{job}/memory.oom_control"), &oom(0));
+        assert_eq!(read_self(r).unwrap().unwrap().oom_kills, Some(0));
+        write(r, &format!("{job}/step_0/memory.oom_control"), &oom(1));
+        write(
+            r,
+            &format!("{job}/step_0/task_0/memory.oom_control"),
+            &oom(2),
+        );
+        write(r, &format!("{job}/step_batch/memory.oom_control"), &oom(0));
+        assert_eq!(read_self(r).unwrap().unwrap().oom_kills, Some(3));
     }
 
     #[test]

@@ -271,7 +271,7 @@ fn a_stop_resumes_every_mechanism() {
     for kind in ALL {
         let mut s = Sim::new(kind);
         assert!(s.cmd(pause_cmd()).ok);
-        s.engine.shutdown(s.now);
+        s.engine.shutdown(s.now, false);
         s.drain();
         s.check();
         assert!(s.pause().is_none());
@@ -279,6 +279,105 @@ fn a_stop_resumes_every_mechanism() {
         if kind == Kind::Slurm {
             assert_eq!(s.slurm.last(), Some(&(SlurmCall::Resume, SLURM_ID.into())));
         }
+    }
+}
+
+/// A stop for a restart (the service manager restarts the daemon) keeps a pause the policy holds,
+/// untouched and recorded held, for the successor, which goes on holding it; a pause by hand is
+/// resumed as at any stop.
+#[test]
+fn a_stop_for_a_restart_keeps_a_policy_pause_for_the_successor() {
+    for kind in ALL {
+        let mut s = Sim::new(kind);
+        s.sample(0.97);
+        let before = s.pause().expect("paused");
+        let acts = s.host.acts().len();
+        let calls = s.slurm.len();
+        let kept = s.engine.shutdown(s.now, true);
+        s.drain();
+        s.check();
+        assert_eq!(kept, vec!["sim".to_string()], "{kind:?}");
+        assert_eq!(
+            s.host.acts().len(),
+            acts,
+            "{kind:?}: the stop acted: {:?}",
+            &s.host.acts()[acts..]
+        );
+        assert_eq!(s.slurm.len(), calls, "{kind:?}");
+        assert!(s.held(), "{kind:?}");
+        assert_eq!(
+            s.host.state()["jobs"][0]["paused"]["phase"],
+            "held",
+            "{kind:?}: {}",
+            s.host.state()
+        );
+        s.now += 500;
+        s.restart();
+        let after = s
+            .pause()
+            .unwrap_or_else(|| panic!("{kind:?}: not held after the restart: {:?}", s.events()));
+        assert_eq!(after.since_ms, before.since_ms, "{kind:?}");
+        assert!(s.held(), "{kind:?}");
+
+        let mut s = Sim::new(kind);
+        assert!(s.cmd(pause_cmd()).ok);
+        assert!(s.engine.shutdown(s.now, true).is_empty(), "{kind:?}");
+        s.drain();
+        assert!(s.pause().is_none(), "{kind:?}");
+        assert!(s.all_running(), "{kind:?}: {:?}", s.host.acts());
+    }
+}
+
+/// The OOM killer ending processes of the job (a rank, a worker) is an event; when the room it made
+/// ends the pause, the resume says so (reason `oom_killed`), never that the job recovered.
+#[test]
+fn room_the_oom_killer_made_is_no_recovery() {
+    for kind in ALL {
+        let mut s = Sim::new(kind);
+        s.oom_kills = Some(0);
+        s.sample(0.97);
+        assert!(s.pause().is_some(), "{kind:?}: not paused");
+        s.now += 1000;
+        s.oom_kills = Some(1);
+        s.sample(0.97);
+        let view = s.engine.view();
+        let kill = view
+            .events
+            .iter()
+            .find(|e| e.action.as_str() == "oom_kill")
+            .unwrap_or_else(|| panic!("{kind:?}: no oom_kill event: {:?}", s.events()));
+        assert_eq!(kill.reason.as_str(), "job_cgroup", "{kind:?}");
+        assert!(
+            kill.detail.contains("1 process(es)") && kill.detail.contains("while it was paused"),
+            "{kind:?}: {}",
+            kill.detail
+        );
+        for _ in 0..10 {
+            s.now += 1000;
+            s.sample(0.5);
+        }
+        assert!(s.pause().is_none(), "{kind:?}: {:?}", s.events());
+        let resume = s
+            .events()
+            .into_iter()
+            .rfind(|e| e.0 == "resume")
+            .unwrap_or_else(|| panic!("{kind:?}: no resume: {:?}", s.events()));
+        assert_eq!(resume.1, "oom_killed", "{kind:?}: {:?}", s.events());
+
+        // Without a kill, the same pause ends as a recovery.
+        let mut s = Sim::new(kind);
+        s.oom_kills = Some(0);
+        s.sample(0.97);
+        for _ in 0..10 {
+            s.now += 1000;
+            s.sample(0.5);
+        }
+        let resume = s
+            .events()
+            .into_iter()
+            .rfind(|e| e.0 == "resume")
+            .unwrap_or_else(|| panic!("{kind:?}: no resume: {:?}", s.events()));
+        assert_eq!(resume.1, "recovered", "{kind:?}: {:?}", s.events());
     }
 }
 

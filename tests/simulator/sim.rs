@@ -57,6 +57,8 @@ pub struct Sim {
     held: VecDeque<Outcome>,
     /// Freezes still settling, answered by `settle`.
     pub settling: VecDeque<(String, memwatch::job::held::Frozen)>,
+    /// The OOM kills the job's (unlimited) cgroup reports in each sample; `None`: no cgroup.
+    pub oom_kills: Option<u64>,
     config: String,
 }
 
@@ -161,6 +163,7 @@ impl Sim {
             slurm_held: false,
             held: VecDeque::new(),
             settling: VecDeque::new(),
+            oom_kills: None,
             config,
         };
         let r = sim.cmd(serde_json::json!({"cmd": "attach", "pid": PID, "name": "sim"}));
@@ -219,7 +222,10 @@ impl Sim {
         let job: memwatch::job::JobSample = serde_json::from_value(serde_json::json!({
             "timestamp_ms": self.now, "processes": [proc(PID), proc(PID + 1)], "process_count": 2,
             "rss_bytes": 8u64 << 30, "pss_bytes": 8u64 << 30, "pss_read_ms": self.now,
-            "swap_bytes": 0, "cgroup": null, "gpu_bytes": null, "gpus": null
+            "swap_bytes": 0, "gpu_bytes": null, "gpus": null,
+            "cgroup": self.oom_kills.map(|n| serde_json::json!({"version": 2, "path": "/sim",
+                "usage_bytes": 1u64 << 30, "limit_bytes": null, "oom_kills": n,
+                "inactive_file_bytes": 0, "anon_bytes": 1u64 << 30, "file_bytes": 0}))
         }))
         .unwrap();
         let freezer = cgroup_dir(&self.root(), self.kind).map(|dir| memwatch::job::held::Frozen {

@@ -67,8 +67,16 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 /// A cluster whose prolog and epilog talk to a fresh daemon (`extra`: more of its config; `env`: more
 /// of the prolog's environment).
 fn cluster_and_daemon(extra: &str, env: &[(&str, &str)]) -> (Cluster, Daemon) {
+    cluster_and_daemon_with(|c| format!("{}{extra}", c.memwatch_config()), env)
+}
+
+/// The same with the daemon's whole config made from the prepared cluster.
+fn cluster_and_daemon_with(
+    config: impl FnOnce(&Cluster) -> String,
+    env: &[(&str, &str)],
+) -> (Cluster, Daemon) {
     let mut cluster = Cluster::prepare();
-    let config = format!("{}{extra}", cluster.memwatch_config());
+    let config = config(&cluster);
     let d = Daemon::start(Opts {
         root: "/".into(),
         gpu_state: None,
@@ -521,34 +529,26 @@ fn launch_inside_an_allocation_stays_in_the_slurm_job_and_resumes_after_a_requeu
 fn a_suspend_slurm_answers_late_is_known_and_resumed_through_slurm() {
     use std::os::unix::fs::PermissionsExt;
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let mut cluster = Cluster::prepare();
-    let slow = cluster.dir.path().join("scontrol-slow");
-    std::fs::write(
-        &slow,
-        format!(
-            "#!/bin/sh\n{} \"$@\"\nrc=$?\n[ \"$1\" = suspend ] && sleep 4\nexit $rc\n",
-            cluster.scontrol.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&slow, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let config = format!(
-        "[slurm]\nscontrol = {slow:?}\nscancel = {:?}\ncommand_timeout_ms = 1000\n\
-         [policy]\nmax_pause_seconds = 120\n",
-        cluster.scancel
+    let (cluster, d) = cluster_and_daemon_with(
+        |c| {
+            let slow = c.dir.path().join("scontrol-slow");
+            std::fs::write(
+                &slow,
+                format!(
+                    "#!/bin/sh\n{} \"$@\"\nrc=$?\n[ \"$1\" = suspend ] && sleep 4\nexit $rc\n",
+                    c.scontrol.display()
+                ),
+            )
+            .unwrap();
+            std::fs::set_permissions(&slow, std::fs::Permissions::from_mode(0o755)).unwrap();
+            format!(
+                "[slurm]\nscontrol = {slow:?}\nscancel = {:?}\ncommand_timeout_ms = 1000\n\
+                 [policy]\nmax_pause_seconds = 120\n",
+                c.scancel
+            )
+        },
+        &[],
     );
-    let d = Daemon::start(Opts {
-        root: "/".into(),
-        gpu_state: None,
-        interval_ms: 100,
-        extra_config: &config,
-        ..Opts::default()
-    });
-    let memwatch = bin();
-    cluster.start(&[
-        ("MEMWATCH", memwatch.to_str().unwrap()),
-        ("MEMWATCH_SOCKET", d.socket.to_str().unwrap()),
-    ]);
 
     // One task fills a tmpfs file (charged to the job's cgroup) toward the job's 300 MiB and stops
     // once the file is gone.

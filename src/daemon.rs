@@ -242,7 +242,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // into one pending permit.
     let (executor, mut outcomes) = Executor::start(&config.host.process_root);
     let woken = Arc::new(tokio::sync::Notify::new());
-    let mut watches = Watches::start(&config, &mut engine, woken.clone());
+    let mut watches = Watches::start(&config, &mut engine, woken.clone(), shared.kernel.clone());
     let mut stop = std::pin::pin!(shutdown_signal());
     // Under systemd: ready now, and a watchdog ping from this loop while samples are fresh, so a stuck
     // owner task or a sampler that stopped is restarted (and the restarted daemon resumes what this

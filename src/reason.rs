@@ -80,6 +80,9 @@ reasons! {
     Shutdown = "shutdown",
     /// The job's root process exited.
     Gone = "gone",
+    /// The job's root process exited and the kernel's OOM killer had killed processes of its cgroup
+    /// since the attach (memory.events `oom_kill`).
+    OomKill = "oom_kill",
     /// A Slurm job attached by id (`memwatch attach|detach --slurm-job`).
     Slurm = "slurm",
     /// The trainer, over the protocol: a checkpoint saved, changes applied or declined, verified.

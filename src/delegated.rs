@@ -37,27 +37,31 @@ pub fn open_write(path: &Path, read: bool, flags: i32) -> io::Result<File> {
 
 /// Runs `f` with this thread's filesystem ids set to `uid` and `gid`, then set back to root's.
 fn as_owner<T>(uid: u32, gid: u32, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
-    use nix::unistd::{Gid, Uid, setfsgid, setfsuid};
     /// Puts root's filesystem ids back however `f` ends.
     struct Back;
     impl Drop for Back {
         fn drop(&mut self) {
-            setfsuid(Uid::from_raw(0));
-            setfsgid(Gid::from_raw(0));
+            set_fs_ids(0, 0);
         }
     }
     let _back = Back;
-    setfsgid(Gid::from_raw(gid));
-    setfsuid(Uid::from_raw(uid));
-    // setfsuid answers the previous value: asking again tells whether the change took.
-    if setfsuid(Uid::from_raw(uid)).as_raw() != uid || setfsgid(Gid::from_raw(gid)).as_raw() != gid
-    {
+    if !set_fs_ids(uid, gid) {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
             format!("cannot take the rights of uid {uid}, which owns the file (no CAP_SETUID?)"),
         ));
     }
     f()
+}
+
+/// Sets this thread's filesystem uid and gid (`setfsuid` and `setfsgid` are per thread); whether
+/// both took.
+pub fn set_fs_ids(uid: u32, gid: u32) -> bool {
+    use nix::unistd::{Gid, Uid, setfsgid, setfsuid};
+    setfsgid(Gid::from_raw(gid));
+    setfsuid(Uid::from_raw(uid));
+    // Each answers the previous value: asking again tells whether the change took.
+    setfsuid(Uid::from_raw(uid)).as_raw() == uid && setfsgid(Gid::from_raw(gid)).as_raw() == gid
 }
 
 #[cfg(test)]

@@ -130,9 +130,12 @@ fn probe(config: &Config, engine: &Engine, now: u64) -> Probe {
         .probe_plan()
         .into_iter()
         .filter_map(|(name, dir, last)| {
+            // Usage, and the OOM kills: a job the OOM killer ends may take its cgroup with it
+            // before the next full sample reads them.
             let fresh = match last {
                 Some(last) => cgroup::CgroupMemory {
                     usage_bytes: cgroup::read_usage(&dir).ok()?,
+                    oom_kills: cgroup::read_oom_kills(&dir).or(last.oom_kills),
                     ..last
                 },
                 None => cgroup::read_dir(&dir).ok()?,

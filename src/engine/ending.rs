@@ -101,8 +101,7 @@ impl Engine {
             let now = j
                 .cgroup_dir
                 .as_ref()
-                .and_then(|d| crate::sample::cgroup::read_dir(d).ok())
-                .and_then(|c| c.oom_kills);
+                .and_then(crate::sample::cgroup::read_oom_kills);
             j.note_oom_kills(now);
         }
         let Some(j) = self.jobs.get(name) else {

@@ -131,9 +131,12 @@ fn probe(config: &Config, engine: &Engine, now: u64) -> Probe {
         .probe_plan()
         .into_iter()
         .filter_map(|(name, dir, last)| {
+            // Usage, and the OOM kills: a job the OOM killer ends may take its cgroup with it
+            // before the next full sample reads them.
             let fresh = match last {
                 Some(last) => cgroup::CgroupMemory {
                     usage_bytes: cgroup::read_usage(&dir).ok()?,
+                    oom_kills: cgroup::read_oom_kills(&dir).or(last.oom_kills),
                     ..last
                 },
                 None => cgroup::read_dir(&dir).ok()?,
@@ -243,7 +246,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // into one pending permit.
     let (executor, mut outcomes) = Executor::start(&config.host.process_root);
     let woken = Arc::new(tokio::sync::Notify::new());
-    let mut watches = Watches::start(&config, &mut engine, woken.clone());
+    let mut watches = Watches::start(&config, &mut engine, woken.clone(), shared.kernel.clone());
     let mut stop = std::pin::pin!(shutdown_signal());
     // Under systemd: ready now, and a watchdog ping from this loop while samples are fresh, so a stuck
     // owner task or a sampler that stopped is restarted (and the restarted daemon resumes what this

@@ -14,6 +14,7 @@ pub mod clock;
 pub mod config;
 pub mod control;
 pub mod daemon;
+pub mod delegated;
 pub mod engine;
 pub mod guardian;
 pub mod history;

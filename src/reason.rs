@@ -70,8 +70,6 @@ reasons! {
     User = "user",
     /// What paused the job recovered.
     Recovered = "recovered",
-    /// The room came back because the OOM killer ended processes of the paused job.
-    OomKilled = "oom_killed",
     /// The job was paused for `policy.max_pause_seconds`.
     MaxPause = "max_pause",
     /// A restarted daemon: a pause undone, a job re-adopted, a journaled rewrite that never landed.
@@ -82,6 +80,10 @@ reasons! {
     Shutdown = "shutdown",
     /// The job's root process exited.
     Gone = "gone",
+    /// The kernel's OOM killer ended processes of the job: its root exited after kills in its
+    /// cgroup since the attach (memory.events `oom_kill`), or the room that ended its pause came
+    /// from kills (a rank or a worker lost), which is no recovery.
+    OomKill = "oom_kill",
     /// A Slurm job attached by id (`memwatch attach|detach --slurm-job`).
     Slurm = "slurm",
     /// The trainer, over the protocol: a checkpoint saved, changes applied or declined, verified.

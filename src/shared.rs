@@ -33,6 +33,8 @@ pub struct Shared {
     pub stale_after_ms: u64,
     /// Notification counts by channel and outcome, for `/metrics`.
     pub notify: Arc<crate::notify::Stats>,
+    /// Kernel notifications (PSI triggers, memory thresholds) received, by source, for `/metrics`.
+    pub kernel: Arc<crate::wake::Notified>,
 }
 
 impl Shared {
@@ -44,6 +46,7 @@ impl Shared {
             history_seconds: config.sampling.history_seconds.0,
             stale_after_ms: stale_after_ms(config.sampling.interval_ms.0),
             notify: Arc::default(),
+            kernel: Arc::default(),
         }
     }
 

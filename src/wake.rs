@@ -10,12 +10,15 @@
 //!
 //! One thread polls every descriptor and wakes the owner task, which probes at once: wake-ups coalesce
 //! into one pending permit (a `Notify`), so a storm of crossings costs one probe and no memory. Polling
-//! stays, as the fallback and for growth rates (prediction).
+//! stays, as the fallback and for growth rates (prediction). Every notification is counted by source
+//! ([`Notified`], `memwatch_kernel_notifications_total`), and the first of each watch is logged, so
+//! that a machine shows whether its kernel's triggers reach the daemon at all.
 
 use std::collections::HashMap;
 use std::io::Write as _;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 
 use tokio::sync::Notify;
@@ -36,6 +39,35 @@ enum Kind {
     Psi,
 }
 
+/// Kernel notifications received, by source; shared with `/metrics`.
+#[derive(Debug, Default)]
+pub struct Notified {
+    host_psi: AtomicU64,
+    job_psi: AtomicU64,
+    job_threshold: AtomicU64,
+}
+
+impl Notified {
+    /// `(source, count)` for each source: `host_psi` (/proc/pressure/memory), `job_psi` (a job
+    /// cgroup's memory.pressure), `job_threshold` (a v1 memory threshold's eventfd).
+    pub fn snapshot(&self) -> [(&'static str, u64); 3] {
+        [
+            ("host_psi", self.host_psi.load(Ordering::Relaxed)),
+            ("job_psi", self.job_psi.load(Ordering::Relaxed)),
+            ("job_threshold", self.job_threshold.load(Ordering::Relaxed)),
+        ]
+    }
+
+    fn count(&self, key: &Key, kind: Kind) -> u64 {
+        let c = match (key, kind) {
+            (None, _) => &self.host_psi,
+            (Some(_), Kind::Psi) => &self.job_psi,
+            (Some(_), Kind::Eventfd) => &self.job_threshold,
+        };
+        c.fetch_add(1, Ordering::Relaxed) + 1
+    }
+}
+
 /// The handle the owner task keeps: add and drop watches; notifications wake the `Notify` given to
 /// [`Wakers::start`].
 pub struct Wakers {
@@ -45,14 +77,14 @@ pub struct Wakers {
 }
 
 impl Wakers {
-    /// Starts the polling thread; each notification wakes `out`.
-    pub fn start(out: Arc<Notify>) -> std::io::Result<Wakers> {
+    /// Starts the polling thread; each notification wakes `out` and is counted in `counts`.
+    pub fn start(out: Arc<Notify>, counts: Arc<Notified>) -> std::io::Result<Wakers> {
         let (read, write) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)?;
         let (tx, rx) = mpsc::sync_channel(COMMANDS_QUEUED);
         std::thread::Builder::new()
             .name("wake".into())
-            .spawn(move || run(read, rx, out))?;
+            .spawn(move || run(read, rx, out, &counts))?;
         Ok(Wakers { tx, kick: write })
     }
 
@@ -103,11 +135,9 @@ impl Wakers {
         stall_us: u64,
         window_us: u64,
     ) -> std::io::Result<()> {
-        let mut f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(nix::libc::O_NONBLOCK)
-            .open(pressure_file)?;
+        // A user's own cgroup (delegated) is written with that user's rights; the kernel then
+        // takes a window that is a multiple of 2 s, as the daemon asks.
+        let mut f = crate::delegated::open_write(pressure_file, true, nix::libc::O_NONBLOCK)?;
         // The trigger string must be written with its terminating NUL in one write.
         f.write_all(format!("some {stall_us} {window_us}\0").as_bytes())?;
         self.send(Cmd::Watch(key, vec![f.into()], Kind::Psi));
@@ -119,8 +149,6 @@ impl Wakers {
         self.send(Cmd::Unwatch(Some(job.to_owned())));
     }
 }
-
-use std::os::unix::fs::OpenOptionsExt as _;
 
 /// Whether `path` lies on procfs or a cgroup filesystem, where writing a trigger is a request to the
 /// kernel (and not, as on a fixture tree, an edit of a file).
@@ -148,25 +176,27 @@ fn eventfd() -> std::io::Result<OwnedFd> {
 struct Watch {
     fds: Vec<OwnedFd>,
     kind: Kind,
+    /// Notifications from this watch so far.
+    seen: u64,
 }
 
 /// Commands that may wait for the wake thread (it takes them all at each turn).
 const COMMANDS_QUEUED: usize = 256;
 
-fn run(kick: OwnedFd, rx: mpsc::Receiver<Cmd>, out: Arc<Notify>) {
+fn run(kick: OwnedFd, rx: mpsc::Receiver<Cmd>, out: Arc<Notify>, counts: &Notified) {
     let mut watches: HashMap<Key, Watch> = HashMap::new();
     loop {
         while let Ok(cmd) = rx.try_recv() {
             match cmd {
                 Cmd::Watch(key, fds, kind) => {
-                    watches.insert(key, Watch { fds, kind });
+                    watches.insert(key, Watch { fds, kind, seen: 0 });
                 }
                 Cmd::Unwatch(key) => {
                     watches.remove(&key);
                 }
             }
         }
-        let mut keys: Vec<&Key> = Vec::new();
+        let mut keys: Vec<Key> = Vec::new();
         let mut polls = vec![nix::libc::pollfd {
             fd: kick.as_raw_fd(),
             events: nix::libc::POLLIN,
@@ -177,7 +207,7 @@ fn run(kick: OwnedFd, rx: mpsc::Receiver<Cmd>, out: Arc<Notify>) {
                 Some(fd) => fd.as_raw_fd(),
                 None => continue,
             };
-            keys.push(key);
+            keys.push(key.clone());
             polls.push(nix::libc::pollfd {
                 fd,
                 events: match w.kind {
@@ -220,6 +250,22 @@ fn run(kick: OwnedFd, rx: mpsc::Receiver<Cmd>, out: Arc<Notify>) {
                 let _ = unsafe { nix::libc::read(p.fd, count.as_mut_ptr().cast(), 8) };
             }
             out.notify_one();
+            if let Some(w) = watches.get_mut(&key) {
+                let total = counts.count(&key, w.kind);
+                w.seen += 1;
+                if w.seen == 1 {
+                    let what = match w.kind {
+                        Kind::Psi => "a PSI trigger on memory.pressure",
+                        Kind::Eventfd => "a memory threshold",
+                    };
+                    let whose = key.as_deref().unwrap_or("the host");
+                    tracing::info!(
+                        job = whose,
+                        total,
+                        "first kernel notification from {what} of {whose}"
+                    );
+                }
+            }
         }
         for key in dead {
             watches.remove(&key);

@@ -6,7 +6,13 @@
 //! exposure, restart and stop), `freeze-v2` (a systemd unit's job growing toward its MemoryMax is
 //! frozen through cgroup.freeze, never OOM-killed, and thawed on detach), `launch-systemd` (`memwatch
 //! launch` as root and as an ordinary user runs the job in a transient scope of its own, removed when it
-//! ends, nothing at the root of the tree), `crash-under-systemd` (the
+//! ends, nothing at the root of the tree), `user-jobs` (a `systemd-run` service, a `--scope`, a
+//! container-style scope in machine.slice and an ordinary user's `systemd-run --user` service attached
+//! by that user: each paused by hand and by the policy, by the freezer where the attached tree owns its
+//! cgroup and by signals where it does not, resumed, detached, alive, never OOM-killed; the user may
+//! not attach or pause root's job), `reaction-v2` (20 runs at each of two rates into MemoryMax=512M:
+//! none OOM-killed, the crossing-to-pause times; an attached job that does reach its limit is reported
+//! OOM-killed; the PSI trigger on a job's cgroup wakes the daemon), `crash-under-systemd` (the
 //! daemon killed while it holds a frozen job, restarted by systemd: the new daemon holds the job),
 //! `crash-rounds` (the same 20 times in a row, SIGKILL, SIGABRT and SIGQUIT in turn, the cgroup read
 //! every 50 ms), `restart-held` (`systemctl restart` and a package upgrade while the daemon holds a
@@ -30,11 +36,13 @@ struct Outcome {
 }
 
 /// The scenarios of the one boot, in the order they run (the crashes last: they kill the daemon).
-const SCENARIOS: [&str; 8] = [
+const SCENARIOS: [&str; 10] = [
     "boot",
     "install",
     "freeze-v2",
     "launch-systemd",
+    "user-jobs",
+    "reaction-v2",
     "restart-held",
     "crash-under-systemd",
     "crash-rounds",
@@ -126,6 +134,16 @@ fn the_package_runs_under_systemd_and_freezes_with_cgroup_v2_on_debian_13() {
         &["boot", "install", "freeze-v2", "launch-systemd"],
         &[],
     );
+}
+
+/// Jobs as users start them (system and user services, scopes, a container's scope), each held by
+/// the mechanism its cgroup allows, by hand and by the policy, never OOM-killed; at the rates the
+/// guest reaches, 20 runs each into a 512 MiB limit, none OOM-killed; an OOM kill memwatch let happen
+/// is reported; the job cgroup's PSI trigger wakes the daemon.
+#[test]
+fn jobs_as_users_start_them_are_held_and_fast_growth_is_survived_on_cgroup_v2() {
+    let Some(outcomes) = vm() else { return };
+    assert_ok(outcomes, &["user-jobs", "reaction-v2"], &[]);
 }
 
 /// The daemon restarted (`systemctl restart`, a package upgrade) or crashed (SIGKILL once, then

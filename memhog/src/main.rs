@@ -1,8 +1,13 @@
 //! memhog: allocates and touches memory at a set rate, for memwatch's tests and benchmarks.
 //!
 //! `memhog --rate-mib 1024 --total-mib 1536 [--chunk-mib 4] [--workers N] [--hold-ms MS] [--ready-file F]
-//!  [--wait-file F] [--cycles N --cycle-ms MS]` (with `--wait-file`, allocation starts once file F
-//!  exists; with `--cycles`, the memory is touched, freed and touched again every MS, N times)
+//!  [--wait-file F] [--cycles N --cycle-ms MS] [--stamps F]` (with `--wait-file`, allocation starts once
+//!  file F exists; with `--cycles`, the memory is touched, freed and touched again every MS, N times)
+//!
+//! `--stamps F` appends one line to F as allocation starts and one after each chunk is touched:
+//! `CLOCK_BOOTTIME in µs` and the MiB touched so far, in one write each, so whoever reads F sees the
+//! job's progress up to the instant it was stopped or frozen (the clock the kernel's and the journal's
+//! monotonic stamps and memwatch's own pause stamps use).
 //!
 //! It prints `ready` once workers are started and `done <MiB>` when it has touched `--total-mib`, then
 //! holds the memory for `--hold-ms` and exits 0. `--workers N` starts N child processes (sleeping,
@@ -25,6 +30,7 @@ struct Args {
     cycles: u32,
     cycle_ms: u64,
     worker_mib: u64,
+    stamps: Option<String>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -40,6 +46,7 @@ fn parse() -> Result<Args, String> {
         cycles: 1,
         cycle_ms: 0,
         worker_mib: 8,
+        stamps: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -65,6 +72,7 @@ fn parse() -> Result<Args, String> {
                 a.cycle_ms = value()?.parse().map_err(|e| format!("--cycle-ms: {e}"))?
             }
             "--wait-file" => a.wait_file = Some(value()?),
+            "--stamps" => a.stamps = Some(value()?),
             "--worker" => a.worker = true,
             other => return Err(format!("unknown argument {other}")),
         }
@@ -83,6 +91,40 @@ fn touch(mib: u64) -> Vec<u8> {
         v[i] = 1;
     }
     v
+}
+
+/// CLOCK_BOOTTIME in microseconds.
+fn boottime_us() -> u128 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into the valid struct it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    ts.tv_sec as u128 * 1_000_000 + ts.tv_nsec as u128 / 1_000
+}
+
+/// `--stamps`: the file the progress lines go to, each written whole with one `write`.
+struct Stamps(Option<std::fs::File>);
+
+impl Stamps {
+    fn open(path: Option<&str>) -> Result<Stamps, String> {
+        path.map(|p| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .map_err(|e| format!("--stamps {p}: {e}"))
+        })
+        .transpose()
+        .map(Stamps)
+    }
+
+    fn mark(&mut self, mib: u64) {
+        if let Some(f) = &mut self.0 {
+            let _ = f.write_all(format!("{} {mib}\n", boottime_us()).as_bytes());
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -124,6 +166,14 @@ fn main() -> ExitCode {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
+    let mut stamps = match Stamps::open(a.stamps.as_deref()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("memhog: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    stamps.mark(0);
     let mut held: Vec<Vec<u8>> = Vec::new();
     let mut done = 0u64;
     // With --cycles N, a training step's buffers: touch --total-mib, free it, and start again every
@@ -136,6 +186,7 @@ fn main() -> ExitCode {
             let n = a.chunk_mib.min(a.total_mib - done);
             held.push(touch(n));
             done += n;
+            stamps.mark(done);
             let due = Duration::from_secs_f64(done as f64 / a.rate_mib);
             if let Some(wait) = due.checked_sub(start.elapsed()) {
                 std::thread::sleep(wait);

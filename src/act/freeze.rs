@@ -95,17 +95,15 @@ impl Frozen {
         }
     }
 
+    /// Writes the freezer's file; in a cgroup delegated to the job's user (a user's own systemd
+    /// manager made it), with that user's rights (`crate::delegated`).
     fn write(&self, freeze: bool) -> std::io::Result<()> {
-        match self.version {
-            Version::V2 => std::fs::write(
-                self.dir.join("cgroup.freeze"),
-                if freeze { "1" } else { "0" },
-            ),
-            Version::V1 => std::fs::write(
-                self.dir.join("freezer.state"),
-                if freeze { "FROZEN" } else { "THAWED" },
-            ),
-        }
+        use std::io::Write as _;
+        let (file, value) = match self.version {
+            Version::V2 => ("cgroup.freeze", if freeze { "1" } else { "0" }),
+            Version::V1 => ("freezer.state", if freeze { "FROZEN" } else { "THAWED" }),
+        };
+        crate::delegated::open_write(&self.dir.join(file), false, 0)?.write_all(value.as_bytes())
     }
 
     /// Asks the kernel to freeze the cgroup and watches it settle for a few milliseconds (a freeze

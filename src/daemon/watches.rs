@@ -29,8 +29,9 @@ impl Watches {
         config: &Config,
         engine: &mut Engine,
         woken: Arc<tokio::sync::Notify>,
+        counts: Arc<crate::wake::Notified>,
     ) -> Watches {
-        let wakers = match crate::wake::Wakers::start(woken) {
+        let wakers = match crate::wake::Wakers::start(woken, counts) {
             Ok(w) => Some(w),
             Err(e) => {
                 tracing::warn!(error = %e, "no kernel notifications; polling only");

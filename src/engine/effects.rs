@@ -118,7 +118,7 @@ impl Engine {
                     .map_or(0, |p| p.oom_killed);
                 let (why, reason) = match why {
                     crate::policy::Resumed::Recovered if killed > 0 => (
-                        Reason::OomKilled,
+                        Reason::OomKill,
                         format!(
                             "{reason}, after the OOM killer ended {killed} process(es) of the job during the pause: it may have lost a rank or a worker"
                         ),

@@ -95,6 +95,15 @@ impl Engine {
     /// root killed during a pause (kill -9, the OOM killer, `terminate`) never stay stopped. The job
     /// stays in the view's `ended` list with how it ended.
     pub(super) fn job_gone(&mut self, name: &str, now_ms: u64) {
+        // The kernel's OOM killer may be what ended it: its cgroup's count read once more, while the
+        // cgroup is still there (systemd removes a unit's cgroup with its last process).
+        if let Some(j) = self.jobs.get_mut(name) {
+            let now = j
+                .cgroup_dir
+                .as_ref()
+                .and_then(crate::sample::cgroup::read_oom_kills);
+            j.note_oom_kills(now);
+        }
         let Some(j) = self.jobs.get(name) else {
             return;
         };
@@ -135,7 +144,8 @@ impl Engine {
             }
         }
         let was_paused = j.pause.is_some();
-        let how = match (was_paused, &thawed) {
+        let oom_kills = j.oom_kills_since_attach();
+        let mut how = match (was_paused, &thawed) {
             _ if j.terminating_since_ms.is_some() => format!(
                 "stopped by memwatch: {}",
                 j.stop_reason.as_deref().unwrap_or("it was terminated")
@@ -149,6 +159,11 @@ impl Engine {
                 "its root process exited while paused; continued {continued} process(es) left behind"
             ),
         };
+        if oom_kills > 0 {
+            how.push_str(&format!(
+                "; the kernel's OOM killer killed {oom_kills} process(es) of its cgroup since the attach"
+            ));
+        }
         let way_out = j
             .way_out
             .as_ref()
@@ -180,7 +195,12 @@ impl Engine {
             self.ended.pop_front();
         }
         self.save();
-        self.record(now_ms, Action::Detach, name, Reason::Gone, how, false);
+        let reason = if oom_kills > 0 {
+            Reason::OomKill
+        } else {
+            Reason::Gone
+        };
+        self.record(now_ms, Action::Detach, name, reason, how, false);
     }
 }
 

@@ -58,6 +58,7 @@ impl Engine {
                             j.gpu_growth.push(now_ms, g as f64);
                         }
                         if let Some(cg) = &s.cgroup {
+                            j.note_oom_kills(cg.oom_kills);
                             if !j.probing() {
                                 j.cgroup_growth.push(now_ms, cg.working_set_bytes() as f64);
                             }
@@ -178,6 +179,7 @@ impl Engine {
         for (name, cg) in cgroups {
             if let Some(j) = self.jobs.get_mut(&name) {
                 j.cgroup_growth.push(now_ms, cg.working_set_bytes() as f64);
+                j.note_oom_kills(cg.oom_kills);
                 j.probe = Some(cg);
                 j.probed_at_ms = now_ms;
             }

@@ -68,6 +68,21 @@ pub fn notifications(out: &mut String, counts: &[(String, &'static str, u64)]) {
     *out = w.out;
 }
 
+/// Appends `memwatch_kernel_notifications_total{source}`: the kernel's wake-ups of the daemon.
+pub fn kernel_notifications(out: &mut String, counts: &[(&'static str, u64)]) {
+    let mut w = Writer::new(std::mem::take(out));
+    {
+        let mut f = w.counter(
+            "memwatch_kernel_notifications_total",
+            "Kernel notifications that woke the daemon, by source: host_psi (a PSI trigger on /proc/pressure/memory), job_psi (one on a job cgroup's memory.pressure, cgroup v2), job_threshold (a cgroup v1 memory threshold).",
+        );
+        for (source, n) in counts {
+            f.add(&[("source", source)], *n as f64);
+        }
+    }
+    *out = w.out;
+}
+
 fn collectors(w: &mut Writer, s: &Sample) {
     let mut f = w.gauge(
         "memwatch_collector_duration_seconds",

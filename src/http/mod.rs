@@ -154,6 +154,7 @@ async fn metrics_handler(
     let mut body = metrics::render(snap.sample.as_deref(), &info);
     jobs_metrics::render(&mut body, &snap.view);
     metrics::notifications(&mut body, &shared.notify.snapshot());
+    metrics::kernel_notifications(&mut body, &shared.kernel.snapshot());
     if accepts_gzip(&headers) {
         if let Ok(zipped) = gzip(body.as_bytes()) {
             return (

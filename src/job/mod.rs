@@ -183,6 +183,9 @@ pub struct Job {
     /// Attached by Slurm job id (`memwatch attach --slurm-job`): its processes are every task in the
     /// job's cgroup on this node, and `cgroup_dir` is the job's cgroup.
     pub slurm: Option<String>,
+    /// Its cgroup's OOM kills (`oom_kill` of memory.events or memory.oom_control): as first read
+    /// after the attach, and as last read.
+    pub oom_kills: Option<(u64, u64)>,
 }
 
 impl Job {
@@ -228,7 +231,21 @@ impl Job {
             recent_processes: std::collections::VecDeque::new(),
             origin: None,
             slurm: None,
+            oom_kills: None,
         }
+    }
+
+    /// Notes its cgroup's OOM kill count as just read.
+    pub fn note_oom_kills(&mut self, n: Option<u64>) {
+        if let Some(n) = n {
+            let first = self.oom_kills.map_or(n, |(f, _)| f.min(n));
+            self.oom_kills = Some((first, n));
+        }
+    }
+
+    /// Processes of its cgroup the kernel's OOM killer killed since the attach, as last read.
+    pub fn oom_kills_since_attach(&self) -> u64 {
+        self.oom_kills.map_or(0, |(f, l)| l.saturating_sub(f))
     }
 
     /// The Slurm job it belongs to: the one it was attached by, else the one its cgroup names.

@@ -162,15 +162,10 @@ fn as_user<T: Send>(
 /// Sets this thread's filesystem uid and gid, checking that both took. Run by a user other than root,
 /// memwatch has that user's rights already and changes nothing.
 fn set_fs_ids(uid: u32, gid: u32) -> Result<(), RewriteError> {
-    use nix::unistd::{Gid, Uid, setfsgid, setfsuid};
     if !nix::unistd::geteuid().is_root() {
         return Ok(());
     }
-    setfsgid(Gid::from_raw(gid));
-    setfsuid(Uid::from_raw(uid));
-    // setfsuid answers the previous value: asking again tells whether the change took.
-    if setfsuid(Uid::from_raw(uid)).as_raw() != uid || setfsgid(Gid::from_raw(gid)).as_raw() != gid
-    {
+    if !crate::delegated::set_fs_ids(uid, gid) {
         return Err(RewriteError::Io {
             path: PathBuf::new(),
             source: std::io::Error::new(

@@ -205,6 +205,17 @@ pub fn read_usage(d: &CgroupDir) -> Result<u64, ReadError> {
     }))
 }
 
+/// Reads the processes the kernel's OOM killer killed in the cgroup (`oom_kill` of memory.events, or
+/// of memory.oom_control on v1); `None` when it cannot be read.
+pub fn read_oom_kills(d: &CgroupDir) -> Option<u64> {
+    let file = if d.version == Version::V1 {
+        "memory.oom_control"
+    } else {
+        "memory.events"
+    };
+    key_value(&d.dir.join(file), "oom_kill").ok().flatten()
+}
+
 /// Reads usage, the tightest limit up to the root, OOM kills and inactive file cache.
 pub fn read_dir(d: &CgroupDir) -> Result<CgroupMemory, ReadError> {
     if d.version == Version::V1 {

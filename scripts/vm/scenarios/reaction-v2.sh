@@ -1,0 +1,148 @@
+# timeout: 300
+# Survival and reaction on cgroup v2 at the rates this guest reaches: a unit (MemoryMax=512M, no swap)
+# whose memhog, asked for 1024 and then 4096 MiB/s, would outgrow its limit (600 MiB), attached to
+# memwatch with a level-only policy (`reaction_ms = 0`: it pauses when the job's cgroup crosses
+# critical, 95 %). Per run: OOM-killed or not (pass/fail: never), and from memhog's own CLOCK_BOOTTIME
+# stamps of its progress (`--stamps`, one line per 1 MiB chunk): when usage crossed 95 %, when memwatch
+# decided the pause (its pause stamp, `since_ms` less the state file's clock anchor: the same clock)
+# and the job's last progress before the freeze (the freeze landed within the next chunk). Then an
+# attached job memwatch does not pause (dry_run) reaches its limit: memwatch says it was OOM-killed;
+# and a job held over its MemoryHigh: the PSI trigger on its cgroup wakes the daemon.
+. /mnt/in/lib.sh
+S=reaction-v2
+RUNS=${RUNS:-20}
+CONF=/etc/memwatch/memwatch.toml
+LIMIT_MIB=512
+
+ensure_memwatch || { result $S fail "setup: memwatch not serving ($(systemctl is-active memwatch))"; exit 1; }
+cp $CONF /tmp/memwatch.toml.orig
+# with_config SED…: the shipped config edited by SED, the daemon restarted on it.
+with_config() {
+  sed "$@" /tmp/memwatch.toml.orig >$CONF
+  systemctl restart memwatch
+  wait_until 60 curl -sf 127.0.0.1:9300/metrics
+}
+restore_config() {
+  cp /tmp/memwatch.toml.orig $CONF
+  systemctl restart memwatch
+  wait_until 60 curl -sf 127.0.0.1:9300/metrics
+}
+job() { curl -sf 127.0.0.1:9300/api/v1/jobs | jq -r ".jobs[] | select(.name == \"$1\") | $2"; }
+
+# start UNIT RATE [-p PROPERTY…]: the unit's memhog (1 MiB chunks), waiting for /run/rv-go, attached
+# as UNIT; sets PID and DIR.
+start() {
+  unit=$1 rate=$2
+  shift 2
+  rm -f /run/rv-go /run/rv-stamps
+  systemd-run --quiet --unit="$unit" -p MemoryMax=${LIMIT_MIB}M -p MemorySwapMax=0 "$@" \
+    "$IN/memhog" --rate-mib "$rate" --chunk-mib 1 --total-mib 600 --hold-ms 600000 --wait-file /run/rv-go --stamps /run/rv-stamps
+  wait_until 10 sh -c "[ \"\$(systemctl show -p MainPID --value $unit)\" -gt 0 ]"
+  PID=$(main_pid "$unit")
+  DIR=$CG/$unit.service
+  memwatch attach "$PID" --name "$unit" >/dev/null
+  wait_until 10 sh -c "[ -n \"\$(curl -sf 127.0.0.1:9300/api/v1/jobs | jq -r '.jobs[] | select(.name == \"$unit\") | .limits[] | select(.limit == \"cgroup\") | .limit')\" ]"
+}
+# Ends the unit without thawing it first (a thawed job would grow into its OOM killer); memwatch
+# drops the job at its next sample.
+finish() {
+  [ -f "$DIR/cgroup.kill" ] && echo 1 >"$DIR/cgroup.kill"
+  wait_until 10 sh -c "! systemctl is-active -q $1"
+  systemctl reset-failed "$1" >/dev/null 2>&1
+}
+
+with_config 's/^reaction_ms = .*/reaction_ms = 0/'
+anchor=$(jq -r '.clock.anchor_ms' /var/lib/memwatch/state.json)
+for rate in 1024 4096; do
+  survived=0 killed=0 n=0 lines='' rates='' ms_decided='' ms_last='' at=''
+  while [ $n -lt "$RUNS" ]; do
+    n=$((n + 1))
+    unit=rv-$rate-$n
+    start "$unit" "$rate"
+    base=$(cat "$DIR/memory.current")
+    touch /run/rv-go
+    wait_until 30 sh -c "grep -q '^frozen 1' $DIR/cgroup.events || ! systemctl is-active -q $unit"
+    # The freeze has settled; memhog's last stamp is its last progress.
+    sleep 0.2
+    since=$(job "$unit" .pause.since_ms)
+    used=$(($(cat "$DIR/memory.current" 2>/dev/null || echo 0) / 1048576))
+    oom=$(cg_key "$DIR/memory.events" oom_kill)
+    if [ -n "$(oom_killed_at "$PID")" ] || [ "${oom:-0}" != 0 ] || ! kill -0 "$PID" 2>/dev/null; then
+      killed=$((killed + 1))
+      lines="$lines; run $n OOM-killed"
+    else
+      survived=$((survived + 1))
+    fi
+    # Rate (MiB/s, 25–75 % of the limit), crossing → decided, crossing → last progress (ms). The
+    # cgroup's usage at a stamp: its usage before growth plus memhog's share of what it has charged
+    # since, as read once frozen (page tables and the like grow with what is touched).
+    m=$(awk -v base="$base" -v used="$(cat "$DIR/memory.current" 2>/dev/null || echo 0)" -v lim=$((LIMIT_MIB * 1048576)) -v dec="${since:-0}" -v anchor="$anchor" '
+      { t[NR] = $1 / 1000; mib[NR] = $2; top = $2 }
+      END {
+        for (i = 1; i <= NR; i++) {
+          u = base + (top > 0 ? (used - base) * mib[i] / top : 0)
+          if (!a25 && u >= 0.25 * lim) { a25 = t[i]; m25 = mib[i] }
+          if (!a75 && u >= 0.75 * lim) { a75 = t[i]; m75 = mib[i] }
+          if (!x && u >= 0.95 * lim) x = t[i]
+        }
+        last = t[NR]; lastmib = top
+        r = (a75 > a25) ? (m75 - m25) / ((a75 - a25) / 1000) : 0
+        d = (dec > 0) ? dec - anchor : 0
+        if (!x) printf "%.0f none none %d\n", r, lastmib
+        else printf "%.0f %s %.1f %d\n", r, (d > 0 ? sprintf("%.1f", d - x) : "none"), last - x, lastmib
+      }' /run/rv-stamps)
+    set -- $m
+    rates="$rates $1" ms_decided="$ms_decided $2" ms_last="$ms_last $3" at="$at $used"
+    finish "$unit"
+  done
+  # p50 / p90 / max of a list of numbers ("none" left out, counted).
+  stats() {
+    echo "$@" | tr ' ' '\n' | grep -v '^$' | awk '$1 == "none" { none++; next } { v[n++] = $1 }
+      END { if (!n) { printf "none of %d", none; exit }
+        for (i = 0; i < n; i++) for (j = i + 1; j < n; j++) if (v[j] < v[i]) { t = v[i]; v[i] = v[j]; v[j] = t }
+        printf "p50 %s / p90 %s / max %s", v[int((n - 1) * 0.5 + 0.5)], v[int((n - 1) * 0.9 + 0.5)], v[n - 1]
+        if (none) printf " (%d without)", none }'
+  }
+  detail="asked $rate MiB/s, measured $(stats $rates) MiB/s; survived $survived of $n, OOM-killed $killed; 95 % crossing → pause decided $(stats $ms_decided) ms, → the job's last progress $(stats $ms_last) ms; frozen at $(stats $at) of $LIMIT_MIB MiB$lines"
+  if [ $killed = 0 ] && [ $survived = "$n" ]; then
+    result $S ok "rate-$rate: $detail"
+  else
+    result $S fail "rate-$rate: $detail"
+  fi
+done
+
+# An attached job memwatch does not pause (dry_run) reaches its limit: the kernel's OOM killer ends
+# it; memwatch tells it was OOM-killed.
+with_config 's/^dry_run = .*/dry_run = true/'
+start rv-oom 256
+touch /run/rv-go
+wait_until 30 sh -c "[ -n \"\$(dmesg | grep 'Killed process $PID ')\" ]" && oomk=yes || oomk=no
+wait_until 10 sh -c '[ -n "$(curl -sf 127.0.0.1:9300/api/v1/jobs | jq -r ".ended[]? | select(.name == \"rv-oom\") | .how")" ]'
+how=$(curl -sf 127.0.0.1:9300/api/v1/jobs | jq -r '[.ended[]? | select(.name == "rv-oom")] | last | .how')
+ev=$(curl -sf '127.0.0.1:9300/api/v1/events' | jq -c '[.events[]? | select(.job == "rv-oom" and .action == "detach")] | last | {action, reason}' 2>/dev/null)
+case $how in
+  *"OOM killer"*) result $S ok "oom-reported: the kernel OOM-killed the attached job ($oomk, dmesg); memwatch: \"$how\"; event $ev" ;;
+  *) result $S fail "oom-reported: the kernel OOM-killed the attached job: $oomk; memwatch's ended job: \"$how\"; event $ev" ;;
+esac
+systemctl reset-failed rv-oom >/dev/null 2>&1
+
+# The PSI trigger on the job's cgroup wakes the daemon: a job held over its MemoryHigh (150 of 200M)
+# is throttled by the kernel, which counts as memory stall in its cgroup's memory.pressure.
+with_config 's/^reaction_ms = .*/reaction_ms = 0/'
+LIMIT_MIB=400
+count() { curl -sf 127.0.0.1:9300/metrics | awk -v s="$1" '$1 == "memwatch_kernel_notifications_total{source=\"" s "\"}" { print $2 }'; }
+start rv-psi 64 -p MemoryHigh=150M
+before=$(count job_psi)
+t0=$(now_ms)
+touch /run/rv-go
+wait_until 30 sh -c "journalctl -b --no-pager -u memwatch -o cat | grep -q 'first kernel notification from a PSI trigger on memory.pressure of rv-psi'" && woke=$(($(now_ms) - t0)) || woke=never
+after=$(count job_psi)
+stall=$(awk '/^some/ { print $4 }' "$DIR/memory.pressure")
+if [ "$woke" != never ] && [ "${after:-0}" -gt "${before:-0}" ]; then
+  result $S ok "psi-wake: the job's PSI trigger woke the daemon $woke ms after it began growing past its MemoryHigh (memory.pressure some $stall); memwatch_kernel_notifications_total{source=job_psi} $before → $after"
+else
+  result $S fail "psi-wake: no notification in 30 s (memory.pressure some $stall, $(mib rv-psi.service) MiB); job_psi $before → $after; $(journalctl -b --no-pager -u memwatch -o cat | grep -i 'kernel notification' | tail -n 2)"
+fi
+finish rv-psi
+restore_config
+exit "${FAILED:-0}"

@@ -6,7 +6,10 @@
 //! exposure, restart and stop), `freeze-v2` (a systemd unit's job growing toward its MemoryMax is
 //! frozen through cgroup.freeze, never OOM-killed, and thawed on detach), `launch-systemd` (`memwatch
 //! launch` as root and as an ordinary user runs the job in a transient scope of its own, removed when it
-//! ends, nothing at the root of the tree), `crash-under-systemd` (the
+//! ends, nothing at the root of the tree), `way-out-v2` (the way out of a unit's memory pause: a limit
+//! lent through systemd, which its reloads keep and which goes back to the unit's own; zram emergency
+//! swap the job's pages go out to, removed after; the swap step skipped, with its reason, for a unit
+//! with MemorySwapMax=0), `crash-under-systemd` (the
 //! daemon killed while it holds a frozen job, restarted by systemd: the new daemon holds the job),
 //! `crash-rounds` (the same 20 times in a row, the cgroup read every 50 ms) and
 //! `guardian-no-restart` (the same with restarts off: the guardian thaws it after its grace). Each reports
@@ -28,11 +31,12 @@ struct Outcome {
 }
 
 /// The scenarios of the one boot, in the order they run (the crashes last: they kill the daemon).
-const SCENARIOS: [&str; 7] = [
+const SCENARIOS: [&str; 8] = [
     "boot",
     "install",
     "freeze-v2",
     "launch-systemd",
+    "way-out-v2",
     "crash-under-systemd",
     "crash-rounds",
     "guardian-no-restart",
@@ -123,6 +127,16 @@ fn the_package_runs_under_systemd_and_freezes_with_cgroup_v2_on_debian_13() {
         &["boot", "install", "freeze-v2", "launch-systemd"],
         &[],
     );
+}
+
+/// The way out under systemd: a limit lent to a unit through its manager (`systemctl show` has it,
+/// `daemon-reload` and `set-property` keep it) and given back; zram swap the job's pages go out to,
+/// the job resumed alive and the device removed; a unit with MemorySwapMax=0 skips the swap step and
+/// says why.
+#[test]
+fn the_way_out_lends_through_systemd_and_swaps_where_the_unit_allows() {
+    let Some(outcomes) = vm() else { return };
+    assert_ok(outcomes, &["way-out-v2"], &[]);
 }
 
 /// The daemon killed with SIGKILL while it holds a job frozen at its memory limit: systemd restarts it

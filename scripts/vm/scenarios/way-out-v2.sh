@@ -33,6 +33,8 @@ verify_seconds = 10
 EOF
   systemctl restart memwatch
   wait_until 60 curl -sf 127.0.0.1:9300/-/ready
+  [ "$(systemctl is-active memwatch)" = active ] ||
+    result $S fail "config: memwatch $(systemctl is-active memwatch) after the restart: $(journalctl -b -u memwatch --no-pager -o cat | grep -m2 -i 'failed' | tr '\n' ' ')"
 }
 
 field() { curl -sf 127.0.0.1:9300/api/v1/jobs | jq -r ".jobs[] | select(.name == \"$1\") | $2"; }

@@ -5,8 +5,8 @@
 # trainer beside it (this script) speaks the protocol and applies the urgent fix (2 workers fewer) 3 s
 # after memwatch asks for it.
 # (i) lend: the limit is raised through systemd (SetUnitProperties, runtime), shows in `systemctl show
-#     -p MemoryMax`, survives `systemctl daemon-reload` (which puts back a limit written to the
-#     cgroup's file: shown on a control unit), and goes back to the unit's own once the job fits;
+#     -p MemoryMax`, survives `systemctl daemon-reload` and a `set-property` (which puts back a limit
+#     written to the cgroup's file: shown on a control unit), and goes back to the unit's own once the job fits;
 # (ii) swap: a zram device is made, the job's pages go out (memory.swap.current > 0), the job is
 #     resumed and survives, and the device is removed after;
 # (iii) a unit with MemorySwapMax=0: the swap step is skipped, with the reason in memwatch's events.

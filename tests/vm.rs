@@ -12,7 +12,11 @@
 //! cgroup and by signals where it does not, resumed, detached, alive, never OOM-killed; the user may
 //! not attach or pause root's job), `reaction-v2` (20 runs at each of two rates into MemoryMax=512M:
 //! none OOM-killed, the crossing-to-pause times; an attached job that does reach its limit is reported
-//! OOM-killed; the PSI trigger on a job's cgroup wakes the daemon), `crash-under-systemd` (the
+//! OOM-killed; the PSI trigger on a job's cgroup wakes the daemon),
+//! `way-out-v2` (the way out of a unit's memory pause: a limit
+//! lent through systemd, which its reloads keep and which goes back to the unit's own; zram emergency
+//! swap the job's pages go out to, removed after; the swap step skipped, with its reason, for a unit
+//! with MemorySwapMax=0), `crash-under-systemd` (the
 //! daemon killed while it holds a frozen job, restarted by systemd: the new daemon holds the job),
 //! `crash-rounds` (the same 20 times in a row, SIGKILL, SIGABRT and SIGQUIT in turn, the cgroup read
 //! every 50 ms), `restart-held` (`systemctl restart` and a package upgrade while the daemon holds a
@@ -36,13 +40,14 @@ struct Outcome {
 }
 
 /// The scenarios of the one boot, in the order they run (the crashes last: they kill the daemon).
-const SCENARIOS: [&str; 10] = [
+const SCENARIOS: [&str; 11] = [
     "boot",
     "install",
     "freeze-v2",
     "launch-systemd",
     "user-jobs",
     "reaction-v2",
+    "way-out-v2",
     "restart-held",
     "crash-under-systemd",
     "crash-rounds",
@@ -144,6 +149,16 @@ fn the_package_runs_under_systemd_and_freezes_with_cgroup_v2_on_debian_13() {
 fn jobs_as_users_start_them_are_held_and_fast_growth_is_survived_on_cgroup_v2() {
     let Some(outcomes) = vm() else { return };
     assert_ok(outcomes, &["user-jobs", "reaction-v2"], &[]);
+}
+
+/// The way out under systemd: a limit lent to a unit through its manager (`systemctl show` has it,
+/// `daemon-reload` and `set-property` keep it) and given back; zram swap the job's pages go out to,
+/// the job resumed alive and the device removed; a unit with MemorySwapMax=0 skips the swap step and
+/// says why.
+#[test]
+fn the_way_out_lends_through_systemd_and_swaps_where_the_unit_allows() {
+    let Some(outcomes) = vm() else { return };
+    assert_ok(outcomes, &["way-out-v2"], &[]);
 }
 
 /// The daemon restarted (`systemctl restart`, a package upgrade) or crashed (SIGKILL once, then

@@ -1,8 +1,11 @@
 //! memhog: allocates and touches memory at a set rate, for memwatch's tests and benchmarks.
 //!
 //! `memhog --rate-mib 1024 --total-mib 1536 [--chunk-mib 4] [--workers N] [--hold-ms MS] [--ready-file F]
-//!  [--wait-file F] [--cycles N --cycle-ms MS] [--stamps F]` (with `--wait-file`, allocation starts once
-//!  file F exists; with `--cycles`, the memory is touched, freed and touched again every MS, N times)
+//!  [--wait-file F] [--cycles N --cycle-ms MS] [--stamps F] [--drop-file F]` (with `--wait-file`,
+//!  allocation starts once file F exists; with `--cycles`, the memory is touched, freed and touched
+//!  again every MS, N times; with `--drop-file`, whenever file F appears holding a number N, it is
+//!  removed and N workers are ended and reaped, as a trainer that takes fewer DataLoader workers
+//!  mid-epoch)
 //!
 //! `--stamps F` appends one line to F as allocation starts and one after each chunk is touched:
 //! `CLOCK_BOOTTIME in µs` and the MiB touched so far, in one write each, so whoever reads F sees the
@@ -27,6 +30,7 @@ struct Args {
     worker: bool,
     ready_file: Option<String>,
     wait_file: Option<String>,
+    drop_file: Option<String>,
     cycles: u32,
     cycle_ms: u64,
     worker_mib: u64,
@@ -43,6 +47,7 @@ fn parse() -> Result<Args, String> {
         worker: false,
         ready_file: None,
         wait_file: None,
+        drop_file: None,
         cycles: 1,
         cycle_ms: 0,
         worker_mib: 8,
@@ -73,6 +78,7 @@ fn parse() -> Result<Args, String> {
             }
             "--wait-file" => a.wait_file = Some(value()?),
             "--stamps" => a.stamps = Some(value()?),
+            "--drop-file" => a.drop_file = Some(value()?),
             "--worker" => a.worker = true,
             other => return Err(format!("unknown argument {other}")),
         }
@@ -155,6 +161,26 @@ fn main() -> ExitCode {
             }
         }
     }
+    let workers = std::sync::Arc::new(std::sync::Mutex::new(workers));
+    if let Some(f) = a.drop_file.clone() {
+        let workers = workers.clone();
+        std::thread::spawn(move || {
+            loop {
+                if let Ok(text) = std::fs::read_to_string(&f) {
+                    let _ = std::fs::remove_file(&f);
+                    let n: usize = text.trim().parse().unwrap_or(0);
+                    let mut w = workers.lock().unwrap_or_else(|e| e.into_inner());
+                    for _ in 0..n {
+                        if let Some(mut c) = w.pop() {
+                            let _ = c.kill();
+                            let _ = c.wait();
+                        }
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+    }
     let mut out = std::io::stdout();
     let _ = writeln!(out, "ready");
     let _ = out.flush();
@@ -200,7 +226,8 @@ fn main() -> ExitCode {
     let _ = writeln!(out, "done {done}");
     let _ = out.flush();
     std::thread::sleep(Duration::from_millis(a.hold_ms));
-    for mut w in workers {
+    let mut workers = workers.lock().unwrap_or_else(|e| e.into_inner());
+    for w in workers.iter_mut() {
         let _ = w.kill();
         let _ = w.wait();
     }

@@ -1,7 +1,10 @@
 //! Lending memory: raising a job's own cgroup limit for a while, and putting it back. The loan is in the
 //! state file before the limit is raised, so a daemon killed at any instant leaves a record that the
-//! next one settles.
+//! next one settles. The loan names the cgroup's owner (`CgroupOwner`): a cgroup nobody manages has
+//! its limit file written; a systemd unit's limit is changed through its manager (`act::systemd`),
+//! which would otherwise write the unit's own `MemoryMax` back over the loan on its next reload.
 
+use crate::job::held::CgroupOwner;
 use crate::sample::cgroup::Version;
 use std::path::{Path, PathBuf};
 
@@ -24,8 +27,13 @@ impl Loan {
         })
     }
 
-    /// Raises the limit. v1 also needs room under a memory+swap limit, which is raised first.
+    /// Raises the limit, through the cgroup's owner. v1 also needs room under a memory+swap limit,
+    /// which is raised first.
     pub fn raise(&self) -> Result<(), String> {
+        if let CgroupOwner::Systemd { bus, unit } = &self.owner {
+            return super::systemd::set_memory_max(*bus, unit, self.raised)
+                .map_err(|e| e.to_string());
+        }
         if self.version == Version::V1 {
             let memsw = self.dir.join("memory.memsw.limit_in_bytes");
             if let Some(m) = read_u64(&memsw).filter(|m| *m < self.raised) {
@@ -41,15 +49,24 @@ impl Loan {
         read_u64(&self.usage_file())
     }
 
-    /// Puts the limit back, only when usage fits under it with `margin` to spare: lowering a v2 limit
-    /// below usage makes the kernel reclaim and then OOM-kill. `Ok(false)`: not yet. A cgroup that is
-    /// gone counts as settled.
+    /// Puts the limit back, through the cgroup's owner, only when usage fits under it with `margin`
+    /// to spare: lowering a v2 limit below usage makes the kernel reclaim and then OOM-kill.
+    /// `Ok(false)`: not yet. A cgroup that is gone counts as settled; but a unit's property outlives
+    /// its cgroup (a stopped service keeps it until the next boot), so systemd is told even then,
+    /// and only a unit systemd no longer has is settled without it.
     pub fn restore(&self, margin: u64) -> Result<bool, String> {
-        let Some(usage) = self.usage() else {
-            return Ok(true);
-        };
-        if usage.saturating_add(margin) > self.original {
+        let usage = self.usage();
+        if usage.is_some_and(|u| u.saturating_add(margin) > self.original) {
             return Ok(false);
+        }
+        if let CgroupOwner::Systemd { bus, unit } = &self.owner {
+            return match super::systemd::set_memory_max(*bus, unit, self.original) {
+                Ok(()) | Err(super::systemd::CallError::NoUnit(_)) => Ok(true),
+                Err(e) => Err(e.to_string()),
+            };
+        }
+        if usage.is_none() {
+            return Ok(true);
         }
         write(&self.limit_file(), self.original)?;
         if self.version == Version::V1 {
@@ -101,6 +118,7 @@ mod tests {
             version: Version::V2,
             original: 1000,
             raised: 1500,
+            owner: CgroupOwner::Cgroupfs,
         };
         loan.raise().unwrap();
         assert_eq!(read_u64(&d.path().join("memory.max")), Some(1500));

@@ -1,6 +1,6 @@
-//! Effects: signals (and Slurm's, through scontrol), freezes, emergency swap, lent limits, the state
-//! file, the state lock, the audit log, and recovery of a predecessor's pauses. The engine decides;
-//! this carries out.
+//! Effects: signals (and Slurm's, through scontrol), freezes, emergency swap, lent limits (through
+//! systemd for a unit's cgroup, `systemd.rs`), the state file, the state lock, the audit log, and
+//! recovery of a predecessor's pauses. The engine decides; this carries out.
 
 pub mod audit;
 pub mod driver;
@@ -13,5 +13,6 @@ pub mod recover;
 pub mod signal;
 pub mod slurm;
 pub mod swap;
+pub mod systemd;
 
 pub use crate::config::signal_by_name;

@@ -4,8 +4,10 @@
 //! Versions of the state file (`Persisted::version`):
 //! - 1: a pause kept `stopped`, and beside it `frozen` (a cgroup) or `slurm` (a Slurm job).
 //! - 2: a pause names the mechanism that holds it (`hold`, tagged by `kind`) and its `phase`.
+//! - 3: a lent limit (a job's `way_out.loan`, an ended job's in `loans`) names how it was set
+//!   (`owner`: `cgroupfs`, or `systemd` with its `bus` and `unit`), so it goes back the same way.
 //!
-//! Both are read. A `kind` this build does not know (a later mechanism: a systemd unit over the bus,
+//! All are read; a loan without an `owner` was set through cgroupfs. A `kind` this build does not know (a later mechanism: a systemd unit over the bus,
 //! an armed reflex) loads as [`HoldRecord::Unknown`]; undoing it still continues every recorded and
 //! every stopped process of the job's tree.
 
@@ -19,7 +21,7 @@ use crate::proc::ProcRef;
 use crate::sample::cgroup::Version;
 
 /// The state file version this build writes.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 
 /// A pause as the state file keeps it: enough to undo it after a crash, with no config.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -496,6 +496,7 @@ impl Engine {
             self.cfg.sampling.growth_window_ms.0,
         );
         job.origin = origin;
+        job.cgroup_owner = crate::job::owner::of(&self.process_root, job.cgroup_dir.as_ref());
         job.config = job_config.map(|mut c| {
             c.self_attached = caller.pid.is_some_and(|p| i64::from(p) == i64::from(pid));
             c

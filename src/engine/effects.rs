@@ -389,6 +389,8 @@ impl Engine {
                 job.config = pj.config.clone();
                 job.launch = pj.launch.clone();
                 job.origin = origin;
+                job.cgroup_owner =
+                    crate::job::owner::of(&self.process_root, job.cgroup_dir.as_ref());
                 // A pause held on goes on with its way out where it was. One that was undone ends
                 // its way out here, and the room it held is given back once the job fits (a new
                 // pause starts a new ladder).
@@ -417,6 +419,8 @@ impl Engine {
                     // Its Slurm job's cgroup again, never frozen.
                     if let Some(c) = crate::slurm::find_job(&self.process_root, id) {
                         job.cgroup_dir = Some(c.memory);
+                        job.cgroup_owner =
+                            crate::job::owner::of(&self.process_root, job.cgroup_dir.as_ref());
                     }
                     job.slurm = Some(id.clone());
                     job.freezer = None;

@@ -163,6 +163,7 @@ impl Engine {
             if let Some(c) = cgroup {
                 j.origin = crate::job::origin::of_path(&c.memory.path).or(j.origin.take());
                 j.cgroup_dir = Some(c.memory);
+                j.cgroup_owner = crate::job::owner::of(&self.process_root, j.cgroup_dir.as_ref());
             }
             // Slurm's processes share the job's cgroup: it is never memwatch's to freeze.
             j.freezer = None;

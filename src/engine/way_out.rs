@@ -78,8 +78,11 @@ pub fn run_way_out_task(t: WayOutTask) -> WayOutDone {
     }
 }
 
-/// Emergency swap in use at or above this share of its size: the room is running out.
-const SWAP_FULL: f64 = 0.9;
+/// Emergency swap in use at or above this share of its size: the room is running out. Below
+/// systemd-oomd's default `SwapUsedLimit` (90 % of all swap, over which it kills the cgroup using the
+/// most swap in a slice with `ManagedOOMSwap=kill`, as Debian and Ubuntu set on `-.slice`): where the
+/// emergency device is the only swap, the job is paused again before oomd would kill it.
+const SWAP_FULL: f64 = 0.8;
 /// Growth under this (bytes/s) counts as settled.
 const SETTLED_RATE: f64 = 1048576.0;
 /// Room left to spare when swap is cleared or a limit put back.

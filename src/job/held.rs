@@ -38,6 +38,52 @@ pub struct Record {
     pub bytes: u64,
 }
 
+/// Who a job's cgroup belongs to, and so how memwatch changes its limits: decided once per job from
+/// its cgroup path (`crate::job::owner`), carried by the job and by every loan made for it, so that
+/// whoever gives a loan back (a restarted daemon too) does it the way it was made.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum CgroupOwner {
+    /// No manager memwatch knows of: the cgroup's files are written directly.
+    #[default]
+    Cgroupfs,
+    /// A systemd unit's own cgroup: systemd writes its limits from the unit's properties (again on
+    /// every `daemon-reload`), so memwatch changes them through the unit's manager, for this boot
+    /// only (`SetUnitProperties`, runtime).
+    Systemd {
+        /// The manager that owns the unit.
+        bus: Bus,
+        /// The unit's name, as its cgroup directory spells it (`train.service`, `run-u7.scope`).
+        unit: String,
+    },
+}
+
+/// A systemd manager.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Bus {
+    /// The system manager (PID 1), on the system bus.
+    System,
+    /// User `uid`'s own manager (`user@UID.service`), on that user's bus.
+    User(u32),
+}
+
+impl std::fmt::Display for CgroupOwner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CgroupOwner::Cgroupfs => f.write_str("cgroupfs"),
+            CgroupOwner::Systemd {
+                bus: Bus::System,
+                unit,
+            } => write!(f, "systemd unit {unit}"),
+            CgroupOwner::Systemd {
+                bus: Bus::User(uid),
+                unit,
+            } => write!(f, "systemd unit {unit} of user {uid}'s manager"),
+        }
+    }
+}
+
 /// A raised limit and what it was.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Loan {
@@ -51,6 +97,10 @@ pub struct Loan {
     pub original: u64,
     /// The limit during the loan.
     pub raised: u64,
+    /// How the limit was raised, and so how it goes back. A record without one (state file
+    /// version 2 or older) was raised through cgroupfs.
+    #[serde(default)]
+    pub owner: CgroupOwner,
 }
 
 /// A job memwatch suspended through Slurm: what resumes it, also for a restarted daemon or the

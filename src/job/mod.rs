@@ -5,6 +5,7 @@ mod growth;
 pub mod held;
 pub mod measure;
 pub mod origin;
+pub mod owner;
 pub mod way_out;
 
 use serde::{Deserialize, Serialize};
@@ -180,6 +181,9 @@ pub struct Job {
     pub recent_processes: std::collections::VecDeque<usize>,
     /// Its container or Slurm job, from its cgroup path.
     pub origin: Option<origin::Origin>,
+    /// Who owns its memory cgroup (systemd or nobody), from its cgroup path when it is attached or
+    /// adopted: its loans are made and given back through it.
+    pub cgroup_owner: held::CgroupOwner,
     /// Attached by Slurm job id (`memwatch attach --slurm-job`): its processes are every task in the
     /// job's cgroup on this node, and `cgroup_dir` is the job's cgroup.
     pub slurm: Option<String>,
@@ -230,6 +234,7 @@ impl Job {
             adapted_at_ms: None,
             recent_processes: std::collections::VecDeque::new(),
             origin: None,
+            cgroup_owner: held::CgroupOwner::Cgroupfs,
             slurm: None,
             oom_kills: None,
         }

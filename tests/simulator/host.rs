@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use memwatch::act::driver::{HostDriver, SlurmCall};
 use memwatch::act::signal::SignalError;
-use memwatch::job::held::{Frozen, Loan, Slurmctl};
+use memwatch::job::held::{CgroupOwner, Frozen, Loan, Slurmctl};
 use memwatch::proc::ProcRef;
 use nix::sys::signal::Signal;
 
@@ -23,8 +23,10 @@ pub enum Act {
     Freeze(PathBuf),
     Thaw(PathBuf),
     Slurm(SlurmCall, String),
-    SetLimit(PathBuf),
-    RestoreLimit(PathBuf),
+    /// A limit raised, and through whom (the loan's recorded owner).
+    SetLimit(PathBuf, CgroupOwner),
+    /// A limit put back, and through whom.
+    RestoreLimit(PathBuf, CgroupOwner),
 }
 
 /// What the next acts do wrong.
@@ -290,12 +292,12 @@ impl HostDriver for FakeHost {
     }
 
     fn set_limit(&self, loan: &Loan) -> Result<(), String> {
-        self.act(Act::SetLimit(loan.dir.clone()));
+        self.act(Act::SetLimit(loan.dir.clone(), loan.owner.clone()));
         Ok(())
     }
 
     fn restore_limit(&self, loan: &Loan, _margin: u64) -> Result<bool, String> {
-        self.act(Act::RestoreLimit(loan.dir.clone()));
+        self.act(Act::RestoreLimit(loan.dir.clone(), loan.owner.clone()));
         Ok(true)
     }
 }

@@ -628,3 +628,61 @@ fn a_job_the_oom_killer_ended_is_reported_as_oom_killed() {
         );
     }
 }
+
+/// A loan is given back the way it was made, also by a restarted daemon: one recorded through a
+/// systemd unit (state file version 3) goes back through that unit's manager, and one recorded
+/// before loans named their owner (version 2) through cgroupfs.
+#[test]
+fn a_restarted_daemon_gives_a_loan_back_the_way_it_was_made() {
+    use memwatch::job::held::{Bus, CgroupOwner};
+    let mut s = Sim::new(Kind::V2);
+    let dir = sim::cgroup_dir(&s.root(), Kind::V2).unwrap();
+    let mut state = s.host.state();
+    let loan = |job: &str| {
+        serde_json::json!({"job": job, "dir": dir, "version": 2, "original": 400u64 << 20,
+            "raised": 656u64 << 20})
+    };
+    let mut by_systemd = loan("ended-unit");
+    by_systemd["owner"] =
+        serde_json::json!({"kind": "systemd", "bus": "system", "unit": "train.service"});
+    let mut by_user = loan("ended-user-unit");
+    by_user["owner"] =
+        serde_json::json!({"kind": "systemd", "bus": {"user": 1000}, "unit": "t.service"});
+    state["loans"] = serde_json::json!([by_systemd, by_user, loan("ended-v2")]);
+    std::fs::write(
+        s.host.state_dir.join("state.json"),
+        serde_json::to_vec(&state).unwrap(),
+    )
+    .unwrap();
+    s.restart();
+    s.sample(0.5);
+    let restored: Vec<CgroupOwner> = s
+        .host
+        .acts()
+        .into_iter()
+        .filter_map(|a| match a {
+            Act::RestoreLimit(d, owner) if d == dir => Some(owner),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        restored,
+        [
+            CgroupOwner::Systemd {
+                bus: Bus::System,
+                unit: "train.service".into()
+            },
+            CgroupOwner::Systemd {
+                bus: Bus::User(1000),
+                unit: "t.service".into()
+            },
+            CgroupOwner::Cgroupfs,
+        ]
+    );
+    let after = s.host.state();
+    assert_eq!(after["version"], 3);
+    assert!(
+        after["loans"].is_null(),
+        "settled loans are dropped: {after}"
+    );
+}

@@ -210,7 +210,12 @@ impl Engine {
                         Action::WayOut,
                         name,
                         Reason::Lend,
-                        format!("{} back at {} MiB", l.dir.display(), l.original >> 20),
+                        format!(
+                            "{} back at {} MiB (through {})",
+                            l.dir.display(),
+                            l.original >> 20,
+                            l.owner
+                        ),
                         false,
                     );
                     self.save();

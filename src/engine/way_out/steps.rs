@@ -168,6 +168,7 @@ impl Engine {
             version: dir.version,
             original,
             raised: original.saturating_add(lent),
+            owner: j.cgroup_owner.clone(),
         };
         // Write-ahead: the loan is in the state file before the limit moves.
         if let Some(w) = self.jobs.get_mut(name).and_then(|j| j.way_out.as_mut()) {
@@ -193,10 +194,11 @@ impl Engine {
             name,
             Reason::Lend,
             format!(
-                "raised {} from {} to {} MiB so the job can apply generation {generation} now",
+                "raised {} from {} to {} MiB (through {}) so the job can apply generation {generation} now",
                 dir.dir.display(),
                 original >> 20,
-                loan.raised >> 20
+                loan.raised >> 20,
+                loan.owner
             ),
             false,
         );

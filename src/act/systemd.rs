@@ -1,0 +1,133 @@
+//! A systemd unit's limits, changed through its manager: `SetUnitProperties` with `runtime` true (for
+//! this boot; systemd keeps it in a drop-in under `/run/systemd/system.control/`), made over D-Bus with
+//! `busctl`, systemd's own client, bounded by a timeout. systemd rewrites a unit's `memory.max` from
+//! its `MemoryMax` whenever it reloads, so a limit written to the cgroup's file behind its back can
+//! vanish; a property set through the manager is the unit's, and stays.
+//!
+//! The system manager is asked on the system bus; a user's manager on that user's bus, which busctl
+//! reaches as root by running as the user (`--user --machine=UID@.host`).
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use wait_timeout::ChildExt;
+
+use crate::job::held::Bus;
+
+/// How long the manager may take to answer.
+pub const TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The arguments of the `busctl` call that sets `unit`'s `MemoryMax` to `bytes` for this boot.
+pub fn set_memory_max_args(bus: Bus, unit: &str, bytes: u64) -> Vec<String> {
+    let mut args: Vec<String> = match bus {
+        Bus::System => vec!["--system".into()],
+        Bus::User(uid) => vec!["--user".into(), format!("--machine={uid}@.host")],
+    };
+    args.push(format!("--timeout={}", TIMEOUT.as_secs()));
+    args.extend(
+        [
+            "call",
+            "org.freedesktop.systemd1",
+            "/org/freedesktop/systemd1",
+            "org.freedesktop.systemd1.Manager",
+            "SetUnitProperties",
+            "sba(sv)",
+            unit,
+            "true",
+            "1",
+            "MemoryMax",
+            "t",
+        ]
+        .map(String::from),
+    );
+    args.push(bytes.to_string());
+    args
+}
+
+/// What came of a call the manager refused or never answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallError {
+    /// The manager has no such unit loaded (a transient unit that ended is gone).
+    NoUnit(String),
+    /// Anything else: busctl's words, with the call.
+    Failed(String),
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::NoUnit(s) | CallError::Failed(s) => f.write_str(s),
+        }
+    }
+}
+
+/// Sets `unit`'s `MemoryMax` to `bytes` through its manager, for this boot.
+pub fn set_memory_max(bus: Bus, unit: &str, bytes: u64) -> Result<(), CallError> {
+    let args = set_memory_max_args(bus, unit, bytes);
+    let shown = format!("busctl {}", args.join(" "));
+    let started = std::time::Instant::now();
+    let result = call(&args, &shown, unit, bytes);
+    tracing::info!(
+        unit,
+        memory_max = bytes,
+        ms = started.elapsed().as_millis() as u64,
+        ok = result.is_ok(),
+        "MemoryMax set through systemd"
+    );
+    result
+}
+
+fn call(args: &[String], shown: &str, unit: &str, bytes: u64) -> Result<(), CallError> {
+    let mut child = Command::new("busctl")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| CallError::Failed(format!("cannot run busctl: {e} [{shown}]")))?;
+    // busctl's own timeout bounds the call; this bounds busctl (a stuck bus connection).
+    match child.wait_timeout(TIMEOUT + Duration::from_secs(1)) {
+        Ok(Some(status)) if status.success() => Ok(()),
+        Ok(Some(status)) => {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut err);
+            }
+            let err = err.trim();
+            let what =
+                format!("systemd refused MemoryMax={bytes} for {unit} ({status}): {err} [{shown}]");
+            if err.contains("not loaded") || err.contains("NoSuchUnit") {
+                Err(CallError::NoUnit(what))
+            } else {
+                Err(CallError::Failed(what))
+            }
+        }
+        Ok(None) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(CallError::Failed(format!(
+                "systemd did not answer within {TIMEOUT:?} [{shown}]"
+            )))
+        }
+        Err(e) => Err(CallError::Failed(format!("busctl: {e} [{shown}]"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SetUnitProperties, runtime, one typed property; the user's manager through their own bus.
+    #[test]
+    fn the_call_sets_memory_max_for_this_boot() {
+        let a = set_memory_max_args(Bus::System, "train\\x2d1.service", 1 << 30);
+        assert_eq!(
+            a.join(" "),
+            "--system --timeout=2 call org.freedesktop.systemd1 /org/freedesktop/systemd1 \
+             org.freedesktop.systemd1.Manager SetUnitProperties sba(sv) train\\x2d1.service true 1 \
+             MemoryMax t 1073741824"
+        );
+        let u = set_memory_max_args(Bus::User(1000), "t.service", 5);
+        assert_eq!(&u[..3], ["--user", "--machine=1000@.host", "--timeout=2"]);
+    }
+}

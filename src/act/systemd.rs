@@ -61,12 +61,38 @@ impl std::fmt::Display for CallError {
     }
 }
 
-/// Sets `unit`'s `MemoryMax` to `bytes` through its manager, for this boot.
+/// After a call to a unit's manager failed, the next call for that unit waits this long. The caller
+/// is the owner task, which must not wait on a bus that does not answer every turn (a loan whose
+/// restore keeps failing is retried each sample).
+pub const BACKOFF: Duration = Duration::from_secs(30);
+
+/// When a call for each unit last failed, for [`BACKOFF`].
+static FAILED: std::sync::Mutex<Vec<(Bus, String, std::time::Instant)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Sets `unit`'s `MemoryMax` to `bytes` through its manager, for this boot. Within [`BACKOFF`] of
+/// a failed call for the same unit, fails at once without asking.
 pub fn set_memory_max(bus: Bus, unit: &str, bytes: u64) -> Result<(), CallError> {
+    let mut failed = FAILED.lock().unwrap_or_else(|p| p.into_inner());
+    failed.retain(|(_, _, at)| at.elapsed() < BACKOFF);
+    if let Some((_, _, at)) = failed.iter().find(|(b, u, _)| *b == bus && u == unit) {
+        return Err(CallError::Failed(format!(
+            "not asked: the last call for {unit} failed {} s ago (retried after {} s)",
+            at.elapsed().as_secs(),
+            BACKOFF.as_secs()
+        )));
+    }
+    drop(failed);
     let args = set_memory_max_args(bus, unit, bytes);
     let shown = format!("busctl {}", args.join(" "));
     let started = std::time::Instant::now();
     let result = call(&args, &shown, unit, bytes);
+    if matches!(result, Err(CallError::Failed(_))) {
+        FAILED
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((bus, unit.to_owned(), started));
+    }
     tracing::info!(
         unit,
         memory_max = bytes,
@@ -129,5 +155,21 @@ mod tests {
         );
         let u = set_memory_max_args(Bus::User(1000), "t.service", 5);
         assert_eq!(&u[..3], ["--user", "--machine=1000@.host", "--timeout=2"]);
+    }
+
+    /// A manager that failed is not asked again for that unit within the back-off, so a loan whose
+    /// restore keeps failing costs the owner task one call per back-off, not one per turn.
+    #[test]
+    fn a_failed_unit_is_not_asked_again_within_the_backoff() {
+        // No user manager answers for this uid here, or busctl is missing: either way it fails.
+        let first = set_memory_max(Bus::User(4_000_000), "backoff-test.service", 1 << 30);
+        assert!(matches!(first, Err(CallError::Failed(_))), "{first:?}");
+        let started = std::time::Instant::now();
+        let second = set_memory_max(Bus::User(4_000_000), "backoff-test.service", 1 << 30);
+        match second {
+            Err(CallError::Failed(e)) => assert!(e.starts_with("not asked"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(started.elapsed() < Duration::from_millis(100));
     }
 }

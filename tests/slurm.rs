@@ -96,8 +96,13 @@ fn cluster_and_daemon_with(
 
 #[test]
 fn a_slurm_job_is_attached_by_its_prolog_suspended_whole_and_resumed() {
+    // No way out: the pause must last until the test makes room, however long a loaded machine
+    // takes to get there (the ladder would requeue the job after `decide_seconds`).
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let (cluster, d) = cluster_and_daemon("[policy]\nmax_pause_seconds = 120\n", &[]);
+    let (cluster, d) = cluster_and_daemon(
+        "[policy]\nmax_pause_seconds = 120\n[way_out]\nsteps = []\n",
+        &[],
+    );
 
     // Task 0 fills a tmpfs file (charged to the job's cgroup) at 25 MiB/s toward the job's 300 MiB,
     // and stops filling once the file is gone; task 1 holds 16 MiB.
@@ -205,8 +210,9 @@ fn a_slurm_job_is_attached_by_its_prolog_suspended_whole_and_resumed() {
     std::fs::remove_file(&fill).unwrap();
     assert!(
         eventually(30.0, || cluster.state(&id) == "R"),
-        "the job was never resumed (state {:?})",
-        cluster.state(&id)
+        "the job was never resumed (state {:?}); events: {:#?}",
+        cluster.state(&id),
+        d.events()
     );
     assert!(
         eventually(5.0, || tasks.iter().all(|p| gone(*p) || !stopped(*p))),
@@ -570,7 +576,7 @@ fn a_suspend_slurm_answers_late_is_known_and_resumed_through_slurm() {
         d.events()
     );
     d.wait_log("the late answer settled by the job's state", |l| {
-        l.contains("Slurm answered late, but the job is as asked")
+        l.contains("Slurm answered late or not at all, but the job is as asked")
     });
     d.wait_until(
         |d| {
@@ -599,4 +605,82 @@ fn a_suspend_slurm_answers_late_is_known_and_resumed_through_slurm() {
     cluster.run("scancel", &[&id]).unwrap();
     assert!(eventually(20.0, || cluster.state(&id).is_empty()));
     let _ = std::fs::remove_file(&fill);
+}
+
+/// Stop here first: a rank growing at 1 GiB/s toward its Slurm job's limit is stopped on this node
+/// at once, while the suspension goes through Slurm (scontrol, slurmctld, slurmd), which it would
+/// otherwise outrun into the job cgroup's OOM killer; the whole job is then suspended (squeue S),
+/// and no OOM kill happened anywhere in the job's cgroups (the step's and task's included).
+#[test]
+fn a_rank_growing_fast_is_stopped_here_before_slurm_suspends_the_job() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (cluster, d) = cluster_and_daemon(
+        "[policy]\nmax_pause_seconds = 120\n[way_out]\nsteps = []\n",
+        &[],
+    );
+    let script = format!(
+        "#!/bin/bash\nsrun -n1 {hog} --rate-mib 1024 --total-mib 400 --hold-ms 600000\n",
+        hog = memhog().display(),
+    );
+    let id = cluster.sbatch(&["-n1", "--mem=300M", "-J", "mwfast"], &script);
+    let name = format!("slurm-{id}");
+    assert!(
+        eventually(60.0, || cluster.state(&id) == "S"),
+        "squeue never showed the job suspended (state {:?}); events: {:?}",
+        cluster.state(&id),
+        d.events()
+    );
+    d.wait_until(
+        |d| {
+            d.jobs().iter().any(|j| {
+                j["name"] == name.as_str()
+                    && j["pause"]["mechanism"]["kind"] == "slurm_suspend"
+                    && j["pause"]["phase"] == "held"
+            })
+        },
+        "the pause is not held through Slurm",
+    );
+    // Every memory cgroup of the job, the step's and the task's too (v1 counts a kill only where
+    // it happened).
+    let mut kills = Vec::new();
+    let mut dirs = vec![cluster.job_cgroup(&id)];
+    while let Some(dir) = dirs.pop() {
+        if let Ok(t) = std::fs::read_to_string(dir.join("memory.oom_control")) {
+            kills.push((
+                dir.clone(),
+                t.lines()
+                    .find(|l| l.starts_with("oom_kill "))
+                    .map(str::to_owned),
+            ));
+        }
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                dirs.push(e.path());
+            }
+        }
+    }
+    assert!(kills.len() >= 2, "the job's cgroups: {kills:?}");
+    assert!(
+        kills
+            .iter()
+            .all(|(_, k)| k.as_deref() == Some("oom_kill 0")),
+        "the OOM killer fired: {kills:?}; events: {:?}",
+        d.events()
+    );
+    assert!(
+        !d.events().iter().any(|e| e["action"] == "oom_kill"),
+        "{:?}",
+        d.events()
+    );
+    let job = d
+        .jobs()
+        .into_iter()
+        .find(|j| j["name"] == name.as_str())
+        .unwrap();
+    assert!(
+        !job["pause"]["stopped"].as_array().is_none_or(Vec::is_empty),
+        "this node's tasks were not stopped first: {job}"
+    );
+    cluster.run("scancel", &[&id]).unwrap();
+    assert!(eventually(20.0, || cluster.state(&id).is_empty()));
 }

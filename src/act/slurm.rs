@@ -94,20 +94,19 @@ impl Slurmctl {
         self.checked(&["resume", id], id, "RUNNING")
     }
 
-    /// Runs `args`; when it does not finish in time (slurmctld busy: the request may have been
-    /// carried out all the same), reads the job's state back and counts the call done when the job
-    /// is in `wanted`, failed otherwise. What this cannot see: a request still queued in slurmctld
-    /// that takes effect after the read.
+    /// Runs `args`; when it fails or does not finish in time (slurmctld busy: the request may have
+    /// been carried out all the same; a resume of a job another node already resumed), reads the
+    /// job's state back and counts the call done when the job is in `wanted`, failed otherwise. What
+    /// this cannot see: a request still queued in slurmctld that takes effect after the read.
     fn checked(&self, args: &[&str], id: &str, wanted: &str) -> Result<(), String> {
         let timeout = Duration::from_millis(self.timeout_ms);
         match run_timed(&self.scontrol, args, timeout) {
             Ok(_) => Ok(()),
-            Err(CallError::Failed(e)) => Err(e),
-            Err(CallError::Late(e)) => {
+            Err(CallError::Failed(e) | CallError::Late(e)) => {
                 let shown = run(&self.scontrol, &["show", "job", "-o", id], timeout);
                 match shown.as_deref().map(parse_job_state) {
                     Ok(Some(state)) if state == wanted => {
-                        tracing::warn!(slurm_job_id = id, error = %e, state, "Slurm answered late, but the job is as asked: done");
+                        tracing::warn!(slurm_job_id = id, error = %e, state, "Slurm answered late or not at all, but the job is as asked: done");
                         Ok(())
                     }
                     Ok(Some(state)) => Err(format!("{e}; the job is {state}")),

@@ -2,7 +2,9 @@
 //! and undone. The pause record (`Job::pause`) is the only place a pause lives, keyed by the job as
 //! systemd-oomd keys its kill mark by cgroup: while a record exists, a second pause of the job does
 //! nothing. A pause that goes through Slurm, or a freeze that does not settle at once, stays
-//! `Pausing` until its outcome comes back (`handle_outcome`); one that fails falls back to signals.
+//! `Pausing` until its outcome comes back (`handle_outcome`); one that fails falls back to signals. A
+//! pause through Slurm stops this node's tasks first, with signals, and keeps them stopped until the
+//! job is resumed.
 
 use nix::sys::signal::Signal;
 
@@ -79,6 +81,25 @@ impl Engine {
         }
         match mechanism {
             Mechanism::Slurm(s) => {
+                // Stop here first: this node's tasks at once, as fast as a pause outside Slurm,
+                // while the suspension makes its way through Slurm (scontrol, slurmctld, every
+                // node's slurmstepd), which a rank growing fast outruns. The local stop is kept
+                // until the job is resumed: a job resumed behind this node's back (another node's
+                // memwatch, a person) finds this rank still held.
+                if let Some(j) = self.jobs.get(name) {
+                    match self.stop_tasks(j) {
+                        Ok(stopped) => {
+                            if let Some(p) = self.jobs.get_mut(name).and_then(|j| j.pause.as_mut())
+                            {
+                                p.stopped = stopped;
+                            }
+                            self.save();
+                        }
+                        Err(e) => {
+                            tracing::warn!(job = name, error = %e, "cannot stop this node's tasks first; leaving the pause to Slurm")
+                        }
+                    }
+                }
                 tracing::info!(job = name, slurm_job_id = %s.job_id, "suspending the whole Slurm job (scontrol suspend)");
                 self.emit(Effect::Slurm(super::SlurmRequest {
                     job: name.to_owned(),

@@ -47,6 +47,54 @@ fn a_pause_by_hand_is_held_by_the_jobs_mechanism_and_undone() {
     }
 }
 
+/// Stop here first, then everywhere: a pause through Slurm stops this node's tasks at once, before
+/// Slurm has answered (a rank growing fast would outrun scontrol), keeps them stopped once the
+/// suspension holds, and continues them only when the job is resumed, after `scontrol resume`.
+#[test]
+fn a_slurm_pause_stops_this_nodes_tasks_before_slurm_answers() {
+    let mut s = Sim::new(Kind::Slurm);
+    s.slurm_held = true;
+    s.sample(0.97);
+    let p = s.pause().expect("paused");
+    assert_eq!(p.phase, memwatch::job::PausePhase::Pausing);
+    assert_eq!(
+        s.host.state_of(PID),
+        Some('T'),
+        "not stopped before Slurm answered: {:?}",
+        s.host.acts()
+    );
+    assert_eq!(s.pause().unwrap().stopped.len(), 2, "{:?}", s.pause());
+    // The record names what was stopped, for a restarted daemon and the guardian.
+    assert_eq!(
+        s.host.state()["jobs"][0]["paused"]["stopped"]
+            .as_array()
+            .map(Vec::len),
+        Some(2),
+        "{}",
+        s.host.state()
+    );
+    s.answer_slurm();
+    assert_eq!(s.pause().unwrap().phase, memwatch::job::PausePhase::Held);
+    assert_eq!(
+        s.host.state_of(PID),
+        Some('T'),
+        "released once Slurm held it"
+    );
+    for _ in 0..10 {
+        s.now += 1000;
+        s.sample(0.5);
+        s.answer_slurm();
+    }
+    assert!(s.pause().is_none(), "{:?}", s.events());
+    assert!(s.all_running(), "{:?}", s.host.acts());
+    assert_eq!(
+        s.slurm.last(),
+        Some(&(SlurmCall::Resume, SLURM_ID.into())),
+        "{:?}",
+        s.slurm
+    );
+}
+
 /// Host memory past critical pauses the job through the policy; back under the line (after the
 /// hold time) resumes it.
 #[test]
@@ -101,8 +149,10 @@ fn a_second_pause_while_pausing_does_nothing() {
             .iter()
             .filter(|(c, _)| *c == SlurmCall::Suspend)
             .count();
+        // A Slurm pause stops this node's tasks first, then asks Slurm: one of each.
+        let expected = if kind == Kind::Slurm { 2 } else { 1 };
         assert!(
-            freezes + stops + suspends == 1,
+            freezes + stops + suspends == expected,
             "{kind:?}: {acts:?} {:?}",
             s.slurm
         );

@@ -7,6 +7,7 @@
 //! or touches a real cgroup.
 
 mod host;
+mod oomd;
 mod sim;
 
 use host::Act;

@@ -28,11 +28,13 @@ struct Outcome {
 }
 
 /// The scenarios of the one boot, in the order they run (the crashes last: they kill the daemon).
-const SCENARIOS: [&str; 7] = [
+const SCENARIOS: [&str; 9] = [
     "boot",
     "install",
     "freeze-v2",
     "launch-systemd",
+    "oomd",
+    "earlyoom",
     "crash-under-systemd",
     "crash-rounds",
     "guardian-no-restart",
@@ -123,6 +125,36 @@ fn the_package_runs_under_systemd_and_freezes_with_cgroup_v2_on_debian_13() {
         &["boot", "install", "freeze-v2", "launch-systemd"],
         &[],
     );
+}
+
+/// Beside systemd-oomd: a job under MemoryHigh= alone in a slice oomd watches is killed by oomd
+/// without memwatch; attached, it is paused at memory.high's level (its limit), its cgroup carries
+/// user.oomd_omit=1 while held, oomd leaves it alone for longer than its duration, and a detach takes
+/// the mark off. Beside earlyoom (-m 10): alone, earlyoom kills a job growing in host memory; with
+/// host_memory critical 0.85, memwatch pauses it first and it survives (the line with memwatch's
+/// defaults is a measurement of who acts first, ok either way).
+#[test]
+fn systemd_oomd_and_earlyoom_leave_a_job_memwatch_holds_alone() {
+    let Some(outcomes) = vm() else { return };
+    assert_ok(outcomes, &["oomd", "earlyoom"], &[]);
+    for (s, check) in [
+        ("oomd", "alone: killed by systemd-oomd"),
+        ("oomd", "paused: frozen"),
+        ("oomd", "survived: alive"),
+        ("oomd", "unmarked: memwatch detach took user.oomd_omit off"),
+        ("earlyoom", "alone: earlyoom"),
+        (
+            "earlyoom",
+            "configured: memwatch (host_memory critical 0.85) froze the job",
+        ),
+    ] {
+        assert!(
+            outcomes
+                .iter()
+                .any(|o| o.scenario == s && o.ok && o.detail.starts_with(check)),
+            "{s}: no ok line starting {check:?}"
+        );
+    }
 }
 
 /// The daemon killed with SIGKILL while it holds a job frozen at its memory limit: systemd restarts it

@@ -80,7 +80,7 @@ pub trait HostDriver: Send + Sync {
     /// The cgroups systemd-oomd would choose among to kill the job in the cgroup v2 directory `cg`
     /// (owned by user `owner`), each with the `user.oomd_omit` value it has now (`act::oomd`).
     fn oomd_candidates(&self, cg: &CgroupDir, owner: u32) -> Vec<OomdMark>;
-    /// Sets `user.oomd_omit=1` on the mark's cgroup.
+    /// Sets `user.oomd_omit=1` on the mark's cgroup (nothing when it is set already).
     fn oomd_mark(&self, mark: &OomdMark) -> Result<(), String>;
     /// Puts back what the mark found there (no attribute, or the old value); a cgroup that is gone
     /// is done.
@@ -163,6 +163,9 @@ impl HostDriver for Host {
     }
 
     fn oomd_mark(&self, mark: &OomdMark) -> Result<(), String> {
+        if super::oomd::read(&mark.dir)?.as_deref() == Some("1") {
+            return Ok(());
+        }
         mark.set()
     }
 

@@ -269,6 +269,19 @@ impl Engine {
         }
     }
 
+    /// Sets again, once a full sample, the marks of every pause that holds some: systemd removes a
+    /// `user.oomd_omit` it did not set whenever it re-applies a unit's cgroup settings (a
+    /// `daemon-reload`, a `set-property`). Setting a mark that is there changes nothing.
+    pub(super) fn renew_oomd_marks(&self) {
+        for j in self.jobs.values() {
+            for m in j.pause.iter().flat_map(|p| &p.oomd_omit) {
+                if let Err(e) = self.host.oomd_mark(m) {
+                    tracing::debug!(job = j.name, cgroup = %m.dir.display(), error = %e, "cannot renew the systemd-oomd mark");
+                }
+            }
+        }
+    }
+
     /// Ends the pause record of `name`, taking off the marks it set for systemd-oomd: every way a
     /// pause ends goes through here, so no mark outlives its pause. The record, for what else is
     /// to be undone.

@@ -99,3 +99,23 @@ fn a_mark_that_fails_never_stops_the_pause() {
             .is_some_and(|m| m.is_empty())
     );
 }
+
+/// A mark something else took off while the job is held (systemd re-applying the unit's settings)
+/// is set again at the next full sample; it still comes off with the pause.
+#[test]
+fn a_mark_taken_off_under_a_held_pause_is_set_again() {
+    let mut s = Sim::new(Kind::V2);
+    let dir = dir_of(&s);
+    s.sample(0.97);
+    assert_eq!(s.host.omit_of(&dir).as_deref(), Some("1"));
+    s.host.omit.lock().unwrap().remove(&dir);
+    s.now += 1000;
+    s.sample(0.97);
+    assert_eq!(s.host.omit_of(&dir).as_deref(), Some("1"));
+    for _ in 0..10 {
+        s.now += 1000;
+        s.sample(0.5);
+    }
+    assert!(s.pause().is_none());
+    assert_eq!(s.host.omit_of(&dir), None);
+}

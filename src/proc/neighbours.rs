@@ -50,7 +50,7 @@ const UNIT_DIRS: [&str; 7] = [
     "usr/lib/systemd/system",
     "lib/systemd/system",
 ];
-/// At most this many processes and unit files are looked at, and this much of each file.
+/// At most this many processes and unit files are looked at, and this much of a command line.
 const MOST_PROCS: usize = 100_000;
 const MOST_FILES: usize = 20_000;
 const FILE_MAX: u64 = 64 << 10;
@@ -142,7 +142,7 @@ pub fn managed_units(root: &Path) -> Vec<Managed> {
     }
     let mut out: Vec<Managed> = Vec::new();
     for (unit, file) in files {
-        let Some(text) = read_bounded(&file) else {
+        let Ok(text) = crate::sample::error::read_text(&file) else {
             continue;
         };
         let limit = text.lines().find_map(|l| {
@@ -179,15 +179,6 @@ pub fn managed_units(root: &Path) -> Vec<Managed> {
         }
     }
     out
-}
-
-fn read_bounded(path: &Path) -> Option<String> {
-    use std::io::Read as _;
-    let mut text = String::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(FILE_MAX).read_to_string(&mut text))
-        .ok()?;
-    Some(text)
 }
 
 #[cfg(test)]

@@ -59,14 +59,19 @@ stop_job() {
   systemctl stop $UNIT >/dev/null 2>&1
   systemctl reset-failed $UNIT >/dev/null 2>&1
   wait_until 20 sh -c "[ \$(awk '/^MemAvailable/ { print int(\$2 / 1024) }' /proc/meminfo) -gt $((total_mib / 2)) ]"
+  # The host's level back out of critical (after its 5 s leave hold), so the next run starts calm.
+  wait_until 30 sh -c '[ "$(curl -sf 127.0.0.1:9300/api/v1/jobs | jq -r ".levels[]? | select(.resource == \"host_memory\") | .level")" != critical ]'
+  sleep 6
 }
 
 # Without memwatch.
 start_job
 race ''
-line=$(grep "sending SIG[A-Z]* to process $JOB_PID " /run/earlyoom.log | head -n 1 | sed 's/^.*sending/sending/')
+line=$(grep "sending SIG[A-Z]* to process $JOB_PID " /run/earlyoom.log | head -n 1 | sed 's/^.*sending/sending/; s/, cmdline.*//')
+# What earlyoom read last before it acted.
+seen=$(grep -B 3 "sending SIG[A-Z]* to process $JOB_PID " /run/earlyoom.log | grep 'mem avail' | tail -n 1 | sed 's/^.*mem avail/mem avail/')
 if [ "$WHO" = earlyoom ]; then
-  result $S ok "alone: earlyoom $eo_version (-m 10, user mem total ${eo_total:-?} of $total_mib MiB) killed the job $((AT / 1000)).$((AT % 1000 / 100)) s after it began growing, MemAvailable $LOW MiB: $line"
+  result $S ok "alone: earlyoom $eo_version (-m 10, user mem total ${eo_total:-?} of $total_mib MiB) killed the job $((AT / 1000)).$((AT % 1000 / 100)) s after it began growing; it read ${seen:-?}; $line"
 else
   result $S fail "alone: earlyoom did not act in 90 s (MemAvailable $LOW MiB, alive: $(alive && echo yes || echo no))"
 fi

@@ -55,14 +55,14 @@ while [ "$(now_ms)" -lt "$deadline" ]; do
   [ "$used" -gt "$peak" ] && peak=$used
   if [ -n "$v" ]; then mark=$v; killed=$(now_ms); break; fi
   if ! alive; then killed=$(now_ms); break; fi
-  sleep 0.2
+  sleep 0.05
 done
 pressure=$(awk '/^full/ { print $2 }' /sys/fs/cgroup/$SLICE/memory.pressure 2>/dev/null)
 wait_until 10 sh -c "! systemctl is-active -q $UNIT"
 res=$(systemctl show -p Result --value $UNIT)
-by=$(journalctl -b -u systemd-oomd --no-pager -q 2>/dev/null | grep -c "Killed /$SLICE/$UNIT.service")
+said=$(journalctl -b -u systemd-oomd --no-pager -q -o cat 2>/dev/null | grep "Killed /$SLICE/$UNIT.service" | tail -n 1)
 if [ -n "$killed" ] && [ "$res" = oom-kill ]; then
-  result $S ok "alone: killed by systemd-oomd $(( (killed - go) / 1000 )).$(( (killed - go) % 1000 / 100 )) s after the job began growing, at a peak of $peak MiB of memory.high $HIGH_MIB MiB; user.oomd_kill=${mark:-gone with the cgroup}; Result=$res; oomd's log names it $by time(s); slice ${watched:-not listed by oomctl}"
+  result $S ok "alone: killed by systemd-oomd $(( (killed - go) / 1000 )).$(( (killed - go) % 1000 / 100 )) s after the job began growing, at a peak of $peak MiB of memory.high $HIGH_MIB MiB; user.oomd_kill=${mark:-(the cgroup was gone before a 50 ms poll read it)}; Result=$res; oomd: \"${said:-no log line}\"; slice ${watched:-not listed by oomctl}"
 else
   result $S fail "alone: not killed by oomd in 150 s (alive: $(alive && echo yes || echo no), Result=$res, peak $peak MiB, slice full pressure $pressure, user.oomd_kill=${mark:-none}); ${watched:-slice not listed by oomctl}"
 fi

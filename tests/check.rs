@@ -103,3 +103,73 @@ fn qwen_7b_on_a_small_host_names_host_ram_at_load_and_fixes_that_fit() {
     assert!(notes.contains("host RAM at load is the blocker"), "{notes}");
     assert!(notes.contains("would fit with --ram-gib 24.4"), "{notes}");
 }
+
+/// On a fixture machine running earlyoom (-m 10) and systemd-oomd, `memwatch check` names both and
+/// warns that memwatch's default host_memory critical (0.90) pauses no sooner than earlyoom kills,
+/// with what to set; with critical 0.85 it says memwatch pauses first. JSON carries the same.
+#[test]
+fn check_warns_beside_earlyoom_and_names_oomd() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = dir.path();
+    let write = |rel: &str, text: &[u8]| {
+        let p = r.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    };
+    let stat = |pid: u32, comm: &str| {
+        format!("{pid} ({comm}) S 1 {pid} {pid} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 500 0 0\n")
+    };
+    write(
+        "proc/meminfo",
+        b"MemTotal: 16777216 kB\nMemFree: 8388608 kB\nMemAvailable: 12582912 kB\nSwapTotal: 0 kB\nSwapFree: 0 kB\n",
+    );
+    write("proc/311/stat", stat(311, "systemd-oomd").as_bytes());
+    write("proc/311/cmdline", b"/usr/lib/systemd/systemd-oomd\0");
+    write("proc/400/stat", stat(400, "earlyoom").as_bytes());
+    write("proc/400/cmdline", b"/usr/bin/earlyoom\0-m\x0010\0");
+    write(
+        "usr/lib/systemd/system/-.slice.d/10-oomd-root-slice-defaults.conf",
+        b"[Slice]\nManagedOOMSwap=kill\n",
+    );
+    let config = |extra: &str| {
+        let path = r.join(format!("memwatch{}.toml", extra.len()));
+        std::fs::write(
+            &path,
+            format!("[host]\nroot = {r:?}\nprocess_root = {r:?}\n[gpu]\nenabled = false\n{extra}"),
+        )
+        .unwrap();
+        path.display().to_string()
+    };
+    let defaults = config("");
+    let (code, out, err) = memwatch(&["--config", &defaults, "check"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("beside other OOM killers"), "{out}");
+    assert!(
+        out.contains("warning: earlyoom runs (pid 400) and kills when MemAvailable falls to 10 %"),
+        "{out}"
+    );
+    assert!(
+        out.contains("set [policy.host_memory] critical = 0.85, critical_leave = 0.80"),
+        "{out}"
+    );
+    assert!(
+        out.contains("note: systemd-oomd runs (pid 311); it kills whole cgroups under -.slice (ManagedOOMSwap=kill)"),
+        "{out}"
+    );
+    let tuned = config(
+        "[policy.host_memory]\nwarn = 0.75\nwarn_leave = 0.70\ncritical = 0.85\ncritical_leave = 0.80\n",
+    );
+    let (code, out, err) = memwatch(&["--config", &tuned, "check", "--json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let notes = v["oom_killers"]["notes"].as_array().unwrap();
+    assert_eq!(v["oom_killers"]["found"]["earlyoom"]["pid"], 400);
+    assert!(
+        notes.iter().any(|n| n["warning"] == false
+            && n["text"]
+                .as_str()
+                .unwrap_or("")
+                .contains("memwatch pauses first, at 85 %")),
+        "{notes:?}"
+    );
+}

@@ -12,8 +12,9 @@
 //! cgroup and by signals where it does not, resumed, detached, alive, never OOM-killed; the user may
 //! not attach or pause root's job), `reaction-v2` (20 runs at each of two rates into MemoryMax=512M:
 //! none OOM-killed, the crossing-to-pause times; an attached job that does reach its limit is reported
-//! OOM-killed; the PSI trigger on a job's cgroup wakes the daemon),
-//! `way-out-v2` (the way out of a unit's memory pause: a limit
+//! OOM-killed; the PSI trigger on a job's cgroup wakes the daemon), `oomd` and `earlyoom` (each kills
+//! a job alone; with memwatch the job is paused first, marked `user.oomd_omit` while held, and
+//! survives), `way-out-v2` (the way out of a unit's memory pause: a limit
 //! lent through systemd, which its reloads keep and which goes back to the unit's own; zram emergency
 //! swap the job's pages go out to, removed after; the swap step skipped, with its reason, for a unit
 //! with MemorySwapMax=0), `crash-under-systemd` (the
@@ -40,13 +41,15 @@ struct Outcome {
 }
 
 /// The scenarios of the one boot, in the order they run (the crashes last: they kill the daemon).
-const SCENARIOS: [&str; 11] = [
+const SCENARIOS: [&str; 13] = [
     "boot",
     "install",
     "freeze-v2",
     "launch-systemd",
     "user-jobs",
     "reaction-v2",
+    "oomd",
+    "earlyoom",
     "way-out-v2",
     "restart-held",
     "crash-under-systemd",
@@ -159,6 +162,36 @@ fn jobs_as_users_start_them_are_held_and_fast_growth_is_survived_on_cgroup_v2() 
 fn the_way_out_lends_through_systemd_and_swaps_where_the_unit_allows() {
     let Some(outcomes) = vm() else { return };
     assert_ok(outcomes, &["way-out-v2"], &[]);
+}
+
+/// Beside systemd-oomd: a job under MemoryHigh= alone in a slice oomd watches is killed by oomd
+/// without memwatch; attached, it is paused at memory.high's level (its limit), its cgroup carries
+/// user.oomd_omit=1 while held, oomd leaves it alone for longer than its duration, and a detach takes
+/// the mark off. Beside earlyoom (-m 10): alone, earlyoom kills a job growing in host memory; with
+/// host_memory critical 0.85, memwatch pauses it first and it survives (the line with memwatch's
+/// defaults is a measurement of who acts first, ok either way).
+#[test]
+fn systemd_oomd_and_earlyoom_leave_a_job_memwatch_holds_alone() {
+    let Some(outcomes) = vm() else { return };
+    assert_ok(outcomes, &["oomd", "earlyoom"], &[]);
+    for (s, check) in [
+        ("oomd", "alone: killed by systemd-oomd"),
+        ("oomd", "paused: frozen"),
+        ("oomd", "survived: alive"),
+        ("oomd", "unmarked: memwatch detach took user.oomd_omit off"),
+        ("earlyoom", "alone: earlyoom"),
+        (
+            "earlyoom",
+            "configured: memwatch (host_memory critical 0.85) froze the job",
+        ),
+    ] {
+        assert!(
+            outcomes
+                .iter()
+                .any(|o| o.scenario == s && o.ok && o.detail.starts_with(check)),
+            "{s}: no ok line starting {check:?}"
+        );
+    }
 }
 
 /// The daemon restarted (`systemctl restart`, a package upgrade) or crashed (SIGKILL once, then

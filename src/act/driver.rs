@@ -13,8 +13,9 @@ use nix::sys::signal::Signal;
 
 use super::signal::SignalError;
 pub use crate::job::held::Mechanism;
-use crate::job::held::{Frozen, Loan, Slurmctl};
+use crate::job::held::{Frozen, Loan, OomdMark, Slurmctl};
 use crate::proc::ProcRef;
+use crate::sample::cgroup::CgroupDir;
 
 /// A call memwatch makes to Slurm for a whole job, on every node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,6 +77,14 @@ pub trait HostDriver: Send + Sync {
     fn set_limit(&self, loan: &Loan) -> Result<(), String>;
     /// Puts a lent limit back once usage fits with `margin` to spare; `Ok(false)`: not yet.
     fn restore_limit(&self, loan: &Loan, margin: u64) -> Result<bool, String>;
+    /// The cgroups systemd-oomd would choose among to kill the job in the cgroup v2 directory `cg`
+    /// (owned by user `owner`), each with the `user.oomd_omit` value it has now (`act::oomd`).
+    fn oomd_candidates(&self, cg: &CgroupDir, owner: u32) -> Vec<OomdMark>;
+    /// Sets `user.oomd_omit=1` on the mark's cgroup (nothing when it is set already).
+    fn oomd_mark(&self, mark: &OomdMark) -> Result<(), String>;
+    /// Puts back what the mark found there (no attribute, or the old value); a cgroup that is gone
+    /// is done.
+    fn oomd_unmark(&self, mark: &OomdMark) -> Result<(), String>;
 }
 
 /// The driver that acts on this machine, through `/proc` and the cgroup tree under `root`.
@@ -148,6 +157,21 @@ impl HostDriver for Host {
     fn restore_limit(&self, loan: &Loan, margin: u64) -> Result<bool, String> {
         loan.restore(margin)
     }
+
+    fn oomd_candidates(&self, cg: &CgroupDir, owner: u32) -> Vec<OomdMark> {
+        super::oomd::candidates(&cg.mount, &cg.dir, owner)
+    }
+
+    fn oomd_mark(&self, mark: &OomdMark) -> Result<(), String> {
+        if super::oomd::read(&mark.dir)?.as_deref() == Some("1") {
+            return Ok(());
+        }
+        mark.set()
+    }
+
+    fn oomd_unmark(&self, mark: &OomdMark) -> Result<(), String> {
+        mark.restore()
+    }
 }
 
 /// What undoing a pause did.
@@ -159,19 +183,26 @@ pub struct Released {
     pub thawed: Option<PathBuf>,
     /// The Slurm job resumed through Slurm.
     pub slurm_resumed: Option<String>,
+    /// How many `user.oomd_omit` marks were taken off (their old values put back).
+    pub unmarked: usize,
 }
 
-/// Undoes a pause from its record alone — the mechanism that held it and the processes stopped
-/// (root first) — with no config: Slurm resumes the job, the cgroup is thawed, and the stopped
-/// processes are continued, children first. Idempotent: continuing a running process or thawing a
-/// thawed cgroup changes nothing.
+/// Undoes a pause from its record alone — the mechanism that held it, the processes stopped (root
+/// first) and the cgroups marked for systemd-oomd — with no config: Slurm resumes the job, the
+/// cgroup is thawed, the stopped processes are continued, children first, and the marks are taken
+/// off. Idempotent: continuing a running process, thawing a thawed cgroup or putting back a value
+/// already back changes nothing.
 pub fn release(
     host: &dyn HostDriver,
     mechanism: Option<&Mechanism>,
     stopped: &[ProcRef],
+    oomd_omit: &[OomdMark],
     pinned: Option<&OwnedFd>,
 ) -> Released {
-    let mut out = Released::default();
+    let mut out = Released {
+        unmarked: unmark(host, oomd_omit),
+        ..Released::default()
+    };
     if let Some(s) = mechanism.and_then(Mechanism::suspended) {
         match host.slurm(&s.ctl, &SlurmCall::Resume, &s.job_id) {
             Ok(()) => out.slurm_resumed = Some(s.job_id.clone()),
@@ -192,6 +223,21 @@ pub fn release(
     let gone = host.continue_tree(stopped, pinned);
     out.continued = stopped.len().saturating_sub(gone.len());
     out
+}
+
+/// Takes off the marks a pause set for systemd-oomd; how many came off. A failure is logged: the
+/// pause ends all the same.
+pub fn unmark(host: &dyn HostDriver, marks: &[OomdMark]) -> usize {
+    marks
+        .iter()
+        .filter(|m| match host.oomd_unmark(m) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!(cgroup = %m.dir.display(), error = %e, "cannot take off the systemd-oomd mark memwatch set");
+                false
+            }
+        })
+        .count()
 }
 
 #[cfg(test)]

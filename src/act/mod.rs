@@ -6,6 +6,7 @@ pub mod audit;
 pub mod driver;
 pub mod freeze;
 pub mod lend;
+pub mod oomd;
 pub mod pause;
 pub mod pause_record;
 pub mod persist;

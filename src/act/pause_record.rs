@@ -5,9 +5,12 @@
 //! - 1: a pause kept `stopped`, and beside it `frozen` (a cgroup) or `slurm` (a Slurm job).
 //! - 2: a pause names the mechanism that holds it (`hold`, tagged by `kind`) and its `phase`.
 //! - 3: a lent limit (a job's `way_out.loan`, an ended job's in `loans`) names how it was set
-//!   (`owner`: `cgroupfs`, or `systemd` with its `bus` and `unit`), so it goes back the same way.
+//!   (`owner`: `cgroupfs`, or `systemd` with its `bus` and `unit`), so it goes back the same way; a
+//!   pause lists the cgroups it marked `user.oomd_omit` for systemd-oomd (`oomd_omit`: each `dir`
+//!   and the `previous` value), so whoever undoes it takes the marks off.
 //!
-//! All are read; a loan without an `owner` was set through cgroupfs. A `kind` this build does not know (a later mechanism: a systemd unit over the bus,
+//! All are read; a loan without an `owner` was set through cgroupfs, and a pause of version 1 or 2
+//! marked nothing. A `kind` this build does not know (a later mechanism: a systemd unit over the bus,
 //! an armed reflex) loads as [`HoldRecord::Unknown`]; undoing it still continues every recorded and
 //! every stopped process of the job's tree.
 
@@ -15,7 +18,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::job::held::{Frozen, Mechanism, Slurmctl, Suspended};
+use crate::job::held::{Frozen, Mechanism, OomdMark, Slurmctl, Suspended};
 use crate::policy::By;
 use crate::proc::ProcRef;
 use crate::sample::cgroup::Version;
@@ -50,6 +53,9 @@ pub struct PersistedPause {
     pub strict: bool,
     /// The longest pause was reached and the job stays paused.
     pub expired: bool,
+    /// The cgroups marked `user.oomd_omit=1` for systemd-oomd, with what each held before
+    /// (version 3; empty before).
+    pub oomd_omit: Vec<OomdMark>,
 }
 
 /// Where a pause stood.
@@ -161,6 +167,7 @@ impl PersistedPause {
             projected: p.held.projected.clone(),
             strict: p.held.strict,
             expired: p.held.expired,
+            oomd_omit: p.oomd_omit.clone(),
         }
     }
 
@@ -179,6 +186,7 @@ impl PersistedPause {
             mechanism: self.hold.mechanism()?,
             stopped: self.stopped.clone(),
             dry_run: false,
+            oomd_omit: self.oomd_omit.clone(),
             growth_at_start: Default::default(),
             oom_killed: 0,
             held: crate::job::Held {
@@ -212,6 +220,9 @@ struct PauseWire {
     strict: bool,
     #[serde(default)]
     expired: bool,
+    /// Version 3.
+    #[serde(default)]
+    oomd_omit: Vec<OomdMark>,
     /// Version 1.
     #[serde(default)]
     frozen: Option<FrozenV1>,
@@ -269,6 +280,39 @@ impl From<PauseWire> for PersistedPause {
             projected: w.projected,
             strict: w.strict,
             expired: w.expired,
+            oomd_omit: w.oomd_omit,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A version 2 pause (before marks) reads with none; a version 3 one keeps its marks and what
+    /// each cgroup held before.
+    #[test]
+    fn version_2_reads_without_marks_and_version_3_keeps_them() {
+        let v2 = r#"{"since_ms": 5, "by": "policy", "reason": "r", "phase": "held",
+            "hold": {"kind": "cgroup_v2_freeze", "dir": "/sys/fs/cgroup/job"}, "stopped": []}"#;
+        let p: PersistedPause = serde_json::from_str(v2).unwrap();
+        assert!(p.oomd_omit.is_empty());
+        assert_eq!(
+            p.hold,
+            HoldRecord::CgroupV2Freeze {
+                dir: "/sys/fs/cgroup/job".into()
+            }
+        );
+        let v3 = r#"{"since_ms": 5, "by": "policy", "reason": "r", "phase": "held",
+            "hold": {"kind": "signals"}, "stopped": [],
+            "oomd_omit": [{"dir": "/sys/fs/cgroup/a.slice/job.service", "previous": null},
+                          {"dir": "/sys/fs/cgroup/a.slice", "previous": "0"}]}"#;
+        let p: PersistedPause = serde_json::from_str(v3).unwrap();
+        assert_eq!(p.oomd_omit.len(), 2);
+        assert_eq!(p.oomd_omit[1].previous.as_deref(), Some("0"));
+        let back: PersistedPause =
+            serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
+        assert_eq!(back, p);
+        assert_eq!(p.resumable_hold().map(|h| h.oomd_omit), Some(p.oomd_omit));
     }
 }

@@ -266,6 +266,10 @@ mod tests {
                     projected: None,
                     strict: false,
                     expired: false,
+                    oomd_omit: vec![crate::job::held::OomdMark {
+                        dir: "/sys/fs/cgroup/work.slice/job.service".into(),
+                        previous: Some("0".into()),
+                    }],
                 }),
                 config: None,
                 launch: None,

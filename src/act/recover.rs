@@ -36,7 +36,11 @@ impl std::fmt::Display for Recovered {
                 "continued {} process(es) a previous daemon had paused",
                 self.continued
             ),
+        }?;
+        if self.unmarked > 0 {
+            write!(f, "; took {} systemd-oomd mark(s) off", self.unmarked)?;
         }
+        Ok(())
     }
 }
 
@@ -56,7 +60,7 @@ pub fn undo_pause(
             "a pause held by a mechanism this version does not know; continuing its processes"
         );
     }
-    let mut out = release(host, mechanism.as_ref(), &p.stopped, None);
+    let mut out = release(host, mechanism.as_ref(), &p.stopped, &p.oomd_omit, None);
     // Whatever of the tree is still stopped: members the record missed.
     let root_is_ours = read_stat(process_root, job.root.pid)
         .is_ok_and(|s| s.start_time == job.root.start_time && s.state != 'Z');
@@ -83,9 +87,10 @@ mod tests {
     use crate::proc::ProcRef;
 
     /// A job a killed daemon had suspended through Slurm is resumed through Slurm: the recorded
-    /// scontrol is run with `resume ID`, and what recovery did says so.
+    /// scontrol is run with `resume ID`, the recorded systemd-oomd mark is taken off, and what
+    /// recovery did says so.
     #[test]
-    fn a_suspended_slurm_job_is_resumed_through_slurm() {
+    fn a_suspended_slurm_job_is_resumed_through_slurm_and_its_oomd_mark_taken_off() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let calls = dir.path().join("calls");
@@ -96,6 +101,15 @@ mod tests {
         )
         .unwrap();
         std::fs::set_permissions(&scontrol, std::fs::Permissions::from_mode(0o755)).unwrap();
+        // The job's cgroup carries the systemd-oomd mark the pause set (where the filesystem takes
+        // user attributes); the recovery takes it off.
+        let cgroup = dir.path().join("job.scope");
+        std::fs::create_dir(&cgroup).unwrap();
+        let marks = vec![crate::act::oomd::OomdMark {
+            dir: cgroup.clone(),
+            previous: None,
+        }];
+        let marked = marks[0].set().is_ok();
         let job = PersistedJob {
             name: "slurm-4242".into(),
             // A process that is not there: only the Slurm job is left to resume.
@@ -121,6 +135,7 @@ mod tests {
                 projected: None,
                 strict: false,
                 expired: false,
+                oomd_omit: marks.clone(),
             }),
             config: None,
             launch: None,
@@ -135,5 +150,10 @@ mod tests {
             "{done}"
         );
         assert_eq!(std::fs::read_to_string(&calls).unwrap(), "resume 4242\n");
+        if marked {
+            assert_eq!(done.unmarked, 1);
+            assert!(done.to_string().contains("1 systemd-oomd mark"), "{done}");
+            assert_eq!(crate::act::oomd::read(&cgroup), Ok(None));
+        }
     }
 }

@@ -343,6 +343,7 @@ fn cgroup_advice_cites_the_cgroup_and_what_runs() {
         path: "/train.slice/t5".into(),
         usage_bytes: gb(17.5),
         limit_bytes: Some(gb(20.0)),
+        limit_source: None,
         oom_kills: Some(0),
         inactive_file_bytes: Some(gb(0.3)),
         anon_bytes: Some(gb(16.0)),

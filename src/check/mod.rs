@@ -7,6 +7,7 @@
 //! bytes without recomputation, about 2·s·b·h with full recomputation).
 
 pub mod model_config;
+pub mod neighbours;
 pub mod nothing_fits;
 #[cfg(test)]
 mod nothing_fits_tests;

@@ -59,17 +59,25 @@ pub(super) fn run(cli: &super::Cli, a: &CheckArgs) -> Result<(), super::Failure>
     let model = model(a, machine.gpus.len()).map_err(super::usage)?;
     let report = check::check(machine, model);
     let fits = report.recommendation.fits != Some(false);
+    let found = crate::proc::neighbours::read(&config.host.process_root, &config.host.root);
+    let beside = check::neighbours::notes(
+        &found,
+        &config.policy.host_memory,
+        report.machine.ram_total_bytes,
+    );
     if a.json {
         let (per_node, nodes) = world(&report);
         let rec = &report.recommendation;
         let v = serde_json::json!({
             "report": report,
+            "oom_killers": { "found": found, "notes": beside },
             "deepspeed": fits.then(|| check::deepspeed_json(rec, per_node * nodes)),
             "accelerate": fits.then(|| check::accelerate_yaml(rec, per_node, nodes)),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print!("{}", render(&report));
+        print!("{}", render_beside(&beside));
     }
     if fits {
         Ok(())
@@ -299,6 +307,24 @@ pub fn render(r: &Report) -> String {
             let _ = writeln!(o, "\nnothing fits: no config is emitted (exit status 3)");
         }
         None => {}
+    }
+    o
+}
+
+/// The other OOM killers' notes, after the report: a warning says what to change.
+pub fn render_beside(notes: &[check::neighbours::Note]) -> String {
+    let mut o = String::new();
+    if notes.is_empty() {
+        return o;
+    }
+    let _ = writeln!(o, "\nbeside other OOM killers");
+    for n in notes {
+        let _ = writeln!(
+            o,
+            "  {}: {}",
+            if n.warning { "warning" } else { "note" },
+            n.text
+        );
     }
     o
 }

@@ -267,6 +267,7 @@ mod tests {
             path: "/job".into(),
             usage_bytes: 1 << 30,
             limit_bytes: None,
+            limit_source: None,
             oom_kills: None,
             inactive_file_bytes: None,
             anon_bytes: Some(900 << 20),

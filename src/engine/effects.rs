@@ -248,8 +248,8 @@ impl Engine {
     /// The job's record says it is being ended: no pause, why, and since when.
     fn mark_terminating(&mut self, job: &str, reason: &str, cause: &Reason, now_ms: u64) {
         let dry = self.cfg.policy.dry_run;
+        self.end_pause(job);
         if let Some(j) = self.jobs.get_mut(job) {
-            j.pause = None;
             j.stop_reason = Some(reason.to_owned());
             j.stop_cause = Some(cause.clone());
             if !dry {

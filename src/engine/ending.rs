@@ -188,6 +188,7 @@ impl Engine {
             way_out,
             slurm_job_id: j.slurm_job_id().map(str::to_owned),
         };
+        self.end_pause(name);
         self.jobs.remove(name);
         policy::forget(&mut self.policy, name);
         self.ended.push_back(ended);

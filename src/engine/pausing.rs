@@ -48,6 +48,13 @@ impl Engine {
                 .filter(|f| f.within_reach(&self.process_root, j.owner_uid))
         };
         let mechanism = Mechanism::choose(suspend, candidate);
+        // systemd-oomd is kept off a job the policy holds; a pause by hand is the user's to keep,
+        // and oomd's to end.
+        let oomd_omit = if dry || state.by != crate::policy::By::Policy {
+            Vec::new()
+        } else {
+            self.oomd_candidates_of(j)
+        };
         let growth_at_start = crate::job::GrowthAtPause {
             cgroup: j.cgroup_growth.rate_per_second(),
             host: self.host_used.rate_per_second(),
@@ -65,6 +72,7 @@ impl Engine {
                 mechanism: mechanism.clone(),
                 stopped: Vec::new(),
                 dry_run: dry,
+                oomd_omit,
                 growth_at_start,
                 held: state.into(),
                 oom_killed: 0,
@@ -79,6 +87,7 @@ impl Engine {
             }
             return Err(PauseError::Unrecorded(e));
         }
+        self.mark_for_oomd(name);
         match mechanism {
             Mechanism::Slurm(s) => {
                 // Stop here first: this node's tasks at once, as fast as a pause outside Slurm,
@@ -169,9 +178,7 @@ impl Engine {
                 Ok(())
             }
             Err(e) => {
-                if let Some(j) = self.jobs.get_mut(name) {
-                    j.pause = None;
-                }
+                self.end_pause(name);
                 self.dirty = true;
                 self.save();
                 Err(PauseError::Signal(e))
@@ -216,10 +223,7 @@ impl Engine {
     /// Continues whatever memwatch stopped of a job and records that it runs. A Slurm job is resumed
     /// through Slurm, after any suspend still under way (the calls run in order).
     pub(super) fn resume_job(&mut self, name: &str) {
-        let Some(j) = self.jobs.get_mut(name) else {
-            return;
-        };
-        if let Some(p) = j.pause.take() {
+        if let Some(p) = self.end_pause(name) {
             if let Some(s) = p.suspended() {
                 self.effects.push_back(Effect::Slurm(super::SlurmRequest {
                     job: name.to_owned(),
@@ -234,11 +238,86 @@ impl Engine {
                     tracing::error!(cgroup = %f.dir.display(), error = %e, "cannot thaw a job's cgroup");
                 }
             }
-            let pinned = j.pidfd.clone();
+            let pinned = self.jobs.get(name).and_then(|j| j.pidfd.clone());
             self.host.continue_tree(&p.stopped, pinned.as_deref());
         }
         self.dirty = true;
         self.save();
+    }
+
+    /// The cgroups to mark for systemd-oomd while the policy holds `j`: its cgroup v2 one's
+    /// candidates (`act::oomd`); none on cgroup v1, which oomd does not watch.
+    fn oomd_candidates_of(&self, j: &crate::job::Job) -> Vec<crate::job::held::OomdMark> {
+        j.cgroup_dir
+            .as_ref()
+            .filter(|d| d.version == crate::sample::cgroup::Version::V2)
+            .map(|d| self.host.oomd_candidates(d, j.owner_uid))
+            .unwrap_or_default()
+    }
+
+    /// Sets the marks the pause of `name` recorded. A mark that cannot be set is logged and left
+    /// out of the record; it never stops the pause.
+    fn mark_for_oomd(&mut self, name: &str) {
+        let Some(marks) = self
+            .jobs
+            .get(name)
+            .and_then(|j| j.pause.as_ref())
+            .map(|p| p.oomd_omit.clone())
+            .filter(|m| !m.is_empty())
+        else {
+            return;
+        };
+        let n = marks.len();
+        let set: Vec<_> = marks
+            .into_iter()
+            .filter(|m| match self.host.oomd_mark(m) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(job = name, cgroup = %m.dir.display(), error = %e, "cannot mark the job's cgroup for systemd-oomd to leave alone; pausing it all the same");
+                    false
+                }
+            })
+            .collect();
+        tracing::info!(
+            job = name,
+            cgroups = ?set.iter().map(|m| m.dir.display().to_string()).collect::<Vec<_>>(),
+            "marked user.oomd_omit=1 while the job is held"
+        );
+        if set.len() != n {
+            if let Some(p) = self.jobs.get_mut(name).and_then(|j| j.pause.as_mut()) {
+                p.oomd_omit = set;
+            }
+            self.dirty = true;
+        }
+    }
+
+    /// Sets again, once a full sample, the marks of every pause that holds some: systemd removes a
+    /// `user.oomd_omit` it did not set whenever it re-applies a unit's cgroup settings (a
+    /// `daemon-reload`, a `set-property`). Setting a mark that is there changes nothing.
+    pub(super) fn renew_oomd_marks(&self) {
+        for j in self.jobs.values() {
+            for m in j.pause.iter().flat_map(|p| &p.oomd_omit) {
+                if let Err(e) = self.host.oomd_mark(m) {
+                    tracing::debug!(job = j.name, cgroup = %m.dir.display(), error = %e, "cannot renew the systemd-oomd mark");
+                }
+            }
+        }
+    }
+
+    /// Ends the pause record of `name`, taking off the marks it set for systemd-oomd: every way a
+    /// pause ends goes through here, so no mark outlives its pause. The record, for what else is
+    /// to be undone.
+    pub(super) fn end_pause(&mut self, name: &str) -> Option<Pause> {
+        let p = self.jobs.get_mut(name)?.pause.take()?;
+        if !p.oomd_omit.is_empty() {
+            let off = crate::act::driver::unmark(self.host.as_ref(), &p.oomd_omit);
+            tracing::info!(
+                job = name,
+                "took {off} of {} systemd-oomd mark(s) off",
+                p.oomd_omit.len()
+            );
+        }
+        Some(p)
     }
 
     /// What came of a Slurm call.

@@ -103,6 +103,17 @@ pub struct Loan {
     pub owner: CgroupOwner,
 }
 
+/// A cgroup memwatch marked `user.oomd_omit=1` so that systemd-oomd leaves it out of its choice
+/// while the policy holds the job paused, and what the attribute held before (`None`: nothing), to be
+/// put back when the pause ends.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OomdMark {
+    /// The cgroup's directory.
+    pub dir: PathBuf,
+    /// The attribute's value before the mark.
+    pub previous: Option<String>,
+}
+
 /// A job memwatch suspended through Slurm: what resumes it, also for a restarted daemon or the
 /// guardian.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

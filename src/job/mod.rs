@@ -37,6 +37,11 @@ pub struct Pause {
     pub stopped: Vec<ProcRef>,
     /// Decided in dry-run mode: nothing was stopped.
     pub dry_run: bool,
+    /// The cgroups marked `user.oomd_omit=1` for this pause, each with what it held before: a pause
+    /// the policy holds on a cgroup v2 job keeps systemd-oomd off the job; the marks go with the
+    /// pause (`act::oomd`).
+    #[serde(default)]
+    pub oomd_omit: Vec<held::OomdMark>,
     /// How fast the job's cgroup and the host were filling (bytes/s) when the pause began: the
     /// steeper slope (`Growth::rate_per_second`), for the room a way out makes. A paused job does
     /// not grow, so nothing measured later says it. Not kept across restarts.
@@ -493,6 +498,7 @@ mod tests {
             path: "/job".into(),
             usage_bytes,
             limit_bytes: Some(limit_bytes),
+            limit_source: None,
             oom_kills: Some(0),
             inactive_file_bytes: Some(0),
             anon_bytes: None,

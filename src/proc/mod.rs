@@ -3,6 +3,7 @@
 //! Like the host readers, everything takes a root path. Parsers are total: hostile text (a process name
 //! such as `foo) Z 1`, truncation, overflow) gives an error value, never a panic.
 
+pub mod neighbours;
 mod tree;
 
 use std::path::{Path, PathBuf};

@@ -56,8 +56,13 @@ pub struct CgroupMemory {
     pub path: String,
     /// Memory charged to the cgroup now.
     pub usage_bytes: u64,
-    /// The tightest limit on the path to the root; `None` when nothing limits it.
+    /// The tightest limit on the path to the root; `None` when nothing limits it. On cgroup v2 the
+    /// lower of `memory.high` (where the kernel throttles and reclaims, and systemd-oomd then finds
+    /// the pressure it kills on) and `memory.max` (where the kernel OOM-kills), over every ancestor.
     pub limit_bytes: Option<u64>,
+    /// Where `limit_bytes` comes from: the file and the cgroup that set it.
+    #[serde(default)]
+    pub limit_source: Option<LimitSource>,
     /// OOM kills inside the cgroup, where the kernel reports them.
     pub oom_kills: Option<u64>,
     /// Inactive page cache, which the kernel drops before it OOM-kills; usage less this is the
@@ -72,6 +77,16 @@ pub struct CgroupMemory {
     /// one cgroup only, where PSS splits it among every process that maps it.
     #[serde(default)]
     pub file_bytes: Option<u64>,
+}
+
+/// The file and cgroup that set a cgroup's effective limit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitSource {
+    /// `memory.max` or `memory.high` (v2), `memory.limit_in_bytes` (v1).
+    pub file: String,
+    /// The cgroup whose file it is, as a path inside the hierarchy (`/` for the root): the job's
+    /// own, or an ancestor's.
+    pub path: String,
 }
 
 impl CgroupMemory {
@@ -239,11 +254,11 @@ fn ancestors<'a>(mount: &'a Path, dir: &'a Path) -> impl Iterator<Item = &'a Pat
 
 fn read_v1(mount: &Path, dir: &Path, cg: &str) -> Result<CgroupMemory, ReadError> {
     let usage = read_u64(&dir.join("memory.usage_in_bytes"))?;
-    let mut limit: Option<u64> = None;
+    let mut limit = Tightest::default();
     for d in ancestors(mount, dir) {
         if let Ok(l) = read_u64(&d.join("memory.limit_in_bytes")) {
             if l < V1_UNLIMITED {
-                limit = Some(limit.map_or(l, |cur| cur.min(l)));
+                limit.offer(l, "memory.limit_in_bytes", mount, d);
             }
         }
     }
@@ -256,7 +271,8 @@ fn read_v1(mount: &Path, dir: &Path, cg: &str) -> Result<CgroupMemory, ReadError
         version: Version::V1,
         path: cg.to_owned(),
         usage_bytes: usage,
-        limit_bytes: limit,
+        limit_bytes: limit.bytes,
+        limit_source: limit.source,
         oom_kills,
         inactive_file_bytes,
         anon_bytes,
@@ -291,15 +307,17 @@ fn v1_oom_kills(dir: &Path, depth: usize) -> Option<u64> {
 
 fn read_v2(mount: &Path, dir: &Path, cg: &str) -> Result<CgroupMemory, ReadError> {
     let usage = read_u64(&dir.join("memory.current"))?;
-    let mut limit: Option<u64> = None;
+    let mut limit = Tightest::default();
     for d in ancestors(mount, dir) {
-        let file = d.join("memory.max");
-        let Ok(text) = read_text(&file) else {
-            continue;
-        };
-        if text.trim() != "max" {
-            let l = parse_u64(&file, "memory.max", &text)?;
-            limit = Some(limit.map_or(l, |cur| cur.min(l)));
+        // memory.max first: at equal values the hard limit is the one named.
+        for name in ["memory.max", "memory.high"] {
+            let file = d.join(name);
+            let Ok(text) = read_text(&file) else {
+                continue;
+            };
+            if text.trim() != "max" {
+                limit.offer(parse_u64(&file, name, &text)?, name, mount, d);
+            }
         }
     }
     let oom_kills = key_value(&dir.join("memory.events"), "oom_kill")
@@ -311,12 +329,36 @@ fn read_v2(mount: &Path, dir: &Path, cg: &str) -> Result<CgroupMemory, ReadError
         version: Version::V2,
         path: cg.to_owned(),
         usage_bytes: usage,
-        limit_bytes: limit,
+        limit_bytes: limit.bytes,
+        limit_source: limit.source,
         oom_kills,
         inactive_file_bytes,
         anon_bytes,
         file_bytes,
     })
+}
+
+/// The lowest limit offered so far and where it was read.
+#[derive(Default)]
+struct Tightest {
+    bytes: Option<u64>,
+    source: Option<LimitSource>,
+}
+
+impl Tightest {
+    /// Keeps `bytes` (read from `file` in the cgroup directory `dir` under `mount`) if it is lower
+    /// than what is kept; a tie keeps the first offered.
+    fn offer(&mut self, bytes: u64, file: &str, mount: &Path, dir: &Path) {
+        if self.bytes.is_some_and(|cur| cur <= bytes) {
+            return;
+        }
+        let rel = dir.strip_prefix(mount).unwrap_or(dir);
+        self.bytes = Some(bytes);
+        self.source = Some(LimitSource {
+            file: file.to_owned(),
+            path: format!("/{}", rel.display()),
+        });
+    }
 }
 
 fn read_u64(path: &Path) -> Result<u64, ReadError> {
@@ -430,9 +472,59 @@ mod tests {
             (Version::V2, 600, Some(1000), Some(1))
         );
         assert_eq!(
+            cg.limit_source.clone().map(|s| (s.file, s.path)),
+            Some(("memory.max".into(), "/a".into()))
+        );
+        assert_eq!(
             (cg.working_set_bytes(), cg.charged_bytes()),
             (500, Some(550))
         );
+    }
+
+    /// A job under `MemoryHigh=` alone (memory.max "max"): the kernel throttles and reclaims at
+    /// memory.high, so that is its limit; where an ancestor's memory.max is lower, that wins, and
+    /// each time the source names the file and the cgroup.
+    #[test]
+    fn v2_memory_high_is_a_limit_and_the_source_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path();
+        write(r, "proc/self/cgroup", "0::/work.slice/job.service\n");
+        write(r, "sys/fs/cgroup/cgroup.controllers", "cpu memory\n");
+        write(r, "sys/fs/cgroup/work.slice/memory.max", "max\n");
+        write(r, "sys/fs/cgroup/work.slice/memory.high", "max\n");
+        let job = "sys/fs/cgroup/work.slice/job.service";
+        write(r, &format!("{job}/memory.max"), "max\n");
+        write(r, &format!("{job}/memory.high"), "268435456\n");
+        write(r, &format!("{job}/memory.current"), "200000000\n");
+        let cg = read_self(r).unwrap().unwrap();
+        assert_eq!(cg.limit_bytes, Some(268435456));
+        assert_eq!(
+            cg.limit_source,
+            Some(LimitSource {
+                file: "memory.high".into(),
+                path: "/work.slice/job.service".into()
+            })
+        );
+        // The slice's hard limit is tighter: it is the limit now.
+        write(r, "sys/fs/cgroup/work.slice/memory.max", "200000000\n");
+        let cg = read_self(r).unwrap().unwrap();
+        assert_eq!(cg.limit_bytes, Some(200000000));
+        assert_eq!(
+            cg.limit_source.map(|s| (s.file, s.path)),
+            Some(("memory.max".into(), "/work.slice".into()))
+        );
+        // The same number in both of the job's files: the hard limit is named.
+        write(r, &format!("{job}/memory.max"), "150000000\n");
+        write(r, &format!("{job}/memory.high"), "150000000\n");
+        let cg = read_self(r).unwrap().unwrap();
+        assert_eq!(
+            cg.limit_source.map(|s| (s.file, s.path)),
+            Some(("memory.max".into(), "/work.slice/job.service".into()))
+        );
+        // Garbage in memory.high is an error that names the file.
+        write(r, &format!("{job}/memory.high"), "lots\n");
+        let e = read_self(r).unwrap_err().to_string();
+        assert!(e.contains("memory.high"), "{e}");
     }
 
     #[test]

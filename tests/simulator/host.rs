@@ -10,8 +10,9 @@ use std::sync::{Arc, Mutex};
 
 use memwatch::act::driver::{HostDriver, SlurmCall};
 use memwatch::act::signal::SignalError;
-use memwatch::job::held::{CgroupOwner, Frozen, Loan, Slurmctl};
+use memwatch::job::held::{CgroupOwner, Frozen, Loan, OomdMark, Slurmctl};
 use memwatch::proc::ProcRef;
+use memwatch::sample::cgroup::CgroupDir;
 use nix::sys::signal::Signal;
 
 /// One thing the host was asked to do.
@@ -27,6 +28,8 @@ pub enum Act {
     SetLimit(PathBuf, CgroupOwner),
     /// A limit put back, and through whom.
     RestoreLimit(PathBuf, CgroupOwner),
+    OomdMark(PathBuf),
+    OomdUnmark(PathBuf),
 }
 
 /// What the next acts do wrong.
@@ -38,6 +41,8 @@ pub struct Faults {
     pub freeze_slow: bool,
     /// Stopping a tree fails (its root is gone).
     pub stop_fails: bool,
+    /// Setting a systemd-oomd mark fails (a filesystem without user attributes).
+    pub mark_fails: bool,
 }
 
 /// The fixture and what was done to it.
@@ -47,6 +52,10 @@ pub struct FakeHost {
     pub acts: Mutex<Vec<Act>>,
     pub violations: Mutex<Vec<String>>,
     pub faults: Mutex<Faults>,
+    /// The fixture cgroups' `user.oomd_omit` values (none where absent).
+    pub omit: Mutex<std::collections::BTreeMap<PathBuf, String>>,
+    /// The cgroups memwatch marked and has not yet unmarked.
+    pub marks: Mutex<std::collections::BTreeSet<PathBuf>>,
 }
 
 impl FakeHost {
@@ -57,6 +66,8 @@ impl FakeHost {
             acts: Mutex::new(Vec::new()),
             violations: Mutex::new(Vec::new()),
             faults: Mutex::new(Faults::default()),
+            omit: Mutex::new(Default::default()),
+            marks: Mutex::new(Default::default()),
         })
     }
 
@@ -70,6 +81,16 @@ impl FakeHost {
 
     pub fn acts(&self) -> Vec<Act> {
         self.acts.lock().unwrap().clone()
+    }
+
+    /// The cgroups that carry memwatch's systemd-oomd mark now.
+    pub fn marked(&self) -> std::collections::BTreeSet<PathBuf> {
+        self.marks.lock().unwrap().clone()
+    }
+
+    /// The `user.oomd_omit` value of a fixture cgroup.
+    pub fn omit_of(&self, dir: &Path) -> Option<String> {
+        self.omit.lock().unwrap().get(dir).cloned()
     }
 
     /// The state file as written now.
@@ -299,5 +320,51 @@ impl HostDriver for FakeHost {
     fn restore_limit(&self, loan: &Loan, _margin: u64) -> Result<bool, String> {
         self.act(Act::RestoreLimit(loan.dir.clone(), loan.owner.clone()));
         Ok(true)
+    }
+
+    fn oomd_candidates(&self, cg: &CgroupDir, _owner: u32) -> Vec<OomdMark> {
+        vec![OomdMark {
+            dir: cg.dir.clone(),
+            previous: self.omit_of(&cg.dir),
+        }]
+    }
+
+    fn oomd_mark(&self, mark: &OomdMark) -> Result<(), String> {
+        // Write-ahead: the mark is in the recorded pause before it is set.
+        let recorded = self.state()["jobs"].as_array().is_some_and(|jobs| {
+            jobs.iter().any(|j| {
+                j["paused"]["oomd_omit"].as_array().is_some_and(|m| {
+                    m.iter()
+                        .any(|m| m["dir"] == mark.dir.to_str().unwrap_or(""))
+                })
+            })
+        });
+        if !recorded {
+            self.violate(format!(
+                "{} marked for systemd-oomd with no pause recording it",
+                mark.dir.display()
+            ));
+        }
+        if self.faults.lock().unwrap().mark_fails {
+            return Err("injected: no user attributes here".into());
+        }
+        self.act(Act::OomdMark(mark.dir.clone()));
+        self.omit
+            .lock()
+            .unwrap()
+            .insert(mark.dir.clone(), "1".into());
+        self.marks.lock().unwrap().insert(mark.dir.clone());
+        Ok(())
+    }
+
+    fn oomd_unmark(&self, mark: &OomdMark) -> Result<(), String> {
+        self.act(Act::OomdUnmark(mark.dir.clone()));
+        let mut omit = self.omit.lock().unwrap();
+        match &mark.previous {
+            Some(v) => omit.insert(mark.dir.clone(), v.clone()),
+            None => omit.remove(&mark.dir),
+        };
+        self.marks.lock().unwrap().remove(&mark.dir);
+        Ok(())
     }
 }

@@ -7,6 +7,7 @@
 //! or touches a real cgroup.
 
 mod host;
+mod oomd;
 mod sim;
 
 use host::Act;
@@ -636,6 +637,7 @@ fn a_job_the_oom_killer_ended_is_reported_as_oom_killed() {
             path: "/user.slice/sim".into(),
             usage_bytes: 100 << 20,
             limit_bytes: Some(512 << 20),
+            limit_source: None,
             oom_kills: Some(n),
             inactive_file_bytes: Some(0),
             anon_bytes: None,

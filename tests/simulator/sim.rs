@@ -59,6 +59,8 @@ pub struct Sim {
     pub settling: VecDeque<(String, memwatch::job::held::Frozen)>,
     /// The OOM kills the job's (unlimited) cgroup reports in each sample; `None`: no cgroup.
     pub oom_kills: Option<u64>,
+    /// The job's root has exited: samples measure nothing of it.
+    pub gone: bool,
     config: String,
 }
 
@@ -131,6 +133,12 @@ impl Sim {
             }
             Some(d) => {
                 std::fs::create_dir_all(&d).unwrap();
+                // A cgroup v2 hierarchy with memory accounting, as systemd-oomd watches: the
+                // engine finds the job's cgroup, and a policy pause marks it.
+                std::fs::write(r.join("sys/fs/cgroup/cgroup.controllers"), "memory\n").unwrap();
+                std::fs::write(d.join("memory.current"), "1048576\n").unwrap();
+                std::fs::write(d.join("memory.max"), "max\n").unwrap();
+                std::fs::write(d.join("memory.high"), "max\n").unwrap();
                 std::fs::write(d.join("cgroup.freeze"), "0\n").unwrap();
                 std::fs::write(d.join("cgroup.events"), "populated 1\nfrozen 0\n").unwrap();
                 std::fs::write(d.join("cgroup.procs"), &procs).unwrap();
@@ -164,6 +172,7 @@ impl Sim {
             held: VecDeque::new(),
             settling: VecDeque::new(),
             oom_kills: None,
+            gone: false,
             config,
         };
         let r = sim.cmd(serde_json::json!({"cmd": "attach", "pid": PID, "name": "sim"}));
@@ -238,7 +247,7 @@ impl Sim {
         });
         let measured = memwatch::engine::Measured {
             name: "sim".into(),
-            sample: Some(job),
+            sample: (!self.gone).then_some(job),
             freezer,
         };
         self.engine
@@ -393,10 +402,24 @@ impl Sim {
 
     /// The invariants, after every step: nothing the host flagged (an act ahead of its record,
     /// another user's process touched); the state file holds exactly the engine's pause record
-    /// (mechanism and start); no deadline left in the past; every event's reason one the API lists.
+    /// (mechanism and start); a systemd-oomd mark on the job's cgroup exactly while a pause records
+    /// it, and never one after the pause; no deadline left in the past; every event's reason one
+    /// the API lists.
     pub fn check(&self) {
         let violations = self.host.violations.lock().unwrap().clone();
         assert!(violations.is_empty(), "{:?}: {violations:?}", self.kind);
+        let marked = self.host.marked();
+        let recorded_marks: std::collections::BTreeSet<PathBuf> = self
+            .pause()
+            .map(|p| p.oomd_omit.iter().map(|m| m.dir.clone()).collect())
+            .unwrap_or_default();
+        assert_eq!(
+            marked,
+            recorded_marks,
+            "{:?}: systemd-oomd marks on the host differ from the pause's (pause: {:?})",
+            self.kind,
+            self.pause()
+        );
         let state = self.host.state();
         let recorded = state["jobs"]
             .as_array()

@@ -5,6 +5,8 @@
 # - processes of the test users, and the test users, their groups and home directories;
 # - cgroups the tests name (memwatch-*, memwatch, and the test Slurm nodes' slurm_mw*), in every
 #   hierarchy: thawed, emptied (SIGKILL), removed deepest first;
+# - the network devices of the two-node Slurm test cluster (a bridge mwb<pid><letter>, veth pairs
+#   mwv<pid><letter><n>), of bridge and veth type only;
 # - emergency swap (zram) left enabled, the users' lock file, the tests' files in /dev/shm and the
 #   private directories of killed launches;
 # - the daemon's default state and socket directories (/var/lib/memwatch, /run/memwatch), which a
@@ -55,6 +57,17 @@ for _ in $(seq 50); do
   sleep 0.1
 done
 for top in "${left[@]}"; do said "could not remove cgroup $top"; done
+
+# The two-node Slurm cluster's bridge and veths (tests/common/netns.rs); its namespaces end with their
+# last process, killed above.
+if command -v ip >/dev/null 2>&1; then
+  for kind in veth bridge; do
+    ip -o link show type "$kind" 2>/dev/null | awk -F': ' '{ sub(/@.*/, "", $2); print $2 }' |
+      grep -E '^mw[bv][0-9]+[a-z][0-9]*p?$' | while read -r link; do
+        ip link del "$link" 2>/dev/null && said "removed $kind $link"
+      done
+  done
+fi
 
 # Emergency swap that a killed daemon left on.
 while read -r dev _; do

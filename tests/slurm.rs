@@ -8,7 +8,7 @@ mod common;
 use std::sync::Mutex;
 
 use common::prometheus::{Prometheus, dashboard_queries};
-use common::slurm::Cluster;
+use common::slurm::{Cluster, RemovedOnDrop, gone, stopped};
 use common::{Daemon, Opts, bin, eventually, memhog, proc_state};
 
 /// Every process of the job's step 0 tasks on this node.
@@ -25,40 +25,6 @@ fn step_tasks(cluster: &Cluster, id: &str) -> Vec<u32> {
         );
     }
     out
-}
-
-/// Whether a process is stopped: by a signal (state T), or frozen in its freezer cgroup (Slurm's
-/// proctrack/cgroup suspends a step that way on v1; frozen tasks show state D).
-fn stopped(pid: u32) -> bool {
-    if proc_state(pid) == Some('T') {
-        return true;
-    }
-    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-    cgroups.lines().any(|l| {
-        let mut parts = l.splitn(3, ':');
-        let (_, controllers, path) = (
-            parts.next(),
-            parts.next().unwrap_or(""),
-            parts.next().unwrap_or(""),
-        );
-        controllers.split(',').any(|c| c == "freezer")
-            && std::fs::read_to_string(format!("/sys/fs/cgroup/freezer{path}/freezer.state"))
-                .is_ok_and(|s| s.trim() == "FROZEN")
-    })
-}
-
-/// A dd that ended as the job stopped or resumed.
-fn gone(pid: u32) -> bool {
-    proc_state(pid).is_none_or(|s| s == 'Z')
-}
-
-/// A file removed when the test ends, however it ends (a tmpfs file holds memory).
-struct RemovedOnDrop(std::path::PathBuf);
-
-impl Drop for RemovedOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
 }
 
 /// One cluster at a time: two jobs filling memory on two cores would race each other's pauses.

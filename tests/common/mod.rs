@@ -2,8 +2,10 @@
 #![allow(dead_code)]
 
 pub mod cgroup;
+pub mod netns;
 pub mod prometheus;
 pub mod slurm;
+pub mod slurm_nodes;
 pub mod tmux;
 pub mod users;
 pub mod wait;
@@ -77,6 +79,11 @@ pub struct Opts<'a> {
     pub env: &'a [(&'a str, &'a str)],
     /// More keys of `[control]` (the section the harness writes last).
     pub control: &'a str,
+    /// Where the daemon listens (`listen`; port 0: any free one).
+    pub listen: &'a str,
+    /// A command the daemon is started through (`nsenter …` into a node's namespaces), which execs
+    /// its arguments; none when empty.
+    pub through: &'a [&'a str],
 }
 
 impl Default for Opts<'_> {
@@ -89,6 +96,8 @@ impl Default for Opts<'_> {
             state: None,
             env: &[],
             control: "",
+            listen: "127.0.0.1:0",
+            through: &[],
         }
     }
 }
@@ -116,8 +125,9 @@ impl Daemon {
         std::fs::write(
             &config,
             format!(
-                "listen = \"127.0.0.1:0\"\n{}\n[sampling]\ninterval_ms = {}\n[host]\nroot = {:?}\n[gpu]\nlibrary = {:?}\n\
+                "listen = {:?}\n{}\n[sampling]\ninterval_ms = {}\n[host]\nroot = {:?}\n[gpu]\nlibrary = {:?}\n\
                  [control]\nsocket = {:?}\nstate_dir = {:?}\n{}\n",
+                o.listen,
                 o.extra_config,
                 o.interval_ms,
                 o.root,
@@ -128,7 +138,15 @@ impl Daemon {
             ),
         )
         .unwrap();
-        let mut child = Command::new(bin())
+        let mut command = match o.through.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(bin());
+                c
+            }
+            None => Command::new(bin()),
+        };
+        let mut child = command
             .args(["--config"])
             .arg(&config)
             .args(["--log-format", "json", "--log-level", "debug", "run"])

@@ -19,17 +19,88 @@ pub struct Cluster {
     children: Vec<Child>,
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free port")
 }
 
-fn script(path: &Path, text: &str) {
+pub fn script(path: &Path, text: &str) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::write(path, text).unwrap();
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// Starts munged (its own key, socket, pid, log and seed file under `d`, logs in `d/log`) and, once its
+/// socket exists, slurmctld in the foreground with `conf`.
+pub fn munged_and_slurmctld(d: &Path, conf: &Path) -> (Child, Child) {
+    let key = d.join("munge.key");
+    std::fs::write(
+        &key,
+        (0..1024).map(|i| (i * 7 + 13) as u8).collect::<Vec<u8>>(),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o400)).unwrap();
+    let munged = Command::new("munged")
+        .arg("-F")
+        .arg(format!("--key-file={}", key.display()))
+        .arg(format!("--socket={}/munge.sock", d.display()))
+        .arg(format!("--pid-file={}/munged.pid", d.display()))
+        .arg(format!("--log-file={}/log/munged.log", d.display()))
+        .arg(format!("--seed-file={}/munge.seed", d.display()))
+        .arg("--force")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start munged (apt-get install munge)");
+    assert!(
+        eventually(10.0, || d.join("munge.sock").exists()),
+        "munged did not create its socket"
+    );
+    let ctld = Command::new("slurmctld")
+        .args(["-D", "-i", "-f"])
+        .arg(conf)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start slurmctld (apt-get install slurm-wlm)");
+    (munged, ctld)
+}
+
+/// Whether a process is stopped: by a signal (state T), or frozen in its freezer cgroup (Slurm's
+/// proctrack/cgroup suspends a step that way on v1; frozen tasks show state D).
+pub fn stopped(pid: u32) -> bool {
+    if super::proc_state(pid) == Some('T') {
+        return true;
+    }
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    cgroups.lines().any(|l| {
+        let mut parts = l.splitn(3, ':');
+        let (_, controllers, path) = (
+            parts.next(),
+            parts.next().unwrap_or(""),
+            parts.next().unwrap_or(""),
+        );
+        controllers.split(',').any(|c| c == "freezer")
+            && std::fs::read_to_string(format!("/sys/fs/cgroup/freezer{path}/freezer.state"))
+                .is_ok_and(|s| s.trim() == "FROZEN")
+    })
+}
+
+/// A process that ended (a dd that was ending as the job stopped or resumed).
+pub fn gone(pid: u32) -> bool {
+    super::proc_state(pid).is_none_or(|s| s == 'Z')
+}
+
+/// A file removed when the test ends, however it ends (a tmpfs file holds memory).
+pub struct RemovedOnDrop(pub PathBuf);
+
+impl Drop for RemovedOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 impl Cluster {
@@ -125,38 +196,8 @@ impl Cluster {
                 ),
             );
         }
-        let key = d.join("munge.key");
-        std::fs::write(
-            &key,
-            (0..1024).map(|i| (i * 7 + 13) as u8).collect::<Vec<u8>>(),
-        )
-        .unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o400)).unwrap();
-        let munged = Command::new("munged")
-            .arg("-F")
-            .arg(format!("--key-file={}", key.display()))
-            .arg(format!("--socket={}/munge.sock", d.display()))
-            .arg(format!("--pid-file={}/munged.pid", d.display()))
-            .arg(format!("--log-file={}/log/munged.log", d.display()))
-            .arg(format!("--seed-file={}/munge.seed", d.display()))
-            .arg("--force")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start munged (apt-get install munge)");
+        let (munged, ctld) = munged_and_slurmctld(&d, &self.conf);
         self.children.push(munged);
-        assert!(
-            eventually(10.0, || d.join("munge.sock").exists()),
-            "munged did not create its socket"
-        );
-        let ctld = Command::new("slurmctld")
-            .args(["-D", "-i", "-f"])
-            .arg(&self.conf)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start slurmctld (apt-get install slurm-wlm)");
         self.children.push(ctld);
         let slurmd = Command::new("slurmd")
             .args(["-D", "-N", &self.node, "-f"])

@@ -39,6 +39,10 @@ have slurmctld || missing+=(slurmctld)
 have slurmd || missing+=(slurmd)
 have sbatch || missing+=(slurm-client)
 have munged || missing+=(munge)
+# The two-node cluster (tests/slurm_nodes.rs): a network, UTS and mount namespace per node (unshare,
+# nsenter), joined by veths and a bridge (ip).
+have ip || missing+=(iproute2)
+have nsenter || missing+=(util-linux)
 # The VM tests (tests/vm.rs, scripts/vm/): debootstrap builds a Debian 13 guest, qemu boots it.
 have debootstrap || [ -x /usr/sbin/debootstrap ] || missing+=(debootstrap)
 [ ${#missing[@]} -eq 0 ] || install_debian "${missing[@]}"

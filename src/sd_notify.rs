@@ -6,7 +6,7 @@ use std::os::unix::net::UnixDatagram;
 use std::time::Duration;
 
 /// How long READY and STOPPING may wait for room in the notify socket's queue.
-const SEND_TIMEOUT: Duration = Duration::from_millis(250);
+pub const SEND_TIMEOUT: Duration = Duration::from_millis(250);
 
 /// Sends one notification; errors are logged, never fatal. The caller is the owner task, so a
 /// notify socket whose queue is full (a manager that is not reading) must not stop it: a watchdog

@@ -6,7 +6,7 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
-use super::eventually;
+use super::{Daemon, Opts, bin, eventually};
 
 pub struct Cluster {
     pub dir: tempfile::TempDir,
@@ -336,4 +336,34 @@ impl Drop for Cluster {
                 .status();
         }
     }
+}
+
+/// A cluster whose prolog and epilog talk to a fresh daemon (`extra`: more of its config; `env`: more
+/// of the prolog's environment).
+pub fn cluster_and_daemon(extra: &str, env: &[(&str, &str)]) -> (Cluster, Daemon) {
+    cluster_and_daemon_with(|c| format!("{}{extra}", c.memwatch_config()), env)
+}
+
+/// The same with the daemon's whole config made from the prepared cluster.
+pub fn cluster_and_daemon_with(
+    config: impl FnOnce(&Cluster) -> String,
+    env: &[(&str, &str)],
+) -> (Cluster, Daemon) {
+    let mut cluster = Cluster::prepare();
+    let config = config(&cluster);
+    let d = Daemon::start(Opts {
+        root: "/".into(),
+        gpu_state: None,
+        interval_ms: 100,
+        extra_config: &config,
+        ..Opts::default()
+    });
+    let memwatch = bin();
+    let mut all = vec![
+        ("MEMWATCH", memwatch.to_str().unwrap()),
+        ("MEMWATCH_SOCKET", d.socket.to_str().unwrap()),
+    ];
+    all.extend_from_slice(env);
+    cluster.start(&all);
+    (cluster, d)
 }

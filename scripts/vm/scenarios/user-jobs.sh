@@ -17,6 +17,17 @@ hog() { echo "$IN/memhog --rate-mib 64 --total-mib 190 --hold-ms 600000 --wait-f
 LIMIT='-p MemoryMax=200M -p MemorySwapMax=0'
 
 job() { curl -sf 127.0.0.1:9300/api/v1/jobs | jq -r ".jobs[] | select(.name == \"$1\") | $2"; }
+# The held pause's mechanism, once the API shows one (read up to 5 s: one read under TCG load has
+# found the pause without it for an instant).
+kind_of() {
+  k=''
+  for _ in $(seq 50); do
+    k=$(job "$1" '.pause.mechanism.kind')
+    [ -n "$k" ] && [ "$k" != null ] && break
+    sleep 0.1
+  done
+  echo "$k"
+}
 cgroup_of() { sed -n 's/^0:://p' "/proc/$1/cgroup"; }
 state_of() { awk '{ sub(/^.*\) /, ""); print substr($0, 1, 1) }' "/proc/$1/stat" 2>/dev/null; }
 # Held as the mechanism says: the cgroup frozen, or the attached process stopped.
@@ -48,7 +59,7 @@ check() {
   "$@" memwatch pause "$label" >/tmp/uj-pause.txt 2>&1
   prc=$?
   wait_until 10 sh -c "[ \"\$(curl -sf 127.0.0.1:9300/api/v1/jobs | jq -r '.jobs[] | select(.name == \"$label\") | .pause.phase')\" = held ]"
-  hkind=$(job "$label" '.pause.mechanism.kind') hby=$(job "$label" '.pause.by')
+  hkind=$(kind_of "$label") hby=$(job "$label" '.pause.by')
   wait_until 5 held "$pid" "$want" "$cg" && hheld=yes || hheld=no
   "$@" memwatch resume "$label" >/tmp/uj-resume.txt 2>&1
   rrc=$?
@@ -57,7 +68,7 @@ check() {
   t0=$(now_ms)
   touch "/run/uj-go-$label"
   wait_until 40 sh -c "[ \"\$(curl -sf 127.0.0.1:9300/api/v1/jobs | jq -r '.jobs[] | select(.name == \"$label\") | .pause.by + \" \" + .pause.phase')\" = 'policy held' ]" && took=$(($(now_ms) - t0)) || took=never
-  pkind=$(job "$label" '.pause.mechanism.kind') pwhy=$(job "$label" '.pause.reason')
+  pkind=$(kind_of "$label") pwhy=$(job "$label" '.pause.reason')
   wait_until 5 held "$pid" "$want" "$cg" && pheld=yes || pheld=no
   used=$(($(cat "/sys/fs/cgroup$cg/memory.current") / 1048576))
   "$@" memwatch detach "$label" >/tmp/uj-detach.txt 2>&1

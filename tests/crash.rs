@@ -136,6 +136,37 @@ fn kill_both(d: &mut Daemon) {
     assert!(eventually(5.0, || proc_state(g).is_none_or(|s| s == 'Z')));
 }
 
+/// `memwatch pause crashy`, started.
+fn pause_cmd(d: &Daemon) -> Child {
+    Command::new(common::bin())
+        .args(["pause", "crashy", "--socket"])
+        .arg(&d.socket)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// How long after its command starts a kill may land to hit a hand pause before, during and after
+/// it takes hold on this machine now: twice the median of 5 measured pauses (the command's start, its
+/// connection and the daemon's turn, longer on a loaded machine), at least 12 ms.
+fn hand_pause_window_us(d: &Daemon, job: &Job) -> u64 {
+    let mut took: Vec<f64> = (0..5)
+        .map(|_| {
+            let began = Instant::now();
+            let mut ctl = pause_cmd(d);
+            assert!(eventually(10.0, || job.held()), "a hand pause never held");
+            let us = began.elapsed().as_micros() as f64;
+            let _ = ctl.wait();
+            let (code, _, err) = d.ctl(&["resume", "crashy"]);
+            assert_eq!(code, 0, "{err}");
+            assert!(eventually(10.0, || !job.held()), "a hand resume never ran");
+            us
+        })
+        .collect();
+    ((2.0 * percentile(&mut took, 0.5)) as u64).max(12_000)
+}
+
 #[derive(Default)]
 struct Tally {
     rounds: usize,
@@ -152,6 +183,8 @@ fn rounds(path: &str, cgroup: Option<(PathBuf, &'static str)>, rng: &mut Rng) ->
     let root = job.pids[0].to_string();
     let (code, _, err) = d.ctl(&["attach", &root, "--name", "crashy"]);
     assert_eq!(code, 0, "{err}");
+    let window_us = hand_pause_window_us(&d, &job);
+    eprintln!("{path}: a hand pause is killed within {window_us} µs of its command's start");
     let mut tallies = [Tally::default(), Tally::default()];
     for round in 0..2 * ROUNDS {
         let by_policy = round % 2 == 1;
@@ -165,15 +198,9 @@ fn rounds(path: &str, cgroup: Option<(PathBuf, &'static str)>, rng: &mut Rng) ->
             kill_both(&mut d);
             d.set_gpu_state(&gpu_state(60, job.pids[0]));
         } else {
-            // A hand pause: kill anywhere in the 12 ms after the command starts.
-            let mut ctl = Command::new(common::bin())
-                .args(["pause", "crashy", "--socket"])
-                .arg(&d.socket)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap();
-            std::thread::sleep(Duration::from_micros(rng.below(12_000)));
+            // A hand pause: kill anywhere in the window around the moment it takes hold.
+            let mut ctl = pause_cmd(&d);
+            std::thread::sleep(Duration::from_micros(rng.below(window_us)));
             kill_both(&mut d);
             let _ = ctl.wait();
         }

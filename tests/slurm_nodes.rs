@@ -342,7 +342,6 @@ fn host_memory(root: &Path, used: f64) {
 /// job must stay suspended while node 1 still needs it (node 1's rank never runs above its line,
 /// no OOM kill), and run again once node 1 has room.
 #[test]
-#[ignore = "issue: a suspension held by every node that needs it — not built yet"]
 fn a_suspension_two_nodes_need_is_held_until_both_have_room() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let fill = Path::new("/dev/shm").join(format!("memwatch-nodes-both-{}", std::process::id()));
@@ -376,11 +375,48 @@ fn a_suspension_two_nodes_need_is_held_until_both_have_room() {
     };
     d1.wait_event("node 1's pause", is("pause"));
 
+    // Each node that holds the job has its hold in the job's AdminComment, which Slurm keeps.
+    let holders = || {
+        let line = nodes
+            .run("scontrol", &["show", "job", "-o", &id])
+            .unwrap_or_default();
+        let comment = memwatch::act::slurm_holds::admin_comment(&line).to_owned();
+        let holds = memwatch::act::slurm_holds::Holds::parse(&comment);
+        holds
+            .holds
+            .iter()
+            .map(|h| h.node.clone())
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        eventually(10.0, || holders() == [nodes.names[0].clone()]),
+        "node 1's hold is not in the job's AdminComment: {:?}",
+        holders()
+    );
+
     // Node 2's host goes critical: it suspends the job too; then it recovers, first.
     host_memory(host.path(), 0.97);
     d2.wait_event("node 2's pause", is("pause"));
+    assert!(
+        eventually(10.0, || holders().len() == 2),
+        "node 2's hold is not in the job's AdminComment: {:?}",
+        holders()
+    );
     host_memory(host.path(), 0.5);
     d2.wait_event("node 2's resume", is("resume"));
+    // Node 2 released its hold, and node 1's kept the job suspended: node 2 resumed nothing.
+    assert!(
+        eventually(10.0, || holders() == [nodes.names[0].clone()]),
+        "node 2's hold is still there: {:?}",
+        holders()
+    );
+    assert!(
+        eventually(10.0, || d2
+            .log_text()
+            .contains("stays suspended while other nodes hold it")),
+        "node 2 did not say node 1 keeps the job suspended:\n{}",
+        d2.log_text()
+    );
 
     // Node 1 still needs the pause: over the next 3 s (30 of its samples) its rank never runs
     // while its cgroup is above its critical line, and nothing is OOM-killed.
@@ -395,6 +431,13 @@ fn a_suspension_two_nodes_need_is_held_until_both_have_room() {
     let mut running_above = None;
     while d1.samples() < until {
         let (used, state) = (usage(), nodes.state(&id));
+        assert_eq!(
+            state,
+            "S",
+            "the job ran while node 1 holds it (node 1's rank at {} MiB of 300); node 2's events: {:?}",
+            used >> 20,
+            d2.events()
+        );
         if used * 100 >= limit * 95 && state == "R" {
             running_above.get_or_insert((used >> 20, Instant::now()));
         } else {
@@ -419,13 +462,14 @@ fn a_suspension_two_nodes_need_is_held_until_both_have_room() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 
-    // Node 1 gets room: the job runs again, whole.
+    // Node 1 gets room: the job runs again, whole, and no hold is left.
     std::fs::remove_file(&fill).unwrap();
     assert!(
         eventually(30.0, || nodes.state(&id) == "R"),
         "the job was never resumed (state {:?})",
         nodes.state(&id)
     );
+    assert_eq!(holders(), Vec::<String>::new());
     assert_eq!((nodes.oom_kills(0, &id), nodes.oom_kills(1, &id)), (0, 0));
     nodes.run("scancel", &[&id]).unwrap();
 }

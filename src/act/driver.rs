@@ -30,6 +30,21 @@ pub enum SlurmCall {
     Cancel,
     /// `scancel --full --signal=NAME` (a name such as "USR1").
     Signal(String),
+    /// While this node holds the job: its state and holds read back (`scontrol show job`), this
+    /// node's hold renewed, and the job suspended again if it was resumed behind this node's back.
+    Hold,
+}
+
+/// What Slurm did with a call that went through.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SlurmAnswer {
+    /// What was asked.
+    Done,
+    /// A resume that was not made: these other nodes still hold the job suspended. This node's
+    /// hold is released.
+    KeptBy(Vec<String>),
+    /// A `Hold` found the job running and suspended it again.
+    Resuspended,
 }
 
 impl std::fmt::Display for SlurmCall {
@@ -40,6 +55,7 @@ impl std::fmt::Display for SlurmCall {
             SlurmCall::Requeue => f.write_str("scontrol requeue"),
             SlurmCall::Cancel => f.write_str("scancel"),
             SlurmCall::Signal(s) => write!(f, "scancel --signal={s}"),
+            SlurmCall::Hold => f.write_str("scontrol show job"),
         }
     }
 }
@@ -72,7 +88,7 @@ pub trait HostDriver: Send + Sync {
     /// Thaws a cgroup; one that is gone is nothing to thaw.
     fn thaw(&self, cgroup: &Frozen) -> std::io::Result<()>;
     /// Runs one Slurm call for job `id`.
-    fn slurm(&self, ctl: &Slurmctl, call: &SlurmCall, id: &str) -> Result<(), String>;
+    fn slurm(&self, ctl: &Slurmctl, call: &SlurmCall, id: &str) -> Result<SlurmAnswer, String>;
     /// Raises a cgroup's limit as `loan` says.
     fn set_limit(&self, loan: &Loan) -> Result<(), String>;
     /// Puts a lent limit back once usage fits with `margin` to spare; `Ok(false)`: not yet.
@@ -140,13 +156,15 @@ impl HostDriver for Host {
         cgroup.thaw()
     }
 
-    fn slurm(&self, ctl: &Slurmctl, call: &SlurmCall, id: &str) -> Result<(), String> {
+    fn slurm(&self, ctl: &Slurmctl, call: &SlurmCall, id: &str) -> Result<SlurmAnswer, String> {
+        let done = |r: Result<(), String>| r.map(|()| SlurmAnswer::Done);
         match call {
-            SlurmCall::Suspend => ctl.suspend(id),
+            SlurmCall::Suspend => done(ctl.suspend(id)),
             SlurmCall::Resume => ctl.resume(id),
-            SlurmCall::Requeue => ctl.requeue(id),
-            SlurmCall::Cancel => ctl.cancel(id),
-            SlurmCall::Signal(s) => ctl.signal(id, s),
+            SlurmCall::Requeue => done(ctl.requeue(id)),
+            SlurmCall::Cancel => done(ctl.cancel(id)),
+            SlurmCall::Signal(s) => done(ctl.signal(id, s)),
+            SlurmCall::Hold => ctl.hold(id),
         }
     }
 
@@ -205,7 +223,10 @@ pub fn release(
     };
     if let Some(s) = mechanism.and_then(Mechanism::suspended) {
         match host.slurm(&s.ctl, &SlurmCall::Resume, &s.job_id) {
-            Ok(()) => out.slurm_resumed = Some(s.job_id.clone()),
+            Ok(SlurmAnswer::KeptBy(nodes)) => {
+                tracing::info!(slurm_job_id = %s.job_id, holders = ?nodes, "released this node's hold on the Slurm job; other nodes still hold it suspended")
+            }
+            Ok(_) => out.slurm_resumed = Some(s.job_id.clone()),
             // Already running, or gone: Slurm says which; the processes are continued either way.
             Err(e) => {
                 tracing::error!(slurm_job_id = %s.job_id, error = %e, "cannot resume a Slurm job memwatch suspended")
@@ -260,6 +281,8 @@ mod tests {
                 scontrol: "scontrol".into(),
                 scancel: "scancel".into(),
                 timeout_ms: 1000,
+                holder: String::new(),
+                hold_seconds: 0,
             },
         }
     }

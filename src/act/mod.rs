@@ -13,6 +13,7 @@ pub mod persist;
 pub mod recover;
 pub mod signal;
 pub mod slurm;
+pub mod slurm_holds;
 pub mod swap;
 pub mod systemd;
 

@@ -7,7 +7,9 @@
 //! - 3: a lent limit (a job's `way_out.loan`, an ended job's in `loans`) names how it was set
 //!   (`owner`: `cgroupfs`, or `systemd` with its `bus` and `unit`), so it goes back the same way; a
 //!   pause lists the cgroups it marked `user.oomd_omit` for systemd-oomd (`oomd_omit`: each `dir`
-//!   and the `previous` value), so whoever undoes it takes the marks off.
+//!   and the `previous` value), so whoever undoes it takes the marks off. A `slurm_suspend` hold
+//!   may name this node's `holder` and `hold_seconds` in the job's shared holds
+//!   (`act::slurm_holds`); without them a resume resumes the job whoever else holds it.
 //!
 //! All are read; a loan without an `owner` was set through cgroupfs, and a pause of version 1 or 2
 //! marked nothing. A `kind` this build does not know (a later mechanism: a systemd unit over the bus,
@@ -97,6 +99,12 @@ pub enum HoldRecord {
         scancel: String,
         /// How long one call may run.
         timeout_ms: u64,
+        /// This node's name in the job's holds; absent before they were kept.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        holder: String,
+        /// How long the hold counts without being renewed, in seconds.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        hold_seconds: u64,
     },
     /// A kind this build does not know.
     #[serde(other)]
@@ -114,6 +122,8 @@ impl From<&Mechanism> for HoldRecord {
                 scontrol: s.ctl.scontrol.clone(),
                 scancel: s.ctl.scancel.clone(),
                 timeout_ms: s.ctl.timeout_ms,
+                holder: s.ctl.holder.clone(),
+                hold_seconds: s.ctl.hold_seconds,
             },
         }
     }
@@ -137,12 +147,16 @@ impl HoldRecord {
                 scontrol,
                 scancel,
                 timeout_ms,
+                holder,
+                hold_seconds,
             } => Mechanism::Slurm(Suspended {
                 job_id: job_id.clone(),
                 ctl: Slurmctl {
                     scontrol: scontrol.clone(),
                     scancel: scancel.clone(),
                     timeout_ms: *timeout_ms,
+                    holder: holder.clone(),
+                    hold_seconds: *hold_seconds,
                 },
             }),
             HoldRecord::Unknown => return None,
@@ -261,6 +275,8 @@ impl From<PauseWire> for PersistedPause {
                 scontrol: s.ctl.scontrol,
                 scancel: s.ctl.scancel,
                 timeout_ms: s.ctl.timeout_ms,
+                holder: String::new(),
+                hold_seconds: 0,
             },
             (None, Some(f)) if f.version == Version::V2 => {
                 HoldRecord::CgroupV2Freeze { dir: f.dir }
@@ -283,6 +299,11 @@ impl From<PauseWire> for PersistedPause {
             oomd_omit: w.oomd_omit,
         }
     }
+}
+
+/// For `skip_serializing_if`.
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 #[cfg(test)]

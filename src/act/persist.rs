@@ -261,6 +261,8 @@ mod tests {
                         scontrol: "scontrol".into(),
                         scancel: "scancel".into(),
                         timeout_ms: 5000,
+                        holder: "node1".into(),
+                        hold_seconds: 120,
                     },
                     causes: Vec::new(),
                     projected: None,

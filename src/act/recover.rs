@@ -130,6 +130,8 @@ mod tests {
                     scontrol: scontrol.display().to_string(),
                     scancel: "scancel".into(),
                     timeout_ms: 5000,
+                    holder: String::new(),
+                    hold_seconds: 0,
                 },
                 causes: Vec::new(),
                 projected: None,

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use wait_timeout::ChildExt;
 
+use super::driver::SlurmAnswer;
+use super::slurm_holds::{self, Holds};
 pub use crate::job::held::{Slurmctl, Suspended};
 
 /// Runs a Slurm command for at most `timeout`. Its stdout on success; otherwise what went wrong, with
@@ -69,13 +71,100 @@ fn parse_job_state(text: &str) -> Option<&str> {
         .filter(|s| !s.is_empty())
 }
 
+/// Now, in Unix seconds (the holds' clock: Slurm's nodes keep their clocks together, as munge's
+/// credentials need).
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// This node's name in the holds: `[slurm] node_name`, else the host name up to its first dot
+/// (what slurmd uses unless started with -N or given a NodeHostname).
+fn node_name(cfg: &crate::config::Slurm) -> String {
+    if !cfg.node_name.is_empty() {
+        return cfg.node_name.clone();
+    }
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .and_then(|h| h.split('.').next().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// How often a hold is written before memwatch gives up on it (another node wrote the comment in
+/// between: its read, our write, its write).
+const HOLD_TRIES: usize = 3;
+
 impl Slurmctl {
-    /// The commands and timeout from `[slurm]`.
+    /// The commands, timeout and this node's hold from `[slurm]`.
     pub fn new(cfg: &crate::config::Slurm) -> Self {
         Slurmctl {
             scontrol: cfg.scontrol.clone(),
             scancel: cfg.scancel.clone(),
             timeout_ms: cfg.command_timeout_ms,
+            holder: if cfg.holds {
+                node_name(cfg)
+            } else {
+                String::new()
+            },
+            hold_seconds: cfg.hold_seconds,
+        }
+    }
+
+    /// The job's one line from `scontrol show job -o`.
+    fn show(&self, id: &str) -> Result<String, String> {
+        self.scontrol(&["show", "job", "-o", id])
+    }
+
+    /// The job's holds as Slurm has them.
+    fn holds(&self, id: &str) -> Result<Holds, String> {
+        self.show(id)
+            .map(|line| Holds::parse(slurm_holds::admin_comment(&line)))
+    }
+
+    /// Writes `change` of the job's holds, read back until it is there (another node may write the
+    /// comment between our read and our write); the holds as last read.
+    fn update_holds(
+        &self,
+        id: &str,
+        change: impl Fn(&Holds) -> Holds,
+        there: impl Fn(&Holds) -> bool,
+    ) -> Result<Holds, String> {
+        let mut holds = self.holds(id)?;
+        for _ in 0..HOLD_TRIES {
+            if there(&holds) {
+                return Ok(holds);
+            }
+            let value = format!("AdminComment={}", change(&holds).render());
+            self.scontrol(&["update", &format!("JobId={id}"), &value])?;
+            holds = self.holds(id)?;
+        }
+        if there(&holds) {
+            Ok(holds)
+        } else {
+            Err(format!(
+                "the job's holds changed under every one of {HOLD_TRIES} writes"
+            ))
+        }
+    }
+
+    /// Records this node's hold on the job's suspension (renewed: it counts `hold_seconds` from
+    /// now). A failure is logged: the suspension is made all the same, and the holds only decide
+    /// who may resume it.
+    fn take_hold(&self, id: &str) {
+        if self.holder.is_empty() {
+            return;
+        }
+        let now = unix_now();
+        let until = now + self.hold_seconds;
+        let written = self.update_holds(
+            id,
+            |h| h.with(&self.holder, until, now),
+            |h| h.of(&self.holder, now).is_some_and(|h| h.until >= until),
+        );
+        if let Err(e) = written {
+            tracing::warn!(slurm_job_id = id, node = self.holder, error = %e, "cannot record this node's hold on the Slurm job's suspension");
         }
     }
 
@@ -85,13 +174,61 @@ impl Slurmctl {
 
     /// Suspends the whole job, on every node (`scontrol suspend`). Slurm's word is checked, not
     /// assumed: a call that gave no answer in time is settled by the job's state read back.
+    /// This node's hold is recorded once the job is suspended (`act::slurm_holds`).
     pub fn suspend(&self, id: &str) -> Result<(), String> {
-        self.checked(&["suspend", id], id, "SUSPENDED")
+        self.checked(&["suspend", id], id, "SUSPENDED")?;
+        self.take_hold(id);
+        Ok(())
     }
 
-    /// Resumes a suspended job (`scontrol resume`), checked like [`Slurmctl::suspend`].
-    pub fn resume(&self, id: &str) -> Result<(), String> {
+    /// Releases this node's hold and resumes the job (`scontrol resume`, checked like
+    /// [`Slurmctl::suspend`]) unless other nodes still hold it: then it stays suspended, and the
+    /// last of them resumes it. Holds that cannot be read do not keep a job suspended.
+    pub fn resume(&self, id: &str) -> Result<SlurmAnswer, String> {
+        if !self.holder.is_empty() {
+            let now = unix_now();
+            let released = self.update_holds(
+                id,
+                |h| h.without(&self.holder, now),
+                |h| h.of(&self.holder, now).is_none(),
+            );
+            match released {
+                Ok(h) => {
+                    let others = h.others(&self.holder, now);
+                    if !others.is_empty() {
+                        return Ok(SlurmAnswer::KeptBy(others));
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(slurm_job_id = id, error = %e, "cannot read or release the holds on the Slurm job's suspension; resuming it")
+                }
+            }
+        }
         self.checked(&["resume", id], id, "RUNNING")
+            .map(|()| SlurmAnswer::Done)
+    }
+
+    /// While this node holds the job: reads its state back, suspends it again if it runs (resumed
+    /// behind this node's back: by a person, or by a node that did not see this node's hold), and
+    /// renews this node's hold once half its time has passed.
+    pub fn hold(&self, id: &str) -> Result<SlurmAnswer, String> {
+        let line = self.show(id)?;
+        let now = unix_now();
+        let holds = Holds::parse(slurm_holds::admin_comment(&line));
+        match parse_job_state(&line) {
+            Some("SUSPENDED") => {
+                let fresh = holds
+                    .of(&self.holder, now)
+                    .is_some_and(|h| h.until >= now + self.hold_seconds / 2);
+                if !self.holder.is_empty() && !fresh {
+                    self.take_hold(id);
+                }
+                Ok(SlurmAnswer::Done)
+            }
+            Some("RUNNING") => self.suspend(id).map(|()| SlurmAnswer::Resuspended),
+            Some(state) => Err(format!("the job is {state}")),
+            None => Err("`scontrol show job` gave no JobState".into()),
+        }
     }
 
     /// Runs `args`; when it fails or does not finish in time (slurmctld busy: the request may have
@@ -193,6 +330,8 @@ mod tests {
             scontrol: scontrol.to_string_lossy().into_owned(),
             scancel: "scancel".into(),
             timeout_ms: 300,
+            holder: String::new(),
+            hold_seconds: 0,
         };
         ctl.suspend("42").expect("suspended, though late");
         // This resume changes nothing and answers late: the job is still suspended.
@@ -206,5 +345,103 @@ mod tests {
             Some("RUNNING")
         );
         assert_eq!(parse_job_state("JobId=7 JobState= x"), None);
+    }
+
+    /// A scontrol that keeps a job's state and AdminComment in files, as slurmctld would.
+    fn fake_scontrol(dir: &std::path::Path) -> String {
+        use std::os::unix::fs::PermissionsExt;
+        let scontrol = dir.join("scontrol");
+        let d = dir.display();
+        std::fs::write(
+            &scontrol,
+            format!(
+                "#!/bin/sh\ncd {d}\ncase $1 in\n  \
+                 suspend) echo SUSPENDED >state ;;\n  \
+                 resume) echo RUNNING >state ;;\n  \
+                 update) printf '%s' \"${{3#AdminComment=}}\" >comment ;;\n  \
+                 show) c=$(cat comment 2>/dev/null); a=''; [ -n \"$c\" ] && a=\" AdminComment=$c \"; \
+                 echo \"JobId=$4 JobName=train JobState=$(cat state) Command=/a WorkDir=/tmp$a StdErr=/tmp/e\" ;;\n\
+                 esac\n"
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&scontrol, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::write(dir.join("state"), "RUNNING\n").unwrap();
+        scontrol.to_string_lossy().into_owned()
+    }
+
+    fn read(dir: &std::path::Path, file: &str) -> String {
+        std::fs::read_to_string(dir.join(file))
+            .unwrap_or_default()
+            .trim()
+            .to_owned()
+    }
+
+    /// Two nodes hold one job: the first to recover releases its hold and leaves the job
+    /// suspended; the job resumed behind the other's back is suspended again by its check; the last
+    /// holder's resume resumes it, and the comment is left as the administrator wrote it.
+    #[test]
+    fn a_suspension_is_resumed_only_by_its_last_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let scontrol = fake_scontrol(dir.path());
+        std::fs::write(dir.path().join("comment"), "reviewed by ops").unwrap();
+        let node = |name: &str| Slurmctl {
+            scontrol: scontrol.clone(),
+            scancel: "scancel".into(),
+            timeout_ms: 5000,
+            holder: name.into(),
+            hold_seconds: 120,
+        };
+        let (n1, n2) = (node("node1"), node("node2"));
+        n1.suspend("7").unwrap();
+        n2.suspend("7").unwrap();
+        assert_eq!(read(dir.path(), "state"), "SUSPENDED");
+        let holds = Holds::parse(&read(dir.path(), "comment"));
+        let nodes: Vec<&str> = holds.holds.iter().map(|h| h.node.as_str()).collect();
+        assert_eq!(nodes, ["node1", "node2"]);
+        assert_eq!(holds.rest, "reviewed by ops");
+        let until = holds.holds[0].until;
+        assert!(
+            (unix_now() + 110..=unix_now() + 120).contains(&until),
+            "{until}"
+        );
+
+        // node2 has room first: node1 still holds the job.
+        assert_eq!(
+            n2.resume("7").unwrap(),
+            SlurmAnswer::KeptBy(vec!["node1".into()])
+        );
+        assert_eq!(read(dir.path(), "state"), "SUSPENDED");
+        assert_eq!(n1.hold("7").unwrap(), SlurmAnswer::Done);
+
+        // Someone resumes the job behind node1's back: node1's check suspends it again.
+        std::fs::write(dir.path().join("state"), "RUNNING\n").unwrap();
+        assert_eq!(n1.hold("7").unwrap(), SlurmAnswer::Resuspended);
+        assert_eq!(read(dir.path(), "state"), "SUSPENDED");
+
+        // node1 has room: the last holder resumes the job.
+        assert_eq!(n1.resume("7").unwrap(), SlurmAnswer::Done);
+        assert_eq!(read(dir.path(), "state"), "RUNNING");
+        assert_eq!(read(dir.path(), "comment"), "reviewed by ops");
+
+        // A hold that ran out (its node died holding the job) keeps nothing suspended.
+        n1.suspend("7").unwrap();
+        std::fs::write(
+            dir.path().join("comment"),
+            format!("memwatch_hold=node1@{},dead@5", unix_now() + 100),
+        )
+        .unwrap();
+        assert_eq!(n1.resume("7").unwrap(), SlurmAnswer::Done);
+        assert_eq!(read(dir.path(), "state"), "RUNNING");
+        assert_eq!(read(dir.path(), "comment"), "");
+
+        // Without holds (a record older than them), a resume resumes.
+        let old = Slurmctl {
+            holder: String::new(),
+            ..node("x")
+        };
+        n2.suspend("7").unwrap();
+        assert_eq!(old.resume("7").unwrap(), SlurmAnswer::Done);
+        assert_eq!(read(dir.path(), "state"), "RUNNING");
     }
 }

@@ -362,6 +362,24 @@ pub const DOCS: &[(&str, &str)] = &[
          the tasks start) before memwatch forgets it.",
     ),
     (
+        "slurm.holds",
+        "Keep each node's hold on a job's suspension in the job's AdminComment (`memwatch_hold=NODE@UNTIL`,\n\
+         before the rest of the comment; only a Slurm administrator may set it): a node that has room\n\
+         again resumes the job only once no other node still holds it, and a node that finds the job\n\
+         running while it still needs the pause suspends it again. Off: any node's resume resumes the\n\
+         whole job.",
+    ),
+    (
+        "slurm.hold_seconds",
+        "How long a node's hold counts unless its memwatch renews it (it does while it holds the job): a\n\
+         node that dies holding a job holds it at most this long (10 to 86400).",
+    ),
+    (
+        "slurm.node_name",
+        "This node's Slurm node name, for its hold. Empty: the host name up to its first dot, which is\n\
+         what slurmd uses unless it runs with -N or the node has a NodeHostname.",
+    ),
+    (
         "policy.*.action",
         "pause: pause the jobs the resource concerns; warn: record and report only.",
     ),

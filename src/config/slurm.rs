@@ -21,6 +21,16 @@ pub struct Slurm {
     /// How long `memwatch attach --slurm-job` waits for a job's first process on this node (a prolog
     /// attaches before the tasks start) before it forgets the job.
     pub adopt_within_seconds: u64,
+    /// Keep each node's hold on a job's suspension in the job's AdminComment (a Slurm
+    /// administrator's field), so that a node that has room again resumes the job only once no
+    /// other node still needs it suspended. Off: a node's resume resumes the whole job.
+    pub holds: bool,
+    /// How long a node's hold counts unless its memwatch renews it (it does while it holds the job):
+    /// a node that dies holding a job holds it at most this long.
+    pub hold_seconds: u64,
+    /// This node's Slurm node name, for its hold; empty: the host name up to its first dot (what
+    /// slurmd uses unless started with -N or given a NodeHostname).
+    pub node_name: String,
 }
 
 impl Default for Slurm {
@@ -32,6 +42,9 @@ impl Default for Slurm {
             scancel: "scancel".into(),
             command_timeout_ms: 3000,
             adopt_within_seconds: 600,
+            holds: true,
+            hold_seconds: 120,
+            node_name: String::new(),
         }
     }
 }
@@ -53,6 +66,19 @@ impl Slurm {
         }
         if self.adopt_within_seconds == 0 {
             return bad("slurm.adopt_within_seconds", "must be at least 1");
+        }
+        if !(10..=86_400).contains(&self.hold_seconds) {
+            return bad("slurm.hold_seconds", "must be between 10 and 86400");
+        }
+        if !self
+            .node_name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            return bad(
+                "slurm.node_name",
+                "must be a Slurm node name (letters, digits, '-', '_', '.')",
+            );
         }
         Ok(())
     }

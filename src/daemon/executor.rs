@@ -20,7 +20,7 @@ const FLUSH_WAIT: Duration = Duration::from_secs(30);
 
 /// What the Slurm thread is asked.
 enum ToSlurm {
-    Call(SlurmRequest),
+    Call(Box<SlurmRequest>),
     /// Answer once every call queued before this one has finished.
     Flush(std_mpsc::Sender<()>),
 }
@@ -45,7 +45,7 @@ impl Executor {
                 while let Ok(msg) = work.recv() {
                     match msg {
                         ToSlurm::Call(w) => {
-                            let outcome = run_slurm(&worker_host, w);
+                            let outcome = run_slurm(&worker_host, *w);
                             if tx.blocking_send(outcome).is_err() {
                                 break;
                             }
@@ -93,7 +93,7 @@ impl Executor {
                 });
                 None
             }
-            Effect::Slurm(request) => match self.slurm.try_send(ToSlurm::Call(request)) {
+            Effect::Slurm(request) => match self.slurm.try_send(ToSlurm::Call(Box::new(request))) {
                 Ok(()) => None,
                 Err(std_mpsc::TrySendError::Full(ToSlurm::Call(r)))
                 | Err(std_mpsc::TrySendError::Disconnected(ToSlurm::Call(r))) => {

@@ -6,7 +6,7 @@
 //! What stays inline, on the owner task, is what cannot wait: the write-ahead record of a pause,
 //! then the freeze or the first SIGSTOP (through the engine's `HostDriver`).
 
-use crate::act::driver::SlurmCall;
+use crate::act::driver::{SlurmAnswer, SlurmCall};
 use crate::act::freeze::Frozen;
 use crate::job::held::Slurmctl;
 
@@ -48,7 +48,7 @@ pub struct SlurmRequest {
 
 impl SlurmRequest {
     /// What came of it.
-    pub fn outcome(self, result: Result<(), String>) -> Outcome {
+    pub fn outcome(self, result: Result<SlurmAnswer, String>) -> Outcome {
         Outcome::Slurm {
             job: self.job,
             call: self.call,
@@ -92,7 +92,7 @@ pub enum Outcome {
         /// The Slurm job's id.
         id: String,
         /// What Slurm said.
-        result: Result<(), String>,
+        result: Result<SlurmAnswer, String>,
         /// As the effect had it.
         ending: Option<Ending>,
     },

@@ -184,6 +184,8 @@ pub struct Engine {
     leftover_loans: Vec<crate::act::lend::Loan>,
     /// Slurm jobs attached by id, waiting for their first process on this node.
     pending_slurm: BTreeMap<String, slurm::PendingSlurm>,
+    /// Jobs whose Slurm suspension is being checked (`SlurmCall::Hold` under way): one at a time.
+    slurm_checking: std::collections::BTreeSet<String>,
     /// When `handle_timeout` last ran: deadlines up to then are handled.
     timeouts_handled_ms: Option<u64>,
 }
@@ -216,6 +218,7 @@ impl Engine {
             clearing_leftover: Vec::new(),
             leftover_loans: Vec::new(),
             pending_slurm: BTreeMap::new(),
+            slurm_checking: std::collections::BTreeSet::new(),
             timeouts_handled_ms: None,
             adapting: Default::default(),
             host_watched: false,

@@ -99,6 +99,7 @@ impl Engine {
         }
         self.verify(now_ms);
         self.renew_oomd_marks();
+        self.check_slurm_holds();
         self.adopt_pending_slurm(now_ms);
         self.finish_terminations(now_ms);
         self.previous = self.latest.replace(sample);

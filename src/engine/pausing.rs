@@ -11,7 +11,7 @@ use nix::sys::signal::Signal;
 use super::effect::Effect;
 use super::{Engine, PauseError};
 use crate::act::audit::{Action, Reason};
-use crate::act::driver::{Mechanism, SlurmCall};
+use crate::act::driver::{Mechanism, SlurmAnswer, SlurmCall};
 use crate::act::freeze::Frozen;
 use crate::job::{Pause, PausePhase};
 
@@ -326,11 +326,15 @@ impl Engine {
         name: &str,
         call: &SlurmCall,
         id: &str,
-        result: Result<(), String>,
+        result: Result<SlurmAnswer, String>,
         ending: Option<super::effect::Ending>,
         now_ms: u64,
     ) {
         match (call, result) {
+            (SlurmCall::Hold, result) => self.slurm_hold_checked(name, id, result, now_ms),
+            (SlurmCall::Resume, Ok(SlurmAnswer::KeptBy(nodes))) => {
+                tracing::info!(job = name, slurm_job_id = id, holders = ?nodes, "released this node's hold; the Slurm job stays suspended while other nodes hold it");
+            }
             (SlurmCall::Suspend, result) => {
                 let ours = self
                     .jobs
@@ -345,7 +349,7 @@ impl Engine {
                     return;
                 }
                 match result {
-                    Ok(()) => {
+                    Ok(_) => {
                         tracing::info!(
                             job = name,
                             slurm_job_id = id,
@@ -386,10 +390,69 @@ impl Engine {
             }
             (SlurmCall::Requeue | SlurmCall::Cancel, result) => {
                 if let Some(ending) = ending {
-                    self.ended_through_slurm(name, call, id, result, ending, now_ms);
+                    self.ended_through_slurm(name, call, id, result.map(drop), ending, now_ms);
                 }
             }
-            (SlurmCall::Resume | SlurmCall::Signal(_), Ok(())) => {}
+            (SlurmCall::Resume | SlurmCall::Signal(_), Ok(_)) => {}
+        }
+    }
+
+    /// What a check of a Slurm job this node holds found (`SlurmCall::Hold`): when the job was
+    /// running behind this node's back and is suspended again, this node's tasks are stopped again
+    /// too (a resume through signals continued them; the freezer's thaw did not) and it is said.
+    fn slurm_hold_checked(
+        &mut self,
+        name: &str,
+        id: &str,
+        result: Result<SlurmAnswer, String>,
+        now_ms: u64,
+    ) {
+        self.slurm_checking.remove(name);
+        let held = self
+            .jobs
+            .get(name)
+            .and_then(|j| j.pause.as_ref())
+            .is_some_and(|p| p.suspended().is_some_and(|s| s.job_id == id));
+        if !held {
+            return;
+        }
+        match result {
+            Ok(SlurmAnswer::Resuspended) => {
+                let restopped = match self.jobs.get(name).map(|j| self.stop_tasks(j)) {
+                    Some(Ok(stopped)) => {
+                        let n = stopped.len();
+                        if let Some(p) = self.jobs.get_mut(name).and_then(|j| j.pause.as_mut()) {
+                            for r in stopped {
+                                if !p.stopped.contains(&r) {
+                                    p.stopped.push(r);
+                                }
+                            }
+                        }
+                        self.save();
+                        n
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!(job = name, error = %e, "cannot stop this node's tasks again");
+                        0
+                    }
+                    None => 0,
+                };
+                self.record(
+                    now_ms,
+                    Action::Pause,
+                    name,
+                    Reason::Slurm,
+                    format!(
+                        "Slurm job {id} was running while this node still needs it suspended (resumed behind its back): suspended it again ({restopped} process(es) here stopped)"
+                    ),
+                    false,
+                );
+                self.dirty = true;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(job = name, slurm_job_id = id, error = %e, "cannot check the Slurm job this node holds suspended")
+            }
         }
     }
 

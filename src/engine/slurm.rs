@@ -51,6 +51,33 @@ impl Engine {
         })
     }
 
+    /// Once a full sample, for each Slurm job this node holds suspended (and keeps holds for):
+    /// its state and holds read back, its hold renewed, and the job suspended again if it runs
+    /// behind this node's back. One check per job at a time.
+    pub(super) fn check_slurm_holds(&mut self) {
+        let due: Vec<(String, Suspended)> = self
+            .jobs
+            .values()
+            .filter(|j| !self.slurm_checking.contains(&j.name))
+            .filter_map(|j| {
+                let p = j.pause.as_ref()?;
+                let s = p.suspended()?;
+                (p.phase == crate::job::PausePhase::Held && !p.dry_run && !s.ctl.holder.is_empty())
+                    .then(|| (j.name.clone(), s.clone()))
+            })
+            .collect();
+        for (name, s) in due {
+            self.slurm_checking.insert(name.clone());
+            self.emit(super::effect::Effect::Slurm(super::SlurmRequest {
+                job: name,
+                call: crate::act::driver::SlurmCall::Hold,
+                id: s.job_id,
+                ctl: s.ctl,
+                ending: None,
+            }));
+        }
+    }
+
     /// Stops a job with signals: the tree under its root, and for a Slurm job attached by id, every
     /// other task tree of it on this node (its steps' tasks are not the batch script's descendants).
     pub(super) fn stop_tasks(&self, j: &Job) -> Result<Vec<ProcRef>, signal::SignalError> {

@@ -133,6 +133,13 @@ pub struct Slurmctl {
     pub scancel: String,
     /// How long one call may run.
     pub timeout_ms: u64,
+    /// This node's name in the job's holds (`act::slurm_holds`); empty: no holds are kept, and a
+    /// resume resumes the job whoever else needs it suspended (records older than the holds).
+    #[serde(default)]
+    pub holder: String,
+    /// How long this node's hold counts without being renewed, in seconds.
+    #[serde(default)]
+    pub hold_seconds: u64,
 }
 
 /// What holds one job's pause: a closed set, chosen per job by [`Mechanism::choose`]. Signals are

@@ -8,7 +8,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use memwatch::act::driver::{HostDriver, SlurmCall};
+use memwatch::act::driver::{HostDriver, SlurmAnswer, SlurmCall};
 use memwatch::act::signal::SignalError;
 use memwatch::job::held::{CgroupOwner, Frozen, Loan, OomdMark, Slurmctl};
 use memwatch::proc::ProcRef;
@@ -307,9 +307,9 @@ impl HostDriver for FakeHost {
         std::fs::write(Self::freezer_file(cgroup), value)
     }
 
-    fn slurm(&self, _ctl: &Slurmctl, call: &SlurmCall, id: &str) -> Result<(), String> {
+    fn slurm(&self, _ctl: &Slurmctl, call: &SlurmCall, id: &str) -> Result<SlurmAnswer, String> {
         self.act(Act::Slurm(call.clone(), id.to_owned()));
-        Ok(())
+        Ok(SlurmAnswer::Done)
     }
 
     fn set_limit(&self, loan: &Loan) -> Result<(), String> {

@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use memwatch::act::driver::SlurmCall;
+use memwatch::act::driver::{SlurmAnswer, SlurmCall};
 use memwatch::engine::{Effect, Engine, Outcome};
 
 use super::host::FakeHost;
@@ -54,6 +54,8 @@ pub struct Sim {
     pub slurm_fails: bool,
     /// Slurm calls are answered only by `answer_slurm`.
     pub slurm_held: bool,
+    /// What Slurm answers a call that went through (`Done` when there is none for it).
+    pub slurm_answers: VecDeque<(SlurmCall, SlurmAnswer)>,
     held: VecDeque<Outcome>,
     /// Freezes still settling, answered by `settle`.
     pub settling: VecDeque<(String, memwatch::job::held::Frozen)>,
@@ -169,6 +171,7 @@ impl Sim {
             slurm: Vec::new(),
             slurm_fails: false,
             slurm_held: false,
+            slurm_answers: VecDeque::new(),
             held: VecDeque::new(),
             settling: VecDeque::new(),
             oom_kills: None,
@@ -297,11 +300,17 @@ impl Sim {
                                 .push(format!("Slurm job {id} suspended with no pause recorded"));
                         }
                     }
+                    let answer = match self.slurm_answers.front() {
+                        Some((c, _)) if *c == call => {
+                            self.slurm_answers.pop_front().map(|(_, a)| a)
+                        }
+                        _ => None,
+                    };
                     self.slurm.push((call, id));
                     let outcome = request.outcome(if self.slurm_fails {
                         Err("injected: slurmctld is down".to_owned())
                     } else {
-                        Ok(())
+                        Ok(answer.unwrap_or(SlurmAnswer::Done))
                     });
                     if self.slurm_held {
                         self.held.push_back(outcome);

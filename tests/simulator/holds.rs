@@ -1,0 +1,74 @@
+//! A suspension several nodes hold: while this node holds a Slurm job, each full sample checks it
+//! through Slurm (`SlurmCall::Hold`: the job's state and holds read back, this node's hold renewed),
+//! one check at a time; a job found running behind this node's back is suspended again and this
+//! node's tasks stopped again; a resume other nodes' holds keep from being made still continues
+//! this node's tasks.
+
+use memwatch::act::driver::{SlurmAnswer, SlurmCall};
+
+use super::sim::{Kind, PID, SLURM_ID, Sim};
+
+/// The Slurm calls made for the job, as (call, id).
+fn calls(s: &Sim, call: &SlurmCall) -> usize {
+    s.slurm.iter().filter(|(c, _)| c == call).count()
+}
+
+#[test]
+fn a_held_slurm_job_is_checked_once_a_sample_and_held_again_when_found_running() {
+    let mut s = Sim::new(Kind::Slurm);
+    s.sample(0.97);
+    assert_eq!(
+        s.pause().map(|p| p.phase),
+        Some(memwatch::job::PausePhase::Held)
+    );
+    // Each full sample checks the hold; one check at a time while Slurm has not answered.
+    s.slurm_held = true;
+    for _ in 0..3 {
+        s.now += 1000;
+        s.sample(0.97);
+    }
+    assert_eq!(calls(&s, &SlurmCall::Hold), 1, "{:?}", s.slurm);
+    s.answer_slurm();
+    s.slurm_held = false;
+
+    // Someone resumed the job, and SIGCONT reached this node's tasks: the check suspends the job
+    // again and this node's tasks are stopped again.
+    s.host.set_state(PID, 'S');
+    s.host.set_state(PID + 1, 'S');
+    s.slurm_answers
+        .push_back((SlurmCall::Hold, SlurmAnswer::Resuspended));
+    s.now += 1000;
+    s.sample(0.97);
+    assert_eq!(calls(&s, &SlurmCall::Hold), 2, "{:?}", s.slurm);
+    assert_eq!(s.host.state_of(PID), Some('T'), "{:?}", s.host.acts());
+    assert_eq!(s.host.state_of(PID + 1), Some('T'));
+    let again = s
+        .events()
+        .into_iter()
+        .filter(|(action, _, _)| action == "pause")
+        .count();
+    assert_eq!(
+        again,
+        2,
+        "the first pause and the hold again: {:?}",
+        s.events()
+    );
+    assert!(s.pause().is_some());
+
+    // This node has room; other nodes still hold the job: its tasks here run again all the same
+    // (Slurm's own suspension holds them where it is made with the freezer) and the pause ends.
+    s.slurm_answers
+        .push_back((SlurmCall::Resume, SlurmAnswer::KeptBy(vec!["node2".into()])));
+    for _ in 0..10 {
+        s.now += 1000;
+        s.sample(0.5);
+    }
+    assert!(s.pause().is_none(), "{:?}", s.events());
+    assert!(s.all_running(), "{:?}", s.host.acts());
+    assert_eq!(s.slurm.last(), Some(&(SlurmCall::Resume, SLURM_ID.into())));
+    // No check once the pause is over.
+    let checks = calls(&s, &SlurmCall::Hold);
+    s.now += 1000;
+    s.sample(0.5);
+    assert_eq!(calls(&s, &SlurmCall::Hold), checks);
+}

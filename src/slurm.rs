@@ -28,6 +28,12 @@ pub struct JobCgroup {
 
 /// The job cgroup of Slurm job `id` under `root` (normally "/"), if it exists on this node.
 pub fn find_job(root: &Path, id: &str) -> Option<JobCgroup> {
+    find_job_on(root, id, "")
+}
+
+/// [`find_job`] on Slurm node `node`: where this host runs several slurmd (`slurmd -N`), each has a
+/// root of its own (`slurm_NODE`), and only this node's is searched once it is there.
+pub fn find_job_on(root: &Path, id: &str, node: &str) -> Option<JobCgroup> {
     if !valid_id(id) {
         return None;
     }
@@ -38,7 +44,7 @@ pub fn find_job(root: &Path, id: &str) -> Option<JobCgroup> {
     let mut candidates: Vec<(Version, PathBuf, PathBuf)> = Vec::new();
     if v1.is_dir() {
         candidates.extend(
-            slurm_roots(&v1)
+            slurm_roots(&v1, node)
                 .into_iter()
                 .map(|d| (Version::V1, v1.clone(), d)),
         );
@@ -50,7 +56,7 @@ pub fn find_job(root: &Path, id: &str) -> Option<JobCgroup> {
             v2.join("system.slice/slurmstepd.scope"),
         ));
         candidates.extend(
-            slurm_roots(&v2)
+            slurm_roots(&v2, node)
                 .into_iter()
                 .map(|d| (Version::V2, v2.clone(), d)),
         );
@@ -86,8 +92,13 @@ pub fn find_job(root: &Path, id: &str) -> Option<JobCgroup> {
     None
 }
 
-/// `slurm` and `slurm_NODE` (several slurmd on one host) directly under a hierarchy's mount.
-fn slurm_roots(mount: &Path) -> Vec<PathBuf> {
+/// `slurm` and `slurm_NODE` (several slurmd on one host) directly under a hierarchy's mount; only
+/// `slurm_{node}` where that one is there.
+fn slurm_roots(mount: &Path, node: &str) -> Vec<PathBuf> {
+    let own = mount.join(format!("slurm_{node}"));
+    if !node.is_empty() && own.is_dir() {
+        return vec![own];
+    }
     let Ok(entries) = std::fs::read_dir(mount) else {
         return Vec::new();
     };
@@ -185,6 +196,21 @@ mod tests {
         assert_eq!(pids, vec![77]);
         assert_eq!(find_job(&v1, "4"), None, "job_4 is not job_42");
         assert_eq!(find_job(&v1, "../42"), None);
+        // Two slurmd on this host, each with a job 42 (two clusters): node2's memwatch takes its own.
+        mkdirs(
+            &v1,
+            "sys/fs/cgroup/memory/slurm_node2/uid_1001/job_42/step_0/task_0",
+            "88\n",
+        );
+        let j = find_job_on(&v1, "42", "node2").unwrap();
+        assert_eq!(j.memory.path, "/slurm_node2/uid_1001/job_42");
+        assert_eq!(j.uid, Some(1001));
+        assert_eq!(
+            find_job_on(&v1, "42", "node1").unwrap().memory.path,
+            "/slurm_node1/uid_1000/job_42"
+        );
+        // A node without a root of its own (one slurmd, `slurm`) searches them all.
+        assert!(find_job_on(&v1, "42", "other").is_some());
 
         let v2 = t.path().join("v2");
         mkdirs(&v2, "sys/fs/cgroup", "");

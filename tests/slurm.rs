@@ -172,6 +172,20 @@ fn a_slurm_job_is_attached_by_its_prolog_suspended_whole_and_resumed() {
         "the epilog never detached the job",
     );
     assert!(eventually(20.0, || cluster.state(&id).is_empty()));
+    // Every event of the job names its Slurm job, the prolog's attach before any task ran here
+    // included.
+    let events: Vec<serde_json::Value> = d
+        .events()
+        .into_iter()
+        .filter(|e| e["job"] == name.as_str())
+        .collect();
+    assert!(
+        events.iter().any(|e| e["action"] == "attach"),
+        "no attach event: {events:#?}"
+    );
+    for e in &events {
+        assert_eq!(e["slurm_job_id"], id.as_str(), "{e}");
+    }
     let _ = std::fs::remove_file(&fill);
 }
 

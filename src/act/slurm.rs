@@ -81,7 +81,7 @@ fn unix_now() -> u64 {
 
 /// This node's name in the holds: `[slurm] node_name`, else the host name up to its first dot
 /// (what slurmd uses unless started with -N or given a NodeHostname).
-fn node_name(cfg: &crate::config::Slurm) -> String {
+pub fn node_name(cfg: &crate::config::Slurm) -> String {
     if !cfg.node_name.is_empty() {
         return cfg.node_name.clone();
     }

@@ -394,6 +394,19 @@ impl Engine {
         caller: Caller,
         now_ms: u64,
     ) -> Result<String, Refusal> {
+        self.attach_as(pid, name, config, caller, now_ms, None)
+    }
+
+    /// `attach`, for Slurm job `slurm` when given: the job belongs to it from its first event on.
+    pub(super) fn attach_as(
+        &mut self,
+        pid: u32,
+        name: Option<String>,
+        config: Option<(std::path::PathBuf, String, Vec<String>)>,
+        caller: Caller,
+        now_ms: u64,
+        slurm: Option<&str>,
+    ) -> Result<String, Refusal> {
         let root = &self.process_root;
         if pid == 0 {
             return Err(Refusal::invalid("pid 0 is not a process"));
@@ -507,16 +520,17 @@ impl Engine {
             .pin(stat.proc_ref())
             .map_err(|_| Refusal::not_found(format!("no process with pid {pid}")))?;
         job.freezer = self.freezer_of(stat.proc_ref(), owner);
+        job.slurm = slurm.map(str::to_owned);
         self.jobs.insert(name.clone(), job);
         self.save();
-        self.record(
-            now_ms,
-            Action::Attach,
-            &name,
-            Reason::User,
-            format!("pid {pid} by uid {}", caller.uid),
-            false,
-        );
+        let (reason, detail) = match slurm {
+            Some(id) => (
+                Reason::Slurm,
+                format!("Slurm job {id}: its first task here, pid {pid}"),
+            ),
+            None => (Reason::User, format!("pid {pid} by uid {}", caller.uid)),
+        };
+        self.record(now_ms, Action::Attach, &name, reason, detail, false);
         Ok(name)
     }
 

@@ -417,7 +417,9 @@ impl Engine {
                 job.freezer = self.freezer_of(pj.root, pj.owner_uid);
                 if let Some(id) = &pj.slurm {
                     // Its Slurm job's cgroup again, never frozen.
-                    if let Some(c) = crate::slurm::find_job(&self.process_root, id) {
+                    if let Some(c) =
+                        crate::slurm::find_job_on(&self.process_root, id, &self.slurm_node)
+                    {
                         job.cgroup_dir = Some(c.memory);
                         job.cgroup_owner =
                             crate::job::owner::of(&self.process_root, job.cgroup_dir.as_ref());

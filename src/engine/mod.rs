@@ -186,6 +186,9 @@ pub struct Engine {
     pending_slurm: BTreeMap<String, slurm::PendingSlurm>,
     /// Jobs whose Slurm suspension is being checked (`SlurmCall::Hold` under way): one at a time.
     slurm_checking: std::collections::BTreeSet<String>,
+    /// This host's Slurm node name (`[slurm] node_name`, else the host name): whose `slurm_NODE`
+    /// cgroup root holds this node's jobs.
+    slurm_node: String,
     /// When `handle_timeout` last ran: deadlines up to then are handled.
     timeouts_handled_ms: Option<u64>,
 }
@@ -219,6 +222,7 @@ impl Engine {
             leftover_loans: Vec::new(),
             pending_slurm: BTreeMap::new(),
             slurm_checking: std::collections::BTreeSet::new(),
+            slurm_node: crate::act::slurm::node_name(&cfg.slurm),
             timeouts_handled_ms: None,
             adapting: Default::default(),
             host_watched: false,
@@ -423,6 +427,32 @@ impl Engine {
         detail: String,
         dry_run: bool,
     ) {
+        // A job that just ended is among the ended ones.
+        let slurm_job_id = match self.jobs.get(job) {
+            Some(j) => j.slurm_job_id().map(str::to_owned),
+            None => self
+                .ended
+                .iter()
+                .rev()
+                .find(|e| e.name == job)
+                .and_then(|e| e.slurm_job_id.clone()),
+        };
+        self.record_for(now_ms, action, job, slurm_job_id, reason, detail, dry_run);
+    }
+
+    /// Records an event of `job`, which belongs to Slurm job `slurm_job_id` (a Slurm job attached by
+    /// id before any process of it ran here is no attached job yet: its events name it all the same).
+    #[allow(clippy::too_many_arguments)]
+    fn record_for(
+        &mut self,
+        now_ms: u64,
+        action: Action,
+        job: &str,
+        slurm_job_id: Option<String>,
+        reason: Reason,
+        detail: String,
+        dry_run: bool,
+    ) {
         debug_assert!(
             !matches!(reason, Reason::Other(_)),
             "an event's reason is one docs/api.md lists"
@@ -452,16 +482,6 @@ impl Engine {
         } else {
             tracing::info!(action = action.as_str(), job, reason = reason.as_str(), detail = %detail, "event");
         }
-        // A job that just ended is among the ended ones.
-        let slurm_job_id = match self.jobs.get(job) {
-            Some(j) => j.slurm_job_id().map(str::to_owned),
-            None => self
-                .ended
-                .iter()
-                .rev()
-                .find(|e| e.name == job)
-                .and_then(|e| e.slurm_job_id.clone()),
-        };
         let event = Event {
             timestamp_ms: now_ms,
             action,

@@ -36,7 +36,7 @@ impl Engine {
             return None;
         }
         let id = j.slurm_job_id()?;
-        let uid = slurm::find_job(&self.process_root, id).and_then(|c| c.uid);
+        let uid = slurm::find_job_on(&self.process_root, id, &self.slurm_node).and_then(|c| c.uid);
         if uid.is_some_and(|u| u != j.owner_uid) {
             tracing::warn!(
                 job = j.name,
@@ -143,10 +143,11 @@ impl Engine {
                 since_ms: now_ms,
             },
         );
-        self.record(
+        self.record_for(
             now_ms,
             Action::Attach,
             &shown,
+            Some(id.to_owned()),
             Reason::Slurm,
             format!(
                 "Slurm job {id}: waiting for its first process on this node (at most {} s)",
@@ -166,7 +167,7 @@ impl Engine {
         caller: Caller,
         now_ms: u64,
     ) -> Result<Option<String>, Refusal> {
-        let cgroup = slurm::find_job(&self.process_root, id);
+        let cgroup = slurm::find_job_on(&self.process_root, id, &self.slurm_node);
         let tasks = match &cgroup {
             Some(c) => slurm::tasks(&self.process_root, c),
             // No cgroup plugin: Slurm's own list (only when asked, never in the waiting loop).
@@ -184,9 +185,8 @@ impl Engine {
         let Some(leader) = slurm::leader(&tasks) else {
             return Ok(None);
         };
-        let attached = self.attach(leader.pid, name, None, caller, now_ms)?;
+        let attached = self.attach_as(leader.pid, name, None, caller, now_ms, Some(id))?;
         if let Some(j) = self.jobs.get_mut(&attached) {
-            j.slurm = Some(id.to_owned());
             if let Some(c) = cgroup {
                 j.origin = crate::job::origin::of_path(&c.memory.path).or(j.origin.take());
                 j.cgroup_dir = Some(c.memory);
@@ -231,7 +231,15 @@ impl Engine {
             };
             if let Some(why) = gave_up {
                 self.pending_slurm.remove(&id);
-                self.record(now_ms, Action::Error, &shown, Reason::Slurm, why, false);
+                self.record_for(
+                    now_ms,
+                    Action::Error,
+                    &shown,
+                    Some(id.clone()),
+                    Reason::Slurm,
+                    why,
+                    false,
+                );
             }
         }
     }
@@ -251,10 +259,11 @@ impl Engine {
             }
             let shown = p.name.clone().unwrap_or_else(|| format!("slurm-{id}"));
             self.pending_slurm.remove(id);
-            self.record(
+            self.record_for(
                 now_ms,
                 Action::Detach,
                 &shown,
+                Some(id.to_owned()),
                 Reason::Slurm,
                 format!("Slurm job {id}, before any process of it ran here"),
                 false,

@@ -104,10 +104,17 @@ fn spawn_full(
                     let pids: Vec<u32> = m.processes.iter().map(|p| p.pid).collect();
                     crate::act::freeze::owned(&process_root, &pids, p.owner)
                 });
+                // A Slurm job (its members are its cgroup's): is Slurm holding it suspended here?
+                let slurm_suspended = p
+                    .members
+                    .as_ref()
+                    .and(p.cgroup.as_ref())
+                    .map(|c| crate::slurm::suspended_here(&process_root, c));
                 Measured {
                     name: p.name,
                     sample: m,
                     freezer,
+                    slurm_suspended,
                 }
             })
             .collect();

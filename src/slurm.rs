@@ -115,6 +115,33 @@ fn slurm_roots(mount: &Path, node: &str) -> Vec<PathBuf> {
     out
 }
 
+/// Whether Slurm holds the job suspended on this node, whoever asked (this node's memwatch, another
+/// node's, a person): its job or step cgroups frozen by Slurm's own freezer (v1: the `freezer`
+/// hierarchy at the memory cgroup's path, `freezer.state` FROZEN or FREEZING; v2: `cgroup.freeze` 1).
+/// Reads a few small files: the job's cgroup and its `step_*` children.
+pub fn suspended_here(root: &Path, job: &CgroupDir) -> bool {
+    let (dir, file, frozen): (PathBuf, &str, &[&str]) = match job.version {
+        Version::V1 => (
+            root.join("sys/fs/cgroup/freezer")
+                .join(job.path.trim_start_matches('/')),
+            "freezer.state",
+            &["FROZEN", "FREEZING"],
+        ),
+        Version::V2 => (job.dir.clone(), "cgroup.freeze", &["1"]),
+    };
+    let is_frozen =
+        |d: &Path| std::fs::read_to_string(d.join(file)).is_ok_and(|t| frozen.contains(&t.trim()));
+    if is_frozen(&dir) {
+        return true;
+    }
+    std::fs::read_dir(&dir).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("step_"))
+            .any(|e| is_frozen(&e.path()))
+    })
+}
+
 /// Whether a process is Slurm's own (`slurmstepd`), not one of the job's tasks.
 pub fn is_stepd(s: &Stat) -> bool {
     s.comm.starts_with("slurmstepd")
@@ -211,6 +238,18 @@ mod tests {
         );
         // A node without a root of its own (one slurmd, `slurm`) searches them all.
         assert!(find_job_on(&v1, "42", "other").is_some());
+        // Suspended by Slurm: a step's freezer is frozen.
+        let j = find_job_on(&v1, "42", "node1").unwrap();
+        assert!(
+            !suspended_here(&v1, &j.memory),
+            "no freezer hierarchy: not suspended"
+        );
+        let step = v1.join("sys/fs/cgroup/freezer/slurm_node1/uid_1000/job_42/step_0");
+        std::fs::create_dir_all(&step).unwrap();
+        std::fs::write(step.join("freezer.state"), "THAWED\n").unwrap();
+        assert!(!suspended_here(&v1, &j.memory));
+        std::fs::write(step.join("freezer.state"), "FROZEN\n").unwrap();
+        assert!(suspended_here(&v1, &j.memory));
 
         let v2 = t.path().join("v2");
         mkdirs(&v2, "sys/fs/cgroup", "");
@@ -224,6 +263,10 @@ mod tests {
         assert_eq!(j.memory.version, Version::V2);
         assert_eq!(j.memory.path, "/system.slice/slurmstepd.scope/job_7");
         assert_eq!(j.uid, None);
+        assert!(!suspended_here(&v2, &j.memory));
+        let step = v2.join("sys/fs/cgroup/system.slice/slurmstepd.scope/job_7/step_batch");
+        std::fs::write(step.join("cgroup.freeze"), "1\n").unwrap();
+        assert!(suspended_here(&v2, &j.memory));
     }
 
     #[test]

@@ -162,6 +162,30 @@ fn one_node_at_critical_suspends_the_job_on_both_nodes_and_room_resumes_it() {
         "node 2 paused on its own: {:?}",
         d2.events()
     );
+    // Node 2 knows all the same: Slurm froze its rank, so it shows the job paused (no pause of its
+    // own) and counts it in memwatch_job_paused, as the recording rules sum over the nodes.
+    d2.wait_until(
+        |d| {
+            d.jobs().iter().any(|j| {
+                j["name"] == name.as_str()
+                    && j["state"] == "paused"
+                    && j["pause"].is_null()
+                    && j["slurm_suspended_since_ms"].as_u64().is_some()
+            })
+        },
+        "node 2's memwatch does not show the job suspended through Slurm",
+    );
+    let job_label = format!("job_name=\"{name}\"");
+    assert!(
+        eventually(5.0, || d2
+            .metrics()
+            .lines()
+            .any(|l| l.starts_with("memwatch_job_paused{")
+                && l.contains(&job_label)
+                && l.ends_with(" 1"))),
+        "node 2's metrics do not count the job paused:\n{}",
+        d2.metrics()
+    );
     assert_eq!((nodes.oom_kills(0, &id), nodes.oom_kills(1, &id)), (0, 0));
 
     // Room is made: node 1's memwatch resumes the job through Slurm, on both nodes.
@@ -179,10 +203,12 @@ fn one_node_at_critical_suspends_the_job_on_both_nodes_and_room_resumes_it() {
             .all(|p| gone(*p) || !stopped(*p))),
         "a rank is still stopped"
     );
-    d1.wait_until(
-        |d| d.job_state(&name).as_deref() == Some("running"),
-        "node 1's memwatch does not show the job running",
-    );
+    for (i, d) in [(1, &d1), (2, &d2)] {
+        d.wait_until(
+            |d| d.job_state(&name).as_deref() == Some("running"),
+            &format!("node {i}'s memwatch does not show the job running"),
+        );
+    }
     assert_eq!((nodes.oom_kills(0, &id), nodes.oom_kills(1, &id)), (0, 0));
     let resumed = began.elapsed();
 

@@ -47,6 +47,7 @@ fn job(processes: Vec<ProcessSample>) -> JobView {
         attached_at_ms: 0,
         state: "running".into(),
         pause: None,
+        slurm_suspended_since_ms: None,
         sample: Some(JobSample {
             timestamp_ms: 0,
             rss_bytes: processes.iter().map(|p| p.rss_bytes).sum(),

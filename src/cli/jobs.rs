@@ -54,7 +54,14 @@ pub fn render(jobs: &[JobView], now_ms: u64) -> String {
                     crate::human::duration(now_ms.saturating_sub(p.since_ms) as f64 / 1000.0)
                 )
             }
-            None => "running".into(),
+            None => match j.slurm_suspended_since_ms {
+                // Another node's memwatch (or a person) suspended the Slurm job.
+                Some(since) => format!(
+                    "suspended {}",
+                    crate::human::duration(now_ms.saturating_sub(since) as f64 / 1000.0)
+                ),
+                None => "running".into(),
+            },
         };
         let s = j.sample.as_ref();
         let cg = s.and_then(|s| s.cgroup.as_ref()).map(|c| {

@@ -547,12 +547,13 @@ impl Engine {
             start_time: j.root.start_time,
             owner_uid: j.owner_uid,
             attached_at_ms: j.attached_at_ms,
-            state: if j.pause.is_some() {
+            state: if j.pause.is_some() || j.slurm_suspended_since_ms.is_some() {
                 "paused".into()
             } else {
                 "running".into()
             },
             pause: j.pause.clone(),
+            slurm_suspended_since_ms: j.slurm_suspended_since_ms,
             sample: j.last.clone().map(|mut s| {
                 s.cgroup = j.cgroup().cloned();
                 s

@@ -15,6 +15,8 @@ pub struct Measured {
     pub sample: Option<JobSample>,
     /// The cgroup the job owns, which a pause would freeze.
     pub freezer: Option<crate::act::freeze::Frozen>,
+    /// For a Slurm job attached by id: whether Slurm holds it suspended on this node.
+    pub slurm_suspended: Option<bool>,
 }
 use crate::policy::{
     self, GpuObservation, JobObservation, Observation, Projection, Reading, Resource, Temperature,
@@ -46,8 +48,16 @@ impl Engine {
             name,
             sample: measured,
             freezer,
+            slurm_suspended,
         } in jobs
         {
+            if let (Some(j), Some(suspended)) = (self.jobs.get_mut(&name), slurm_suspended) {
+                j.slurm_suspended_since_ms = match (suspended, j.slurm_suspended_since_ms) {
+                    (false, _) => None,
+                    (true, Some(since)) => Some(since),
+                    (true, None) => Some(now_ms),
+                };
+            }
             // A root that died is gone even if its pid already names a new process.
             let measured =
                 measured.filter(|_| self.jobs.get(&name).is_none_or(super::ending::root_alive));

@@ -83,8 +83,8 @@ fn series(w: &mut Writer, v: &View) {
         ),
         (
             "memwatch_job_paused",
-            "1 while memwatch holds the job paused.",
-            |j| Some(if j.pause.is_some() { 1.0 } else { 0.0 }),
+            "1 while the job is paused: memwatch holds it, or Slurm holds it suspended on this node (a Slurm job another node's memwatch suspended counts on every node).",
+            |j| Some(if j.state == "paused" { 1.0 } else { 0.0 }),
         ),
         (
             "memwatch_job_processes",

@@ -192,6 +192,9 @@ pub struct Job {
     /// Attached by Slurm job id (`memwatch attach --slurm-job`): its processes are every task in the
     /// job's cgroup on this node, and `cgroup_dir` is the job's cgroup.
     pub slurm: Option<String>,
+    /// Since when Slurm holds the job suspended on this node, as the last full sample found its
+    /// cgroups frozen by Slurm (`slurm::suspended_here`), whoever asked.
+    pub slurm_suspended_since_ms: Option<u64>,
     /// Its cgroup's OOM kills (`oom_kill` of memory.events or memory.oom_control): as first read
     /// after the attach, and as last read.
     pub oom_kills: Option<(u64, u64)>,
@@ -241,6 +244,7 @@ impl Job {
             origin: None,
             cgroup_owner: held::CgroupOwner::Cgroupfs,
             slurm: None,
+            slurm_suspended_since_ms: None,
             oom_kills: None,
         }
     }
@@ -359,10 +363,14 @@ pub struct JobView {
     pub owner_uid: u32,
     /// When it was attached (ms since the epoch).
     pub attached_at_ms: u64,
-    /// "running" or "paused".
+    /// "running" or "paused" (memwatch holds it, or Slurm holds it suspended on this node).
     pub state: String,
     /// The pause memwatch holds on it.
     pub pause: Option<Pause>,
+    /// A Slurm job that Slurm holds suspended on this node (its cgroups frozen by Slurm): since when,
+    /// whoever asked (this node's memwatch, another node's, a person). `state` is then "paused".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm_suspended_since_ms: Option<u64>,
     /// The newest measurement.
     pub sample: Option<JobSample>,
     /// Every known limit, and the tightest.

@@ -72,3 +72,33 @@ fn a_held_slurm_job_is_checked_once_a_sample_and_held_again_when_found_running()
     s.sample(0.5);
     assert_eq!(calls(&s, &SlurmCall::Hold), checks);
 }
+
+/// A job another node suspended through Slurm (its cgroups frozen by Slurm here, no pause of this
+/// node's): shown paused on this node, with since when, and counted by `memwatch_job_paused`; running
+/// again once Slurm resumes it. This node makes no pause of its own and no Slurm call.
+#[test]
+fn a_job_another_node_suspended_shows_paused_here() {
+    let mut s = Sim::new(Kind::Slurm);
+    s.slurm_suspended = Some(false);
+    s.sample(0.5);
+    let view = |s: &Sim| s.engine.view().jobs.into_iter().next().expect("the job");
+    assert_eq!(view(&s).state, "running");
+    s.slurm_suspended = Some(true);
+    s.now += 1000;
+    let since = s.now;
+    s.sample(0.5);
+    for _ in 0..2 {
+        let v = view(&s);
+        assert_eq!(v.state, "paused");
+        assert_eq!(v.slurm_suspended_since_ms, Some(since));
+        assert!(v.pause.is_none(), "not this node's pause: {:?}", v.pause);
+        s.now += 1000;
+        s.sample(0.5);
+    }
+    assert!(s.slurm.is_empty(), "{:?}", s.slurm);
+    s.slurm_suspended = Some(false);
+    s.sample(0.5);
+    let v = view(&s);
+    assert_eq!(v.state, "running");
+    assert_eq!(v.slurm_suspended_since_ms, None);
+}

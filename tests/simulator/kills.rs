@@ -86,6 +86,7 @@ fn a_job_the_oom_killer_ended_is_reported_as_oom_killed() {
             name: "sim".into(),
             sample: None,
             freezer: None,
+            slurm_suspended: None,
         };
         s.engine.handle_sample(
             std::sync::Arc::new(memwatch::sample::Sample::default()),

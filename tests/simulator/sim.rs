@@ -56,6 +56,8 @@ pub struct Sim {
     pub slurm_held: bool,
     /// What Slurm answers a call that went through (`Done` when there is none for it).
     pub slurm_answers: VecDeque<(SlurmCall, SlurmAnswer)>,
+    /// Whether Slurm holds the job suspended on this node, as the full samples find it.
+    pub slurm_suspended: Option<bool>,
     held: VecDeque<Outcome>,
     /// Freezes still settling, answered by `settle`.
     pub settling: VecDeque<(String, memwatch::job::held::Frozen)>,
@@ -172,6 +174,7 @@ impl Sim {
             slurm_fails: false,
             slurm_held: false,
             slurm_answers: VecDeque::new(),
+            slurm_suspended: None,
             held: VecDeque::new(),
             settling: VecDeque::new(),
             oom_kills: None,
@@ -252,6 +255,7 @@ impl Sim {
             name: "sim".into(),
             sample: (!self.gone).then_some(job),
             freezer,
+            slurm_suspended: self.slurm_suspended,
         };
         self.engine
             .handle_sample(Arc::new(sample), vec![measured], self.now, self.now);

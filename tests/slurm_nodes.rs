@@ -11,36 +11,11 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use common::slurm::{RemovedOnDrop, gone, stopped};
-use common::slurm_nodes::Nodes;
-use common::{Daemon, Opts, bin, eventually, memhog, proc_state};
+use common::slurm_nodes::{Nodes, cluster, host_memory, wait_adopted};
+use common::{eventually, memhog, proc_state};
 
 /// One cluster at a time: two jobs filling memory on two cores would race each other's pauses.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-/// The cluster and a daemon on each node (`configs[i]`: more of node `i`'s config; `roots[i]`: its
-/// `[host] root`, "/" when `None`). Returns with both nodes idle.
-fn cluster(configs: [&str; 2], roots: [Option<&Path>; 2]) -> (Nodes, Daemon, Daemon) {
-    let start = Instant::now();
-    let mut nodes = Nodes::prepare();
-    let daemon = |i: usize| {
-        let config = format!("{}{}", nodes.memwatch_config(), configs[i]);
-        nodes.daemon(
-            i,
-            Opts {
-                root: roots[i].map_or_else(|| "/".into(), Path::to_owned),
-                gpu_state: None,
-                interval_ms: 100,
-                extra_config: &config,
-                ..Opts::default()
-            },
-        )
-    };
-    let (d1, d2) = (daemon(0), daemon(1));
-    let memwatch = bin();
-    nodes.start([&d1, &d2], &[("MEMWATCH", memwatch.to_str().unwrap())]);
-    eprintln!("two-node cluster up in {:?}", start.elapsed());
-    (nodes, d1, d2)
-}
 
 /// The job's step 0 rank on node `i`, with its processes, once it runs.
 fn rank(nodes: &Nodes, i: usize, id: &str) -> Vec<u32> {
@@ -52,23 +27,6 @@ fn rank(nodes: &Nodes, i: usize, id: &str) -> Vec<u32> {
         nodes.logs()
     );
     nodes.step_tasks(i, id, "0")
-}
-
-/// Waits until daemon `d` follows Slurm job `id` with at least one process (its prolog attached
-/// it, and memwatch adopted it once a task ran).
-fn wait_adopted(d: &Daemon, id: &str, node: &str) {
-    let name = format!("slurm-{id}");
-    common::wait::until(
-        &format!("{node}'s memwatch follows {name} with its processes"),
-        || d.jobs(),
-        |jobs| {
-            jobs.iter().any(|j| {
-                j["name"] == name.as_str()
-                    && j["origin"]["id"] == id
-                    && j["sample"]["process_count"].as_u64().unwrap_or(0) >= 1
-            })
-        },
-    );
 }
 
 /// A rank script for `srun -N2 --ntasks-per-node=1`: node 0's rank fills `fill` (a tmpfs file,
@@ -342,25 +300,6 @@ fn the_way_out_requeues_a_two_node_job_and_both_nodes_follow_its_next_run() {
         );
     }
     eprintln!("requeued and attached again after {:?}", began.elapsed());
-}
-
-/// Node 2's host memory, as its memwatch reads it (`[host] root`): a copy of the fixture tree whose
-/// meminfo the test writes, `used` of 32 GiB in use.
-fn host_memory(root: &Path, used: f64) {
-    let total: u64 = 32 << 20;
-    let available = (total as f64 * (1.0 - used)) as u64;
-    let text = std::fs::read_to_string(common::fixture_root().join("proc/meminfo")).unwrap();
-    let text: String = text
-        .lines()
-        .map(|l| match l.split(':').next() {
-            Some("MemTotal") => format!("MemTotal:       {total} kB\n"),
-            Some("MemAvailable") => format!("MemAvailable:   {available} kB\n"),
-            _ => format!("{l}\n"),
-        })
-        .collect();
-    let tmp = root.join("proc/meminfo.tmp");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, root.join("proc/meminfo")).unwrap();
 }
 
 /// Two nodes needing the same pause: node 1's rank crosses its line and node 1 suspends the job;

@@ -13,6 +13,7 @@ use std::process::{Child, Command, Stdio};
 use super::netns::{Machine, Net};
 use super::slurm::{free_port, munged_and_slurmctld, script};
 use super::{Daemon, Opts, eventually};
+use std::time::Instant;
 
 /// The cgroup controllers Slurm's v1 plugins make `slurm_NODE` in.
 const CONTROLLERS: [&str; 4] = ["memory", "freezer", "cpuset", "devices"];
@@ -410,4 +411,65 @@ impl Drop for Nodes {
                 .status();
         }
     }
+}
+
+/// The cluster and a daemon on each node (`configs[i]`: more of node `i`'s config; `roots[i]`: its
+/// `[host] root`, "/" when `None`). Returns with both nodes idle.
+pub fn cluster(configs: [&str; 2], roots: [Option<&Path>; 2]) -> (Nodes, Daemon, Daemon) {
+    let start = Instant::now();
+    let mut nodes = Nodes::prepare();
+    let daemon = |i: usize| {
+        let config = format!("{}{}", nodes.memwatch_config(), configs[i]);
+        nodes.daemon(
+            i,
+            Opts {
+                root: roots[i].map_or_else(|| "/".into(), Path::to_owned),
+                gpu_state: None,
+                interval_ms: 100,
+                extra_config: &config,
+                ..Opts::default()
+            },
+        )
+    };
+    let (d1, d2) = (daemon(0), daemon(1));
+    let memwatch = super::bin();
+    nodes.start([&d1, &d2], &[("MEMWATCH", memwatch.to_str().unwrap())]);
+    eprintln!("two-node cluster up in {:?}", start.elapsed());
+    (nodes, d1, d2)
+}
+
+/// Waits until daemon `d` follows Slurm job `id` with at least one process (its prolog attached
+/// it, and memwatch adopted it once a task ran).
+pub fn wait_adopted(d: &Daemon, id: &str, node: &str) {
+    let name = format!("slurm-{id}");
+    super::wait::until(
+        &format!("{node}'s memwatch follows {name} with its processes"),
+        || d.jobs(),
+        |jobs| {
+            jobs.iter().any(|j| {
+                j["name"] == name.as_str()
+                    && j["origin"]["id"] == id
+                    && j["sample"]["process_count"].as_u64().unwrap_or(0) >= 1
+            })
+        },
+    );
+}
+
+/// Node 2's host memory, as its memwatch reads it (`[host] root`): a copy of the fixture tree whose
+/// meminfo the test writes, `used` of 32 GiB in use.
+pub fn host_memory(root: &Path, used: f64) {
+    let total: u64 = 32 << 20;
+    let available = (total as f64 * (1.0 - used)) as u64;
+    let text = std::fs::read_to_string(super::fixture_root().join("proc/meminfo")).unwrap();
+    let text: String = text
+        .lines()
+        .map(|l| match l.split(':').next() {
+            Some("MemTotal") => format!("MemTotal:       {total} kB\n"),
+            Some("MemAvailable") => format!("MemAvailable:   {available} kB\n"),
+            _ => format!("{l}\n"),
+        })
+        .collect();
+    let tmp = root.join("proc/meminfo.tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, root.join("proc/meminfo")).unwrap();
 }

@@ -1,0 +1,113 @@
+//! Benchmark (ignored; `cargo test --test slurm_nodes_bench -- --ignored --nocapture`, runs from
+//! `MEMWATCH_BENCH_RUNS`, 20 by default): two nodes needing the same pause, on the real two-node
+//! cluster of tests/common/slurm_nodes.rs, one cluster for every run. Per run: node 1's rank fills
+//! its job cgroup past critical and node 1 suspends the job; node 2's host memory goes critical and
+//! node 2 holds the job too; node 2 recovers first; for 30 of node 1's samples the job's state is
+//! read every 20 ms; node 1 gets room, and the job runs on and ends by itself (both ranks exit).
+//! Reports per run whether the job ever ran while node 1 still held it, the OOM kills in both
+//! nodes' job cgroups, whether the job completed, and how long from node 1's room to the job running
+//! again.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::eventually;
+use common::slurm::RemovedOnDrop;
+use common::slurm_nodes::{cluster, host_memory, wait_adopted};
+
+#[test]
+#[ignore = "benchmark: run with --ignored"]
+fn both_nodes_need_the_pause_benchmark() {
+    let runs: usize = std::env::var("MEMWATCH_BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let host = tempfile::tempdir().unwrap();
+    common::copy_tree(&common::fixture_root(), host.path());
+    host_memory(host.path(), 0.5);
+    let policy = "[policy]\nmax_pause_seconds = 120\n[policy.host_memory]\nleave_hold_ms = 0\n";
+    let (nodes, d1, d2) = cluster([policy, policy], [None, Some(host.path())]);
+    let (mut ran_while_held, mut oom_kills, mut completed) = (0, 0, 0);
+    let mut resumed_ms: Vec<f64> = Vec::new();
+    for run in 0..runs {
+        let tag = format!("{}-{run}", std::process::id());
+        let fill = Path::new("/dev/shm").join(format!("memwatch-bench-fill-{tag}"));
+        let done = Path::new("/dev/shm").join(format!("memwatch-bench-done-{tag}"));
+        let _gone = (RemovedOnDrop(fill.clone()), RemovedOnDrop(done.clone()));
+        // Node 1's rank fills 1 MiB every 40 ms toward the job's 300 MiB and exits once the file is
+        // gone; node 2's rank waits for the end.
+        let script = format!(
+            "#!/bin/bash\nsrun -N2 --ntasks-per-node=1 bash -c 'if [ \"$SLURMD_NODENAME\" = {n1} ]; then\n\
+               for i in $(seq 1 299); do\n\
+                 if [ $i -gt 1 ] && [ ! -e {fill} ]; then break; fi\n\
+                 dd if=/dev/zero bs=1M count=1 status=none >> {fill}; sleep 0.04\n\
+               done; touch {done}\n\
+             else while [ ! -e {done} ]; do sleep 0.1; done; fi'\n",
+            n1 = nodes.names[0],
+            fill = fill.display(),
+            done = done.display(),
+        );
+        let id = nodes.sbatch(
+            &["--ntasks-per-node=1", "--mem=300M", "-J", "bench"],
+            &script,
+        );
+        let name = format!("slurm-{id}");
+        let job = name.as_str();
+        wait_adopted(&d2, &id, &nodes.names[1]);
+        assert!(
+            eventually(60.0, || nodes.state(&id) == "S"),
+            "run {run}: node 1 never suspended the job"
+        );
+        let is = |action: &'static str| {
+            move |e: &serde_json::Value| e["action"] == action && e["job"] == job
+        };
+        host_memory(host.path(), 0.97);
+        d2.wait_event("node 2's pause", is("pause"));
+        host_memory(host.path(), 0.5);
+        d2.wait_event("node 2's resume", is("resume"));
+        let until = d1.samples() + 30;
+        let mut ran = false;
+        while d1.samples() < until {
+            ran |= nodes.state(&id) == "R";
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        ran_while_held += usize::from(ran);
+        let room = Instant::now();
+        std::fs::remove_file(&fill).unwrap();
+        if eventually(30.0, || nodes.state(&id) != "S") {
+            resumed_ms.push(room.elapsed().as_secs_f64() * 1000.0);
+        }
+        let ended = eventually(60.0, || nodes.state(&id).is_empty());
+        oom_kills += nodes.oom_kills(0, &id) + nodes.oom_kills(1, &id);
+        let state = nodes
+            .run("scontrol", &["show", "job", "-o", &id])
+            .unwrap_or_default();
+        if ended && state.contains("JobState=COMPLETED") {
+            completed += 1;
+        } else {
+            eprintln!("run {run}: the job did not complete: {}", state.trim());
+            let _ = nodes.run("scancel", &[&id]);
+        }
+        eprintln!(
+            "run {run}: job {id}, ran while node 1 held it: {ran}, resumed {:?} ms after node 1's room",
+            resumed_ms.last()
+        );
+    }
+    resumed_ms.sort_by(f64::total_cmp);
+    let p = |q: f64| {
+        resumed_ms
+            .get(((resumed_ms.len() as f64 - 1.0) * q).round() as usize)
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    eprintln!(
+        "BENCH both-nodes: {runs} runs; the job ran while node 1 held it in {ran_while_held}; \
+         OOM kills {oom_kills}; completed {completed}; node 1's room → running p50 {:.0} / p90 {:.0} / max {:.0} ms",
+        p(0.5),
+        p(0.9),
+        p(1.0)
+    );
+    assert_eq!((ran_while_held, oom_kills, completed), (0, 0, runs));
+}

@@ -27,7 +27,7 @@ impl Engine {
                     }
                     None => None,
                 };
-                match self.attach(pid, name, config, caller, now_ms) {
+                match self.attach_as(pid, name, config, caller, now_ms, None) {
                     Ok(name) => {
                         if let (Some(j), Some(mut l)) = (self.jobs.get_mut(&name), launch) {
                             l.previous.truncate(16);
@@ -386,18 +386,8 @@ impl Engine {
         r
     }
 
-    pub(super) fn attach(
-        &mut self,
-        pid: u32,
-        name: Option<String>,
-        config: Option<(std::path::PathBuf, String, Vec<String>)>,
-        caller: Caller,
-        now_ms: u64,
-    ) -> Result<String, Refusal> {
-        self.attach_as(pid, name, config, caller, now_ms, None)
-    }
-
-    /// `attach`, for Slurm job `slurm` when given: the job belongs to it from its first event on.
+    /// Attaches the tree under `pid`; for Slurm job `slurm` when given (an adoption), to which the job
+    /// belongs from its first event on.
     pub(super) fn attach_as(
         &mut self,
         pid: u32,

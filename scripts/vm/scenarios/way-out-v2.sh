@@ -29,7 +29,7 @@ swap_max_mib = 256
 lend = true
 lend_max_mib = 256
 [adapt]
-verify_seconds = 10
+verify_seconds = 30
 EOF
   systemctl restart memwatch
   wait_until 60 curl -sf 127.0.0.1:9300/-/ready

@@ -8,7 +8,7 @@ mod common;
 use std::sync::Mutex;
 
 use common::prometheus::{Prometheus, dashboard_queries};
-use common::slurm::{Cluster, RemovedOnDrop, cluster_and_daemon, gone, stopped};
+use common::slurm::{Cluster, RemovedOnDrop, cluster_and_daemon, gone, make_room, stopped};
 use common::{Daemon, Opts, bin, eventually, memhog, proc_state};
 
 /// Every process of the job's step 0 tasks on this node.
@@ -143,7 +143,7 @@ fn a_slurm_job_is_attached_by_its_prolog_suspended_whole_and_resumed() {
     assert!(oom.contains("oom_kill 0"), "the OOM killer fired: {oom}");
 
     // Room is made (the file is deleted): memwatch resumes the job through Slurm.
-    std::fs::remove_file(&fill).unwrap();
+    make_room(&fill);
     assert!(
         eventually(30.0, || cluster.state(&id) == "R"),
         "the job was never resumed (state {:?}); events: {:#?}",

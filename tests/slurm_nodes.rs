@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use common::slurm::{RemovedOnDrop, gone, stopped};
+use common::slurm::{RemovedOnDrop, gone, make_room, stopped};
 use common::slurm_nodes::{Nodes, cluster, host_memory, wait_adopted};
 use common::{eventually, memhog, proc_state};
 
@@ -147,7 +147,7 @@ fn one_node_at_critical_suspends_the_job_on_both_nodes_and_room_resumes_it() {
     assert_eq!((nodes.oom_kills(0, &id), nodes.oom_kills(1, &id)), (0, 0));
 
     // Room is made: node 1's memwatch resumes the job through Slurm, on both nodes.
-    std::fs::remove_file(&fill).unwrap();
+    make_room(&fill);
     assert!(
         eventually(30.0, || nodes.state(&id) == "R"),
         "the job was never resumed (state {:?}); node 1's events: {:?}",
@@ -314,10 +314,13 @@ fn a_suspension_two_nodes_need_is_held_until_both_have_room() {
     let host = tempfile::tempdir().unwrap();
     common::copy_tree(&common::fixture_root(), host.path());
     host_memory(host.path(), 0.5);
+    // The way out off on both nodes: node 1's pause is held until the test makes room (its
+    // checkpoint step would requeue the job once the pause has waited `decide_seconds`).
     let (nodes, d1, d2) = cluster(
         [
-            "[policy]\nmax_pause_seconds = 120\n",
-            "[policy]\nmax_pause_seconds = 120\n[policy.host_memory]\nleave_hold_ms = 0\n",
+            "[policy]\nmax_pause_seconds = 120\n[way_out]\nsteps = []\n",
+            "[policy]\nmax_pause_seconds = 120\n[policy.host_memory]\nleave_hold_ms = 0\n\
+             [way_out]\nsteps = []\n",
         ],
         [None, Some(host.path())],
     );
@@ -428,7 +431,7 @@ fn a_suspension_two_nodes_need_is_held_until_both_have_room() {
     }
 
     // Node 1 gets room: the job runs again, whole, and no hold is left.
-    std::fs::remove_file(&fill).unwrap();
+    make_room(&fill);
     assert!(
         eventually(30.0, || nodes.state(&id) == "R"),
         "the job was never resumed (state {:?})",

@@ -6,7 +6,7 @@ mod common;
 
 use std::sync::Mutex;
 
-use common::slurm::{cluster_and_daemon, cluster_and_daemon_with};
+use common::slurm::{cluster_and_daemon, cluster_and_daemon_with, make_room};
 use common::{eventually, memhog};
 
 /// One cluster at a time: two jobs filling memory on two cores would race each other's pauses.
@@ -76,7 +76,7 @@ fn a_suspend_slurm_answers_late_is_known_and_resumed_through_slurm() {
     );
 
     // Room is made: the job is resumed through Slurm, not left suspended.
-    std::fs::remove_file(&fill).unwrap();
+    make_room(&fill);
     assert!(
         eventually(30.0, || cluster.state(&id) == "R"),
         "the job stayed suspended (state {:?}); memwatch says {:?}; events: {:?}",

@@ -94,6 +94,16 @@ pub fn gone(pid: u32) -> bool {
     super::proc_state(pid).is_none_or(|s| s == 'Z')
 }
 
+/// Makes room in a job's cgroup by emptying the tmpfs file its rank fills, then removes it: a
+/// truncate frees the pages even while a writer the pause stopped mid-write still holds the file
+/// open (an unlink alone would leave them charged until that writer closes it).
+pub fn make_room(fill: &Path) {
+    if let Ok(f) = std::fs::OpenOptions::new().write(true).open(fill) {
+        let _ = f.set_len(0);
+    }
+    let _ = std::fs::remove_file(fill);
+}
+
 /// A file removed when the test ends, however it ends (a tmpfs file holds memory).
 pub struct RemovedOnDrop(pub PathBuf);
 

@@ -97,14 +97,15 @@ pub fn node_name(cfg: &crate::config::Slurm) -> String {
 const HOLD_TRIES: usize = 3;
 
 impl Slurmctl {
-    /// The commands, timeout and this node's hold from `[slurm]`.
-    pub fn new(cfg: &crate::config::Slurm) -> Self {
+    /// The commands, timeout and holds from `[slurm]`; `node` is this node's name ([`node_name`],
+    /// which the engine reads once), its name in the holds when they are kept.
+    pub fn new(cfg: &crate::config::Slurm, node: &str) -> Self {
         Slurmctl {
             scontrol: cfg.scontrol.clone(),
             scancel: cfg.scancel.clone(),
             timeout_ms: cfg.command_timeout_ms,
             holder: if cfg.holds {
-                node_name(cfg)
+                node.to_owned()
             } else {
                 String::new()
             },

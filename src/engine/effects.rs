@@ -58,7 +58,10 @@ impl Engine {
                             job: job.clone(),
                             call: SlurmCall::Signal(name.trim_start_matches("SIG").to_owned()),
                             id,
-                            ctl: crate::act::slurm::Slurmctl::new(&self.cfg.slurm),
+                            ctl: crate::act::slurm::Slurmctl::new(
+                                &self.cfg.slurm,
+                                &self.slurm_node,
+                            ),
                             ending: None,
                         })),
                         None => {
@@ -180,7 +183,7 @@ impl Engine {
                     job: job.to_owned(),
                     call,
                     id,
-                    ctl: crate::act::slurm::Slurmctl::new(&self.cfg.slurm),
+                    ctl: crate::act::slurm::Slurmctl::new(&self.cfg.slurm, &self.slurm_node),
                     ending: Some(super::effect::Ending {
                         reason: reason.to_owned(),
                         cause: cause.clone(),

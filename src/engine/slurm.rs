@@ -47,7 +47,7 @@ impl Engine {
         }
         Some(Suspended {
             job_id: id.to_owned(),
-            ctl: Slurmctl::new(&self.cfg.slurm),
+            ctl: Slurmctl::new(&self.cfg.slurm, &self.slurm_node),
         })
     }
 
@@ -172,7 +172,7 @@ impl Engine {
             Some(c) => slurm::tasks(&self.process_root, c),
             // No cgroup plugin: Slurm's own list (only when asked, never in the waiting loop).
             None if !self.pending_slurm.contains_key(id) => {
-                match Slurmctl::new(&self.cfg.slurm).listpids(id) {
+                match Slurmctl::new(&self.cfg.slurm, &self.slurm_node).listpids(id) {
                     Ok(pids) => slurm::tasks_of(&self.process_root, &pids),
                     Err(e) => {
                         tracing::debug!(slurm_job_id = id, error = %e, "scontrol listpids");

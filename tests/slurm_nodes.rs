@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use common::slurm::{RemovedOnDrop, gone, make_room, stopped};
-use common::slurm_nodes::{Nodes, cluster, host_memory, wait_adopted};
+use common::slurm_nodes::{Nodes, cluster, fast_ranks, host_memory, touched_mib, wait_adopted};
 use common::{eventually, memhog, proc_state};
 
 /// One cluster at a time: two jobs filling memory on two cores would race each other's pauses.
@@ -440,4 +440,87 @@ fn a_suspension_two_nodes_need_is_held_until_both_have_room() {
     assert_eq!(holders(), Vec::<String>::new());
     assert_eq!((nodes.oom_kills(0, &id), nodes.oom_kills(1, &id)), (0, 0));
     nodes.run("scancel", &[&id]).unwrap();
+}
+
+/// Stop here first, across two nodes: node 1's rank grows at 1 GiB/s, then (a second job) at
+/// 256 MiB/s, toward 400 MiB in a 300 MiB job. Node 1's memwatch stops its own rank at once and
+/// then suspends the job through Slurm (which alone would be too slow: the runs were
+/// OOM-killed inside the pause). No OOM kill anywhere in the job's cgroups on either node; once
+/// node 1's rank has room (its job's limit raised) the job runs again whole and completes.
+#[test]
+fn a_rank_growing_fast_on_one_node_is_stopped_there_first_and_the_job_completes() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let policy = "[policy]\nmax_pause_seconds = 120\n[way_out]\nsteps = []\n";
+    let (nodes, d1, d2) = cluster([policy, policy], [None, None]);
+    for rate in [1024, 256] {
+        let tag = format!("{}-{rate}", std::process::id());
+        let stamps = nodes.dir.path().join(format!("stamps-{rate}"));
+        let done = Path::new("/dev/shm").join(format!("memwatch-nodes-fast-{tag}"));
+        let _gone = RemovedOnDrop(done.clone());
+        let id = nodes.sbatch(
+            &["--ntasks-per-node=1", "--mem=300M", "-J", "fast"],
+            &fast_ranks(&nodes, rate, &stamps, &done),
+        );
+        let name = format!("slurm-{id}");
+        wait_adopted(&d2, &id, &nodes.names[1]);
+        assert!(
+            eventually(60.0, || nodes.state(&id) == "S"),
+            "{rate} MiB/s: squeue never showed the job suspended (state {:?}); node 1's events: {:?}\n{}",
+            nodes.state(&id),
+            d1.events(),
+            nodes.logs()
+        );
+        d1.wait_until(
+            |d| {
+                d.jobs().iter().any(|j| {
+                    j["name"] == name.as_str()
+                        && j["pause"]["mechanism"]["kind"] == "slurm_suspend"
+                        && j["pause"]["phase"] == "held"
+                        && !j["pause"]["stopped"].as_array().is_none_or(Vec::is_empty)
+                })
+            },
+            &format!(
+                "{rate} MiB/s: node 1 did not stop its rank first and hold the job through Slurm"
+            ),
+        );
+        let touched = touched_mib(&stamps);
+        assert_eq!(
+            (nodes.oom_kills(0, &id), nodes.oom_kills(1, &id)),
+            (0, 0),
+            "{rate} MiB/s: the OOM killer fired (the rank had touched {touched} MiB); node 1's events: {:?}",
+            d1.events()
+        );
+        assert!(
+            (1..400).contains(&touched),
+            "{rate} MiB/s: the rank touched {touched} MiB"
+        );
+
+        // Room: the job's limit raised on node 1; the job runs again whole and ends by itself.
+        assert!(nodes.raise_limit(0, &id, 1 << 30) >= 2, "no limit raised");
+        assert!(
+            eventually(30.0, || nodes.state(&id) != "S"),
+            "{rate} MiB/s: the job was never resumed; node 1's events: {:?}",
+            d1.events()
+        );
+        assert!(
+            eventually(60.0, || nodes.state(&id).is_empty()),
+            "{rate} MiB/s: the job did not end (state {:?})",
+            nodes.state(&id)
+        );
+        let state = nodes
+            .run("scontrol", &["show", "job", "-o", &id])
+            .unwrap_or_default();
+        assert!(
+            state.contains("JobState=COMPLETED") && touched_mib(&stamps) == 400,
+            "{rate} MiB/s: the job did not complete (touched {} MiB): {state}",
+            touched_mib(&stamps)
+        );
+        assert_eq!((nodes.oom_kills(0, &id), nodes.oom_kills(1, &id)), (0, 0));
+        assert!(
+            !d1.events().iter().any(|e| e["action"] == "oom_kill"),
+            "{:?}",
+            d1.events()
+        );
+        eprintln!("{rate} MiB/s: node 1 stopped its rank at {touched} MiB; the job completed");
+    }
 }

@@ -1,6 +1,14 @@
-//! Benchmark (ignored; `cargo test --test slurm_nodes_bench -- --ignored --nocapture`, runs from
-//! `MEMWATCH_BENCH_RUNS`, 20 by default): two nodes needing the same pause, on the real two-node
-//! cluster of tests/common/slurm_nodes.rs, one cluster for every run. Per run: node 1's rank fills
+//! Benchmarks (ignored; `cargo test --test slurm_nodes_bench -- --ignored --nocapture`, runs from
+//! `MEMWATCH_BENCH_RUNS`, 20 by default), on the real two-node cluster of
+//! tests/common/slurm_nodes.rs, one cluster for every run of each.
+//!
+//! Fast growth on one node: node 1's rank touches 400 MiB at 1 GiB/s, then at 256 MiB/s, in a
+//! 300 MiB job ([`fast_ranks`]). Reports per rate the MiB the rank had touched when it was stopped
+//! (from its stamps; the critical line, 95 %, is 285 MiB), the OOM kills in both nodes' job cgroups,
+//! how long from room (the job's limit raised on node 1) to the job running again, and how many
+//! runs completed.
+//!
+//! Two nodes needing the same pause. Per run: node 1's rank fills
 //! its job cgroup past critical and node 1 suspends the job; node 2's host memory goes critical and
 //! node 2 holds the job too; node 2 recovers first; for 30 of node 1's samples the job's state is
 //! read every 20 ms; node 1 gets room, and the job runs on and ends by itself (both ranks exit).
@@ -15,15 +23,102 @@ use std::time::{Duration, Instant};
 
 use common::eventually;
 use common::slurm::{RemovedOnDrop, make_room};
-use common::slurm_nodes::{cluster, host_memory, wait_adopted};
+use common::slurm_nodes::{cluster, fast_ranks, host_memory, touched_mib, wait_adopted};
+
+fn runs() -> usize {
+    std::env::var("MEMWATCH_BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20)
+}
+
+/// The `q` quantile of sorted `v` (NaN when empty).
+fn quantile(v: &[f64], q: f64) -> f64 {
+    v.get(((v.len() as f64 - 1.0) * q).round() as usize)
+        .copied()
+        .unwrap_or(f64::NAN)
+}
+
+#[test]
+#[ignore = "benchmark: run with --ignored"]
+fn a_rank_growing_fast_benchmark() {
+    let runs = runs();
+    let policy = "[policy]\nmax_pause_seconds = 120\n[way_out]\nsteps = []\n";
+    let (nodes, d1, d2) = cluster([policy, policy], [None, None]);
+    let mut lines = Vec::new();
+    for rate in [1024u32, 256] {
+        let (mut oom_kills, mut completed, mut suspended) = (0, 0, 0);
+        let (mut touched, mut resumed_ms): (Vec<f64>, Vec<f64>) = (Vec::new(), Vec::new());
+        for run in 0..runs {
+            let tag = format!("{}-{rate}-{run}", std::process::id());
+            let stamps = nodes.dir.path().join(format!("stamps-{tag}"));
+            let done = Path::new("/dev/shm").join(format!("memwatch-bench-fast-{tag}"));
+            let _gone = RemovedOnDrop(done.clone());
+            let id = nodes.sbatch(
+                &["--ntasks-per-node=1", "--mem=300M", "-J", "fastbench"],
+                &fast_ranks(&nodes, rate, &stamps, &done),
+            );
+            let name = format!("slurm-{id}");
+            wait_adopted(&d2, &id, &nodes.names[1]);
+            let held = eventually(60.0, || nodes.state(&id) == "S")
+                && eventually(10.0, || {
+                    d1.jobs().iter().any(|j| {
+                        j["name"] == name.as_str()
+                            && j["pause"]["mechanism"]["kind"] == "slurm_suspend"
+                            && j["pause"]["phase"] == "held"
+                    })
+                });
+            suspended += usize::from(held);
+            let at_stop = touched_mib(&stamps);
+            touched.push(at_stop as f64);
+            let room = Instant::now();
+            nodes.raise_limit(0, &id, 1 << 30);
+            let resumed = eventually(30.0, || nodes.state(&id) != "S")
+                .then(|| room.elapsed().as_secs_f64() * 1000.0);
+            resumed_ms.extend(resumed);
+            let ended = eventually(60.0, || nodes.state(&id).is_empty());
+            oom_kills += nodes.oom_kills(0, &id) + nodes.oom_kills(1, &id);
+            let state = nodes
+                .run("scontrol", &["show", "job", "-o", &id])
+                .unwrap_or_default();
+            if ended && state.contains("JobState=COMPLETED") {
+                completed += 1;
+            } else {
+                eprintln!(
+                    "{rate} MiB/s run {run}: the job did not complete: {}",
+                    state.trim()
+                );
+                let _ = nodes.run("scancel", &[&id]);
+            }
+            eprintln!(
+                "{rate} MiB/s run {run}: job {id}, held {held}, stopped at {at_stop} MiB, resumed {resumed:?} ms after room"
+            );
+        }
+        touched.sort_by(f64::total_cmp);
+        resumed_ms.sort_by(f64::total_cmp);
+        let line = format!(
+            "BENCH fast-growth {rate} MiB/s: {runs} runs; suspended and held {suspended}; OOM kills {oom_kills}; \
+             completed {completed}; MiB touched at the stop p50 {:.0} / min {:.0} / max {:.0} (critical line 285, \
+             limit 300); room → running p50 {:.0} / p90 {:.0} / max {:.0} ms",
+            quantile(&touched, 0.5),
+            quantile(&touched, 0.0),
+            quantile(&touched, 1.0),
+            quantile(&resumed_ms, 0.5),
+            quantile(&resumed_ms, 0.9),
+            quantile(&resumed_ms, 1.0),
+        );
+        eprintln!("{line}");
+        lines.push((line, (suspended, oom_kills, completed)));
+    }
+    for (line, figures) in lines {
+        assert_eq!(figures, (runs, 0, runs), "{line}");
+    }
+}
 
 #[test]
 #[ignore = "benchmark: run with --ignored"]
 fn both_nodes_need_the_pause_benchmark() {
-    let runs: usize = std::env::var("MEMWATCH_BENCH_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(20);
+    let runs = runs();
     let host = tempfile::tempdir().unwrap();
     common::copy_tree(&common::fixture_root(), host.path());
     host_memory(host.path(), 0.5);
@@ -98,12 +193,7 @@ fn both_nodes_need_the_pause_benchmark() {
         );
     }
     resumed_ms.sort_by(f64::total_cmp);
-    let p = |q: f64| {
-        resumed_ms
-            .get(((resumed_ms.len() as f64 - 1.0) * q).round() as usize)
-            .copied()
-            .unwrap_or(f64::NAN)
-    };
+    let p = |q: f64| quantile(&resumed_ms, q);
     eprintln!(
         "BENCH both-nodes: {runs} runs; the job ran while node 1 held it in {ran_while_held}; \
          OOM kills {oom_kills}; completed {completed}; node 1's room → running p50 {:.0} / p90 {:.0} / max {:.0} ms",

@@ -359,7 +359,8 @@ pub const DOCS: &[(&str, &str)] = &[
     (
         "slurm.adopt_within_seconds",
         "How long a job attached by id waits for its first process on this node (a prolog runs before\n\
-         the tasks start) before memwatch forgets it.",
+         the tasks start) before memwatch forgets it; also how long it waits for the job's next step\n\
+         here once its processes on this node all ended (until the epilog detaches it).",
     ),
     (
         "slurm.holds",

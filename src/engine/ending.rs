@@ -170,6 +170,12 @@ impl Engine {
             .map(|w| w.account())
             .filter(|a| !a.is_empty());
         let stopped_by_memwatch = j.terminating_since_ms.is_some();
+        // A Slurm job attached by id is followed until its epilog, not until its first task ends.
+        let follow = j
+            .slurm
+            .clone()
+            .filter(|_| !stopped_by_memwatch)
+            .map(|id| (id, j.owner_uid));
         self.way_out_ended(name);
         let Some(j) = self.jobs.get(name) else {
             return;
@@ -202,6 +208,9 @@ impl Engine {
             Reason::Gone
         };
         self.record(now_ms, Action::Detach, name, reason, how, false);
+        if let Some((id, uid)) = follow {
+            self.follow_next_step(&id, name, uid, now_ms);
+        }
     }
 }
 

@@ -16,6 +16,9 @@ pub(super) struct PendingSlurm {
     name: Option<String>,
     caller: Caller,
     since_ms: u64,
+    /// Its processes on this node ended and memwatch follows it into its next step here (a job
+    /// without `PrologFlags=Contain` has none between its steps on a node without its batch script).
+    next_step: bool,
 }
 
 /// Every task of a Slurm job attached by id on this node, oldest first; the leader's tree alone for
@@ -121,10 +124,15 @@ impl Engine {
                 j.name
             )));
         }
-        if self.pending_slurm.contains_key(id) {
-            return Err(Refusal::conflict(format!(
-                "Slurm job {id} is already attached and waits for its first process on this node"
-            )));
+        if let Some(p) = self.pending_slurm.get(id) {
+            // The prolog of a job that ran here before (a requeued job's next run): it attaches the
+            // job again, as it would had its epilog run first.
+            if !p.next_step || !(caller.is_root() || caller.uid == p.caller.uid) {
+                return Err(Refusal::conflict(format!(
+                    "Slurm job {id} is already attached and waits for its first process on this node"
+                )));
+            }
+            self.pending_slurm.remove(id);
         }
         if let Some(attached) = self.adopt_slurm(id, name.clone(), caller, now_ms)? {
             return Ok(attached);
@@ -141,6 +149,7 @@ impl Engine {
                 name,
                 caller,
                 since_ms: now_ms,
+                next_step: false,
             },
         );
         self.record_for(
@@ -205,6 +214,38 @@ impl Engine {
         Ok(Some(attached))
     }
 
+    /// A Slurm job attached by id whose processes on this node all ended (its root did, and no
+    /// task of it is left here) is followed into its next step on this node: memwatch waits for it
+    /// as for a first process, until the job's epilog detaches it or `slurm.adopt_within_seconds`
+    /// pass with no step here. A step already running is adopted on this same sample.
+    pub(super) fn follow_next_step(&mut self, id: &str, name: &str, owner_uid: u32, now_ms: u64) {
+        self.pending_slurm.insert(
+            id.to_owned(),
+            PendingSlurm {
+                name: Some(name.to_owned()),
+                caller: Caller {
+                    uid: owner_uid,
+                    pid: None,
+                },
+                since_ms: now_ms,
+                next_step: true,
+            },
+        );
+        self.record_for(
+            now_ms,
+            Action::Attach,
+            name,
+            Some(id.to_owned()),
+            Reason::Slurm,
+            format!(
+                "Slurm job {id}: its processes on this node ended; following it into its next step here \
+                 (until its epilog, at most {} s without one)",
+                self.cfg.slurm.adopt_within_seconds
+            ),
+            false,
+        );
+    }
+
     /// Adopts the Slurm jobs waiting for their first process, and forgets those that waited too long.
     pub(super) fn adopt_pending_slurm(&mut self, now_ms: u64) {
         let waiting: Vec<(String, PendingSlurm)> = self
@@ -217,23 +258,32 @@ impl Engine {
             let outcome = self.adopt_slurm(&id, p.name.clone(), p.caller, now_ms);
             let expired = now_ms.saturating_sub(p.since_ms)
                 > self.cfg.slurm.adopt_within_seconds.saturating_mul(1000);
+            let within = self.cfg.slurm.adopt_within_seconds;
             let gave_up = match outcome {
                 Ok(Some(_)) => {
                     self.pending_slurm.remove(&id);
                     None
                 }
                 Ok(None) if !expired => None,
-                Ok(None) => Some(format!(
-                    "Slurm job {id} started no process on this node within {} s; no longer waiting for it",
-                    self.cfg.slurm.adopt_within_seconds
+                Ok(None) if p.next_step => Some((
+                    Action::Detach,
+                    format!(
+                        "Slurm job {id} ran no further step on this node within {within} s; no longer following it"
+                    ),
                 )),
-                Err(e) => Some(format!("cannot attach Slurm job {id}: {e}")),
+                Ok(None) => Some((
+                    Action::Error,
+                    format!(
+                        "Slurm job {id} started no process on this node within {within} s; no longer waiting for it"
+                    ),
+                )),
+                Err(e) => Some((Action::Error, format!("cannot attach Slurm job {id}: {e}"))),
             };
-            if let Some(why) = gave_up {
+            if let Some((action, why)) = gave_up {
                 self.pending_slurm.remove(&id);
                 self.record_for(
                     now_ms,
-                    Action::Error,
+                    action,
                     &shown,
                     Some(id.clone()),
                     Reason::Slurm,
@@ -258,6 +308,11 @@ impl Engine {
                 )));
             }
             let shown = p.name.clone().unwrap_or_else(|| format!("slurm-{id}"));
+            let how = if p.next_step {
+                format!("Slurm job {id} ended (its epilog ran)")
+            } else {
+                format!("Slurm job {id}, before any process of it ran here")
+            };
             self.pending_slurm.remove(id);
             self.record_for(
                 now_ms,
@@ -265,7 +320,7 @@ impl Engine {
                 &shown,
                 Some(id.to_owned()),
                 Reason::Slurm,
-                format!("Slurm job {id}, before any process of it ran here"),
+                how,
                 false,
             );
             return Ok(shown);

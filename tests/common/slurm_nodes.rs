@@ -2,7 +2,7 @@
 //! (slurmctld on the bridge's address), and two `slurmd -N NODE` with generated names, each in a
 //! machine of its own (`netns.rs`: network, UTS and mount namespaces; its address on a bridge, its
 //! hostname, its /etc/hosts; the other node's `slurm_NODE` memory and freezer cgroups hidden, as on a
-//! second machine). Debian's slurm-wlm 22.05, cgroup v1 plugins, `PrologFlags=Contain`. One memwatch
+//! second machine). Debian's slurm-wlm 22.05, cgroup v1 plugins, `PrologFlags=Contain` (or not: [`cluster_with`]). One memwatch
 //! runs in each node ([`Nodes::daemon`]: in its namespaces, listening on its address), and the
 //! repository's prolog and epilog on each node talk to that node's memwatch. Everything is killed
 //! and removed on drop, a panicking test included.
@@ -44,7 +44,7 @@ fn first_job_id() -> u32 {
 impl Nodes {
     /// Makes the two machines and writes the configuration; no Slurm daemon runs yet. Panics when
     /// this cannot be done (it needs root, `ip` and `unshare`).
-    pub fn prepare() -> Nodes {
+    pub fn prepare(contain: bool) -> Nodes {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path().to_owned();
         for sub in ["state", "spool", "log"] {
@@ -91,7 +91,7 @@ impl Nodes {
                  StateSaveLocation={d}/state\nSlurmdSpoolDir={d}/spool/%n\n\
                  SlurmctldPidFile={d}/slurmctld.pid\nSlurmdPidFile={d}/slurmd-%n.pid\n\
                  SlurmctldLogFile={d}/log/slurmctld.log\nSlurmdLogFile={d}/log/slurmd-%n.log\n\
-                 ProctrackType=proctrack/cgroup\nTaskPlugin=task/cgroup\nPrologFlags=Contain\n\
+                 ProctrackType=proctrack/cgroup\nTaskPlugin=task/cgroup\n{contain}\
                  SelectType=select/cons_tres\nSelectTypeParameters=CR_Core_Memory\n\
                  SchedulerType=sched/builtin\nSchedulerParameters=sched_interval=1\nReturnToService=2\nMpiDefault=none\n\
                  JobCompType=jobcomp/none\nAccountingStorageType=accounting_storage/none\n\
@@ -102,6 +102,7 @@ impl Nodes {
                  PartitionName=debug Nodes={n1},{n2} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4\n",
                 gateway = nodes.net.gateway,
                 first_job = first_job_id(),
+                contain = if contain { "PrologFlags=Contain\n" } else { "" },
                 ctld_port = free_port(),
                 slurmd_port = free_port(),
                 d = d.display(),
@@ -269,6 +270,23 @@ impl Nodes {
         ))
     }
 
+    /// Room for node `i`'s rank: the memory limit of the job's cgroup and of every cgroup below it
+    /// (its steps' and tasks') raised to `bytes`, parents first, as an admin giving a job more
+    /// memory would. Returns how many limits it wrote.
+    pub fn raise_limit(&self, i: usize, id: &str, bytes: u64) -> usize {
+        let mut written = 0;
+        let mut queue = std::collections::VecDeque::from([self.job_cgroup(i, id)]);
+        while let Some(dir) = queue.pop_front() {
+            if std::fs::write(dir.join("memory.limit_in_bytes"), bytes.to_string()).is_ok() {
+                written += 1;
+            }
+            if let Ok(entries) = std::fs::read_dir(&dir) {
+                queue.extend(entries.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
+            }
+        }
+        written
+    }
+
     /// Every process of step `step`'s tasks on node `i`.
     pub fn step_tasks(&self, i: usize, id: &str, step: &str) -> Vec<u32> {
         let dir = self.job_cgroup(i, id).join(format!("step_{step}"));
@@ -416,8 +434,17 @@ impl Drop for Nodes {
 /// The cluster and a daemon on each node (`configs[i]`: more of node `i`'s config; `roots[i]`: its
 /// `[host] root`, "/" when `None`). Returns with both nodes idle.
 pub fn cluster(configs: [&str; 2], roots: [Option<&Path>; 2]) -> (Nodes, Daemon, Daemon) {
+    cluster_with(true, configs, roots)
+}
+
+/// [`cluster`], with `PrologFlags=Contain` or without it (`contain`).
+pub fn cluster_with(
+    contain: bool,
+    configs: [&str; 2],
+    roots: [Option<&Path>; 2],
+) -> (Nodes, Daemon, Daemon) {
     let start = Instant::now();
-    let mut nodes = Nodes::prepare();
+    let mut nodes = Nodes::prepare(contain);
     let daemon = |i: usize| {
         let config = format!("{}{}", nodes.memwatch_config(), configs[i]);
         nodes.daemon(
@@ -472,4 +499,30 @@ pub fn host_memory(root: &Path, used: f64) {
     let tmp = root.join("proc/meminfo.tmp");
     std::fs::write(&tmp, text).unwrap();
     std::fs::rename(&tmp, root.join("proc/meminfo")).unwrap();
+}
+
+/// A batch script of one rank per node for a rank that grows fast: node 1's rank touches 400 MiB
+/// at `rate` MiB/s (past the job's 300 MiB: without a stop in time, the OOM killer ends it), holds
+/// it 1 s and exits, leaving `done`; node 2's rank waits for `done`. memhog's progress goes to
+/// `stamps` (one line per MiB: CLOCK_BOOTTIME µs and the MiB touched so far).
+pub fn fast_ranks(nodes: &Nodes, rate: u32, stamps: &Path, done: &Path) -> String {
+    format!(
+        "#!/bin/bash\nsrun -N2 --ntasks-per-node=1 bash -c 'if [ \"$SLURMD_NODENAME\" = {n1} ]; then\n\
+           {hog} --rate-mib {rate} --chunk-mib 1 --total-mib 400 --hold-ms 1000 --stamps {stamps}; touch {done}\n\
+         else while [ ! -e {done} ]; do sleep 0.1; done; fi'\n",
+        n1 = nodes.names[0],
+        hog = super::memhog().display(),
+        stamps = stamps.display(),
+        done = done.display(),
+    )
+}
+
+/// The MiB memhog had touched by its last line in `stamps` (0 before its first).
+pub fn touched_mib(stamps: &Path) -> u64 {
+    std::fs::read_to_string(stamps)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .next_back()
+        .unwrap_or(0)
 }

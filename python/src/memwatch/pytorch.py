@@ -15,6 +15,11 @@ changes::
             if loader.sync:                 # the last micro-batch of its window
                 opt.step(); opt.zero_grad()
 
+With torch.distributed's default group up and `world_size` > 1, every rank takes the same
+micro-batch and accumulation at the same boundary, whichever rank's memwatch asked (`_ranks`): at
+each epoch's start, and at each accumulation window for an urgent change (one small all-reduce a
+window).
+
 torch is imported when a loader is made, not with the package.
 """
 
@@ -27,7 +32,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
 
-from . import _proc
+from . import _proc, _ranks
 from .client import ACCUMULATION, MICRO_BATCH, PIN_MEMORY, WORKERS, Client, Directives
 
 log = logging.getLogger("memwatch")
@@ -247,19 +252,68 @@ class AdaptiveLoader:
     # --- memwatch ------------------------------------------------------------------------------
 
     def _at_epoch_start(self) -> None:
-        if self.client is None:
-            return
-        d = self.client.directives(force=True)
-        if d is not None and d.pending:
-            self._apply(d)
+        d = self.client.directives(force=True) if self.client is not None else None
+        mine = d if d is not None and d.pending else None
+        dist = _ranks.distributed(self.world_size)
+        if dist is not None:
+            self._agree(dist, mine)
+        elif mine is not None:
+            self._apply(mine)
 
     def _urgent_change(self) -> bool:
-        if self.client is None:
+        d = self.client.directives() if self.client is not None else None
+        mine = d if d is not None and d.pending and d.urgent else None
+        dist = _ranks.distributed(self.world_size)
+        if dist is not None:
+            # One small all-reduce an accumulation window, so that every rank breaks at the same one.
+            return _ranks.any_rank(dist, mine is not None) and self._agree(dist, mine)
+        return mine is not None and self._apply(mine)
+
+    def _agree(self, dist: Any, mine: Optional[Directives]) -> bool:
+        """With the other ranks: every rank takes the smallest micro-batch any rank's memwatch asks
+        for, and the accumulation that keeps the effective batch; workers and pin_memory from its own
+        memwatch. Acknowledges its own directives (or says why not). True when the DataLoader must
+        be rebuilt. Every rank calls it at the same boundary."""
+        new = mine.new_values() if mine is not None else {}
+        proposal = None
+        if mine is not None:
+            micro_asked = int(new.get(MICRO_BATCH, self.micro_batch))
+            proposal = _ranks.Proposal(dist.get_rank(), micro_asked, mine.urgent)
+        proposals = _ranks.gather(dist, proposal)
+        if not proposals:
             return False
-        d = self.client.directives()
-        if d is None or not d.pending or not d.urgent:
+        micro = _ranks.agreed_micro_batch(proposals, self.micro_batch)
+        per_step = micro * self.world_size
+        why = (
+            f"micro-batch {micro} × world size {self.world_size} does not divide the effective batch "
+            f"{self.effective_batch}"
+            if micro < 1 or self.effective_batch % per_step
+            else self._check(micro, self.effective_batch // per_step)
+        )
+        if why is not None:
+            log.error("memwatch: %s; no rank applies the change", why)
+            if mine is not None and self.client is not None:
+                self.client.cannot_apply(mine.generation, why)
             return False
-        return self._apply(d)
+        before = (self.micro_batch, self.num_workers, self.pin_memory)
+        self.micro_batch, self.accumulation = micro, self.effective_batch // per_step
+        self.num_workers = int(new.get(WORKERS, self.num_workers))
+        self.pin_memory = bool(new.get(PIN_MEMORY, self.pin_memory))
+        log.info(
+            "memwatch: rank %d at epoch %d, with every rank (asked by rank(s) %s): micro-batch %d, "
+            "accumulation %d, workers %d, pin_memory %s",
+            dist.get_rank(),
+            self.epoch,
+            ", ".join(str(p.rank) for p in proposals),
+            self.micro_batch,
+            self.accumulation,
+            self.num_workers,
+            self.pin_memory,
+        )
+        if mine is not None and self.client is not None:
+            self.client.ack(mine.generation, self.epoch)
+        self._last_report = float("-inf")
+        return before != (self.micro_batch, self.num_workers, self.pin_memory)
 
     def _apply(self, d: Directives) -> bool:
         """Takes the directives' values; acknowledges them (or says why not). True when the

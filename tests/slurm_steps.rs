@@ -17,7 +17,7 @@ fn without_contain_the_job_is_followed_into_its_next_step_until_its_epilog() {
     let fill = Path::new("/dev/shm").join(format!("memwatch-steps-{}", std::process::id()));
     let _gone = RemovedOnDrop(fill.clone());
     let policy = "[policy]\nmax_pause_seconds = 120\n[way_out]\nsteps = []\n";
-    let (nodes, d1, d2) = cluster_with(false, [policy, policy], [None, None]);
+    let (nodes, d1, d2) = cluster_with(false, None, [policy, policy], [None, None]);
     // Step 0: a short task on each node. Step 1: the rank on the node without the batch script
     // fills `fill` (tmpfs, charged to its job cgroup) 1 MiB every 40 ms toward the job's 300 MiB
     // and stops filling once the file is gone; the batch node's rank sleeps.

@@ -16,19 +16,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::python::ready_python;
 use common::{Daemon, Opts, eventually};
-
-/// The Python with torch that the test command set up, if any (`MEMWATCH_SKIP_TRAINER` builds none).
-fn torch_python() -> Option<PathBuf> {
-    let out = Command::new("python3")
-        .args(["-c", "import sys, torch; print(sys.executable)"])
-        .stderr(Stdio::null())
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
-}
 
 /// The trainer's config: fits 850 MiB with 2 workers of 160 MiB each, not with 4.
 fn write_config(dir: &Path, epochs: u32) -> PathBuf {
@@ -137,25 +126,6 @@ fn bench_line(
             "stopped_left": stopped_left(marker), "seconds": seconds, "swap_peak_mib": peak,
         })
     );
-}
-
-/// The Python with torch, its libraries loaded once outside the test cgroup; `None` (the test is
-/// skipped, and says so) where the test command set up none.
-fn ready_python() -> Option<PathBuf> {
-    let Some(python) = torch_python() else {
-        eprintln!("skipped: no python3 with torch (MEMWATCH_SKIP_TRAINER)");
-        return None;
-    };
-    warm(&python);
-    Some(python)
-}
-
-/// Loads torch's libraries once outside the test cgroup, so that their page cache is not charged to it.
-fn warm(python: &Path) {
-    let _ = Command::new(python)
-        .args(["-c", "import torch.utils.data"])
-        .stderr(Stdio::null())
-        .status();
 }
 
 fn protocol_trainer(

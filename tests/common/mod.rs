@@ -4,6 +4,7 @@
 pub mod cgroup;
 pub mod netns;
 pub mod prometheus;
+pub mod python;
 pub mod slurm;
 pub mod slurm_nodes;
 pub mod tmux;

@@ -434,12 +434,14 @@ impl Drop for Nodes {
 /// The cluster and a daemon on each node (`configs[i]`: more of node `i`'s config; `roots[i]`: its
 /// `[host] root`, "/" when `None`). Returns with both nodes idle.
 pub fn cluster(configs: [&str; 2], roots: [Option<&Path>; 2]) -> (Nodes, Daemon, Daemon) {
-    cluster_with(true, configs, roots)
+    cluster_with(true, None, configs, roots)
 }
 
-/// [`cluster`], with `PrologFlags=Contain` or without it (`contain`).
+/// [`cluster`], with `PrologFlags=Contain` or without it (`contain`), and with each node's memwatch
+/// reading a fake NVML of its own that starts from `gpu_state` (none when `None`).
 pub fn cluster_with(
     contain: bool,
+    gpu_state: Option<&str>,
     configs: [&str; 2],
     roots: [Option<&Path>; 2],
 ) -> (Nodes, Daemon, Daemon) {
@@ -451,7 +453,7 @@ pub fn cluster_with(
             i,
             Opts {
                 root: roots[i].map_or_else(|| "/".into(), Path::to_owned),
-                gpu_state: None,
+                gpu_state,
                 interval_ms: 100,
                 extra_config: &config,
                 ..Opts::default()

@@ -129,9 +129,10 @@ fn one_node_at_critical_suspends_the_job_on_both_nodes_and_room_resumes_it() {
                     && j["state"] == "paused"
                     && j["pause"].is_null()
                     && j["slurm_suspended_since_ms"].as_u64().is_some()
+                    && j["slurm_holders"] == serde_json::json!([nodes.names[0]])
             })
         },
-        "node 2's memwatch does not show the job suspended through Slurm",
+        "node 2's memwatch does not show the job suspended through Slurm, held by node 1",
     );
     let job_label = format!("job_name=\"{name}\"");
     assert!(
@@ -370,8 +371,25 @@ fn a_suspension_two_nodes_need_is_held_until_both_have_room() {
         "node 2's hold is not in the job's AdminComment: {:?}",
         holders()
     );
+    // Node 1's memwatch shows both holds (it reads them back with each check of its own).
+    let held_by = |d: &common::Daemon| {
+        d.jobs()
+            .into_iter()
+            .find(|j| j["name"] == job)
+            .map(|j| j["slurm_holders"].clone())
+    };
+    let both = serde_json::json!([nodes.names[0], nodes.names[1]]);
+    d1.wait_until(
+        |d| held_by(d).as_ref() == Some(&both),
+        "node 1's memwatch does not show both nodes holding the job",
+    );
     host_memory(host.path(), 0.5);
     d2.wait_event("node 2's resume", is("resume"));
+    // Node 2 shows the job still suspended, held by node 1.
+    d2.wait_until(
+        |d| held_by(d) == Some(serde_json::json!([nodes.names[0]])),
+        "node 2's memwatch does not show node 1 holding the job",
+    );
     // Node 2 released its hold, and node 1's kept the job suspended: node 2 resumed nothing.
     assert!(
         eventually(10.0, || holders() == [nodes.names[0].clone()]),

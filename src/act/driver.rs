@@ -33,6 +33,9 @@ pub enum SlurmCall {
     /// While this node holds the job: its state and holds read back (`scontrol show job`), this
     /// node's hold renewed, and the job suspended again if it was resumed behind this node's back.
     Hold,
+    /// While Slurm holds the job suspended and this node does not: which nodes hold it (`scontrol
+    /// show job`, read only).
+    Holders,
 }
 
 /// What Slurm did with a call that went through.
@@ -45,6 +48,9 @@ pub enum SlurmAnswer {
     KeptBy(Vec<String>),
     /// A `Hold` found the job running and suspended it again.
     Resuspended,
+    /// The nodes whose holds keep the job suspended now (a `Hold` that found it suspended, after
+    /// renewing this node's; `Holders`).
+    Holders(Vec<String>),
 }
 
 impl std::fmt::Display for SlurmCall {
@@ -55,7 +61,7 @@ impl std::fmt::Display for SlurmCall {
             SlurmCall::Requeue => f.write_str("scontrol requeue"),
             SlurmCall::Cancel => f.write_str("scancel"),
             SlurmCall::Signal(s) => write!(f, "scancel --signal={s}"),
-            SlurmCall::Hold => f.write_str("scontrol show job"),
+            SlurmCall::Hold | SlurmCall::Holders => f.write_str("scontrol show job"),
         }
     }
 }
@@ -165,6 +171,7 @@ impl HostDriver for Host {
             SlurmCall::Cancel => done(ctl.cancel(id)),
             SlurmCall::Signal(s) => done(ctl.signal(id, s)),
             SlurmCall::Hold => ctl.hold(id),
+            SlurmCall::Holders => ctl.holders(id),
         }
     }
 

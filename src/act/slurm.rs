@@ -221,15 +221,26 @@ impl Slurmctl {
                 let fresh = holds
                     .of(&self.holder, now)
                     .is_some_and(|h| h.until >= now + self.hold_seconds / 2);
-                if !self.holder.is_empty() && !fresh {
-                    self.take_hold(id);
+                let mut holders = holds.others(&self.holder, now);
+                if !self.holder.is_empty() {
+                    if !fresh {
+                        self.take_hold(id);
+                    }
+                    holders.insert(0, self.holder.clone());
                 }
-                Ok(SlurmAnswer::Done)
+                Ok(SlurmAnswer::Holders(holders))
             }
             Some("RUNNING") => self.suspend(id).map(|()| SlurmAnswer::Resuspended),
             Some(state) => Err(format!("the job is {state}")),
             None => Err("`scontrol show job` gave no JobState".into()),
         }
+    }
+
+    /// The nodes whose holds on job `id` count now (read only: `SlurmCall::Holders`).
+    pub fn holders(&self, id: &str) -> Result<SlurmAnswer, String> {
+        let line = self.show(id)?;
+        let holds = Holds::parse(slurm_holds::admin_comment(&line));
+        Ok(SlurmAnswer::Holders(holds.others("", unix_now())))
     }
 
     /// Runs `args`; when it fails or does not finish in time (slurmctld busy: the request may have
@@ -413,7 +424,14 @@ mod tests {
             SlurmAnswer::KeptBy(vec!["node1".into()])
         );
         assert_eq!(read(dir.path(), "state"), "SUSPENDED");
-        assert_eq!(n1.hold("7").unwrap(), SlurmAnswer::Done);
+        assert_eq!(
+            n1.hold("7").unwrap(),
+            SlurmAnswer::Holders(vec!["node1".into()])
+        );
+        assert_eq!(
+            n2.holders("7").unwrap(),
+            SlurmAnswer::Holders(vec!["node1".into()])
+        );
 
         // Someone resumes the job behind node1's back: node1's check suspends it again.
         std::fs::write(dir.path().join("state"), "RUNNING\n").unwrap();

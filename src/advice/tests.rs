@@ -48,6 +48,7 @@ fn job(processes: Vec<ProcessSample>) -> JobView {
         state: "running".into(),
         pause: None,
         slurm_suspended_since_ms: None,
+        slurm_holders: Vec::new(),
         sample: Some(JobSample {
             timestamp_ms: 0,
             rss_bytes: processes.iter().map(|p| p.rss_bytes).sum(),

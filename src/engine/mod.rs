@@ -476,6 +476,11 @@ impl Engine {
             },
             pause: j.pause.clone(),
             slurm_suspended_since_ms: j.slurm_suspended_since_ms,
+            slurm_holders: j
+                .slurm_holders
+                .as_ref()
+                .map(|(_, nodes)| nodes.clone())
+                .unwrap_or_default(),
             sample: j.last.clone().map(|mut s| {
                 s.cgroup = j.cgroup().cloned();
                 s

@@ -57,6 +57,9 @@ impl Engine {
                     (true, Some(since)) => Some(since),
                     (true, None) => Some(now_ms),
                 };
+                if !suspended {
+                    j.slurm_holders = None;
+                }
             }
             // A root that died is gone even if its pid already names a new process.
             let measured =
@@ -109,7 +112,7 @@ impl Engine {
         }
         self.verify(now_ms);
         self.renew_oomd_marks();
-        self.check_slurm_holds();
+        self.check_slurm_holds(now_ms);
         self.adopt_pending_slurm(now_ms);
         self.finish_terminations(now_ms);
         self.previous = self.latest.replace(sample);

@@ -332,7 +332,18 @@ impl Engine {
     ) {
         match (call, result) {
             (SlurmCall::Hold, result) => self.slurm_hold_checked(name, id, result, now_ms),
+            (SlurmCall::Holders, result) => {
+                self.slurm_checking.remove(name);
+                match result {
+                    Ok(SlurmAnswer::Holders(nodes)) => self.note_slurm_holders(name, nodes, now_ms),
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::debug!(job = name, slurm_job_id = id, error = %e, "cannot read which nodes hold the Slurm job")
+                    }
+                }
+            }
             (SlurmCall::Resume, Ok(SlurmAnswer::KeptBy(nodes))) => {
+                self.note_slurm_holders(name, nodes.clone(), now_ms);
                 tracing::info!(job = name, slurm_job_id = id, holders = ?nodes, "released this node's hold; the Slurm job stays suspended while other nodes hold it");
             }
             (SlurmCall::Suspend, result) => {
@@ -417,6 +428,7 @@ impl Engine {
             return;
         }
         match result {
+            Ok(SlurmAnswer::Holders(nodes)) => self.note_slurm_holders(name, nodes, now_ms),
             Ok(SlurmAnswer::Resuspended) => {
                 let restopped = match self.jobs.get(name).map(|j| self.stop_tasks(j)) {
                     Some(Ok(stopped)) => {

@@ -10,6 +10,10 @@ use crate::job::Job;
 use crate::proc::ProcRef;
 use crate::slurm;
 
+/// How often a node that does not hold a Slurm job Slurm holds suspended here reads which nodes do
+/// (one `scontrol show job` each time, on every such node).
+pub(super) const HOLDERS_EVERY_MS: u64 = 10_000;
+
 /// A Slurm job attached by id before any of its processes ran on this node.
 #[derive(Debug, Clone)]
 pub(super) struct PendingSlurm {
@@ -56,28 +60,53 @@ impl Engine {
 
     /// Once a full sample, for each Slurm job this node holds suspended (and keeps holds for):
     /// its state and holds read back, its hold renewed, and the job suspended again if it runs
-    /// behind this node's back. One check per job at a time.
-    pub(super) fn check_slurm_holds(&mut self) {
-        let due: Vec<(String, Suspended)> = self
+    /// behind this node's back. For each job Slurm holds suspended here that this node does not
+    /// hold: which nodes do, read every [`HOLDERS_EVERY_MS`]. One call per job at a time.
+    pub(super) fn check_slurm_holds(&mut self, now_ms: u64) {
+        use crate::act::driver::SlurmCall;
+        let due: Vec<(String, SlurmCall, Suspended)> = self
             .jobs
             .values()
             .filter(|j| !self.slurm_checking.contains(&j.name))
             .filter_map(|j| {
-                let p = j.pause.as_ref()?;
-                let s = p.suspended()?;
-                (p.phase == crate::job::PausePhase::Held && !p.dry_run && !s.ctl.holder.is_empty())
-                    .then(|| (j.name.clone(), s.clone()))
+                if let Some(p) = j.pause.as_ref().filter(|p| p.suspended().is_some()) {
+                    let s = p.suspended()?;
+                    return (p.phase == crate::job::PausePhase::Held
+                        && !p.dry_run
+                        && !s.ctl.holder.is_empty())
+                    .then(|| (j.name.clone(), SlurmCall::Hold, s.clone()));
+                }
+                j.slurm_suspended_since_ms?;
+                let read = j.slurm_holders.as_ref().map(|(at, _)| *at);
+                let due = read.is_none_or(|at| now_ms.saturating_sub(at) >= HOLDERS_EVERY_MS);
+                (self.cfg.slurm.holds && due).then(|| {
+                    let ctl = Slurmctl::new(&self.cfg.slurm, &self.slurm_node);
+                    let job_id = j.slurm_job_id()?.to_owned();
+                    Some((
+                        j.name.clone(),
+                        SlurmCall::Holders,
+                        Suspended { job_id, ctl },
+                    ))
+                })?
             })
             .collect();
-        for (name, s) in due {
+        for (name, call, s) in due {
             self.slurm_checking.insert(name.clone());
             self.emit(super::effect::Effect::Slurm(super::SlurmRequest {
                 job: name,
-                call: crate::act::driver::SlurmCall::Hold,
+                call,
                 id: s.job_id,
                 ctl: s.ctl,
                 ending: None,
             }));
+        }
+    }
+
+    /// The nodes that hold a Slurm job suspended, as a call read them back.
+    pub(super) fn note_slurm_holders(&mut self, name: &str, nodes: Vec<String>, now_ms: u64) {
+        if let Some(j) = self.jobs.get_mut(name) {
+            j.slurm_holders = Some((now_ms, nodes));
+            self.dirty = true;
         }
     }
 

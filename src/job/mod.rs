@@ -195,6 +195,9 @@ pub struct Job {
     /// Since when Slurm holds the job suspended on this node, as the last full sample found its
     /// cgroups frozen by Slurm (`slurm::suspended_here`), whoever asked.
     pub slurm_suspended_since_ms: Option<u64>,
+    /// While Slurm holds the job suspended: the nodes whose holds keep it so, and when that was read
+    /// (`SlurmCall::Hold` on a node that holds it, `SlurmCall::Holders` on one that does not).
+    pub slurm_holders: Option<(u64, Vec<String>)>,
     /// Its cgroup's OOM kills (`oom_kill` of memory.events or memory.oom_control): as first read
     /// after the attach, and as last read.
     pub oom_kills: Option<(u64, u64)>,
@@ -245,6 +248,7 @@ impl Job {
             cgroup_owner: held::CgroupOwner::Cgroupfs,
             slurm: None,
             slurm_suspended_since_ms: None,
+            slurm_holders: None,
             oom_kills: None,
         }
     }
@@ -371,6 +375,11 @@ pub struct JobView {
     /// whoever asked (this node's memwatch, another node's, a person). `state` is then "paused".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slurm_suspended_since_ms: Option<u64>,
+    /// While Slurm holds the job suspended: the nodes whose memwatch holds it so (their holds in the
+    /// job's `AdminComment`), as last read; empty when none does (a person suspended it) or before
+    /// the first read.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slurm_holders: Vec<String>,
     /// The newest measurement.
     pub sample: Option<JobSample>,
     /// Every known limit, and the tightest.

@@ -74,31 +74,52 @@ fn a_held_slurm_job_is_checked_once_a_sample_and_held_again_when_found_running()
 }
 
 /// A job another node suspended through Slurm (its cgroups frozen by Slurm here, no pause of this
-/// node's): shown paused on this node, with since when, and counted by `memwatch_job_paused`; running
-/// again once Slurm resumes it. This node makes no pause of its own and no Slurm call.
+/// node's): shown paused on this node, with since when and which nodes hold it, and counted by
+/// `memwatch_job_paused`; running again once Slurm resumes it. This node makes no pause of its own,
+/// and its only Slurm calls read the holders: at once, then every 10 s.
 #[test]
-fn a_job_another_node_suspended_shows_paused_here() {
+fn a_job_another_node_suspended_shows_paused_here_with_who_holds_it() {
     let mut s = Sim::new(Kind::Slurm);
     s.slurm_suspended = Some(false);
     s.sample(0.5);
     let view = |s: &Sim| s.engine.view().jobs.into_iter().next().expect("the job");
     assert_eq!(view(&s).state, "running");
+    assert!(view(&s).slurm_holders.is_empty());
     s.slurm_suspended = Some(true);
     s.now += 1000;
     let since = s.now;
+    s.slurm_answers.push_back((
+        SlurmCall::Holders,
+        SlurmAnswer::Holders(vec!["node1".into()]),
+    ));
     s.sample(0.5);
-    for _ in 0..2 {
+    for _ in 0..5 {
         let v = view(&s);
         assert_eq!(v.state, "paused");
         assert_eq!(v.slurm_suspended_since_ms, Some(since));
+        assert_eq!(v.slurm_holders, ["node1"]);
         assert!(v.pause.is_none(), "not this node's pause: {:?}", v.pause);
         s.now += 1000;
         s.sample(0.5);
     }
-    assert!(s.slurm.is_empty(), "{:?}", s.slurm);
+    assert_eq!(
+        s.slurm,
+        [(SlurmCall::Holders, SLURM_ID.to_owned())],
+        "one read of the holders"
+    );
+    s.now += 10_000;
+    s.slurm_answers.push_back((
+        SlurmCall::Holders,
+        SlurmAnswer::Holders(vec!["node1".into(), "node3".into()]),
+    ));
+    s.sample(0.5);
+    assert_eq!(calls(&s, &SlurmCall::Holders), 2, "{:?}", s.slurm);
+    assert_eq!(view(&s).slurm_holders, ["node1", "node3"]);
+    assert!(s.slurm.iter().all(|(c, _)| *c == SlurmCall::Holders));
     s.slurm_suspended = Some(false);
     s.sample(0.5);
     let v = view(&s);
     assert_eq!(v.state, "running");
     assert_eq!(v.slurm_suspended_since_ms, None);
+    assert!(v.slurm_holders.is_empty());
 }

@@ -123,3 +123,36 @@ fn a_job_another_node_suspended_shows_paused_here_with_who_holds_it() {
     assert_eq!(v.slurm_suspended_since_ms, None);
     assert!(v.slurm_holders.is_empty());
 }
+
+/// Slurm's word checked by a restarted daemon too: it goes on holding the Slurm suspension its
+/// predecessor recorded, and its first full sample reads the job back. The job was resumed while no
+/// daemon ran (and SIGCONT reached this node's tasks): it is suspended again and the tasks here are
+/// stopped again.
+#[test]
+fn a_restarted_daemon_reads_its_slurm_suspension_back_and_holds_the_job_again() {
+    let mut s = Sim::new(Kind::Slurm);
+    s.sample(0.97);
+    assert!(s.pause().is_some_and(|p| p.suspended().is_some()));
+    s.now += 500;
+    s.restart();
+    assert!(s.pause().is_some(), "not held on: {:?}", s.events());
+    let checks = calls(&s, &SlurmCall::Hold);
+    // Resumed behind its back while the daemon was down.
+    s.host.set_state(PID, 'S');
+    s.host.set_state(PID + 1, 'S');
+    s.slurm_answers
+        .push_back((SlurmCall::Hold, SlurmAnswer::Resuspended));
+    s.now += 1000;
+    s.sample(0.97);
+    assert_eq!(calls(&s, &SlurmCall::Hold), checks + 1, "{:?}", s.slurm);
+    assert_eq!(s.host.state_of(PID), Some('T'), "{:?}", s.host.acts());
+    assert_eq!(s.host.state_of(PID + 1), Some('T'));
+    let at = s.now;
+    assert!(
+        s.events()
+            .iter()
+            .any(|(action, reason, t)| action == "pause" && reason == "slurm" && *t == at),
+        "{:?}",
+        s.events()
+    );
+}

@@ -11,8 +11,10 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use common::slurm::{RemovedOnDrop, gone, make_room, stopped};
-use common::slurm_nodes::{Nodes, cluster, fast_ranks, host_memory, touched_mib, wait_adopted};
-use common::{eventually, memhog, proc_state};
+use common::slurm_nodes::{
+    Nodes, cluster, fast_ranks, host_memory, ranks, touched_mib, wait_adopted,
+};
+use common::{eventually, proc_state};
 
 /// One cluster at a time: two jobs filling memory on two cores would race each other's pauses.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -27,23 +29,6 @@ fn rank(nodes: &Nodes, i: usize, id: &str) -> Vec<u32> {
         nodes.logs()
     );
     nodes.step_tasks(i, id, "0")
-}
-
-/// A rank script for `srun -N2 --ntasks-per-node=1`: node 0's rank fills `fill` (a tmpfs file,
-/// charged to its job cgroup) 1 MiB every 40 ms toward the job's 300 MiB, and stops filling once
-/// the file is gone; node 1's rank holds 16 MiB.
-fn ranks(nodes: &Nodes, fill: &Path) -> String {
-    format!(
-        "srun -N2 --ntasks-per-node=1 bash -c 'if [ \"$SLURMD_NODENAME\" = {n1} ]; then\n\
-           for i in $(seq 1 299); do\n\
-             if [ $i -gt 1 ] && [ ! -e {fill} ]; then break; fi\n\
-             dd if=/dev/zero bs=1M count=1 status=none >> {fill}; sleep 0.04\n\
-           done; exec sleep 600\n\
-         else exec {hog} --rate-mib 64 --total-mib 16 --hold-ms 600000; fi'\n",
-        n1 = nodes.names[0],
-        fill = fill.display(),
-        hog = memhog().display(),
-    )
 }
 
 #[test]

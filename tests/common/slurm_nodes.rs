@@ -528,3 +528,20 @@ pub fn touched_mib(stamps: &Path) -> u64 {
         .next_back()
         .unwrap_or(0)
 }
+
+/// A rank script for `srun -N2 --ntasks-per-node=1`: node 0's rank fills `fill` (a tmpfs file,
+/// charged to its job cgroup) 1 MiB every 40 ms toward the job's 300 MiB, and stops filling once
+/// the file is gone; node 1's rank holds 16 MiB.
+pub fn ranks(nodes: &Nodes, fill: &Path) -> String {
+    format!(
+        "srun -N2 --ntasks-per-node=1 bash -c 'if [ \"$SLURMD_NODENAME\" = {n1} ]; then\n\
+           for i in $(seq 1 299); do\n\
+             if [ $i -gt 1 ] && [ ! -e {fill} ]; then break; fi\n\
+             dd if=/dev/zero bs=1M count=1 status=none >> {fill}; sleep 0.04\n\
+           done; exec sleep 600\n\
+         else exec {hog} --rate-mib 64 --total-mib 16 --hold-ms 600000; fi'\n",
+        n1 = nodes.names[0],
+        fill = fill.display(),
+        hog = super::memhog().display(),
+    )
+}

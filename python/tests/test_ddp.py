@@ -1,8 +1,10 @@
 """A DDP job of two ranks (gloo on CPU, one rank per memory cgroup, each rank its own memwatch job
 as on two nodes) of which one rank's memwatch asks for a change: every rank takes the same
 micro-batch and accumulation from the same optimizer step, the effective batch stays the same, DDP
-stays in step (equal weights at the end) and the job finishes."""
+stays in step (equal weights at the end) and the job finishes. A plain PyTorch loop on
+`AdaptiveLoader`, transformers' Trainer and Lightning's, each with its `MemwatchCallback`."""
 
+import importlib.util
 import json
 import socket
 
@@ -11,6 +13,20 @@ import pytest
 from conftest import eventually, python, TRAINERS
 from scenario import CONFIG, GENERIC, read
 
+HF = {
+    "per_device_train_batch_size": 8,
+    "gradient_accumulation_steps": 2,
+    "dataloader_num_workers": 4,
+    "dataloader_pin_memory": True,
+    "num_train_epochs": 5,
+}
+
+CASES = [
+    ("torch", "ddp_train.py", GENERIC, "ddp", [], "torch"),
+    ("hf", "hf_train.py", HF, "hf", ["ddp"], "transformers"),
+    ("lightning", "lightning_train.py", GENERIC, "lightning", ["ddp"], "lightning"),
+]
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -18,20 +34,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_every_rank_takes_the_change_one_rank_was_asked_for(daemon_factory, cgroup_factory, tmp_path):
-    pytest.importorskip("torch")
+@pytest.mark.parametrize("case,script,config,prefix,args,framework", CASES, ids=[c[0] for c in CASES])
+def test_every_rank_takes_the_change_one_rank_was_asked_for(
+    daemon_factory, cgroup_factory, tmp_path, case, script, config, prefix, args, framework
+):
+    if importlib.util.find_spec(framework) is None:
+        pytest.skip(f"{framework} is not installed")
     d = daemon_factory(CONFIG)
     port = _free_port()
     go = tmp_path / "go"
     ranks = []
     for rank in range(2):
         cfg = tmp_path / f"train{rank}.json"
-        cfg.write_text(json.dumps(GENERIC))
+        cfg.write_text(json.dumps(config))
         out = tmp_path / f"out{rank}.jsonl"
         cg = cgroup_factory()
-        env = dict(d.env(), RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        argv = [python(), str(TRAINERS / "ddp_train.py"), str(cfg), str(out), str(go), str(tmp_path / "output")]
+        env = dict(
+            d.env(), RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+        )
+        argv = [python(), str(TRAINERS / script), str(cfg), str(out), str(go), str(tmp_path / f"output{rank}"), *args]
         ranks.append((cg, out, cg.spawn(argv, env)))
+    jobs = [f"{prefix}{rank}" for rank in range(2)]
     try:
         def at(kind: str) -> bool:
             return all(any(r["kind"] == kind for r in read(out)) for _, out, _ in ranks)
@@ -41,17 +64,21 @@ def test_every_rank_takes_the_change_one_rank_was_asked_for(daemon_factory, cgro
 
         eventually(180, lambda: at("ready") or failed(), "the ranks never reached their first step")
         assert not failed(), [p.returncode for _, _, p in ranks]
-        for rank in range(2):
-            eventually(20, lambda: d.job(f"ddp{rank}"), f"ddp{rank} was never attached")
+        for name in jobs:
+            eventually(20, lambda: d.job(name), f"{name} was never attached")
         # Rank 0's node only: its GPU at 92 % and its cgroup at 86 % (warn).
         cg0, _, p0 = ranks[0]
         d.set_gpu(p0.pid, 0.92)
         cg0.set_limit(int(cg0.working_set() / 0.86))
-        eventually(30, lambda: (d.job("ddp0") or {}).get("config", {}).get("directives"), "memwatch staged no change for rank 0")
+        eventually(
+            30,
+            lambda: (d.job(jobs[0]) or {}).get("config", {}).get("directives"),
+            "memwatch staged no change for rank 0",
+        )
         go.touch()
         eventually(300, lambda: at("finished") or failed(), "the ranks never finished")
         assert not failed(), [p.returncode for _, _, p in ranks]
-        job0, job1 = d.job("ddp0"), d.job("ddp1")
+        job0, job1 = d.job(jobs[0]), d.job(jobs[1])
         (tmp_path / "go.done").touch()
         rcs = [p.wait(60) for _, _, p in ranks]
     finally:
@@ -68,7 +95,8 @@ def test_every_rank_takes_the_change_one_rank_was_asked_for(daemon_factory, cgro
     assert all(x.get("applied_epoch") is not None for x in job0["config"]["directives"]), job0["config"]
     # Both ranks took the same micro-batch and accumulation at every optimizer step, and changed them
     # at the same one.
-    assert len(steps[0]) == len(steps[1]) and steps[0], (len(steps[0]), len(steps[1]))
+    # Each rank trains on its half of the 512 samples: 16 optimizer steps an epoch, 5 epochs.
+    assert len(steps[0]) == len(steps[1]) == 5 * 16, (len(steps[0]), len(steps[1]))
     mismatched = [(a, b) for a, b in zip(*steps) if (a["micro"], a["accumulation"]) != (b["micro"], b["accumulation"])]
     assert not mismatched, mismatched[:3]
     assert (steps[0][0]["micro"], steps[0][0]["accumulation"]) == (8, 2), steps[0][0]

@@ -12,8 +12,10 @@ workers and pin_memory are a node's own memory and stay each rank's own.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, List, Optional
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from .client import ACCUMULATION, MICRO_BATCH, Directives
 
 
 @dataclass(frozen=True)
@@ -66,3 +68,41 @@ def gather(dist: Any, mine: Optional[Proposal]) -> List[Proposal]:
 def agreed_micro_batch(proposals: List[Proposal], current: int) -> int:
     """The micro-batch every rank takes: the smallest asked for (`current` when none asked)."""
     return min((p.micro_batch for p in proposals), default=current)
+
+
+@dataclass
+class Settled:
+    """What this rank takes at a boundary, settled with the other ranks."""
+
+    new: Dict[str, Any] = field(default_factory=dict)
+    """The knobs' new values for this rank: the agreed micro-batch and accumulation, its own
+    memwatch's workers and pin_memory."""
+    generation: Optional[int] = None
+    """Its own memwatch's directives (to acknowledge, or to answer `cannot_apply`); None when its
+    memwatch asked nothing."""
+    asked_by: List[int] = field(default_factory=list)
+    """The ranks whose memwatch asked for a change."""
+    why: Optional[str] = None
+    """Why no rank takes the change (the micro-batch agreed on does not divide the batch)."""
+
+
+def settle(dist: Any, mine: Optional[Directives], micro_now: int, per_step: int) -> Optional[Settled]:
+    """Settles this boundary's change with the other ranks (every rank calls it at the same
+    boundary): `mine` is what this rank's memwatch asks (None: nothing), `micro_now` the micro-batch
+    every rank runs, `per_step` micro-batch × accumulation (each rank's share of the effective batch).
+    None when no rank was asked for anything."""
+    new = dict(mine.new_values()) if mine is not None else {}
+    proposal = None
+    if mine is not None:
+        proposal = Proposal(dist.get_rank(), int(new.get(MICRO_BATCH, micro_now)), mine.urgent)
+    proposals = gather(dist, proposal)
+    if not proposals:
+        return None
+    micro = agreed_micro_batch(proposals, micro_now)
+    out = Settled(generation=mine.generation if mine is not None else None, asked_by=[p.rank for p in proposals])
+    if micro < 1 or per_step % micro:
+        out.why = f"micro-batch {micro} does not divide {per_step} samples a rank per optimizer step"
+        return out
+    new[MICRO_BATCH], new[ACCUMULATION] = micro, per_step // micro
+    out.new = new
+    return out

@@ -11,6 +11,10 @@ Setting `num_workers` on the DataLoader a callback is handed changes nothing (ac
 `DataLoaderShard` wraps the real one, and the Trainer already measured the epoch): memwatch would
 catch that as an unverified change.
 
+In a job of several processes (DDP: `args.world_size` > 1 with torch.distributed up), the ranks
+settle each change together at the epoch boundary, so that every rank takes the same per-device
+batch and accumulation whichever rank's memwatch asked (`_ranks`, docs/python.md).
+
 It cannot change anything mid-epoch: an urgent change (the job runs on emergency room) waits for the
 epoch's end, and when memwatch asks for a checkpoint the callback saves one through the Trainer
 (`should_save`) and tells memwatch, which stops the job cleanly (`memwatch launch` relaunches it with
@@ -30,7 +34,7 @@ from typing import Any, Dict, Optional, Sequence
 
 from transformers import Trainer, TrainerCallback
 
-from . import _proc
+from . import _proc, _ranks
 from .client import ACCUMULATION, MICRO_BATCH, PIN_MEMORY, WORKERS, Client
 
 log = logging.getLogger("memwatch")
@@ -109,25 +113,41 @@ class MemwatchCallback(TrainerCallback):
     # --- the epoch boundary --------------------------------------------------------------------
 
     def _epoch_start(self, kw: Dict[str, Any]) -> Dict[str, Any]:
+        assert self.trainer is not None
+        args = self.trainer.args
         d = self.client.directives(force=True)
-        if d is not None and d.pending:
-            self._apply(d, kw["epoch"], kw["train_dataloader"])
+        mine = d if d is not None and d.pending else None
+        dist = _ranks.distributed(args.world_size)
+        if dist is not None:
+            # Every rank at the same boundary takes the same micro-batch (docs/python.md).
+            micro = args.per_device_train_batch_size
+            s = _ranks.settle(dist, mine, micro, micro * args.gradient_accumulation_steps)
+            if s is not None and s.why is not None:
+                log.error("memwatch: %s; no rank applies the change", s.why)
+                if s.generation is not None:
+                    self.client.cannot_apply(s.generation, s.why)
+            elif s is not None:
+                self._apply(s.new, s.generation, kw["epoch"], kw["train_dataloader"])
+        elif mine is not None:
+            self._apply(mine.new_values(), mine.generation, kw["epoch"], kw["train_dataloader"])
         if self._replacement is not None:
             kw.update(self._replacement)
         return kw
 
-    def _apply(self, d: Any, epoch: int, current: Any) -> None:
+    def _apply(self, new: Dict[str, Any], generation: Optional[int], epoch: int, current: Any) -> None:
+        """Takes `new` (the knobs' new values) from `epoch` on; acknowledges `generation`, this
+        process's own directives (None: another rank's memwatch asked, and this rank follows)."""
         t = self.trainer
         assert t is not None
         args = t.args
-        new = d.new_values()
         micro = int(new.get(MICRO_BATCH, args.per_device_train_batch_size))
         accumulation = int(new.get(ACCUMULATION, args.gradient_accumulation_steps))
         before = args.per_device_train_batch_size * args.gradient_accumulation_steps
         if micro * accumulation != before:
             why = f"micro-batch {micro} × accumulation {accumulation} is not the effective {before} per device"
             log.error("memwatch: %s; the change is not applied", why)
-            self.client.cannot_apply(d.generation, why)
+            if generation is not None:
+                self.client.cannot_apply(generation, why)
             return
         values = {
             "per_device_train_batch_size": micro,
@@ -151,9 +171,10 @@ class MemwatchCallback(TrainerCallback):
                 "num_update_steps_per_epoch": max(math.ceil(steps / accumulation), 1),
             }
             t.callback_handler.train_dataloader = loader
-        log.info("memwatch: generation %d applied at epoch %d: %s", d.generation, epoch, values)
-        self.applied.append((d.generation, epoch, values))
-        self.client.ack(d.generation, epoch)
+        log.info("memwatch: generation %s applied at epoch %d: %s", generation, epoch, values)
+        self.applied.append((generation, epoch, values))
+        if generation is not None:
+            self.client.ack(generation, epoch)
         self._last_report = float("-inf")
 
     # --- reports -------------------------------------------------------------------------------

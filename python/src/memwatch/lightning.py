@@ -7,6 +7,10 @@ DataLoader for the next epoch: `train_dataloader()` must build it from those att
 accumulation is kept, so the optimizer steps per epoch, `global_step` and a schedule sized from
 `estimated_stepping_batches` stay right.
 
+In a job of several processes (DDP: `trainer.world_size` > 1), the ranks settle each change
+together at the epoch's end, so that every rank takes the same batch size and accumulation whichever
+rank's memwatch asked (`_ranks`, docs/python.md).
+
 Nothing changes mid-epoch. When memwatch asks for a checkpoint the callback saves one with
 `trainer.save_checkpoint` (to `checkpoint_path`, default `<default_root_dir>/memwatch.ckpt`) and tells
 memwatch, which stops the job cleanly; relaunched by `memwatch launch` (`MEMWATCH_RESUME=1`), pass that
@@ -24,7 +28,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 
 from lightning.pytorch.callbacks import Callback
 
-from . import _proc
+from . import _proc, _ranks
 from .client import ACCUMULATION, MICRO_BATCH, PIN_MEMORY, WORKERS, Client
 
 log = logging.getLogger("memwatch")
@@ -72,8 +76,27 @@ class MemwatchCallback(Callback):
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         d = self.client.directives(force=True)
-        if d is not None and d.pending:
-            self._apply(trainer, pl_module, d, trainer.current_epoch + 1)
+        mine = d if d is not None and d.pending else None
+        dist = _ranks.distributed(trainer.world_size)
+        if dist is None:
+            if mine is not None:
+                self._apply(trainer, pl_module, mine.new_values(), mine.generation, trainer.current_epoch + 1)
+            return
+        # Every rank at the same boundary takes the same micro-batch (docs/python.md).
+        micro = _get(_target(trainer, pl_module), self.attributes.get(MICRO_BATCH))
+        if not isinstance(micro, int):
+            why = "the micro-batch attribute is not found, so the ranks cannot settle a change"
+            if mine is not None:
+                log.error("memwatch: %s", why)
+                self.client.cannot_apply(mine.generation, why)
+            return
+        s = _ranks.settle(dist, mine, micro, micro * trainer.accumulate_grad_batches)
+        if s is not None and s.why is not None:
+            log.error("memwatch: %s; no rank applies the change", s.why)
+            if s.generation is not None:
+                self.client.cannot_apply(s.generation, s.why)
+        elif s is not None:
+            self._apply(trainer, pl_module, s.new, s.generation, trainer.current_epoch + 1)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         d = self.client.directives()
@@ -102,9 +125,12 @@ class MemwatchCallback(Callback):
                 out[knob] = v
         return out
 
-    def _apply(self, trainer: Any, pl_module: Any, d: Any, epoch: int) -> None:
+    def _apply(
+        self, trainer: Any, pl_module: Any, new: Dict[str, Any], generation: Optional[int], epoch: int
+    ) -> None:
+        """Takes `new` (the knobs' new values) from `epoch` on; acknowledges `generation`, this
+        process's own directives (None: another rank's memwatch asked, and this rank follows)."""
         target = _target(trainer, pl_module)
-        new = d.new_values()
         micro_now = _get(target, self.attributes.get(MICRO_BATCH))
         if MICRO_BATCH in new or ACCUMULATION in new:
             micro = int(new.get(MICRO_BATCH, micro_now or 0))
@@ -115,13 +141,15 @@ class MemwatchCallback(Callback):
                     f"is {micro_now!r}, accumulation {trainer.accumulate_grad_batches}; asked {micro} × {accumulation}"
                 )
                 log.error("memwatch: %s", why)
-                self.client.cannot_apply(d.generation, why)
+                if generation is not None:
+                    self.client.cannot_apply(generation, why)
                 return
         missing = [k for k in new if k != ACCUMULATION and _get(target, self.attributes.get(k)) is None]
         if missing:
             why = f"{type(target).__name__} has no attribute for {', '.join(missing)} (set `attributes`)"
             log.error("memwatch: %s", why)
-            self.client.cannot_apply(d.generation, why)
+            if generation is not None:
+                self.client.cannot_apply(generation, why)
             return
         values: Dict[str, Any] = {}
         for knob, v in new.items():
@@ -134,9 +162,10 @@ class MemwatchCallback(Callback):
         if self._reload is None:
             self._reload = trainer.reload_dataloaders_every_n_epochs
         trainer.reload_dataloaders_every_n_epochs = 1
-        log.info("memwatch: generation %d applied from epoch %d: %s", d.generation, epoch, values)
-        self.applied.append((d.generation, epoch, values))
-        self.client.ack(d.generation, epoch)
+        log.info("memwatch: generation %s applied from epoch %d: %s", generation, epoch, values)
+        self.applied.append((generation, epoch, values))
+        if generation is not None:
+            self.client.ack(generation, epoch)
         self._last_report = float("-inf")
 
 

@@ -270,48 +270,37 @@ class AdaptiveLoader:
         return mine is not None and self._apply(mine)
 
     def _agree(self, dist: Any, mine: Optional[Directives]) -> bool:
-        """With the other ranks: every rank takes the smallest micro-batch any rank's memwatch asks
-        for, and the accumulation that keeps the effective batch; workers and pin_memory from its own
-        memwatch. Acknowledges its own directives (or says why not). True when the DataLoader must
-        be rebuilt. Every rank calls it at the same boundary."""
-        new = mine.new_values() if mine is not None else {}
-        proposal = None
-        if mine is not None:
-            micro_asked = int(new.get(MICRO_BATCH, self.micro_batch))
-            proposal = _ranks.Proposal(dist.get_rank(), micro_asked, mine.urgent)
-        proposals = _ranks.gather(dist, proposal)
-        if not proposals:
+        """With the other ranks (`_ranks.settle`): every rank takes the smallest micro-batch any
+        rank's memwatch asks for, and the accumulation that keeps the effective batch; workers and
+        pin_memory from its own memwatch. Acknowledges its own directives (or says why not). True
+        when the DataLoader must be rebuilt. Every rank calls it at the same boundary."""
+        s = _ranks.settle(dist, mine, self.micro_batch, self.micro_batch * self.accumulation)
+        if s is None:
             return False
-        micro = _ranks.agreed_micro_batch(proposals, self.micro_batch)
-        per_step = micro * self.world_size
-        why = (
-            f"micro-batch {micro} × world size {self.world_size} does not divide the effective batch "
-            f"{self.effective_batch}"
-            if micro < 1 or self.effective_batch % per_step
-            else self._check(micro, self.effective_batch // per_step)
-        )
+        micro = int(s.new.get(MICRO_BATCH, self.micro_batch))
+        why = s.why or self._check(micro, int(s.new.get(ACCUMULATION, self.accumulation)))
         if why is not None:
             log.error("memwatch: %s; no rank applies the change", why)
-            if mine is not None and self.client is not None:
-                self.client.cannot_apply(mine.generation, why)
+            if s.generation is not None and self.client is not None:
+                self.client.cannot_apply(s.generation, why)
             return False
         before = (self.micro_batch, self.num_workers, self.pin_memory)
-        self.micro_batch, self.accumulation = micro, self.effective_batch // per_step
-        self.num_workers = int(new.get(WORKERS, self.num_workers))
-        self.pin_memory = bool(new.get(PIN_MEMORY, self.pin_memory))
+        self.micro_batch, self.accumulation = micro, int(s.new[ACCUMULATION])
+        self.num_workers = int(s.new.get(WORKERS, self.num_workers))
+        self.pin_memory = bool(s.new.get(PIN_MEMORY, self.pin_memory))
         log.info(
             "memwatch: rank %d at epoch %d, with every rank (asked by rank(s) %s): micro-batch %d, "
             "accumulation %d, workers %d, pin_memory %s",
             dist.get_rank(),
             self.epoch,
-            ", ".join(str(p.rank) for p in proposals),
+            ", ".join(map(str, s.asked_by)),
             self.micro_batch,
             self.accumulation,
             self.num_workers,
             self.pin_memory,
         )
-        if mine is not None and self.client is not None:
-            self.client.ack(mine.generation, self.epoch)
+        if s.generation is not None and self.client is not None:
+            self.client.ack(s.generation, self.epoch)
         self._last_report = float("-inf")
         return before != (self.micro_batch, self.num_workers, self.pin_memory)
 

@@ -1,8 +1,9 @@
 """A transformers.Trainer run on a tiny random GPT-2 (nothing downloaded), recording every optimizer
-step. usage: hf_train.py CONFIG OUT GO OUTPUT_DIR MODE  (MODE: memwatch, by-env, naive or none)
+step. usage: hf_train.py CONFIG OUT GO OUTPUT_DIR MODE  (MODE: memwatch, by-env, ddp, naive or none)
 
 memwatch: `callbacks=[MemwatchCallback()]`, the one line. by-env: the same with no name, so that the
-job is named by `MEMWATCH_JOB`. naive: the callback a user would write from the protocol doc, which
+job is named by `MEMWATCH_JOB`. ddp: one rank of a DDP job (RANK, WORLD_SIZE, MASTER_ADDR and
+MASTER_PORT in the environment; gloo on CPU), the callback's job named `hf<RANK>`. naive: the callback a user would write from the protocol doc, which
 sets `num_workers` on the DataLoader the Trainer hands it and acknowledges.
 """
 
@@ -64,6 +65,7 @@ class Probe(TrainerCallback):
             max_steps=state.max_steps,
             scheduler_steps=lr_scheduler.last_epoch,
             lr=lr_scheduler.get_last_lr()[0],
+            checksum=float(sum(p.detach().double().sum() for p in model.parameters())),
         )
 
 
@@ -86,6 +88,8 @@ class Naive(TrainerCallback):
 callbacks = [Probe()]
 if mode == "memwatch":
     callbacks.append(memwatch.hf.MemwatchCallback(config_file=cfg_path, name="hf"))
+elif mode == "ddp":
+    callbacks.append(memwatch.hf.MemwatchCallback(config_file=cfg_path, name=f"hf{os.environ['RANK']}"))
 elif mode == "by-env":
     callbacks.append(memwatch.hf.MemwatchCallback(config_file=cfg_path))
 elif mode == "naive":
@@ -100,6 +104,7 @@ args = TrainingArguments(
     lr_scheduler_type="linear",
     use_cpu=True,
     disable_tqdm=True,
+    **({"ddp_backend": "gloo"} if mode == "ddp" else {}),
     **cfg,
 )
 trainer = Trainer(model=model, args=args, train_dataset=Generated(), callbacks=callbacks)

@@ -1,5 +1,8 @@
 """A Lightning run with `callbacks=[MemwatchCallback()]`, recording every optimizer step.
-usage: lightning_train.py CONFIG OUT GO OUTPUT_DIR"""
+usage: lightning_train.py CONFIG OUT GO OUTPUT_DIR [ddp]
+
+With `ddp`: one rank of a DDP job over two nodes of one device each (RANK, WORLD_SIZE, MASTER_ADDR and
+MASTER_PORT in the environment, as on one node of each; gloo on CPU), its job named `lightning<RANK>`."""
 
 import json
 import os
@@ -15,6 +18,9 @@ from common import Generated, Record, gate, lm_loss, tiny_lm
 from memwatch import _proc
 
 cfg_path, out, go, output_dir = sys.argv[1:5]
+ddp = sys.argv[5:6] == ["ddp"]
+if ddp:
+    os.environ["NODE_RANK"] = os.environ["RANK"]
 with open(cfg_path) as f:
     cfg = json.load(f)
 train = cfg["train"]
@@ -69,7 +75,7 @@ class Tiny(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
-client = common.client("lightning", cfg_path)
+client = common.client(f"lightning{os.environ['RANK']}" if ddp else "lightning", cfg_path)
 module = Tiny()
 trainer = L.Trainer(
     max_epochs=cfg["epochs"],
@@ -81,6 +87,7 @@ trainer = L.Trainer(
     enable_model_summary=False,
     default_root_dir=output_dir,
     callbacks=[memwatch.lightning.MemwatchCallback(client)],
+    **({"strategy": "ddp", "num_nodes": 2, "devices": 1} if ddp else {}),
 )
 trainer.fit(module, datamodule=Data())
 sched = trainer.lr_scheduler_configs[0].scheduler
@@ -91,5 +98,6 @@ record(
     max_steps=trainer.estimated_stepping_batches,
     scheduler_steps=sched.last_epoch,
     lr=sched.get_last_lr()[0],
+    checksum=float(sum(p.detach().double().sum() for p in module.parameters())),
 )
 gate(go + ".done", record, kind="finished")

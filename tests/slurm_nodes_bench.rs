@@ -22,7 +22,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::eventually;
-use common::slurm::{RemovedOnDrop, make_room};
+use common::slurm::{RemovedOnDrop, held_through_slurm, make_room};
 use common::slurm_nodes::{cluster, fast_ranks, host_memory, touched_mib, wait_adopted};
 
 fn runs() -> usize {
@@ -61,13 +61,7 @@ fn a_rank_growing_fast_benchmark() {
             let name = format!("slurm-{id}");
             wait_adopted(&d2, &id, &nodes.names[1]);
             let held = eventually(60.0, || nodes.state(&id) == "S")
-                && eventually(10.0, || {
-                    d1.jobs().iter().any(|j| {
-                        j["name"] == name.as_str()
-                            && j["pause"]["mechanism"]["kind"] == "slurm_suspend"
-                            && j["pause"]["phase"] == "held"
-                    })
-                });
+                && eventually(10.0, || held_through_slurm(&d1, &name));
             suspended += usize::from(held);
             let at_stop = touched_mib(&stamps);
             touched.push(at_stop as f64);
@@ -76,20 +70,8 @@ fn a_rank_growing_fast_benchmark() {
             let resumed = eventually(30.0, || nodes.state(&id) != "S")
                 .then(|| room.elapsed().as_secs_f64() * 1000.0);
             resumed_ms.extend(resumed);
-            let ended = eventually(60.0, || nodes.state(&id).is_empty());
+            completed += usize::from(nodes.completed(&id));
             oom_kills += nodes.oom_kills(0, &id) + nodes.oom_kills(1, &id);
-            let state = nodes
-                .run("scontrol", &["show", "job", "-o", &id])
-                .unwrap_or_default();
-            if ended && state.contains("JobState=COMPLETED") {
-                completed += 1;
-            } else {
-                eprintln!(
-                    "{rate} MiB/s run {run}: the job did not complete: {}",
-                    state.trim()
-                );
-                let _ = nodes.run("scancel", &[&id]);
-            }
             eprintln!(
                 "{rate} MiB/s run {run}: job {id}, held {held}, stopped at {at_stop} MiB, resumed {resumed:?} ms after room"
             );
@@ -177,17 +159,8 @@ fn both_nodes_need_the_pause_benchmark() {
         let resumed = eventually(30.0, || nodes.state(&id) != "S")
             .then(|| room.elapsed().as_secs_f64() * 1000.0);
         resumed_ms.extend(resumed);
-        let ended = eventually(60.0, || nodes.state(&id).is_empty());
+        completed += usize::from(nodes.completed(&id));
         oom_kills += nodes.oom_kills(0, &id) + nodes.oom_kills(1, &id);
-        let state = nodes
-            .run("scontrol", &["show", "job", "-o", &id])
-            .unwrap_or_default();
-        if ended && state.contains("JobState=COMPLETED") {
-            completed += 1;
-        } else {
-            eprintln!("run {run}: the job did not complete: {}", state.trim());
-            let _ = nodes.run("scancel", &[&id]);
-        }
         eprintln!(
             "run {run}: job {id}, ran while node 1 held it: {ran}, resumed {resumed:?} ms after node 1's room"
         );

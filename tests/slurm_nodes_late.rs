@@ -11,7 +11,7 @@ mod common;
 use std::path::Path;
 
 use common::eventually;
-use common::slurm::{RemovedOnDrop, make_room};
+use common::slurm::{RemovedOnDrop, held_through_slurm, make_room};
 use common::slurm_nodes::{cluster, ranks, wait_adopted};
 
 #[test]
@@ -58,13 +58,7 @@ fn a_suspend_answered_late_on_one_node_never_leaves_the_job_suspended() {
         l.contains("Slurm answered late or not at all, but the job is as asked")
     });
     d1.wait_until(
-        |d| {
-            d.jobs().iter().any(|j| {
-                j["name"] == name.as_str()
-                    && j["pause"]["mechanism"]["kind"] == "slurm_suspend"
-                    && j["pause"]["phase"] == "held"
-            })
-        },
+        |d| held_through_slurm(d, &name),
         "node 1's pause is not held through Slurm",
     );
 

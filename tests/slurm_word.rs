@@ -6,7 +6,7 @@ mod common;
 
 use std::sync::Mutex;
 
-use common::slurm::{cluster_and_daemon, cluster_and_daemon_with, make_room};
+use common::slurm::{cluster_and_daemon, cluster_and_daemon_with, held_through_slurm, make_room};
 use common::{eventually, memhog};
 
 /// One cluster at a time: two jobs filling memory on two cores would race each other's pauses.
@@ -65,13 +65,7 @@ fn a_suspend_slurm_answers_late_is_known_and_resumed_through_slurm() {
         l.contains("Slurm answered late or not at all, but the job is as asked")
     });
     d.wait_until(
-        |d| {
-            d.jobs().iter().any(|j| {
-                j["name"] == name.as_str()
-                    && j["pause"]["mechanism"]["kind"] == "slurm_suspend"
-                    && j["pause"]["phase"] == "held"
-            })
-        },
+        |d| held_through_slurm(d, &name),
         "the job's pause is not held through Slurm",
     );
 
@@ -117,13 +111,7 @@ fn a_rank_growing_fast_is_stopped_here_before_slurm_suspends_the_job() {
         d.events()
     );
     d.wait_until(
-        |d| {
-            d.jobs().iter().any(|j| {
-                j["name"] == name.as_str()
-                    && j["pause"]["mechanism"]["kind"] == "slurm_suspend"
-                    && j["pause"]["phase"] == "held"
-            })
-        },
+        |d| held_through_slurm(d, &name),
         "the pause is not held through Slurm",
     );
     // Every memory cgroup of the job, the step's and the task's too (v1 counts a kill only where

@@ -377,3 +377,12 @@ pub fn cluster_and_daemon_with(
     cluster.start(&all);
     (cluster, d)
 }
+
+/// Whether daemon `d` holds job `name` paused through Slurm (`scontrol suspend`), its pause held.
+pub fn held_through_slurm(d: &super::Daemon, name: &str) -> bool {
+    d.jobs().iter().any(|j| {
+        j["name"] == name
+            && j["pause"]["mechanism"]["kind"] == "slurm_suspend"
+            && j["pause"]["phase"] == "held"
+    })
+}

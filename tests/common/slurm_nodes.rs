@@ -287,6 +287,21 @@ impl Nodes {
         written
     }
 
+    /// Whether job `id` leaves the queue within 60 s having completed (`JobState=COMPLETED`); a job
+    /// that did not is cancelled, and its state printed.
+    pub fn completed(&self, id: &str) -> bool {
+        let ended = eventually(60.0, || self.state(id).is_empty());
+        let state = self
+            .run("scontrol", &["show", "job", "-o", id])
+            .unwrap_or_default();
+        let done = ended && state.contains("JobState=COMPLETED");
+        if !done {
+            eprintln!("job {id} did not complete: {}", state.trim());
+            let _ = self.run("scancel", &[id]);
+        }
+        done
+    }
+
     /// Every process of step `step`'s tasks on node `i`.
     pub fn step_tasks(&self, i: usize, id: &str, step: &str) -> Vec<u32> {
         let dir = self.job_cgroup(i, id).join(format!("step_{step}"));

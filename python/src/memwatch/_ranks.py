@@ -12,10 +12,13 @@ workers and pin_memory are a node's own memory and stay each rank's own.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from .client import ACCUMULATION, MICRO_BATCH, Directives
+from .client import ACCUMULATION, MICRO_BATCH, Client, Directives
+
+log = logging.getLogger("memwatch")
 
 
 @dataclass(frozen=True)
@@ -106,3 +109,17 @@ def settle(dist: Any, mine: Optional[Directives], micro_now: int, per_step: int)
     new[MICRO_BATCH], new[ACCUMULATION] = micro, per_step // micro
     out.new = new
     return out
+
+
+def settled(
+    client: Optional[Client], dist: Any, mine: Optional[Directives], micro_now: int, per_step: int
+) -> Optional[Settled]:
+    """[`settle`], with a change no rank can take said: logged, and this rank's own directives
+    answered with why (`cannot_apply`). None when this rank takes nothing."""
+    s = settle(dist, mine, micro_now, per_step)
+    if s is not None and s.why is not None:
+        log.error("memwatch: %s; no rank applies the change", s.why)
+        if s.generation is not None and client is not None:
+            client.cannot_apply(s.generation, s.why)
+        return None
+    return s

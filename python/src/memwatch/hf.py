@@ -121,12 +121,8 @@ class MemwatchCallback(TrainerCallback):
         if dist is not None:
             # Every rank at the same boundary takes the same micro-batch (docs/python.md).
             micro = args.per_device_train_batch_size
-            s = _ranks.settle(dist, mine, micro, micro * args.gradient_accumulation_steps)
-            if s is not None and s.why is not None:
-                log.error("memwatch: %s; no rank applies the change", s.why)
-                if s.generation is not None:
-                    self.client.cannot_apply(s.generation, s.why)
-            elif s is not None:
+            s = _ranks.settled(self.client, dist, mine, micro, micro * args.gradient_accumulation_steps)
+            if s is not None:
                 self._apply(s.new, s.generation, kw["epoch"], kw["train_dataloader"])
         elif mine is not None:
             self._apply(mine.new_values(), mine.generation, kw["epoch"], kw["train_dataloader"])

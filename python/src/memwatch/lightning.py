@@ -90,12 +90,8 @@ class MemwatchCallback(Callback):
                 log.error("memwatch: %s", why)
                 self.client.cannot_apply(mine.generation, why)
             return
-        s = _ranks.settle(dist, mine, micro, micro * trainer.accumulate_grad_batches)
-        if s is not None and s.why is not None:
-            log.error("memwatch: %s; no rank applies the change", s.why)
-            if s.generation is not None:
-                self.client.cannot_apply(s.generation, s.why)
-        elif s is not None:
+        s = _ranks.settled(self.client, dist, mine, micro, micro * trainer.accumulate_grad_batches)
+        if s is not None:
             self._apply(trainer, pl_module, s.new, s.generation, trainer.current_epoch + 1)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:

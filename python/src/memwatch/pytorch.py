@@ -274,11 +274,11 @@ class AdaptiveLoader:
         rank's memwatch asks for, and the accumulation that keeps the effective batch; workers and
         pin_memory from its own memwatch. Acknowledges its own directives (or says why not). True
         when the DataLoader must be rebuilt. Every rank calls it at the same boundary."""
-        s = _ranks.settle(dist, mine, self.micro_batch, self.micro_batch * self.accumulation)
+        s = _ranks.settled(self.client, dist, mine, self.micro_batch, self.micro_batch * self.accumulation)
         if s is None:
             return False
         micro = int(s.new.get(MICRO_BATCH, self.micro_batch))
-        why = s.why or self._check(micro, int(s.new.get(ACCUMULATION, self.accumulation)))
+        why = self._check(micro, int(s.new.get(ACCUMULATION, self.accumulation)))
         if why is not None:
             log.error("memwatch: %s; no rank applies the change", why)
             if s.generation is not None and self.client is not None:

@@ -16,8 +16,11 @@
 //! marks them undone, and exits. So after a death with no successor every job runs again within the
 //! grace (plus the 50 ms of a look). A daemon starting while the guardian recovers waits for the lock.
 //! The pipe's end closes before the dying daemon's last descriptors, its lock among them, so the
-//! guardian first waits (up to 2 s) until the kernel has reparented it: only then is a held lock a
-//! successor's.
+//! guardian first waits (up to 2 s) until the kernel has reparented it. Even then the lock may still
+//! be the dying daemon's (the kernel reparents children when the first of its threads exits with no
+//! live thread left, while another thread may close the descriptors last; a slow guest showed it: a
+//! guardian took the dead daemon's lock for a successor's and left the job frozen). So a held lock
+//! counts as a successor's only when `daemon.lock` names another pid (each holder writes its own).
 //!
 //! Under systemd the unit uses `KillMode=process`: systemd then restarts the daemon without killing
 //! the guardian first (with `control-group` it would wait for the whole cgroup to empty, and the
@@ -164,7 +167,8 @@ pub fn run(state_dir: &Path, process_root: &Path, grace: Duration) -> ExitCode {
         std::thread::sleep(Duration::from_millis(1));
     }
     let grace = if stood_down { Duration::ZERO } else { grace };
-    if successor_within(state_dir, grace) {
+    let dead = u32::try_from(daemon.as_raw()).unwrap_or(0);
+    if successor_within(state_dir, grace, dead) {
         tracing::info!("a new memwatch daemon took over; it holds the paused jobs");
         return ExitCode::SUCCESS;
     }
@@ -184,14 +188,17 @@ pub fn run(state_dir: &Path, process_root: &Path, grace: Duration) -> ExitCode {
     }
 }
 
-/// Whether a daemon holds the state lock within `grace` (looked at every 50 ms). A lock taken for a
-/// look is let go at once, so a daemon starting meanwhile waits a moment at most.
-fn successor_within(state_dir: &Path, grace: Duration) -> bool {
+/// Whether a daemon other than `dead` holds the state lock within `grace` (looked at every 50 ms): a
+/// lock still held by `dead`'s own descriptors (its last thread has not closed them yet, though we
+/// were reparented) is no successor's. A lock taken for a look is let go at once, so a daemon
+/// starting meanwhile waits a moment at most.
+fn successor_within(state_dir: &Path, grace: Duration, dead: u32) -> bool {
     let start = std::time::Instant::now();
     loop {
         match StateLock::acquire(state_dir, Duration::ZERO) {
-            // Held by another: a successor runs.
-            Ok(None) => return true,
+            // Held by another: a successor runs, unless it is the dead daemon's lock.
+            Ok(None) if persist::lock_holder(state_dir) != Some(dead) => return true,
+            Ok(None) => {}
             Ok(Some(lock)) => drop(lock),
             Err(e) => {
                 tracing::error!(error = %e, "cannot look at the state lock; not waiting for a successor");
@@ -236,4 +243,29 @@ pub fn recover(state_dir: &Path, process_root: &Path) -> Result<usize, String> {
         persist::save(state_dir, &state).map_err(|e| format!("{}: {e}", state_dir.display()))?;
     }
     Ok(resumed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A lock held by the dead daemon's own descriptors (its pid in `daemon.lock`) is no successor's;
+    /// a lock held by any other pid is.
+    #[test]
+    fn the_dead_daemons_own_lock_is_no_successor() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = StateLock::acquire(dir.path(), Duration::ZERO)
+            .unwrap()
+            .expect("the lock");
+        let me = std::process::id();
+        assert_eq!(persist::lock_holder(dir.path()), Some(me));
+        assert!(!successor_within(
+            dir.path(),
+            Duration::from_millis(120),
+            me
+        ));
+        assert!(successor_within(dir.path(), Duration::from_millis(120), 1));
+        drop(held);
+        assert!(!successor_within(dir.path(), Duration::ZERO, 1));
+    }
 }

@@ -180,7 +180,10 @@ impl StateWriter {
 }
 
 /// An exclusive lock on the state directory (`daemon.lock`), held by the daemon for its whole life and
-/// by the guardian while it recovers. Released by the kernel when its holder dies.
+/// by the guardian while it recovers. Released by the kernel when its holder dies. The file holds the
+/// pid of whoever took it last ([`lock_holder`]): a dying daemon's lock is still held for a moment
+/// after its children are reparented (another of its threads may close its descriptors last), and
+/// the guardian must not take it for a successor's.
 pub struct StateLock {
     _file: std::fs::File,
 }
@@ -202,6 +205,9 @@ impl StateLock {
                 nix::libc::flock(file.as_raw_fd(), nix::libc::LOCK_EX | nix::libc::LOCK_NB)
             };
             if rc == 0 {
+                use std::os::unix::fs::FileExt;
+                file.set_len(0)?;
+                file.write_all_at(std::process::id().to_string().as_bytes(), 0)?;
                 return Ok(Some(StateLock { _file: file }));
             }
             let e = std::io::Error::last_os_error();
@@ -214,6 +220,16 @@ impl StateLock {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
     }
+}
+
+/// The pid written in `dir`'s `daemon.lock` by whoever took the lock last (`None`: none written, or
+/// no lock file). Whether the lock is held now is `StateLock::acquire`'s to say.
+pub fn lock_holder(dir: &Path) -> Option<u32> {
+    std::fs::read_to_string(dir.join("daemon.lock"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// Reads the state file; `Ok(None)` when there is none.

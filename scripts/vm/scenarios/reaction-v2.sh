@@ -4,7 +4,7 @@
 # - With the package's own config (the prediction policy, `reaction_ms = 250`): never OOM-killed
 #   (pass/fail), 20 runs.
 # - With a level-only policy (`reaction_ms = 0`: it pauses when the job's cgroup crosses critical,
-#   95 %): a benchmark, 10 runs (LEVEL_RUNS). On v2 no kernel notification comes at a usage level, so the daemon
+#   95 %): a benchmark, 10 runs (LEVEL_RUNS; those that start within 420 s of the scenario's start). On v2 no kernel notification comes at a usage level, so the daemon
 #   decides on its probe, and the 5 % margin lasts 60-70 ms at the 350-450 MiB/s the guest reaches
 #   under TCG: a stall of the emulated guest longer than that loses the job (it did, 1 run in 40, in a
 #   CI run). Its survivals and OOM kills are reported, not asserted.
@@ -21,6 +21,7 @@ LEVEL_RUNS=${LEVEL_RUNS:-10}
 CONF=/etc/memwatch/memwatch.toml
 LIMIT_MIB=512
 
+SCENARIO_START=$(now_ms)
 ensure_memwatch || { result $S fail "setup: memwatch not serving ($(systemctl is-active memwatch))"; exit 1; }
 cp $CONF /tmp/memwatch.toml.orig
 # with_config SED…: the shipped config edited by SED, the daemon restarted on it.
@@ -58,12 +59,13 @@ finish() {
   systemctl reset-failed "$1" >/dev/null 2>&1
 }
 
-# policy RATE N: N runs at RATE under the config in force; POLICY names it (shipped or level-only).
+# policy RATE N [UNTIL_MS]: N runs at RATE under the config in force, none started after UNTIL_MS
+# (now_ms) when given; POLICY names it (shipped or level-only).
 policy() {
-  rate=$1 runs=$2
+  rate=$1 runs=$2 until=${3:-}
   anchor=$(jq -r '.clock.anchor_ms' /var/lib/memwatch/state.json)
   survived=0 killed=0 n=0 lines='' rates='' ms_decided='' ms_last='' at=''
-  while [ $n -lt "$runs" ]; do
+  while [ $n -lt "$runs" ] && { [ -z "$until" ] || [ "$(now_ms)" -lt "$until" ]; }; do
     n=$((n + 1))
     unit=rv-$POLICY-$n
     start "$unit" "$rate"
@@ -111,7 +113,7 @@ policy() {
         printf "p50 %s / p90 %s / max %s", v[int((n - 1) * 0.5 + 0.5)], v[int((n - 1) * 0.9 + 0.5)], v[n - 1]
         if (none) printf " (%d without)", none }'
   }
-  detail="asked $rate MiB/s, measured $(stats $rates) MiB/s; survived $survived of $n, OOM-killed $killed; 95 % crossing → pause decided $(stats $ms_decided) ms, → the job's last progress $(stats $ms_last) ms; frozen at $(stats $at) of $LIMIT_MIB MiB$lines"
+  detail="$n runs of $runs; asked $rate MiB/s, measured $(stats $rates) MiB/s; survived $survived of $n, OOM-killed $killed; 95 % crossing → pause decided $(stats $ms_decided) ms, → the job's last progress $(stats $ms_last) ms; frozen at $(stats $at) of $LIMIT_MIB MiB$lines"
   if [ "$POLICY" = level-only ]; then
     # A benchmark: figures, not a verdict (see the header).
     result $S ok "$POLICY-$rate: $detail"
@@ -125,10 +127,11 @@ policy() {
 # The package's config, as users run it: asserted.
 POLICY=shipped
 policy 4096 "$RUNS"
-# Level-only: measured.
+# Level-only: measured, as many of LEVEL_RUNS as start within 420 s of the scenario's start (a slow
+# TCG guest touches memory at a tenth of a fast one's rate, and the scenario has 600 s).
 with_config 's/^reaction_ms = .*/reaction_ms = 0/'
 POLICY=level-only
-policy 4096 "$LEVEL_RUNS"
+policy 4096 "$LEVEL_RUNS" $((SCENARIO_START + 420000))
 
 # An attached job memwatch does not pause (dry_run) reaches its limit: the kernel's OOM killer ends
 # it; memwatch tells it was OOM-killed.

@@ -338,7 +338,16 @@ impl Engine {
                     Ok(SlurmAnswer::Holders(nodes)) => self.note_slurm_holders(name, nodes, now_ms),
                     Ok(_) => {}
                     Err(e) => {
-                        tracing::debug!(job = name, slurm_job_id = id, error = %e, "cannot read which nodes hold the Slurm job")
+                        tracing::debug!(job = name, slurm_job_id = id, error = %e, "cannot read which nodes hold the Slurm job");
+                        // Tried: the next read waits its turn, so a Slurm that cannot answer is
+                        // not asked again at every sample.
+                        let known = self
+                            .jobs
+                            .get(name)
+                            .and_then(|j| j.slurm_holders.as_ref())
+                            .map(|(_, nodes)| nodes.clone())
+                            .unwrap_or_default();
+                        self.note_slurm_holders(name, known, now_ms);
                     }
                 }
             }

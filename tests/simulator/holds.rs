@@ -116,6 +116,16 @@ fn a_job_another_node_suspended_shows_paused_here_with_who_holds_it() {
     assert_eq!(calls(&s, &SlurmCall::Holders), 2, "{:?}", s.slurm);
     assert_eq!(view(&s).slurm_holders, ["node1", "node3"]);
     assert!(s.slurm.iter().all(|(c, _)| *c == SlurmCall::Holders));
+    // Slurm cannot answer: the read is tried again 10 s later, not at every sample.
+    s.slurm_fails = true;
+    s.now += 10_000;
+    s.sample(0.5);
+    for _ in 0..5 {
+        s.now += 1000;
+        s.sample(0.5);
+    }
+    assert_eq!(calls(&s, &SlurmCall::Holders), 3, "{:?}", s.slurm);
+    s.slurm_fails = false;
     s.slurm_suspended = Some(false);
     s.sample(0.5);
     let v = view(&s);

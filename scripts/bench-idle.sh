@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# What a watchdog costs when nothing happens: memwatch idle (no job, GPU off), memwatch with one calm
+# job of 8 processes attached (memhog holding 64 MiB with 7 sleeping workers), and earlyoom with its
+# defaults, alternated window by window so that drift in the machine's load falls on each alike.
+# Per window: CPU from the process's own threads' schedstat (ns on a CPU), wakeups (voluntary and
+# involuntary context switches of every thread), and VmRSS at the end. Root; a release build of
+# memwatch; earlyoom on PATH (Debian's `earlyoom` package; this script installs nothing).
+#
+#   ./scripts/bench-idle.sh                 WINDOWS=2 SECS=60 (each watcher gets WINDOWS windows)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WINDOWS=${WINDOWS:-2} SECS=${SECS:-60} SETTLE=${SETTLE:-5}
+command -v earlyoom >/dev/null || { echo "earlyoom is not on PATH (apt-get install earlyoom)" >&2; exit 2; }
+cargo build --release --locked -p memwatch -p memwatch-memhog >/dev/null
+mw=target/release/memwatch hog=target/release/memhog
+out=target/bench-idle
+mkdir -p "$out"
+: >"$out/idle.log"
+
+sched() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{s+=$1} END {printf "%d\n", s}'; }
+ctx() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/^(voluntary|nonvoluntary)_ctxt_switches/ {s+=$2} END {print s}'; }
+
+# measure NAME PID: one window of PID, a line to idle.log.
+measure() {
+  sleep "$SETTLE"
+  local s0 x0 t0 s1 x1 t1 rss
+  s0=$(sched "$2") x0=$(ctx "$2") t0=$(date +%s.%N)
+  sleep "$SECS"
+  s1=$(sched "$2") x1=$(ctx "$2") t1=$(date +%s.%N)
+  rss=$(awk '/VmRSS/ {print $2}' "/proc/$2/status")
+  awk -v n="$1" -v s=$((s1 - s0)) -v x=$((x1 - x0)) -v t0="$t0" -v t1="$t1" -v r="$rss" -v l="$(cut -d' ' -f1 /proc/loadavg)" \
+    'BEGIN {d = t1 - t0; printf "%s %.5f %.2f %d %s\n", n, s / 1e9 / d * 100, x / d, r, l}' >>"$out/idle.log"
+}
+
+start_memwatch() {
+  work=$(mktemp -d "${TMPDIR:-/tmp}/memwatch-bench-idle-XXXXXX")
+  printf 'listen = "127.0.0.1:0"\n[gpu]\nenabled = false\n[control]\nsocket = "%s/run/control.sock"\nstate_dir = "%s/state"\n' \
+    "$work" "$work" >"$work/memwatch.toml"
+  "$mw" --config "$work/memwatch.toml" --log-level warn run >"$work/log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 100); do [ -S "$work/run/control.sock" ] && break; sleep 0.05; done
+}
+stop_memwatch() {
+  kill "$pid"
+  wait "$pid" 2>/dev/null || true
+  rm -rf "$work"
+}
+
+for w in $(seq 1 "$WINDOWS"); do
+  # idle memwatch
+  start_memwatch
+  measure memwatch-idle "$pid"
+  stop_memwatch
+  # earlyoom, defaults (it reports every hour by default; -r 0 would only silence that)
+  earlyoom >/dev/null 2>&1 &
+  eo=$!
+  measure earlyoom "$eo"
+  kill "$eo"
+  wait "$eo" 2>/dev/null || true
+  # memwatch with one calm job of 8 processes
+  start_memwatch
+  "$hog" --rate-mib 256 --total-mib 64 --workers 7 --hold-ms $(((SETTLE + SECS + 30) * 1000)) >/dev/null &
+  job=$!
+  sleep 1
+  "$mw" --config "$work/memwatch.toml" attach "$job" --name calm >/dev/null
+  measure memwatch-calm-8 "$pid"
+  kill "$job" 2>/dev/null || true
+  pkill -P "$job" 2>/dev/null || true
+  wait "$job" 2>/dev/null || true
+  stop_memwatch
+done
+
+echo "| watcher | windows | CPU of a core, median (schedstat) | wakeups/s, median | VmRSS, median | 1-min load |"
+echo "|---|---|---|---|---|---|"
+for n in memwatch-idle memwatch-calm-8 earlyoom; do
+  awk -v n="$n" 'BEGIN {k = 0} $1 == n {c[k] = $2; x[k] = $3; r[k] = $4; l = l (l ? ", " : "") $5; k++}
+    function med(a, m,   i, j, t) { for (i = 0; i < m; i++) for (j = i + 1; j < m; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
+      return (m % 2) ? a[int(m / 2)] : (a[m / 2 - 1] + a[m / 2]) / 2 }
+    END { if (k) printf "| %s | %d | %.4f %% | %.2f | %.1f MiB | %s |\n", n, k, med(c, k), med(x, k), med(r, k) / 1024, l }' "$out/idle.log"
+done

@@ -44,6 +44,14 @@ GENERIC_KEYS = [
     "pin_memory=train.pin_memory",
 ]
 GENERIC = {"train": {"micro_batch": 8, "accumulation": 2, "workers": 4, "pin_memory": True}, "epochs": 5}
+# The same starting values as a transformers TrainingArguments config (the `hf` profile).
+HF = {
+    "per_device_train_batch_size": 8,
+    "gradient_accumulation_steps": 2,
+    "dataloader_num_workers": 4,
+    "dataloader_pin_memory": True,
+    "num_train_epochs": 5,
+}
 
 
 @dataclass

@@ -11,15 +11,7 @@ import socket
 import pytest
 
 from conftest import eventually, python, TRAINERS
-from scenario import CONFIG, GENERIC, read
-
-HF = {
-    "per_device_train_batch_size": 8,
-    "gradient_accumulation_steps": 2,
-    "dataloader_num_workers": 4,
-    "dataloader_pin_memory": True,
-    "num_train_epochs": 5,
-}
+from scenario import CONFIG, GENERIC, HF, read
 
 CASES = [
     ("torch", "ddp_train.py", GENERIC, "ddp", [], "torch"),

@@ -13,15 +13,8 @@ import pytest
 pytest.importorskip("transformers")
 
 from conftest import MIB, TRAINERS, eventually, python  # noqa: E402
-from scenario import CONFIG, Run, assert_adapted, assert_exact_windows, read, under_pressure  # noqa: E402
+from scenario import CONFIG, HF, Run, assert_adapted, assert_exact_windows, read, under_pressure  # noqa: E402
 
-HF = {
-    "per_device_train_batch_size": 8,
-    "gradient_accumulation_steps": 2,
-    "dataloader_num_workers": 4,
-    "dataloader_pin_memory": True,
-    "num_train_epochs": 5,
-}
 STEPS_PER_EPOCH = 512 // 16
 
 

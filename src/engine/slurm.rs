@@ -69,8 +69,7 @@ impl Engine {
             .values()
             .filter(|j| !self.slurm_checking.contains(&j.name))
             .filter_map(|j| {
-                if let Some(p) = j.pause.as_ref().filter(|p| p.suspended().is_some()) {
-                    let s = p.suspended()?;
+                if let Some((p, s)) = j.pause.as_ref().and_then(|p| Some((p, p.suspended()?))) {
                     return (p.phase == crate::job::PausePhase::Held
                         && !p.dry_run
                         && !s.ctl.holder.is_empty())

@@ -27,7 +27,6 @@ class Proposal:
 
     rank: int
     micro_batch: int
-    urgent: bool
 
 
 def distributed(world_size: int) -> Any:
@@ -97,7 +96,7 @@ def settle(dist: Any, mine: Optional[Directives], micro_now: int, per_step: int)
     new = dict(mine.new_values()) if mine is not None else {}
     proposal = None
     if mine is not None:
-        proposal = Proposal(dist.get_rank(), int(new.get(MICRO_BATCH, micro_now)), mine.urgent)
+        proposal = Proposal(dist.get_rank(), int(new.get(MICRO_BATCH, micro_now)))
     proposals = gather(dist, proposal)
     if not proposals:
         return None

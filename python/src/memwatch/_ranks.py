@@ -61,10 +61,16 @@ def any_rank(dist: Any, flag: bool) -> bool:
 
 
 def gather(dist: Any, mine: Optional[Proposal]) -> List[Proposal]:
-    """Every rank's proposal (every rank must call it)."""
-    out: List[Optional[Proposal]] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, mine)
-    return [p for p in out if p is not None]
+    """Every rank's proposal (every rank must call it): one small all-gather of tensors, each rank's
+    micro-batch asked for or -1 for none. Not `all_gather_object`, which needs numpy, and torch does
+    not."""
+    import torch
+
+    device = _device(dist)
+    t = torch.tensor([mine.micro_batch if mine is not None else -1], dtype=torch.int64, device=device)
+    out = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return [Proposal(rank, int(v.item())) for rank, v in enumerate(out) if int(v.item()) >= 0]
 
 
 def agreed_micro_batch(proposals: List[Proposal], current: int) -> int:

@@ -73,6 +73,7 @@ fn main() {
     let info = DaemonInfo {
         version: env!("CARGO_PKG_VERSION"),
         samples_total: 12345,
+        sample_interval_ms: 1000,
     };
     let bytes = render(Some(&sample), &info).len();
     measure(

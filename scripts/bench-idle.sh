@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # What a watchdog costs when nothing happens: memwatch idle (no job, GPU off), memwatch with one calm
-# job of 8 processes attached (memhog holding 64 MiB with 7 sleeping workers), and earlyoom with its
-# defaults, alternated window by window so that drift in the machine's load falls on each alike.
-# Per window: CPU from the process's own threads' schedstat (ns on a CPU), wakeups (voluntary and
-# involuntary context switches of every thread), and VmRSS at the end. Root; a release build of
+# job of 8 processes attached (memhog holding 64 MiB with 7 sleeping workers) and with one of LARGE
+# (1 024) processes, and earlyoom with its defaults, alternated window by window so that drift in the machine's load falls on each alike.
+# Per window: CPU in ns (the process alone in a cpuacct cgroup where v1's cpuacct is mounted, else its
+# live threads' schedstat), wakeups (voluntary and involuntary context switches of its live threads),
+# and VmRSS at the end. Root; a release build of
 # memwatch; earlyoom on PATH (Debian's `earlyoom` package; this script installs nothing).
 #
 #   ./scripts/bench-idle.sh                 WINDOWS=2 SECS=60 (each watcher gets WINDOWS windows)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-WINDOWS=${WINDOWS:-2} SECS=${SECS:-60} SETTLE=${SETTLE:-5}
+WINDOWS=${WINDOWS:-2} SECS=${SECS:-60} SETTLE=${SETTLE:-5} LARGE=${LARGE:-1024}
 command -v earlyoom >/dev/null || { echo "earlyoom is not on PATH (apt-get install earlyoom)" >&2; exit 2; }
 cargo build --release --locked -p memwatch -p memwatch-memhog >/dev/null
 mw=target/release/memwatch hog=target/release/memhog
@@ -17,11 +18,20 @@ out=target/bench-idle
 mkdir -p "$out"
 : >"$out/idle.log"
 
-sched() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{s+=$1} END {printf "%d\n", s}'; }
+# CPU: the watcher alone in a cpuacct cgroup of its own where there is one (it counts threads that
+# end inside the window too: tokio's blocking threads come and go), else its live threads' schedstat.
+acct=/sys/fs/cgroup/cpuacct/memwatch-bench-idle
+[ -d /sys/fs/cgroup/cpuacct ] && mkdir -p "$acct" || acct=
+trap '[ -z "$acct" ] || rmdir "$acct" 2>/dev/null || true' EXIT
+sched() {
+  if [ -n "$acct" ]; then cat "$acct/cpuacct.usage"; return; fi
+  cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{s+=$1} END {printf "%d\n", s}'
+}
 ctx() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/^(voluntary|nonvoluntary)_ctxt_switches/ {s+=$2} END {print s}'; }
 
 # measure NAME PID: one window of PID, a line to idle.log.
 measure() {
+  [ -z "$acct" ] || echo "$2" >"$acct/cgroup.procs"
   sleep "$SETTLE"
   local s0 x0 t0 s1 x1 t1 rss
   s0=$(sched "$2") x0=$(ctx "$2") t0=$(date +%s.%N)
@@ -57,22 +67,27 @@ for w in $(seq 1 "$WINDOWS"); do
   measure earlyoom "$eo"
   kill "$eo"
   wait "$eo" 2>/dev/null || true
-  # memwatch with one calm job of 8 processes
-  start_memwatch
-  "$hog" --rate-mib 256 --total-mib 64 --workers 7 --hold-ms $(((SETTLE + SECS + 30) * 1000)) >/dev/null &
-  job=$!
-  sleep 1
-  "$mw" --config "$work/memwatch.toml" attach "$job" --name calm >/dev/null
-  measure memwatch-calm-8 "$pid"
-  kill "$job" 2>/dev/null || true
-  pkill -P "$job" 2>/dev/null || true
-  wait "$job" 2>/dev/null || true
-  stop_memwatch
+  # memwatch with one calm job of 8 processes, then of LARGE
+  for n in 8 "$LARGE"; do
+    start_memwatch
+    "$hog" --rate-mib 256 --total-mib 64 --workers $((n - 1)) --hold-ms $(((SETTLE + SECS + 30) * 1000)) >/dev/null &
+    job=$!
+    sleep $((1 + n / 256))
+    "$mw" --config "$work/memwatch.toml" attach "$job" --name calm >/dev/null
+    measure "memwatch-calm-$n" "$pid"
+    # The workers first: once memhog is gone they are init's, and -P finds none.
+    pkill -P "$job" 2>/dev/null || true
+    kill "$job" 2>/dev/null || true
+    wait "$job" 2>/dev/null || true
+    stop_memwatch
+  done
 done
 
-echo "| watcher | windows | CPU of a core, median (schedstat) | wakeups/s, median | VmRSS, median | 1-min load |"
+how=schedstat
+[ -z "$acct" ] || how=cpuacct
+echo "| watcher | windows | CPU of a core, median ($how) | wakeups/s, median | VmRSS, median | 1-min load |"
 echo "|---|---|---|---|---|---|"
-for n in memwatch-idle memwatch-calm-8 earlyoom; do
+for n in memwatch-idle memwatch-calm-8 "memwatch-calm-$LARGE" earlyoom; do
   awk -v n="$n" 'BEGIN {k = 0} $1 == n {c[k] = $2; x[k] = $3; r[k] = $4; l = l (l ? ", " : "") $5; k++}
     function med(a, m,   i, j, t) { for (i = 0; i < m; i++) for (j = i + 1; j < m; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
       return (m % 2) ? a[int(m / 2)] : (a[m / 2 - 1] + a[m / 2]) / 2 }

@@ -128,10 +128,10 @@ type Probe = (Option<(u64, u64)>, Vec<(String, cgroup::CgroupMemory)>);
 /// The cheap probe: MemAvailable and every job's cgroup. Small reads, done inline.
 /// Only the usage file is read (one small read); limit and inactive file cache come from the last full
 /// read of the cgroup, which every full sample refreshes.
-fn probe(config: &Config, engine: &Engine, now: u64) -> Probe {
+fn probe(engine: &Engine, host_meminfo: &mut meminfo::MeminfoFile, now: u64) -> Probe {
     let host = engine
         .probe_host(now)
-        .then(|| meminfo::read(&config.host.root).ok())
+        .then(|| host_meminfo.read().ok())
         .flatten()
         .map(|m| (m.available_bytes, m.total_bytes));
     let cgroups = engine
@@ -241,8 +241,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         crate::http::serve(listener, app, limits, stop).await
     });
 
-    let every = Duration::from_millis(config.sampling.interval_ms.0);
-    let mut next_full = Instant::now();
+    // When the last full sample started (its cadence: the engine's interval, stretched while calm),
+    // and whether a reader asked for a fresh one.
+    let mut full_started: Option<Instant> = None;
+    let mut host_meminfo = meminfo::MeminfoFile::new(&config.host.root);
+    let mut demanded = false;
     let mut next_probe = Instant::now();
     let mut sampler = Some(sampler(&config));
     let mut full: Option<JoinHandle<FullResult>> = None;
@@ -267,6 +270,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     loop {
         let probing = engine.probe_interval_ms(clock.now_ms());
+        let full_every = engine.sample_interval_ms(clock.now_ms());
+        shared
+            .sample_interval_ms
+            .store(full_every, std::sync::atomic::Ordering::Relaxed);
+        let next_full = match full_started {
+            Some(t) if !demanded => t + Duration::from_millis(full_every),
+            _ => Instant::now(),
+        };
         // The engine's next deadline, on tokio's clock (a millisecond late rather than early).
         let deadline = engine.poll_timeout().map(|at| {
             Instant::now() + Duration::from_millis(at.saturating_sub(clock.now_ms()) + 1)
@@ -287,7 +298,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 // The kernel saw a crossing: probe now, on this very turn.
                 let now = clock.now_ms();
                 engine.handle_wake(now);
-                next_probe = run_probe(&config, &mut engine, &shared, &executor, now);
+                next_probe = run_probe(&config, &mut host_meminfo, &mut engine, &shared, &executor, now);
             }
             Some(outcome) = outcomes.recv() => {
                 let now = clock.now_ms();
@@ -297,8 +308,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     shared.publish_view(engine.view());
                 }
             }
+            _ = shared.demand.notified() => {
+                // A reader found the sample stale (stretched while calm): one now, unless one is
+                // on its way.
+                demanded = full.is_none() && shared.sample_age_ms() > shared.fresh_ms;
+            }
             Some(env) = requests.recv() => {
                 let now = clock.now_ms();
+                // A command while samples are stretched gets a fresh one next.
+                demanded |= full_every > shared.fresh_ms && shared.sample_age_ms() > shared.fresh_ms;
                 let reply = engine.handle_command(env.request, env.caller, now);
                 let _ = env.reply.send(reply);
                 executor.drain(&mut engine, now);
@@ -342,10 +360,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 }
             }
             _ = tokio::time::sleep_until(next_full), if full.is_none() && sampler.is_some() => {
-                next_full += every;
-                if next_full < Instant::now() {
-                    next_full = Instant::now() + every;
-                }
+                // On cadence unless more than an interval late.
+                let late = Instant::now().saturating_duration_since(next_full);
+                full_started = Some(if late < Duration::from_millis(config.sampling.interval_ms.0) {
+                    next_full
+                } else {
+                    Instant::now()
+                });
+                demanded = false;
                 if let Some(s) = sampler.take() {
                     full = Some(spawn_full(s, &mut engine, clock.now_ms(), config.host.process_root.clone()));
                 }
@@ -360,7 +382,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 }
             }
             _ = tokio::time::sleep_until(next_probe), if probing.is_some() => {
-                next_probe = run_probe(&config, &mut engine, &shared, &executor, clock.now_ms());
+                next_probe = run_probe(&config, &mut host_meminfo, &mut engine, &shared, &executor, clock.now_ms());
                 // A new job's cgroup limit is first known from its first probe.
                 if watches.limit_unknown {
                     watches.sync(&mut engine);
@@ -400,12 +422,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 /// One probe and policy step; returns when the next probe is due.
 fn run_probe(
     config: &Config,
+    host_meminfo: &mut meminfo::MeminfoFile,
     engine: &mut Engine,
     shared: &Shared,
     executor: &Executor,
     now: u64,
 ) -> Instant {
-    let (host, cgroups) = probe(config, engine, now);
+    let (host, cgroups) = probe(engine, host_meminfo, now);
     engine.handle_probe(host, cgroups, now);
     executor.drain(engine, now);
     if engine.take_dirty() {

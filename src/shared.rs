@@ -35,6 +35,14 @@ pub struct Shared {
     pub notify: Arc<crate::notify::Stats>,
     /// Kernel notifications (PSI triggers, memory thresholds) received, by source, for `/metrics`.
     pub kernel: Arc<crate::wake::Notified>,
+    /// A reader found the sample older than `fresh_ms`: the owner task takes one now.
+    pub demand: tokio::sync::Notify,
+    /// A sample at most this old is fresh enough for a reader (`sampling.interval_ms`).
+    pub fresh_ms: u64,
+    /// The full-sample interval now, ms (stretched while calm), set by the owner task.
+    pub sample_interval_ms: std::sync::atomic::AtomicU64,
+    /// Samples published so far, for readers that wait for the next one.
+    published: tokio::sync::watch::Sender<u64>,
 }
 
 impl Shared {
@@ -44,9 +52,19 @@ impl Shared {
             snapshot: RwLock::new(Arc::new(Snapshot::default())),
             history: RwLock::new(History::new(config.sampling.history_len())),
             history_seconds: config.sampling.history_seconds.0,
-            stale_after_ms: stale_after_ms(config.sampling.interval_ms.0),
+            stale_after_ms: stale_after_ms(
+                config
+                    .sampling
+                    .calm_interval_ms
+                    .0
+                    .max(config.sampling.interval_ms.0),
+            ),
             notify: Arc::default(),
             kernel: Arc::default(),
+            demand: tokio::sync::Notify::new(),
+            fresh_ms: config.sampling.interval_ms.0,
+            sample_interval_ms: config.sampling.interval_ms.0.into(),
+            published: tokio::sync::watch::Sender::new(0),
         }
     }
 
@@ -96,6 +114,32 @@ impl Shared {
             && crate::clock::boot_ms().saturating_sub(s.sampled_at_boot_ms) <= self.stale_after_ms
     }
 
+    /// How old the latest sample is, ms (`u64::MAX` before the first).
+    pub fn sample_age_ms(&self) -> u64 {
+        let s = self.snapshot();
+        match s.sample {
+            Some(_) => crate::clock::boot_ms().saturating_sub(s.sampled_at_boot_ms),
+            None => u64::MAX,
+        }
+    }
+
+    /// Makes the sample fresh for a reader while samples are stretched (calm): when it is older than
+    /// `fresh_ms`, asks the owner task for one and waits for it, at most `wait`. Returns at once when
+    /// fresh, or when samples are not stretched (a late sample then is a slow sampler, which a reader
+    /// must not wait on).
+    pub async fn freshen(&self, wait: std::time::Duration) {
+        let stretched = self
+            .sample_interval_ms
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > self.fresh_ms;
+        if !stretched || self.sample_age_ms() <= self.fresh_ms {
+            return;
+        }
+        let mut next = self.published.subscribe();
+        self.demand.notify_one();
+        let _ = tokio::time::timeout(wait, next.changed()).await;
+    }
+
     fn swap(&self, f: impl FnOnce(&Snapshot) -> Snapshot) {
         let mut guard = match self.snapshot.write() {
             Ok(g) => g,
@@ -120,6 +164,7 @@ impl Shared {
             samples_total: old.samples_total + 1,
             sampled_at_boot_ms: crate::clock::boot_ms(),
         });
+        self.published.send_modify(|n| *n += 1);
     }
 
     pub(crate) fn publish_view(&self, view: View) {
@@ -132,7 +177,8 @@ impl Shared {
     }
 }
 
-/// How old a sample may get before the daemon calls itself not ready: three intervals, at least 5 s.
+/// How old a sample may get before the daemon calls itself not ready: three (calm) intervals, at
+/// least 5 s.
 pub fn stale_after_ms(interval_ms: u64) -> u64 {
     interval_ms.saturating_mul(3).max(5000)
 }

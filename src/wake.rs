@@ -150,18 +150,7 @@ impl Wakers {
     }
 }
 
-/// Whether `path` lies on procfs or a cgroup filesystem, where writing a trigger is a request to the
-/// kernel (and not, as on a fixture tree, an edit of a file).
-pub fn on_kernel_fs(path: &Path) -> bool {
-    const PROC: i64 = 0x9fa0;
-    const CGROUP: i64 = 0x27e0eb;
-    const CGROUP2: i64 = 0x6367_7270;
-    nix::sys::statfs::statfs(path).is_ok_and(|s| {
-        #[allow(clippy::unnecessary_cast)] // the field is i64 on some targets, i32 or u32 on others
-        let t = s.filesystem_type().0 as i64;
-        t == PROC || t == CGROUP || t == CGROUP2
-    })
-}
+pub use crate::sample::kept::on_kernel_fs;
 
 fn eventfd() -> std::io::Result<OwnedFd> {
     // SAFETY: plain syscall; a non-negative return is a new descriptor we own.

@@ -51,7 +51,7 @@ class Daemon:
         self.socket = self.dir / "run" / "control.sock"
         config = self.dir / "memwatch.toml"
         config.write_text(
-            f'listen = "127.0.0.1:0"\n{extra_config}\n[sampling]\ninterval_ms = {interval_ms}\n'
+            f'listen = "127.0.0.1:0"\n{extra_config}\n[sampling]\ninterval_ms = {interval_ms}\ncalm_interval_ms = {interval_ms}\n'
             f'[host]\nroot = "/"\n[gpu]\nlibrary = "{FAKE_NVML}"\n'
             f'[control]\nsocket = "{self.socket}"\nstate_dir = "{self.state}"\n'
         )

@@ -123,8 +123,18 @@ fn dispatch(cli: Cli) -> Result<(), Failure> {
                 .worker_threads(2)
                 .enable_all()
                 .max_blocking_threads(4)
+                // Longer than a calm sampling interval, so that a calm daemon's full samples find
+                // their blocking thread parked rather than start a new one each time.
+                .thread_keep_alive(std::time::Duration::from_secs(120))
                 .build()?;
-            runtime.block_on(crate::daemon::run(config))?;
+            // The owner task runs on a worker, not on this thread: a timer then wakes the worker
+            // that already holds the time driver, with no hand-off to a thread parked in
+            // `block_on` (half the idle wake-ups).
+            runtime.block_on(async {
+                tokio::spawn(crate::daemon::run(config))
+                    .await
+                    .map_err(|e| anyhow::anyhow!("the daemon's task failed: {e}"))?
+            })?;
             Ok(())
         }
         Command::Status { json, url, watch } => status::run(&cli, *json, url.clone(), *watch),

@@ -17,6 +17,16 @@ pub const DOCS: &[(&str, &str)] = &[
         "Sampling interval in milliseconds (10 to 3600000). 1000 costs well under 1 % of a core.",
     ),
     (
+        "sampling.calm_interval_ms",
+        "Full-sample interval while all is calm and the kernel watches for change (10 to
+3600000): every level ok and none within 5 points of warn, nothing paused, every job's cgroup under
+kernel memory thresholds (cgroup v1) and using no GPU, the host's pressure under a PSI trigger. The
+host's MemAvailable is still read every interval_ms while 4 GiB/s of growth could use the room above
+its critical line within one calm interval, and a read of the data (/metrics, the JSON API, the
+dashboard, the CLI) takes a fresh sample when the last is older than interval_ms. At or below
+interval_ms: never stretched.",
+    ),
+    (
         "sampling.history_seconds",
         "Seconds of history kept in memory for /api/v1/history and the dashboard (60 to 604800).",
     ),

@@ -151,6 +151,14 @@ impl Default for Control {
 pub struct Sampling {
     /// Sampling interval in milliseconds (10 to 3600000). 1000 costs well under 1 % of a core.
     pub interval_ms: IntervalMs,
+    /// Full-sample interval while all is calm and the kernel watches for change (10 to
+    /// 3600000): every level ok and none within 5 points of warn, nothing paused, every job's cgroup under
+    /// kernel memory thresholds (cgroup v1) and using no GPU, the host's pressure under a PSI trigger. The
+    /// host's MemAvailable is still read every interval_ms while 4 GiB/s of growth could use the room above
+    /// its critical line within one calm interval, and a read of the data (/metrics, the JSON API, the
+    /// dashboard, the CLI) takes a fresh sample when the last is older than interval_ms. At or below
+    /// interval_ms: never stretched.
+    pub calm_interval_ms: IntervalMs,
     /// Seconds of history kept in memory for /api/v1/history and the dashboard (60 to 604800).
     pub history_seconds: HistorySeconds,
     /// While a job is attached, its memory cgroup and the host's MemAvailable are probed this often
@@ -324,6 +332,7 @@ impl Default for Sampling {
     fn default() -> Self {
         Sampling {
             interval_ms: IntervalMs(1000),
+            calm_interval_ms: IntervalMs(10_000),
             history_seconds: HistorySeconds(3600),
             probe_interval_ms: IntervalMs(100),
             fast_interval_ms: IntervalMs(10),

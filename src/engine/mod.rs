@@ -3,6 +3,7 @@
 //! commands, and renders the views the HTTP side publishes. Synchronous; the daemon task drives it.
 
 mod adapt;
+mod calm;
 mod commands;
 mod effect;
 mod effects;
@@ -117,6 +118,10 @@ pub struct WakePlan {
 /// 64 or fewer on every full sample.
 const WALK_BUDGET_MS_PER_PROCESS: u64 = 5;
 
+/// The same while calm (`Engine::calm`, full samples stretched): 1 024 processes every 25.6 s (a walk
+/// of them costs about 57 ms), 400 or fewer on every calm full sample.
+const WALK_BUDGET_CALM_MS_PER_PROCESS: u64 = 25;
+
 /// The shortest window host growth is measured over: MemAvailable moves in steps of a few MiB every
 /// few hundred ms, which a 1 s window turns into rates that jump from negative to twice the truth.
 const HOST_WINDOW_MS: u64 = 5000;
@@ -131,6 +136,11 @@ const FASTEST_GROWTH: f64 = 4.0 * 1024.0 * 1024.0 * 1024.0;
 
 /// smaps_rollup (PSS, swap) is read at least this often; RSS every sample.
 const DETAILED_EVERY_MS: u64 = 5000;
+
+/// While calm, smaps_rollup is read this often (a process whose RSS moved is read again anyway): it
+/// walks every page table entry, the largest cost of a calm job's full sample (9 ms every 10 s for 8
+/// processes sharing 64 MiB).
+const DETAILED_CALM_MS: u64 = 300_000;
 
 /// The owner task's state: the attached jobs, the policy's memory, the audit log and what is due.
 /// Only the owner task touches it; every other task sends it requests.
@@ -258,7 +268,12 @@ impl Engine {
     /// The jobs to measure: name, root, cgroup, and the previous measurement to carry PSS over from
     /// (`None`: read smaps_rollup this time).
     pub fn measure_plan(&mut self, now_ms: u64) -> Vec<MeasurePlan> {
-        let detailed = now_ms.saturating_sub(self.last_detailed_ms) >= DETAILED_EVERY_MS
+        let (every, walk_budget) = if self.calm(now_ms) {
+            (DETAILED_CALM_MS, WALK_BUDGET_CALM_MS_PER_PROCESS)
+        } else {
+            (DETAILED_EVERY_MS, WALK_BUDGET_MS_PER_PROCESS)
+        };
+        let detailed = now_ms.saturating_sub(self.last_detailed_ms) >= every
             || self
                 .policy
                 .levels
@@ -281,8 +296,7 @@ impl Engine {
                 let procs = j.last.as_ref().map_or(0, |l| l.processes.len()) as u64;
                 let due = troubled
                     || j.pause.is_some()
-                    || now_ms.saturating_sub(j.walked_at_ms)
-                        >= procs.saturating_mul(WALK_BUDGET_MS_PER_PROCESS);
+                    || now_ms.saturating_sub(j.walked_at_ms) >= procs.saturating_mul(walk_budget);
                 if !due {
                     return None;
                 }
@@ -321,46 +335,6 @@ impl Engine {
                 ))
             })
             .collect()
-    }
-
-    /// Whether probes should read /proc/meminfo: near trouble; when host memory is at least half
-    /// used; or when the room left above the host's critical line is less than the fastest growth
-    /// memwatch plans for would take within one full sample interval (a low critical line on a big
-    /// host is crossed between two samples, and no kernel notification comes for MemAvailable).
-    pub fn probe_host(&self, now_ms: u64) -> bool {
-        let critical = self.cfg.policy.host_memory.critical.0;
-        let interval_s = self.cfg.sampling.interval_ms.0 as f64 / 1000.0;
-        now_ms < self.fast_until_ms
-            || self.host_memory.is_none_or(|(a, t)| {
-                let room = a as f64 - t as f64 * (1.0 - critical);
-                t == 0 || a * 2 <= t || room <= FASTEST_GROWTH * interval_s
-            })
-    }
-
-    /// How long until the next probe: fast near trouble, slower when calm, none without jobs — and none
-    /// while calm when the kernel watches every job's cgroup and the host (it wakes the daemon on a
-    /// crossing; the full samples keep the growth rates).
-    pub fn probe_interval_ms(&self, now_ms: u64) -> Option<u64> {
-        if self.jobs.is_empty() {
-            return None;
-        }
-        let s = &self.cfg.sampling;
-        if now_ms < self.fast_until_ms {
-            return Some(s.fast_interval_ms.0);
-        }
-        let watched = self.host_watched
-            && !self.probe_host(now_ms)
-            && self
-                .jobs
-                .values()
-                // A job outside any memory cgroup has nothing to probe but the host.
-                .all(|j| (j.watched || j.cgroup_dir.is_none()) && j.pause.is_none())
-            && self
-                .policy
-                .levels
-                .values()
-                .all(|l| l.level == policy::Level::Ok);
-        (!watched).then_some(s.probe_interval_ms.0)
     }
 
     /// What the kernel should watch: each job with a memory cgroup (v1: usage thresholds at these

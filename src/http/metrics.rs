@@ -15,6 +15,8 @@ pub struct DaemonInfo<'a> {
     pub version: &'a str,
     /// Samples taken since the daemon started.
     pub samples_total: u64,
+    /// The full-sample interval now, ms: `sampling.interval_ms`, or `calm_interval_ms` while calm.
+    pub sample_interval_ms: u64,
 }
 
 fn b(v: u64) -> f64 {
@@ -36,6 +38,11 @@ pub fn render(sample: Option<&Sample>, info: &DaemonInfo) -> String {
         "Samples taken since the daemon started.",
     )
     .add(&[], info.samples_total as f64);
+    w.gauge(
+        "memwatch_sample_interval_seconds",
+        "The full-sample interval now: sampling.interval_ms, stretched to calm_interval_ms while calm.",
+    )
+    .add(&[], info.sample_interval_ms as f64 / 1000.0);
     let Some(s) = sample else {
         return w.out;
     };
@@ -408,6 +415,7 @@ mod tests {
             &DaemonInfo {
                 version: "1",
                 samples_total: 3,
+                sample_interval_ms: 1000,
             },
         );
         assert!(text.contains(r#"name="we\"ird\\name\n""#), "{text}");
@@ -424,6 +432,7 @@ mod tests {
             &DaemonInfo {
                 version: "1",
                 samples_total: 0,
+                sample_interval_ms: 1000,
             },
         );
         assert!(text.contains("memwatch_up 1\n"));

@@ -61,11 +61,40 @@ pub fn router(
         .route("/-/healthy", get(|| async { "OK\n" }))
         .route("/-/ready", get(api::ready))
         .fallback(api::not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            fresh_reads,
+        ))
         .layer(axum::middleware::from_fn(json_errors))
         .layer(DefaultBodyLimit::max(
             usize::try_from(limits.max_body_bytes.0).unwrap_or(usize::MAX),
         ))
         .with_state(AppState { shared, owner })
+}
+
+/// The longest a read waits for the fresh sample it asked for (an idle host's takes a few ms, a walk
+/// of 1 024 processes about 60); then it is answered with the last.
+const FRESH_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// A read of the data (`/metrics`, the JSON API; not the trainer's endpoints, not health) finds a
+/// sample no older than `sampling.interval_ms`: while calm, samples are stretched, and the reader
+/// asks for one (`Shared::freshen`). Someone looking gets live data; nobody looking costs nothing.
+async fn fresh_reads(
+    axum::extract::State(shared): axum::extract::State<Arc<Shared>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let path = request.uri().path();
+    let trainer = ["/directives", "/ack", "/progress"]
+        .iter()
+        .any(|t| path.ends_with(t));
+    if request.method() == axum::http::Method::GET
+        && (path == "/metrics" || path.starts_with("/api/v1/"))
+        && !trainer
+    {
+        shared.freshen(FRESH_WAIT).await;
+    }
+    next.run(request).await
 }
 
 /// Every error answer outside the health endpoints (`/-/…`, plain text as Prometheus's) is JSON,
@@ -150,6 +179,9 @@ async fn metrics_handler(
     let info = metrics::DaemonInfo {
         version: env!("CARGO_PKG_VERSION"),
         samples_total: snap.samples_total,
+        sample_interval_ms: shared
+            .sample_interval_ms
+            .load(std::sync::atomic::Ordering::Relaxed),
     };
     let mut body = metrics::render(snap.sample.as_deref(), &info);
     jobs_metrics::render(&mut body, &snap.view);

@@ -6,6 +6,7 @@
 pub mod cgroup;
 pub mod error;
 pub mod gpu;
+pub mod kept;
 pub mod meminfo;
 pub mod nvml;
 pub mod psi;
@@ -135,6 +136,8 @@ pub struct Sampler {
     page_size: u64,
     /// Read once: every sample carries it, and it does not change under a running daemon.
     hostname: Option<String>,
+    /// /proc/meminfo, /proc/vmstat and /proc/pressure/{memory,cpu,io}, kept open.
+    kept: [kept::KeptFile; 5],
 }
 
 impl Sampler {
@@ -145,8 +148,18 @@ impl Sampler {
             .flatten()
             .and_then(|v| u64::try_from(v).ok())
             .unwrap_or(4096);
+        let proc = root.join("proc");
+        let kept = [
+            "meminfo",
+            "vmstat",
+            "pressure/memory",
+            "pressure/cpu",
+            "pressure/io",
+        ]
+        .map(|f| kept::KeptFile::new(proc.join(f)));
         Sampler {
             hostname: hostname(&root),
+            kept,
             root,
             gpu,
             books: Default::default(),
@@ -200,17 +213,20 @@ impl Sampler {
         let mut st = Vec::with_capacity(Collector::ALL.len());
         let fail = |e: ReadError| (e.kind(), e.to_string());
         let memory = self.run(Collector::Meminfo, &mut st, |s| {
-            meminfo::read(&s.root).map_err(fail)
+            let (path, text) = s.kept[0].read().map_err(fail)?;
+            meminfo::parse(path, text).map_err(fail)
         });
         let vmstat = self.run(Collector::Vmstat, &mut st, |s| {
-            vmstat::read(&s.root).map_err(fail)
+            let (path, text) = s.kept[1].read().map_err(fail)?;
+            vmstat::parse(path, text).map_err(fail)
         });
         let pressure = self
             .run(Collector::Pressure, &mut st, |s| {
+                let [_, _, memory, cpu, io] = &mut s.kept;
                 Ok(psi::Pressure {
-                    memory: psi::read(&s.root, "memory").map_err(fail)?,
-                    cpu: psi::read(&s.root, "cpu").map_err(fail)?,
-                    io: psi::read(&s.root, "io").map_err(fail)?,
+                    memory: psi::read_kept(memory).map_err(fail)?,
+                    cpu: psi::read_kept(cpu).map_err(fail)?,
+                    io: psi::read_kept(io).map_err(fail)?,
                 })
             })
             .unwrap_or_default();

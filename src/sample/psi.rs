@@ -8,6 +8,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::error::{ReadError, read_text};
+use super::kept::KeptFile;
 
 /// One PSI line: shares of wall time (0–1) stalled over 10/60/300 s, and the total stall time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -60,8 +61,18 @@ impl Pressure {
 /// Reads `<root>/proc/pressure/<resource>`; `Ok(None)` when the kernel has no PSI.
 pub fn read(root: &Path, resource: &str) -> Result<Option<Psi>, ReadError> {
     let path = root.join("proc/pressure").join(resource);
-    match read_text(&path) {
-        Ok(text) => parse(&path, &text).map(Some),
+    absent_is_none(read_text(&path).and_then(|text| parse(&path, &text)))
+}
+
+/// Reads a pressure file kept open ([`KeptFile`]); `Ok(None)` when the kernel has no PSI.
+pub fn read_kept(file: &mut KeptFile) -> Result<Option<Psi>, ReadError> {
+    absent_is_none(file.read().and_then(|(path, text)| parse(path, text)))
+}
+
+/// A pressure file that is not there, or that the kernel refuses to read, is no PSI.
+fn absent_is_none(read: Result<Psi, ReadError>) -> Result<Option<Psi>, ReadError> {
+    match read {
+        Ok(psi) => Ok(Some(psi)),
         Err(e) if e.is_not_found() => Ok(None),
         // Some kernels have the files but refuse reads when PSI is disabled at boot (psi=0).
         Err(ReadError::Io { source, .. })

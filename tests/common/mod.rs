@@ -73,6 +73,9 @@ pub struct Opts<'a> {
     pub gpu_state: Option<&'a str>,
     pub extra_config: &'a str,
     pub interval_ms: u64,
+    /// `sampling.calm_interval_ms`; `None`: `interval_ms` (full samples never stretched, so that a
+    /// test's cadence is the one it names; tests/calm.rs tests the stretching).
+    pub calm_interval_ms: Option<u64>,
     /// Control socket and state live here; a fresh temp dir when `None`.
     pub state: Option<PathBuf>,
     /// Set in the daemon's environment (what systemd would set, say); nothing else of the test's
@@ -94,6 +97,7 @@ impl Default for Opts<'_> {
             gpu_state: Some(include_str!("../fixtures/nvml/two-gpus.json")),
             extra_config: "",
             interval_ms: 100,
+            calm_interval_ms: None,
             state: None,
             env: &[],
             control: "",
@@ -126,11 +130,12 @@ impl Daemon {
         std::fs::write(
             &config,
             format!(
-                "listen = {:?}\n{}\n[sampling]\ninterval_ms = {}\n[host]\nroot = {:?}\n[gpu]\nlibrary = {:?}\n\
+                "listen = {:?}\n{}\n[sampling]\ninterval_ms = {}\ncalm_interval_ms = {}\n[host]\nroot = {:?}\n[gpu]\nlibrary = {:?}\n\
                  [control]\nsocket = {:?}\nstate_dir = {:?}\n{}\n",
                 o.listen,
                 o.extra_config,
                 o.interval_ms,
+                o.calm_interval_ms.unwrap_or(o.interval_ms),
                 o.root,
                 fake_nvml(),
                 socket,

@@ -6,6 +6,7 @@
 //! (signals, the v1 freezer, v2's cgroup.freeze, Slurm) where it applies. No case spawns a process
 //! or touches a real cgroup.
 
+mod calm;
 mod holds;
 mod host;
 mod kills;

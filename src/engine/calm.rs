@@ -1,0 +1,124 @@
+//! How often the engine wants to look: full samples stretched to `sampling.calm_interval_ms` while
+//! all is calm and the kernel watches for change; the host's MemAvailable read cheaply in between
+//! while fast growth could reach its critical line; probes between full samples near trouble.
+
+use super::{Engine, FASTEST_GROWTH};
+use crate::config::RatioPolicy;
+use crate::policy::{Level, LevelState, Resource};
+
+/// A ratio within this of its warn line is near it: not calm.
+const NEAR: f64 = 0.05;
+
+impl Engine {
+    /// How long until the next full sample, in ms: `sampling.calm_interval_ms` while calm, else
+    /// `sampling.interval_ms`.
+    pub fn sample_interval_ms(&self, now_ms: u64) -> u64 {
+        let s = &self.cfg.sampling;
+        if self.calm(now_ms) {
+            s.calm_interval_ms.0.max(s.interval_ms.0)
+        } else {
+            s.interval_ms.0
+        }
+    }
+
+    /// Whether nothing moves that only a full sample would see: a full sample has been taken; the
+    /// kernel watches the host's pressure and every job's cgroup (thresholds); no job is paused,
+    /// uses a GPU or has an effect, adaptation or Slurm call in flight; no probing is fast; and every
+    /// level is ok, with none waiting to change and no ratio within 5 points of its warn line.
+    pub fn calm(&self, now_ms: u64) -> bool {
+        let s = &self.cfg.sampling;
+        s.calm_interval_ms.0 > s.interval_ms.0
+            && self.latest.is_some()
+            && self.host_watched
+            && now_ms >= self.fast_until_ms
+            && self.effects.is_empty()
+            && self.adapting.is_empty()
+            && self.pending_slurm.is_empty()
+            && self.slurm_checking.is_empty()
+            && self.jobs.values().all(|j| {
+                j.watched
+                    && j.pause.is_none()
+                    && j.last
+                        .as_ref()
+                        .is_some_and(|l| l.gpu_bytes.unwrap_or(0) == 0)
+            })
+            && self
+                .policy
+                .levels
+                .iter()
+                .all(|(r, l)| l.level == Level::Ok && l.pending.is_none() && !self.near(r, l))
+    }
+
+    /// Whether a resource's last value lies within [`NEAR`] of its warn line (ratios only:
+    /// temperatures move over tens of seconds and their lines are each device's own).
+    fn near(&self, resource: &Resource, l: &LevelState) -> bool {
+        let p = &self.cfg.policy;
+        let policy: &RatioPolicy = match resource {
+            Resource::HostMemory => &p.host_memory,
+            Resource::Swap => &p.swap,
+            Resource::Pressure => &p.pressure,
+            Resource::GpuMemory(_) => &p.gpu_memory,
+            Resource::JobCgroup(_) => &p.job_cgroup,
+            _ => return false,
+        };
+        l.value.is_some_and(|v| v >= policy.warn.0 - NEAR)
+    }
+
+    /// How long growing at 4 GiB/s would take to use the room above the host's critical line, ms
+    /// (0 when unknown). No kernel notification comes for MemAvailable: between two reads of it, no
+    /// more time may pass than this (earlyoom sizes its sleep the same way).
+    pub(super) fn host_room_ms(&self) -> u64 {
+        let critical = self.cfg.policy.host_memory.critical.0;
+        self.host_memory.map_or(0, |(a, t)| {
+            let room = a as f64 - t as f64 * (1.0 - critical);
+            (room.max(0.0) / FASTEST_GROWTH * 1000.0) as u64
+        })
+    }
+
+    /// Whether the room above the host's critical line is short: the host is at least half used, or
+    /// growing at 4 GiB/s would reach the line within `interval_ms`.
+    pub(super) fn host_room_short(&self, interval_ms: u64) -> bool {
+        self.host_memory.is_none_or(|(a, t)| t == 0 || a * 2 <= t)
+            || self.host_room_ms() <= interval_ms
+    }
+
+    /// Whether probes should read /proc/meminfo: near trouble, when the room above the host's
+    /// critical line is short (`host_room_short`), or when it would not last until the next
+    /// full sample.
+    pub fn probe_host(&self, now_ms: u64) -> bool {
+        now_ms < self.fast_until_ms
+            || self.host_room_short(self.cfg.sampling.interval_ms.0)
+            || self.host_room_ms() < self.sample_interval_ms(now_ms)
+    }
+
+    /// How long until the next probe: fast near trouble, slower when calm, none without jobs — and none
+    /// while calm when the kernel watches every job's cgroup and the host (it wakes the daemon on a
+    /// crossing; the full samples keep the growth rates). While full samples are stretched and a job
+    /// is attached, the host alone is probed, as often as its room needs (`host_room_ms`) and
+    /// at most every `interval_ms`, when that is sooner than the next full sample.
+    pub fn probe_interval_ms(&self, now_ms: u64) -> Option<u64> {
+        let s = &self.cfg.sampling;
+        // Without a job there is nothing to stop between full samples: the host's levels only warn.
+        if self.jobs.is_empty() {
+            return None;
+        }
+        if now_ms < self.fast_until_ms {
+            return Some(s.fast_interval_ms.0);
+        }
+        let watched = self.host_watched
+            && !self.host_room_short(s.interval_ms.0)
+            && self
+                .jobs
+                .values()
+                // A job outside any memory cgroup has nothing to probe but the host.
+                .all(|j| (j.watched || j.cgroup_dir.is_none()) && j.pause.is_none())
+            && self.policy.levels.values().all(|l| l.level == Level::Ok);
+        if !watched {
+            return Some(s.probe_interval_ms.0);
+        }
+        // Stretched: the host alone, as often as its room needs, never more often than interval_ms.
+        let every = self.sample_interval_ms(now_ms);
+        let room = self.host_room_ms();
+        (every > s.interval_ms.0 && room < every).then(|| room.max(s.interval_ms.0))
+    }
+}

@@ -1,0 +1,96 @@
+//! Quiet when calm: full samples stretch to `sampling.calm_interval_ms` only while the kernel
+//! watches for change and nothing is near trouble; anything that moves brings back the usual
+//! interval at once, and the host's MemAvailable is still read every interval while fast growth
+//! could reach its critical line within a stretched interval.
+
+use crate::sim::{Kind, Sim};
+use crate::{pause_cmd, resume_cmd};
+
+/// A sim whose host and job the kernel watches (a PSI trigger, v1 thresholds), sampled calm.
+fn watched(extra: &str) -> Sim {
+    let mut s = Sim::with(Kind::V1, extra, &[]);
+    s.engine.set_host_watched(true);
+    s.engine.set_watched("sim", true);
+    s.sample(0.30);
+    s
+}
+
+#[test]
+fn calm_stretches_the_full_samples_and_reads_the_host_in_between() {
+    let mut s = watched("");
+    assert!(s.engine.calm(s.now));
+    assert_eq!(s.engine.sample_interval_ms(s.now), 10_000);
+    // 9.6 GiB above the critical line (0.90 of 16 GiB): 4 GiB/s would use it in 2.4 s, so the
+    // host is read that often between full samples (and no job is probed: the kernel watches it).
+    let every = s.engine.probe_interval_ms(s.now).expect("the host is read");
+    assert!((2390..=2400).contains(&every), "{every}");
+    assert!(s.engine.probe_host(s.now));
+    // Less room, more reads.
+    s.now += 1000;
+    s.sample(0.45);
+    assert!(s.engine.calm(s.now));
+    let every = s.engine.probe_interval_ms(s.now).expect("the host is read");
+    assert!((1790..=1800).contains(&every), "{every}");
+    // Half the host used, with a job attached: probes every probe_interval_ms, as without calm.
+    s.now += 1000;
+    s.sample(0.60);
+    assert_eq!(s.engine.probe_interval_ms(s.now), Some(100));
+    // With a calm interval of 2 s the room lasts: nothing is read between full samples.
+    let mut s = watched("[sampling]\ncalm_interval_ms = 2000\n");
+    assert_eq!(s.engine.sample_interval_ms(s.now), 2000);
+    assert_eq!(s.engine.probe_interval_ms(s.now), None);
+    assert!(!s.engine.probe_host(s.now));
+    s.now += 2000;
+    s.sample(0.30);
+    assert!(s.engine.calm(s.now));
+}
+
+#[test]
+fn anything_near_trouble_brings_back_the_usual_interval() {
+    // The host within 5 points of its warn line (0.80).
+    let mut s = watched("");
+    s.now += 1000;
+    s.sample(0.76);
+    assert!(!s.engine.calm(s.now));
+    assert_eq!(s.engine.sample_interval_ms(s.now), 1000);
+    s.now += 1000;
+    s.sample(0.30);
+    assert!(s.engine.calm(s.now), "calm again once the host is back");
+
+    // The kernel woke the daemon (a threshold crossed): fast probing, and no stretching, for a while.
+    s.engine.handle_wake(s.now);
+    assert!(!s.engine.calm(s.now));
+    assert_eq!(s.engine.sample_interval_ms(s.now), 1000);
+    s.advance_to(s.now + 3000);
+    assert!(s.engine.calm(s.now));
+
+    // A pause.
+    assert!(s.cmd(pause_cmd()).ok);
+    assert!(!s.engine.calm(s.now));
+    assert!(s.cmd(resume_cmd()).ok);
+    s.now += 1000;
+    s.sample(0.30);
+    assert!(s.engine.calm(s.now));
+}
+
+#[test]
+fn without_the_kernels_watch_nothing_is_stretched() {
+    // The host's pressure has no PSI trigger (a fixture tree, an old kernel).
+    let mut s = watched("");
+    s.engine.set_host_watched(false);
+    assert!(!s.engine.calm(s.now));
+    assert_eq!(s.engine.sample_interval_ms(s.now), 1000);
+    // A job whose cgroup has no threshold: only full samples see it grow.
+    s.engine.set_host_watched(true);
+    s.engine.set_watched("sim", false);
+    assert!(!s.engine.calm(s.now));
+    s.engine.set_watched("sim", true);
+    assert!(s.engine.calm(s.now));
+    // Stretching turned off: calm_interval_ms at interval_ms.
+    let s = watched("[sampling]\ninterval_ms = 1000\ncalm_interval_ms = 1000\n");
+    assert!(!s.engine.calm(s.now));
+    assert_eq!(s.engine.sample_interval_ms(s.now), 1000);
+    // A calm interval below the interval is the interval.
+    let s = watched("[sampling]\ninterval_ms = 2000\ncalm_interval_ms = 500\n");
+    assert_eq!(s.engine.sample_interval_ms(s.now), 2000);
+}

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # What a watchdog costs when nothing happens: memwatch idle (no job, GPU off), memwatch with one calm
 # job of 8 processes attached (memhog holding 64 MiB with 7 sleeping workers) and with one of LARGE
-# (1 024) processes, and earlyoom with its defaults, alternated window by window so that drift in the machine's load falls on each alike.
-# Per window: CPU in ns (the process alone in a cpuacct cgroup where v1's cpuacct is mounted, else its
-# live threads' schedstat), wakeups (voluntary and involuntary context switches of its live threads),
-# and VmRSS at the end. Root; a release build of
-# memwatch; earlyoom on PATH (Debian's `earlyoom` package; this script installs nothing).
+# (1 024) processes, and earlyoom with its defaults, alternated window by window so that drift in the
+# machine's load falls on each alike. Per window: CPU in ns (the process alone in a cpuacct cgroup
+# where v1's cpuacct is mounted, else its live threads' schedstat), wakeups (voluntary and involuntary
+# context switches of its live threads), and VmRSS at the end; target/bench-idle/calm.log says when
+# each daemon left or entered calm, and why. Root; a release build of memwatch; earlyoom on PATH
+# (Debian's `earlyoom` package; this script installs nothing).
 #
 #   ./scripts/bench-idle.sh                 WINDOWS=2 SECS=60 (each watcher gets WINDOWS windows)
 set -euo pipefail
@@ -17,6 +18,7 @@ mw=target/release/memwatch hog=target/release/memhog
 out=target/bench-idle
 mkdir -p "$out"
 : >"$out/idle.log"
+: >"$out/calm.log"
 
 # CPU: the watcher alone in a cpuacct cgroup of its own where there is one (it counts threads that
 # end inside the window too: tokio's blocking threads come and go), else its live threads' schedstat.
@@ -46,13 +48,15 @@ start_memwatch() {
   work=$(mktemp -d "${TMPDIR:-/tmp}/memwatch-bench-idle-XXXXXX")
   printf 'listen = "127.0.0.1:0"\n[gpu]\nenabled = false\n[control]\nsocket = "%s/run/control.sock"\nstate_dir = "%s/state"\n' \
     "$work" "$work" >"$work/memwatch.toml"
-  "$mw" --config "$work/memwatch.toml" --log-level warn run >"$work/log" 2>&1 &
+  "$mw" --config "$work/memwatch.toml" --log-level debug run >"$work/log" 2>&1 &
   pid=$!
   for _ in $(seq 1 100); do [ -S "$work/run/control.sock" ] && break; sleep 0.05; done
 }
 stop_memwatch() {
   kill "$pid"
   wait "$pid" 2>/dev/null || true
+  # Why the daemon left or entered calm, per window (transitions only: debug logs nothing else idle).
+  grep "full-sample interval" "$work/log" | sed "s/^/${1:-memwatch} /" >>"$out/calm.log" || true
   rm -rf "$work"
 }
 
@@ -60,7 +64,7 @@ for w in $(seq 1 "$WINDOWS"); do
   # idle memwatch
   start_memwatch
   measure memwatch-idle "$pid"
-  stop_memwatch
+  stop_memwatch memwatch-idle
   # earlyoom, defaults (it reports every hour by default; -r 0 would only silence that)
   earlyoom >/dev/null 2>&1 &
   eo=$!
@@ -79,7 +83,7 @@ for w in $(seq 1 "$WINDOWS"); do
     pkill -P "$job" 2>/dev/null || true
     kill "$job" 2>/dev/null || true
     wait "$job" 2>/dev/null || true
-    stop_memwatch
+    stop_memwatch "memwatch-calm-$n"
   done
 done
 

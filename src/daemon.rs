@@ -271,9 +271,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     loop {
         let probing = engine.probe_interval_ms(clock.now_ms());
         let full_every = engine.sample_interval_ms(clock.now_ms());
-        shared
+        let was = shared
             .sample_interval_ms
-            .store(full_every, std::sync::atomic::Ordering::Relaxed);
+            .swap(full_every, std::sync::atomic::Ordering::Relaxed);
+        if was != full_every {
+            tracing::debug!(
+                interval_ms = full_every,
+                why = engine.why_not_calm(clock.now_ms()).unwrap_or("calm"),
+                "full-sample interval"
+            );
+        }
         let next_full = match full_started {
             Some(t) if !demanded => t + Duration::from_millis(full_every),
             _ => Instant::now(),

@@ -26,27 +26,55 @@ impl Engine {
     /// uses a GPU or has an effect, adaptation or Slurm call in flight; no probing is fast; and every
     /// level is ok, with none waiting to change and no ratio within 5 points of its warn line.
     pub fn calm(&self, now_ms: u64) -> bool {
+        self.why_not_calm(now_ms).is_none()
+    }
+
+    /// What keeps the engine from calm ([`Self::calm`]), in a few words; `None` when calm.
+    pub fn why_not_calm(&self, now_ms: u64) -> Option<&'static str> {
         let s = &self.cfg.sampling;
-        s.calm_interval_ms.0 > s.interval_ms.0
-            && self.latest.is_some()
-            && self.host_watched
-            && now_ms >= self.fast_until_ms
-            && self.effects.is_empty()
-            && self.adapting.is_empty()
-            && self.pending_slurm.is_empty()
-            && self.slurm_checking.is_empty()
-            && self.jobs.values().all(|j| {
-                j.watched
-                    && j.pause.is_none()
-                    && j.last
-                        .as_ref()
-                        .is_some_and(|l| l.gpu_bytes.unwrap_or(0) == 0)
-            })
-            && self
-                .policy
-                .levels
-                .iter()
-                .all(|(r, l)| l.level == Level::Ok && l.pending.is_none() && !self.near(r, l))
+        let job_why = |j: &crate::job::Job| {
+            if !j.watched {
+                Some("a job's cgroup has no kernel thresholds")
+            } else if j.pause.is_some() {
+                Some("a job is paused")
+            } else if j.last.is_none() {
+                Some("a job is not measured yet")
+            } else if j
+                .last
+                .as_ref()
+                .is_some_and(|l| l.gpu_bytes.unwrap_or(0) > 0)
+            {
+                Some("a job uses a GPU")
+            } else {
+                None
+            }
+        };
+        if s.calm_interval_ms.0 <= s.interval_ms.0 {
+            Some("calm_interval_ms is not above interval_ms")
+        } else if self.latest.is_none() {
+            Some("no full sample yet")
+        } else if !self.host_watched {
+            Some("no PSI trigger on the host")
+        } else if now_ms < self.fast_until_ms {
+            Some("the kernel notified a change a moment ago")
+        } else if !self.effects.is_empty()
+            || !self.adapting.is_empty()
+            || !self.pending_slurm.is_empty()
+            || !self.slurm_checking.is_empty()
+        {
+            Some("work in flight")
+        } else if let Some(why) = self.jobs.values().find_map(job_why) {
+            Some(why)
+        } else if self
+            .policy
+            .levels
+            .iter()
+            .any(|(r, l)| l.level != Level::Ok || l.pending.is_some() || self.near(r, l))
+        {
+            Some("a level is raised, changing or near its warn line")
+        } else {
+            None
+        }
     }
 
     /// Whether a resource's last value lies within [`NEAR`] of its warn line (ratios only:

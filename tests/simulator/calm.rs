@@ -51,7 +51,10 @@ fn anything_near_trouble_brings_back_the_usual_interval() {
     let mut s = watched("");
     s.now += 1000;
     s.sample(0.76);
-    assert!(!s.engine.calm(s.now));
+    assert_eq!(
+        s.engine.why_not_calm(s.now),
+        Some("a level is raised, changing or near its warn line")
+    );
     assert_eq!(s.engine.sample_interval_ms(s.now), 1000);
     s.now += 1000;
     s.sample(0.30);
@@ -66,7 +69,7 @@ fn anything_near_trouble_brings_back_the_usual_interval() {
 
     // A pause.
     assert!(s.cmd(pause_cmd()).ok);
-    assert!(!s.engine.calm(s.now));
+    assert_eq!(s.engine.why_not_calm(s.now), Some("a job is paused"));
     assert!(s.cmd(resume_cmd()).ok);
     s.now += 1000;
     s.sample(0.30);
@@ -79,11 +82,18 @@ fn without_the_kernels_watch_nothing_is_stretched() {
     let mut s = watched("");
     s.engine.set_host_watched(false);
     assert!(!s.engine.calm(s.now));
+    assert_eq!(
+        s.engine.why_not_calm(s.now),
+        Some("no PSI trigger on the host")
+    );
     assert_eq!(s.engine.sample_interval_ms(s.now), 1000);
     // A job whose cgroup has no threshold: only full samples see it grow.
     s.engine.set_host_watched(true);
     s.engine.set_watched("sim", false);
-    assert!(!s.engine.calm(s.now));
+    assert_eq!(
+        s.engine.why_not_calm(s.now),
+        Some("a job's cgroup has no kernel thresholds")
+    );
     s.engine.set_watched("sim", true);
     assert!(s.engine.calm(s.now));
     // Stretching turned off: calm_interval_ms at interval_ms.

@@ -1,6 +1,7 @@
 //! A kernel file kept open and read again from its start (pread) on each call, instead of opened,
 //! read and closed: procfs and cgroupfs generate the text afresh on every read at offset 0. A file
-//! not on such a filesystem (a fixture tree, whose files tests replace) is opened afresh each time.
+//! not on such a filesystem (a fixture tree, whose files tests replace) is opened afresh each time
+//! and read in order, as any file (or pipe) can be.
 
 use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
@@ -60,9 +61,12 @@ impl KeptFile {
         self.buf.clear();
         let mut chunk = [0u8; 4096];
         while self.buf.len() < MAX_BYTES {
-            let n = file
-                .read_at(&mut chunk, self.buf.len() as u64)
-                .map_err(io)?;
+            let n = if self.keep {
+                file.read_at(&mut chunk, self.buf.len() as u64)
+            } else {
+                std::io::Read::read(file, &mut chunk)
+            }
+            .map_err(io)?;
             if n == 0 {
                 break;
             }
@@ -125,5 +129,26 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         let e = f.read().unwrap_err().to_string();
         assert!(e.contains(&path.display().to_string()), "{e}");
+    }
+
+    /// A fixture file that is a pipe (as a test's hung sampler uses) is read in order until its
+    /// writer closes it, not given up at once because a pipe has no offsets.
+    #[test]
+    fn a_fixture_pipe_is_read_until_its_writer_closes() {
+        use std::io::Write as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fifo");
+        nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let writer = {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                let mut w = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+                w.write_all(b"nr_free_pages 1\n").unwrap();
+                w.write_all(b"pgfault 2\n").unwrap();
+            })
+        };
+        let mut f = KeptFile::new(path);
+        assert_eq!(f.read().unwrap().1, "nr_free_pages 1\npgfault 2\n");
+        writer.join().unwrap();
     }
 }

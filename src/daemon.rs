@@ -302,10 +302,19 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 }
             }
             _ = woken.notified() => {
-                // The kernel saw a crossing: probe now, on this very turn.
+                // The kernel saw a crossing: what a reflex stopped is taken over first, then a
+                // probe now, on this very turn.
                 let now = clock.now_ms();
+                let fired = watches.take_fired();
+                let any = !fired.is_empty();
+                for f in fired {
+                    engine.handle_reflex(f, now);
+                }
                 engine.handle_wake(now);
                 next_probe = run_probe(&config, &mut host_meminfo, &mut engine, &shared, &executor, now);
+                if any {
+                    watches.sync(&mut engine);
+                }
             }
             Some(outcome) = outcomes.recv() => {
                 let now = clock.now_ms();
@@ -399,6 +408,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
 
     crate::sd_notify::notify("STOPPING=1");
+    // No stop may come after the daemon let its jobs go: the reflexes are disarmed, and what fired
+    // before is taken over (and so let go below).
+    watches.disarm_all(&mut engine);
+    for f in watches.take_fired() {
+        engine.handle_reflex(f, clock.now_ms());
+    }
     // A restart keeps the pauses the policy holds for the next daemon; the guardian then waits for
     // it as after a crash, and undoes them if it does not come.
     let successor = failure.is_none() && successor::restart_pending();

@@ -26,6 +26,7 @@ pub mod notify;
 pub mod policy;
 pub mod proc;
 pub mod reason;
+pub mod reflex;
 pub mod rewrite;
 pub mod sample;
 pub mod sd_notify;

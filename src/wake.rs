@@ -8,6 +8,9 @@
 //!   window is 500 ms at least (2 s, and a multiple of it, without CAP_SYS_RESOURCE; the daemon asks
 //!   for 100 ms in 2 s), so they wake fast probing; they cannot stop a fast OOM by themselves.
 //!
+//! A job whose stop at critical is armed ahead (`crate::reflex`) is stopped by this thread itself,
+//! right after the read of its threshold's eventfd, before the owner task is woken.
+//!
 //! One thread polls every descriptor and wakes the owner task, which probes at once: wake-ups coalesce
 //! into one pending permit (a `Notify`), so a storm of crossings costs one probe and no memory. Polling
 //! stays, as the fallback and for growth rates (prediction). Every notification is counted by source
@@ -77,14 +80,19 @@ pub struct Wakers {
 }
 
 impl Wakers {
-    /// Starts the polling thread; each notification wakes `out` and is counted in `counts`.
-    pub fn start(out: Arc<Notify>, counts: Arc<Notified>) -> std::io::Result<Wakers> {
+    /// Starts the polling thread; each notification wakes `out` and is counted in `counts`; a v1
+    /// threshold's crossing first fires the job's reflex in `armory`, if one is armed.
+    pub fn start(
+        out: Arc<Notify>,
+        counts: Arc<Notified>,
+        armory: Arc<crate::reflex::Armory>,
+    ) -> std::io::Result<Wakers> {
         let (read, write) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)?;
         let (tx, rx) = mpsc::sync_channel(COMMANDS_QUEUED);
         std::thread::Builder::new()
             .name("wake".into())
-            .spawn(move || run(read, rx, out, &counts))?;
+            .spawn(move || run(read, rx, out, &counts, &armory))?;
         Ok(Wakers { tx, kick: write })
     }
 
@@ -172,7 +180,13 @@ struct Watch {
 /// Commands that may wait for the wake thread (it takes them all at each turn).
 const COMMANDS_QUEUED: usize = 256;
 
-fn run(kick: OwnedFd, rx: mpsc::Receiver<Cmd>, out: Arc<Notify>, counts: &Notified) {
+fn run(
+    kick: OwnedFd,
+    rx: mpsc::Receiver<Cmd>,
+    out: Arc<Notify>,
+    counts: &Notified,
+    armory: &crate::reflex::Armory,
+) {
     let mut watches: HashMap<Key, Watch> = HashMap::new();
     loop {
         while let Ok(cmd) = rx.try_recv() {
@@ -209,6 +223,7 @@ fn run(kick: OwnedFd, rx: mpsc::Receiver<Cmd>, out: Arc<Notify>, counts: &Notifi
         // SAFETY: `polls` is a valid array of pollfd for its length.
         let n =
             unsafe { nix::libc::poll(polls.as_mut_ptr(), polls.len() as nix::libc::nfds_t, -1) };
+        let woke = std::time::Instant::now();
         if n < 0 {
             if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
                 continue;
@@ -237,6 +252,9 @@ fn run(kick: OwnedFd, rx: mpsc::Receiver<Cmd>, out: Arc<Notify>, counts: &Notifi
                 let mut count = [0u8; 8];
                 // SAFETY: reading 8 bytes into an 8-byte buffer from an eventfd.
                 let _ = unsafe { nix::libc::read(p.fd, count.as_mut_ptr().cast(), 8) };
+                if let Some(job) = &key {
+                    armory.crossing(job, woke);
+                }
             }
             out.notify_one();
             if let Some(w) = watches.get_mut(&key) {

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Daemon, Opts, eventually, proc_state};
+use common::{Daemon, Opts, Rng, eventually, proc_state};
 
 /// Rounds per (path, trigger): 4 × 55 = 220 kills.
 const ROUNDS: usize = 55;
@@ -22,17 +22,6 @@ fn gpu_state(temp: u32, pid: u32) -> String {
         "temperature":{temp},"threshold_slowdown":90,"threshold_shutdown":98,
         "processes":[{{"pid":{pid},"used_memory":100000000}}]}}]}}"#
     )
-}
-
-/// xorshift: reproducible random delays without a dependency; the seed is printed.
-struct Rng(u64);
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
-    }
 }
 
 /// A job: a memhog with workers, in `cgroup` when given (then it owns that cgroup and is frozen).
@@ -124,18 +113,6 @@ fn start(state: &Path, job: &Job) -> Daemon {
     })
 }
 
-/// Kills the guardian and the daemon with SIGKILL in the same instant.
-fn kill_both(d: &mut Daemon) {
-    let g = d.wait_guardian_pid();
-    // SAFETY: plain kill(2) calls on pids this test started (the guardian is the daemon's child).
-    unsafe {
-        nix::libc::kill(g as i32, nix::libc::SIGKILL);
-        nix::libc::kill(d.child.id() as i32, nix::libc::SIGKILL);
-    }
-    d.child.wait().unwrap();
-    assert!(eventually(5.0, || proc_state(g).is_none_or(|s| s == 'Z')));
-}
-
 /// `memwatch pause crashy`, started.
 fn pause_cmd(d: &Daemon) -> Child {
     Command::new(common::bin())
@@ -195,13 +172,13 @@ fn rounds(path: &str, cgroup: Option<(PathBuf, &'static str)>, rng: &mut Rng) ->
             // the 250 ms around it.
             d.set_gpu_state(&gpu_state(97, job.pids[0]));
             std::thread::sleep(Duration::from_micros(rng.below(250_000)));
-            kill_both(&mut d);
+            d.kill_both();
             d.set_gpu_state(&gpu_state(60, job.pids[0]));
         } else {
             // A hand pause: kill anywhere in the window around the moment it takes hold.
             let mut ctl = pause_cmd(&d);
             std::thread::sleep(Duration::from_micros(rng.below(window_us)));
-            kill_both(&mut d);
+            d.kill_both();
             let _ = ctl.wait();
         }
         if job.held() {

@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
+use std::io::BufRead;
 
 use common::cgroup::MemCgroup;
 use common::{Daemon, Opts, eventually, memhog, proc_state};
@@ -45,22 +45,13 @@ fn hog_is_paused_before_the_oom_killer_in_every_run() {
         let cg = if run % 2 == 0 { &signalled } else { &frozen };
         cg.set_limit(512 * MIB);
         let go = d.dir.path().join(format!("go-{run}"));
-        let mut hog = cg.spawn(
+        let (mut hog, mut out) = cg.hog(
             &memhog(),
-            &[
-                "--rate-mib",
-                "1024",
-                "--total-mib",
-                "768",
-                "--wait-file",
-                go.to_str().unwrap(),
-            ],
+            &["--rate-mib", "1024", "--total-mib", "768"],
+            &go,
         );
         let pid = hog.id();
-        let mut out = BufReader::new(hog.stdout.take().unwrap());
         let mut line = String::new();
-        out.read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "ready");
         let name = format!("hog{run}");
         let (code, _, err) = d.ctl(&["attach", &pid.to_string(), "--name", &name]);
         assert_eq!(code, 0, "{err}");

@@ -123,6 +123,23 @@ impl Daemon {
             .is_ok_and(|s| s.success())
     }
 
+    /// How the state file records the reflex of `job` as armed (its hold's kind: `signals`,
+    /// `cgroup_v1_freezer`), if it does.
+    pub fn armed(&self, job: &str) -> Option<String> {
+        std::fs::read_to_string(self._dir.path().join("state/state.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| {
+                v["jobs"]
+                    .as_array()?
+                    .iter()
+                    .find(|j| j["name"] == job && j["paused"]["phase"] == "armed")?["paused"]
+                    ["hold"]["kind"]
+                    .as_str()
+                    .map(str::to_owned)
+            })
+    }
+
     /// The daemon's events so far (`events.jsonl` in its state directory).
     pub fn events(&self) -> String {
         std::fs::read_to_string(self._dir.path().join("state/events.jsonl")).unwrap_or_default()

@@ -10,6 +10,10 @@
 //!   and the `previous` value), so whoever undoes it takes the marks off. A `slurm_suspend` hold
 //!   may name this node's `holder` and `hold_seconds` in the job's shared holds
 //!   (`act::slurm_holds`); without them a resume resumes the job whoever else holds it.
+//! - 4: a pause record may be in phase `armed`: a reflex the wake thread holds ready (`crate::reflex`)
+//!   and may have fired, written before it was handed over. Whoever undoes records undoes it as a
+//!   pause being made (it thaws a cgroup that may not be frozen, continues a root that may not be
+//!   stopped); a build of version 3 reads the phase as unknown and does the same.
 //!
 //! All are read; a loan without an `owner` was set through cgroupfs, and a pause of version 1 or 2
 //! marked nothing. A `kind` this build does not know (a later mechanism: a systemd unit over the bus,
@@ -26,7 +30,7 @@ use crate::proc::ProcRef;
 use crate::sample::cgroup::Version;
 
 /// The state file version this build writes.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 
 /// A pause as the state file keeps it: enough to undo it after a crash, with no config.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -68,6 +72,8 @@ pub enum PhaseRecord {
     Pausing,
     /// In effect.
     Held,
+    /// A reflex armed ahead of a crossing (version 4): it may have fired.
+    Armed,
     /// Written by a later version.
     #[serde(other)]
     Unknown,

@@ -140,6 +140,13 @@ interval_ms: never stretched.",
     ),
     ("policy.dry_run", "Decide and record, but send no signal."),
     (
+        "policy.reflex",
+        "Stop a job whose cgroup v1 working set reaches its critical line in the thread that reads the\n\
+         kernel's threshold notification, with no hop to the engine: armed ahead (recorded in the state\n\
+         file), fired at the crossing, then taken over by the engine as its own pause. Off: the engine\n\
+         decides on its probe, as for every other line.",
+    ),
+    (
         "policy.reaction_ms",
         "Pause when a job's memory is projected to hit its tightest limit (the host's MemAvailable, its\n\
          cgroup limit) sooner than this, whatever the levels say. It covers a probe interval plus the\n\

@@ -94,6 +94,11 @@ pub struct TempPolicy {
 pub struct Policy {
     /// Decide and record, but send no signal.
     pub dry_run: bool,
+    /// Stop a job whose cgroup v1 working set reaches its critical line in the thread that reads the
+    /// kernel's threshold notification, with no hop to the engine: armed ahead (recorded in the state
+    /// file), fired at the crossing, then taken over by the engine as its own pause. Off: the engine
+    /// decides on its probe, as for every other line.
+    pub reflex: bool,
     /// Pause when a job's memory is projected to hit its tightest limit (the host's MemAvailable,
     /// its cgroup limit) sooner than this, whatever the levels say. It covers a probe interval plus
     /// the signalling, with room to spare.
@@ -245,6 +250,7 @@ impl Default for Policy {
     fn default() -> Self {
         Policy {
             dry_run: false,
+            reflex: true,
             reaction_ms: 250,
             resume_headroom_ms: 1000,
             max_pause_seconds: 300,

@@ -1,5 +1,6 @@
 //! The kernel notifications the daemon asks for (v1 memory thresholds, PSI triggers on the host and on
-//! v2 job cgroups), kept in step with the attached jobs.
+//! v2 job cgroups), and the reflexes the wake thread holds on v1 thresholds, kept in step with the
+//! attached jobs.
 
 use std::sync::Arc;
 
@@ -17,6 +18,10 @@ const PSI_WINDOW_US: u64 = 2_000_000;
 /// The kernel notifications the daemon has asked for, kept in step with the attached jobs.
 pub(super) struct Watches {
     wakers: Option<crate::wake::Wakers>,
+    /// The reflexes the wake thread holds and those it fired.
+    armory: Arc<crate::reflex::Armory>,
+    /// Where `/proc` lies.
+    process_root: std::path::PathBuf,
     /// Per job: the thresholds registered (v1) or empty (a v2 PSI trigger, or no limit), and whether
     /// the cgroup has no limit.
     jobs: std::collections::HashMap<String, (Vec<u64>, bool)>,
@@ -31,7 +36,8 @@ impl Watches {
         woken: Arc<tokio::sync::Notify>,
         counts: Arc<crate::wake::Notified>,
     ) -> Watches {
-        let wakers = match crate::wake::Wakers::start(woken, counts) {
+        let armory = Arc::new(crate::reflex::Armory::default());
+        let wakers = match crate::wake::Wakers::start(woken, counts, armory.clone()) {
             Ok(w) => Some(w),
             Err(e) => {
                 tracing::warn!(error = %e, "no kernel notifications; polling only");
@@ -51,6 +57,8 @@ impl Watches {
         }
         Watches {
             wakers,
+            armory,
+            process_root: config.host.process_root.clone(),
             jobs: Default::default(),
             limit_unknown: false,
         }
@@ -67,33 +75,46 @@ impl Watches {
             .any(|p| p.dir.version == Version::V1 && p.thresholds.is_empty() && !p.limitless);
         for p in &plan {
             let key = (p.thresholds.clone(), p.limitless);
-            if self.jobs.get(&p.job) == Some(&key) {
-                continue;
+            if self.jobs.get(&p.job) != Some(&key) {
+                let result = match p.dir.version {
+                    _ if p.limitless => Ok(true),
+                    Version::V1
+                        if !p.thresholds.is_empty() && crate::wake::on_kernel_fs(&p.dir.dir) =>
+                    {
+                        w.watch_v1_thresholds(&p.job, &p.dir.dir, &p.thresholds)
+                            .map(|()| true)
+                    }
+                    Version::V2 if crate::wake::on_kernel_fs(&p.dir.dir) => w
+                        .watch_psi(
+                            Some(p.job.clone()),
+                            &p.dir.dir.join("memory.pressure"),
+                            PSI_STALL_US,
+                            PSI_WINDOW_US,
+                        )
+                        .map(|()| false),
+                    _ => Ok(false),
+                };
+                let watched = result.unwrap_or_else(|e| {
+                    tracing::info!(job = %p.job, cgroup = %p.dir.dir.display(), error = %e, "no kernel notifications for this job; probing it");
+                    false
+                });
+                engine.set_watched(&p.job, watched);
+                self.jobs.insert(p.job.clone(), key);
             }
-            let result = match p.dir.version {
-                _ if p.limitless => Ok(true),
-                Version::V1
-                    if !p.thresholds.is_empty() && crate::wake::on_kernel_fs(&p.dir.dir) =>
-                {
-                    w.watch_v1_thresholds(&p.job, &p.dir.dir, &p.thresholds)
-                        .map(|()| true)
-                }
-                Version::V2 if crate::wake::on_kernel_fs(&p.dir.dir) => w
-                    .watch_psi(
-                        Some(p.job.clone()),
-                        &p.dir.dir.join("memory.pressure"),
-                        PSI_STALL_US,
-                        PSI_WINDOW_US,
-                    )
-                    .map(|()| false),
-                _ => Ok(false),
-            };
-            let watched = result.unwrap_or_else(|e| {
-                tracing::info!(job = %p.job, cgroup = %p.dir.dir.display(), error = %e, "no kernel notifications for this job; probing it");
-                false
-            });
-            engine.set_watched(&p.job, watched);
-            self.jobs.insert(p.job.clone(), key);
+            // A reflex rides on the job's thresholds.
+            let thresholds = p.dir.version == Version::V1
+                && !p.thresholds.is_empty()
+                && !p.limitless
+                && engine.is_watched(&p.job);
+            let reflex = p.reflex.as_ref().filter(|_| thresholds);
+            arm(
+                &self.armory,
+                engine,
+                &p.job,
+                &p.dir.dir,
+                reflex,
+                &self.process_root,
+            );
         }
         self.jobs.retain(|job, _| {
             let keep = plan.iter().any(|p| &p.job == job);
@@ -102,5 +123,78 @@ impl Watches {
             }
             keep
         });
+        for job in self.armory.armed_jobs() {
+            if !plan.iter().any(|p| p.job == job) && self.armory.disarm(&job) {
+                engine.disarm_reflex(&job);
+            }
+        }
+    }
+
+    /// The reflexes that fired since the last call, for the engine to take over.
+    pub(super) fn take_fired(&self) -> Vec<crate::reflex::Fired> {
+        self.armory.take_fired()
+    }
+
+    /// Disarms every reflex (the daemon is stopping); what fired meanwhile is still to be taken.
+    pub(super) fn disarm_all(&self, engine: &mut Engine) {
+        for job in self.armory.armed_jobs() {
+            if self.armory.disarm(&job) {
+                engine.disarm_reflex(&job);
+            }
+        }
+    }
+}
+
+/// Brings the job's reflex in the wake thread in step with `want`: armed (recorded first), changed,
+/// or disarmed. A reflex that fired meanwhile is left for the engine, which takes it over.
+fn arm(
+    armory: &crate::reflex::Armory,
+    engine: &mut Engine,
+    job: &str,
+    memory_dir: &std::path::Path,
+    want: Option<&crate::engine::ReflexPlan>,
+    process_root: &std::path::Path,
+) {
+    let armed = engine.armed_reflex(job).cloned();
+    match want {
+        Some(plan) if plan.is(armed.as_ref()) => {}
+        Some(plan) => {
+            if armed.is_some() && !armory.disarm(job) {
+                return; // it fired: the engine takes it over first
+            }
+            let act = match &plan.how {
+                crate::engine::ReflexHow::Freeze(f) => crate::reflex::Reflex::freezer(&f.dir),
+                crate::engine::ReflexHow::Stop(root) => match &plan.pidfd {
+                    Some(pidfd) => Ok(crate::reflex::Act::Stop {
+                        root: *root,
+                        pidfd: pidfd.clone(),
+                    }),
+                    None => Err(std::io::Error::other("no pidfd on the job's root")),
+                },
+            };
+            let act = match act {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::info!(job, error = %e, "no reflex for this job; its probe decides");
+                    engine.disarm_reflex(job);
+                    return;
+                }
+            };
+            if let Err(e) = engine.arm_reflex(job, plan) {
+                tracing::warn!(job, error = %e, "the reflex is not armed: it could not be recorded");
+                return;
+            }
+            armory.arm(crate::reflex::Reflex::open(
+                job,
+                memory_dir,
+                plan.critical_bytes,
+                plan.owner,
+                process_root,
+                act,
+            ));
+            tracing::debug!(job, critical_bytes = plan.critical_bytes, how = ?plan.how, "reflex armed");
+        }
+        None if armed.is_some() && armory.disarm(job) => engine.disarm_reflex(job),
+        None => {}
     }
 }

@@ -12,6 +12,7 @@ mod events;
 mod notice;
 mod observe;
 mod pausing;
+mod reflex;
 mod slurm;
 mod timeout;
 mod way_out;
@@ -20,6 +21,7 @@ pub use adapt::{AdaptDone, AdaptTask, run_adapt_task};
 pub use effect::{Effect, Ending, Outcome, SlurmRequest};
 pub use effects::PauseError;
 pub use observe::Measured;
+pub use reflex::{Armed, ReflexHow, ReflexPlan};
 pub use way_out::{WayOutDone, WayOutTask, run_way_out_task};
 
 use std::collections::BTreeMap;
@@ -112,6 +114,8 @@ pub struct WakePlan {
     /// The cgroup is known to have no limit: nothing there can run out, so nothing to watch or probe
     /// (the host's memory is watched on its own).
     pub limitless: bool,
+    /// The reflex to arm in the wake thread, where the thresholds are watched.
+    pub reflex: Option<ReflexPlan>,
 }
 
 /// A calm job's tree is walked at most every (its processes × this) ms: 1 024 processes every 5 s,
@@ -371,6 +375,7 @@ impl Engine {
                     dir,
                     thresholds,
                     limitless: j.cgroup().is_some() && limit.is_none(),
+                    reflex: self.reflex_plan(j),
                 })
             })
             .collect()

@@ -28,6 +28,19 @@ impl Engine {
         reason: &str,
         now_ms: u64,
     ) -> Result<(), PauseError> {
+        self.pause_job_by(name, state, reason, now_ms, None)
+    }
+
+    /// [`Engine::pause_job`], held by `made` where a reflex already made the stop (its freezer, or
+    /// its root stopped) instead of the mechanism the job would choose.
+    pub(super) fn pause_job_by(
+        &mut self,
+        name: &str,
+        state: crate::policy::PauseState,
+        reason: &str,
+        now_ms: u64,
+        made: Option<Mechanism>,
+    ) -> Result<(), PauseError> {
         let dry = self.cfg.policy.dry_run;
         let Some(j) = self.jobs.get(name) else {
             return Ok(());
@@ -39,15 +52,20 @@ impl Engine {
         // cgroup, decided on the last full sample, so the pause itself walks nothing but the
         // cgroup's member list: a process that became another user's since then keeps the freezer
         // out.
-        let suspend = if dry { None } else { self.slurm_suspend_of(j) };
-        let candidate = if dry || suspend.is_some() {
-            None
-        } else {
-            j.freezer
-                .clone()
-                .filter(|f| f.within_reach(&self.process_root, j.owner_uid))
+        let mechanism = match made {
+            Some(m) => m,
+            None => {
+                let suspend = if dry { None } else { self.slurm_suspend_of(j) };
+                let candidate = if dry || suspend.is_some() {
+                    None
+                } else {
+                    j.freezer
+                        .clone()
+                        .filter(|f| f.within_reach(&self.process_root, j.owner_uid))
+                };
+                Mechanism::choose(suspend, candidate)
+            }
         };
-        let mechanism = Mechanism::choose(suspend, candidate);
         // systemd-oomd is kept off a job the policy holds; a pause by hand is the user's to keep,
         // and oomd's to end.
         let oomd_omit = if dry || state.by != crate::policy::By::Policy {

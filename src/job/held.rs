@@ -17,6 +17,26 @@ pub struct Frozen {
     pub dir: PathBuf,
 }
 
+/// How an armed reflex stops a job (`crate::reflex`, `engine::reflex`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReflexHow {
+    /// Freeze the job's own v1 freezer cgroup.
+    Freeze(Frozen),
+    /// SIGSTOP the root through its pidfd; the engine stops the rest of the tree once told.
+    Stop(crate::proc::ProcRef),
+}
+
+/// A job's reflex as armed, kept in the job and written to the state file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Armed {
+    /// The working set at which it fires (bytes).
+    pub critical_bytes: u64,
+    /// What it acts on.
+    pub how: ReflexHow,
+    /// When it was armed (engine clock, ms).
+    pub since_ms: u64,
+}
+
 /// One emergency swap device.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

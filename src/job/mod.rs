@@ -165,6 +165,8 @@ pub struct Job {
     pub freezer: Option<held::Frozen>,
     /// The kernel wakes the daemon when this job's cgroup crosses a threshold (see `wake`).
     pub watched: bool,
+    /// The reflex the wake thread holds ready to stop it at its critical line, as recorded.
+    pub armed: Option<held::Armed>,
     /// When the job's tree was last walked and measured (engine clock, ms).
     pub walked_at_ms: u64,
     /// `on_max_pause = "terminate"` ended it at this time: it is never paused again, and what is left
@@ -249,6 +251,7 @@ impl Job {
             slurm: None,
             slurm_suspended_since_ms: None,
             slurm_holders: None,
+            armed: None,
             oom_kills: None,
         }
     }

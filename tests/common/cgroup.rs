@@ -130,6 +130,26 @@ impl MemCgroup {
         self.spawn_with(program, args, self.freezer.is_some())
     }
 
+    /// `program args --wait-file go` (memhog) in the cgroup, started as `spawn` does, once it said
+    /// `ready`: the child and its stdout, on which it says `done N` at the end.
+    pub fn hog(
+        &self,
+        program: &std::path::Path,
+        args: &[&str],
+        go: &std::path::Path,
+    ) -> (Child, std::io::BufReader<std::process::ChildStdout>) {
+        use std::io::BufRead as _;
+        let go = go.to_string_lossy();
+        let mut all = args.to_vec();
+        all.extend(["--wait-file", &go]);
+        let mut child = self.spawn(program, &all);
+        let mut out = std::io::BufReader::new(child.stdout.take().expect("the hog's stdout"));
+        let mut line = String::new();
+        out.read_line(&mut line).expect("the hog's first line");
+        assert_eq!(line.trim(), "ready", "the hog did not start");
+        (child, out)
+    }
+
     /// `spawn`, saying whether the process joins the freezer cgroup too (`own_freezer`): then the job
     /// owns a freezable cgroup, else memwatch stops it with signals.
     pub fn spawn_with(&self, program: &std::path::Path, args: &[&str], own_freezer: bool) -> Child {

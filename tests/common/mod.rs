@@ -55,6 +55,19 @@ pub fn fake_nvml() -> PathBuf {
     .clone()
 }
 
+/// xorshift: reproducible random delays without a dependency (print the seed).
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// A number below `n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n.max(1)
+    }
+}
+
 /// A running daemon; killed on drop.
 pub struct Daemon {
     pub child: Child,
@@ -324,6 +337,19 @@ impl Daemon {
         }
         self.child.kill().unwrap();
         self.child.wait().unwrap();
+    }
+
+    /// Kills the guardian and the daemon with SIGKILL in the same instant (nothing resumes the
+    /// jobs until a new daemon starts).
+    pub fn kill_both(&mut self) {
+        let g = self.wait_guardian_pid();
+        // SAFETY: plain kill(2) calls on pids this test started (the guardian is the daemon's child).
+        unsafe {
+            nix::libc::kill(g as i32, nix::libc::SIGKILL);
+            nix::libc::kill(self.child.id() as i32, nix::libc::SIGKILL);
+        }
+        self.child.wait().unwrap();
+        assert!(eventually(5.0, || proc_state(g).is_none_or(|s| s == 'Z')));
     }
 
     pub fn log_text(&self) -> String {

@@ -186,7 +186,7 @@ fn an_unknown_mechanism_still_continues_its_processes() {
     let text = format!(
         r#"{{"version": 3, "jobs": [{{"name": "sim", "root": {{"pid": {PID}, "start_time": {}}},
         "owner_uid": {OWNER}, "attached_at_ms": 1, "paused": {{"since_ms": 2, "by": "policy",
-        "reason": "r", "phase": "armed", "hold": {{"kind": "systemd_unit", "unit": "x.service"}},
+        "reason": "r", "phase": "settling", "hold": {{"kind": "systemd_unit", "unit": "x.service"}},
         "stopped": [{{"pid": {PID}, "start_time": {}}}]}}}}]}}"#,
         1000 + PID,
         1000 + PID
@@ -250,7 +250,7 @@ fn a_restarted_daemon_gives_a_loan_back_the_way_it_was_made() {
         ]
     );
     let after = s.host.state();
-    assert_eq!(after["version"], 3);
+    assert_eq!(after["version"], 4);
     assert!(
         after["loans"].is_null(),
         "settled loans are dropped: {after}"

@@ -12,6 +12,7 @@ mod host;
 mod kills;
 mod lifecycle;
 mod oomd;
+mod reflex;
 mod sim;
 
 use host::Act;

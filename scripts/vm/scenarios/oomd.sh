@@ -4,7 +4,10 @@
 # (so the slice shows reclaim, which oomd needs before it kills). Without memwatch, oomd kills the job
 # under the pressure memory.high makes; attached to memwatch, the job is paused at memory.high's
 # level (memory.high is its limit), its cgroup marked user.oomd_omit=1 while held, and oomd leaves it
-# alone for longer than its duration; a detach takes the mark off.
+# alone for longer than its duration; a detach takes the mark off. With memwatch the churn starts once
+# the job's own memory is at 150 MiB (78 % of memory.high): from the go, the slice's pressure would
+# fill oomd's 5 s before a job slowed by the churn (TCG) reaches 95 %, and what is shown is that
+# oomd leaves a job memwatch holds alone, not who wins that race.
 . /mnt/in/lib.sh
 S=oomd
 SLICE=oomtest.slice
@@ -30,14 +33,14 @@ xattr() { getfattr --only-values -n "$2" "$1" 2>/dev/null; }
 alive() { [ "$(systemctl is-active $UNIT)" = active ]; }
 
 # start_job: the unit, MemoryHigh only and no swap; memhog waits for /run/oom-go, then touches
-# 400 MiB at 32 MiB/s, while a child (from the same moment) reads the whole of /usr over and over
+# 400 MiB at 32 MiB/s, while a child (from /run/oom-churn on) reads the whole of /usr over and over
 # (page cache, reclaimed at memory.high).
 start_job() {
-  rm -f /run/oom-go
+  rm -f /run/oom-go /run/oom-churn
   systemctl stop $UNIT >/dev/null 2>&1
   systemctl reset-failed $UNIT >/dev/null 2>&1
   systemd-run --quiet --unit=$UNIT --slice=$SLICE -p MemoryHigh=${HIGH_MIB}M -p MemorySwapMax=0 \
-    /bin/sh -c "(while [ ! -e /run/oom-go ]; do sleep 0.2; done; while :; do find /usr -type f -size -4M -exec cat {} + >/dev/null 2>&1; done) & exec $IN/memhog --rate-mib 32 --total-mib 400 --hold-ms 600000 --wait-file /run/oom-go"
+    /bin/sh -c "(while [ ! -e /run/oom-churn ]; do sleep 0.2; done; while :; do find /usr -type f -size -4M -exec cat {} + >/dev/null 2>&1; done) & exec $IN/memhog --rate-mib 32 --total-mib 400 --hold-ms 600000 --wait-file /run/oom-go"
   wait_until 10 sh -c "[ \"\$(systemctl show -p MainPID --value $UNIT)\" -gt 0 ]"
   JOB_PID=$(main_pid $UNIT)
   sleep 1
@@ -46,7 +49,7 @@ start_job() {
 # Without memwatch: oomd kills the job.
 start_job
 go=$(now_ms)
-touch /run/oom-go
+touch /run/oom-go /run/oom-churn
 killed='' mark='' peak=0
 deadline=$((go + 150000))
 while [ "$(now_ms)" -lt "$deadline" ]; do
@@ -82,8 +85,10 @@ paused=''
 deadline=$((go + 60000))
 while [ "$(now_ms)" -lt "$deadline" ]; do
   if [ "$(cg_key "$DIR/cgroup.events" frozen)" = 1 ]; then paused=$(now_ms); break; fi
+  [ -e /run/oom-churn ] || [ "$(cg_key "$DIR/memory.stat" anon)" -lt $((150 << 20)) ] || touch /run/oom-churn
   sleep 0.05
 done
+touch /run/oom-churn
 at=$(($(cat "$DIR/memory.current" 2>/dev/null || echo 0) / 1048576))
 wait_until 10 sh -c "[ \"\$(curl -sf 127.0.0.1:9300/api/v1/jobs | jq -r '.jobs[] | select(.name == \"oomjob\") | .pause.phase')\" = held ]"
 why=$(job_field '.pause.reason')
@@ -124,6 +129,6 @@ systemctl kill -s KILL $UNIT >/dev/null 2>&1
 systemctl stop $UNIT >/dev/null 2>&1
 systemctl reset-failed $UNIT >/dev/null 2>&1
 systemctl stop $SLICE >/dev/null 2>&1
-rm -f /run/systemd/system/$SLICE /run/oom-go
+rm -f /run/systemd/system/$SLICE /run/oom-go /run/oom-churn
 systemctl daemon-reload
 exit "${FAILED:-0}"

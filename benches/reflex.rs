@@ -1,0 +1,357 @@
+//! Reflex benchmark (needs root and the v1 memory and freezer controllers; reported in BENCHMARKS.md,
+//! not a test): how soon after the kernel's crossing of 95 % a job is stopped.
+//!
+//! A hog touches memory at 1 and 4 GiB/s (1 MiB chunks) inside a v1 memory cgroup limited to
+//! 512 MiB. Side by side in one run, run by run alternated, each row gets the same hog:
+//!  - memwatch, level only (`reaction_ms = 0`), with the reflex (`policy.reflex`, the default) and
+//!    without it (the engine's probe decides), each by signals and by the freezer (the hog owns a v1
+//!    freezer cgroup);
+//!  - the floors: a thread blocked on the kernel's threshold eventfd at 95 % that sends SIGSTOP, or
+//!    writes FROZEN to an already open freezer.state;
+//!  - a 1 ms poller of the cgroup's usage that sends SIGSTOP at 95 %.
+//!
+//! The crossing is timed by an observer of its own: a thread blocked on a second eventfd at the
+//! same 95 % threshold (the kernel signals both in the same check). The stop is timed by
+//! `waitid(WSTOPPED)` on the hog, which is this process's child (signals), or by reading the
+//! freezer's state every 20 µs until it says FROZEN (freezer; that resolution is part of every
+//! freezer row alike). Latency = stop − crossing. Survival: the cgroup's OOM killer did not fire.
+//!
+//! `cargo bench --bench reflex` (RUNS=30 by default; RATES=1024,4096 in MiB/s).
+
+use std::io::{BufRead, BufReader, Write as _};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::cgroup::MemCgroup;
+use common::{Daemon, memhog, pct};
+
+const MIB: u64 = 1 << 20;
+const LIMIT: u64 = 512 * MIB;
+const CRITICAL: u64 = LIMIT * 95 / 100;
+
+#[derive(Clone, Copy, PartialEq)]
+enum Row {
+    /// memwatch: with the reflex or not, by the freezer or not.
+    Memwatch { reflex: bool, freezer: bool },
+    /// eventfd → SIGSTOP.
+    FloorStop,
+    /// eventfd → FROZEN.
+    FloorFreeze,
+    /// 1 ms poller → SIGSTOP.
+    Poller,
+}
+
+impl Row {
+    fn freezer(self) -> bool {
+        matches!(self, Row::Memwatch { freezer: true, .. } | Row::FloorFreeze)
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Row::Memwatch {
+                reflex: true,
+                freezer: false,
+            } => "memwatch reflex, SIGSTOP",
+            Row::Memwatch {
+                reflex: true,
+                freezer: true,
+            } => "memwatch reflex, freezer",
+            Row::Memwatch {
+                reflex: false,
+                freezer: false,
+            } => "memwatch probe, SIGSTOP",
+            Row::Memwatch {
+                reflex: false,
+                freezer: true,
+            } => "memwatch probe, freezer",
+            Row::FloorStop => "eventfd → SIGSTOP (floor)",
+            Row::FloorFreeze => "eventfd → freeze (floor)",
+            Row::Poller => "1 ms poller → SIGSTOP",
+        }
+    }
+}
+
+/// An eventfd the kernel signals when the cgroup's usage crosses `bytes`.
+fn threshold(mem: &Path, bytes: u64) -> (OwnedFd, std::fs::File) {
+    // SAFETY: plain syscall; a non-negative return is a new descriptor we own.
+    let efd = unsafe { OwnedFd::from_raw_fd(nix::libc::eventfd(0, nix::libc::EFD_CLOEXEC)) };
+    let usage = std::fs::File::open(mem.join("memory.usage_in_bytes")).unwrap();
+    std::fs::write(
+        mem.join("cgroup.event_control"),
+        format!("{} {} {bytes}", efd.as_raw_fd(), usage.as_raw_fd()),
+    )
+    .unwrap();
+    (efd, usage)
+}
+
+/// Blocks until `efd` is signalled or `stop` is set; the instant it woke.
+fn wait_eventfd(efd: &OwnedFd, stop: &AtomicBool) -> Option<Instant> {
+    let mut pfd = nix::libc::pollfd {
+        fd: efd.as_raw_fd(),
+        events: nix::libc::POLLIN,
+        revents: 0,
+    };
+    while !stop.load(Ordering::Relaxed) {
+        // SAFETY: one valid pollfd.
+        if unsafe { nix::libc::poll(&mut pfd, 1, 50) } > 0 {
+            return Some(Instant::now());
+        }
+    }
+    None
+}
+
+/// The floor or poller watcher for `row`, running beside the hog.
+fn watcher(
+    row: Row,
+    cg: &MemCgroup,
+    pid: u32,
+    stop: Arc<AtomicBool>,
+) -> Option<std::thread::JoinHandle<()>> {
+    let mem = cg.dir.clone();
+    let sigstop = move || {
+        // SAFETY: kill(2) on the hog's pid.
+        unsafe { nix::libc::kill(pid as i32, nix::libc::SIGSTOP) };
+    };
+    match row {
+        Row::FloorStop => {
+            let (efd, usage) = threshold(&mem, CRITICAL);
+            Some(std::thread::spawn(move || {
+                let _usage = usage;
+                if wait_eventfd(&efd, &stop).is_some() {
+                    sigstop();
+                }
+            }))
+        }
+        Row::FloorFreeze => {
+            let (efd, usage) = threshold(&mem, CRITICAL);
+            let mut state = std::fs::OpenOptions::new()
+                .write(true)
+                .open(cg.freezer.as_ref().unwrap().join("freezer.state"))
+                .unwrap();
+            Some(std::thread::spawn(move || {
+                let _usage = usage;
+                if wait_eventfd(&efd, &stop).is_some() {
+                    let _ = state.write_all(b"FROZEN");
+                }
+            }))
+        }
+        Row::Poller => Some(std::thread::spawn(move || {
+            let path = mem.join("memory.usage_in_bytes");
+            while !stop.load(Ordering::Relaxed) {
+                let u: u64 = std::fs::read_to_string(&path)
+                    .ok()
+                    .and_then(|s| s.trim().parse().ok())
+                    .unwrap_or(0);
+                if u >= CRITICAL {
+                    sigstop();
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })),
+        Row::Memwatch { .. } => None,
+    }
+}
+
+/// When the hog was stopped: `waitid(WSTOPPED)` (signals) or the freezer's state read every 20 µs;
+/// `None` when it exited or `stop` was set first.
+fn stopped_at(
+    row: Row,
+    freezer: Option<&Path>,
+    pid: u32,
+    stop: Arc<AtomicBool>,
+) -> Option<Instant> {
+    if let Some(f) = freezer.filter(|_| row.freezer()) {
+        let state = f.join("freezer.state");
+        while !stop.load(Ordering::Relaxed) {
+            if std::fs::read_to_string(&state).is_ok_and(|s| s.trim() == "FROZEN") {
+                return Some(Instant::now());
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+        return None;
+    }
+    // SAFETY: a zeroed siginfo_t is a valid out-parameter for waitid.
+    let mut info: nix::libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: waitid on our own child; WNOWAIT leaves its status for the final wait.
+    let r = unsafe {
+        nix::libc::waitid(
+            nix::libc::P_PID,
+            pid,
+            &mut info,
+            nix::libc::WSTOPPED | nix::libc::WEXITED | nix::libc::WNOWAIT,
+        )
+    };
+    let at = Instant::now();
+    (r == 0 && info.si_code == nix::libc::CLD_STOPPED).then_some(at)
+}
+
+struct Outcome {
+    killed: bool,
+    /// µs from the crossing to the stop; `None`: not stopped (or no crossing seen).
+    latency_us: Option<f64>,
+}
+
+fn run(cg: &MemCgroup, hog: &Path, rate: u64, row: Row, d: Option<&Daemon>, i: usize) -> Outcome {
+    cg.set_limit(LIMIT);
+    cg.thaw();
+    let go = std::env::temp_dir().join(format!("memwatch-reflex-go-{}-{i}", std::process::id()));
+    let _ = std::fs::remove_file(&go);
+    let go_arg = go.to_string_lossy().into_owned();
+    let args = format!("--rate-mib {rate} --total-mib 768 --chunk-mib 1 --hold-ms 200");
+    let mut all: Vec<&str> = args.split_whitespace().collect();
+    all.extend(["--wait-file", &go_arg]);
+    let mut child = cg.spawn_with(hog, &all, row.freezer());
+    let pid = child.id();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let name = format!("reflex{i}");
+    if let Some(d) = d {
+        assert!(
+            d.ctl(&["attach", &pid.to_string(), "--name", &name]),
+            "attach failed"
+        );
+        // Ready as a user's job would be: measured (its limit known), and armed where it may be.
+        let reflex = matches!(row, Row::Memwatch { reflex: true, .. });
+        let kind = if row.freezer() {
+            "cgroup_v1_freezer"
+        } else {
+            "signals"
+        };
+        let t = Instant::now();
+        while reflex
+            && d.armed(&name).as_deref() != Some(kind)
+            && t.elapsed() < Duration::from_secs(5)
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if !reflex {
+            std::thread::sleep(Duration::from_millis(1200));
+        }
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let (observer, usage) = threshold(&cg.dir, CRITICAL);
+    let crossed = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let _usage = usage;
+            wait_eventfd(&observer, &stop)
+        })
+    };
+    let stopped = {
+        let stop = stop.clone();
+        let freezer = cg.freezer.clone();
+        std::thread::spawn(move || stopped_at(row, freezer.as_deref(), pid, stop))
+    };
+    let w = watcher(row, cg, pid, stop.clone());
+    let oom = cg.oom_kills();
+    std::fs::write(&go, "").unwrap();
+    let t0 = Instant::now();
+    while !stopped.is_finished() && t0.elapsed() < Duration::from_secs(5) {
+        if cg.oom_kills() > oom {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let killed = cg.oom_kills() > oom;
+    cg.set_limit(4096 * MIB);
+    if let Some(d) = d {
+        d.ctl(&["detach", &name]);
+    }
+    cg.thaw();
+    let _ = Command::new("kill")
+        .args(["-CONT", &pid.to_string()])
+        .status();
+    let _ = child.kill();
+    let stop_at = stopped.join().ok().flatten();
+    let _ = child.wait();
+    let cross_at = crossed.join().ok().flatten();
+    if let Some(h) = w {
+        let _ = h.join();
+    }
+    let _ = std::fs::remove_file(&go);
+    let latency_us = match (cross_at, stop_at) {
+        (Some(c), Some(s)) if !killed => Some(if s >= c {
+            s.duration_since(c).as_secs_f64() * 1e6
+        } else {
+            -(c.duration_since(s).as_secs_f64() * 1e6)
+        }),
+        _ => None,
+    };
+    Outcome { killed, latency_us }
+}
+
+fn main() {
+    if common::listing() {
+        return;
+    }
+    let runs = common::runs(30);
+    let hog = memhog();
+    let mut cg = MemCgroup::new(LIMIT).expect("create a v1 memory cgroup (run as root)");
+    assert!(
+        cg.version == 1 && cg.with_freezer(),
+        "needs the v1 memory and freezer controllers"
+    );
+    let rates: Vec<u64> = std::env::var("RATES")
+        .ok()
+        .map(|v| v.split(',').filter_map(|r| r.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1024, 4096]);
+    let with = Daemon::start("[policy]\nreaction_ms = 0\n");
+    let without = Daemon::start("[policy]\nreaction_ms = 0\nreflex = false\n");
+    let rows = [
+        Row::Memwatch {
+            reflex: true,
+            freezer: false,
+        },
+        Row::Memwatch {
+            reflex: true,
+            freezer: true,
+        },
+        Row::Memwatch {
+            reflex: false,
+            freezer: false,
+        },
+        Row::Memwatch {
+            reflex: false,
+            freezer: true,
+        },
+        Row::FloorStop,
+        Row::FloorFreeze,
+        Row::Poller,
+    ];
+    for &rate in &rates {
+        let mut outs: Vec<Vec<Outcome>> = rows.iter().map(|_| Vec::new()).collect();
+        for i in 0..runs {
+            for (k, row) in rows.iter().enumerate() {
+                let d = match row {
+                    Row::Memwatch { reflex: true, .. } => Some(&with),
+                    Row::Memwatch { reflex: false, .. } => Some(&without),
+                    _ => None,
+                };
+                outs[k].push(run(&cg, &hog, rate, *row, d, i * rows.len() + k));
+            }
+        }
+        for (row, o) in rows.iter().zip(&outs) {
+            let killed = o.iter().filter(|o| o.killed).count();
+            let mut lat: Vec<f64> = o.iter().filter_map(|o| o.latency_us).collect();
+            let n = lat.len();
+            println!(
+                "{:<27} {rate:>5} MiB/s: OOM-killed {killed}/{runs}, timed {n}, crossing→stop p50 {:>6.0} µs, \
+                 p90 {:>6.0} µs, max {:>6.0} µs",
+                row.label(),
+                pct(&mut lat, 0.5),
+                pct(&mut lat, 0.9),
+                pct(&mut lat, 1.0),
+            );
+        }
+    }
+}

@@ -1,0 +1,293 @@
+//! The reflex as the engine decides it (the wake thread's side is `crate::reflex`): for each job
+//! whose cgroup v1 limit is watched by the kernel's thresholds, what would stop it at its critical
+//! line, armed ahead with a write-ahead record (a pause in phase `armed`), and, once it fired, the
+//! stop taken over as the policy's own pause, or undone.
+//!
+//! A reflex is armed only where the policy would pause at the crossing itself: `policy.reflex` on,
+//! no dry run, `[policy.job_cgroup]` pausing with no enter hold, no checkpoint signal to send first,
+//! the job not paused, not being ended, not a Slurm job (a Slurm pause goes through Slurm), not
+//! critical already (critical and running means a person overrode the line), and nobody's override.
+
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+use nix::sys::signal::Signal;
+
+use super::Engine;
+use crate::act::audit::{Action, Reason};
+use crate::act::driver::Mechanism;
+use crate::act::freeze::Frozen;
+use crate::act::persist::{HoldRecord, PersistedPause, PhaseRecord};
+use crate::job::Job;
+pub use crate::job::held::{Armed, ReflexHow};
+use crate::policy::{By, Cause, Level, PauseState, Resource};
+use crate::reflex::{Done, Fired};
+use crate::sample::cgroup::Version;
+
+/// What the engine would arm for a job now.
+#[derive(Debug, Clone)]
+pub struct ReflexPlan {
+    /// The working set at which it fires (bytes).
+    pub critical_bytes: u64,
+    /// What it acts on.
+    pub how: ReflexHow,
+    /// The job's owner.
+    pub owner: u32,
+    /// The root's pidfd (a `Stop` needs it).
+    pub pidfd: Option<Arc<OwnedFd>>,
+}
+
+impl PartialEq for ReflexPlan {
+    /// The same reflex (its pidfd aside: the job's, kept since attach).
+    fn eq(&self, other: &Self) -> bool {
+        self.critical_bytes == other.critical_bytes
+            && self.how == other.how
+            && self.owner == other.owner
+    }
+}
+
+impl ReflexPlan {
+    /// Whether the reflex armed as `armed` is this one.
+    pub fn is(&self, armed: Option<&Armed>) -> bool {
+        armed.is_some_and(|a| a.critical_bytes == self.critical_bytes && a.how == self.how)
+    }
+}
+
+/// The state file's record of the reflex `armed` of `job`: a pause in phase `armed`, undone as one
+/// being made.
+pub(super) fn record(armed: &Armed, job: &str) -> PersistedPause {
+    let (hold, stopped) = match &armed.how {
+        ReflexHow::Freeze(f) => (HoldRecord::CgroupV1Freezer { dir: f.dir.clone() }, vec![]),
+        ReflexHow::Stop(root) => (HoldRecord::Signals, vec![*root]),
+    };
+    PersistedPause {
+        since_ms: armed.since_ms,
+        by: By::Policy,
+        reason: "a reflex armed to stop the job at its cgroup's critical line".into(),
+        phase: PhaseRecord::Armed,
+        hold,
+        stopped,
+        causes: vec![Cause::Resource(Resource::JobCgroup(job.to_owned())).to_string()],
+        projected: None,
+        strict: false,
+        expired: false,
+        oomd_omit: Vec::new(),
+    }
+}
+
+impl Engine {
+    /// The reflex to arm for `j` now, if any (see the module's conditions).
+    pub(super) fn reflex_plan(&self, j: &Job) -> Option<ReflexPlan> {
+        let p = &self.cfg.policy;
+        if !p.reflex
+            || p.dry_run
+            || p.job_cgroup.action != crate::config::Action::Pause
+            || p.job_cgroup.enter_hold_ms != 0
+            || !p.checkpoint_signal.is_empty()
+            || j.pause.is_some()
+            || j.terminating_since_ms.is_some()
+            || j.slurm_job_id().is_some()
+        {
+            return None;
+        }
+        let dir = j.cgroup_dir.as_ref()?;
+        if dir.version != Version::V1 {
+            return None;
+        }
+        let limit = j.cgroup().and_then(|c| c.limit_bytes)?;
+        let key = Resource::JobCgroup(j.name.clone());
+        if self
+            .policy
+            .levels
+            .get(&key)
+            .is_some_and(|l| l.level == Level::Critical)
+            || self
+                .policy
+                .jobs
+                .get(&j.name)
+                .is_some_and(|s| s.overridden.contains(&key))
+        {
+            return None;
+        }
+        // A freezer whose members the owner could all signal at the last full sample; for a job not
+        // root's, one cgroup without children (the reflex checks its members again when it fires).
+        let freezer = j
+            .freezer
+            .clone()
+            .filter(|f| f.version == Version::V1 && (j.owner_uid == 0 || !has_child_dirs(&f.dir)));
+        let how = match freezer {
+            Some(f) => ReflexHow::Freeze(f),
+            None if j.pidfd.is_some() => ReflexHow::Stop(j.root),
+            None => return None,
+        };
+        Some(ReflexPlan {
+            critical_bytes: (limit as f64 * p.job_cgroup.critical.0).ceil() as u64,
+            how,
+            owner: j.owner_uid,
+            pidfd: j.pidfd.clone(),
+        })
+    }
+
+    /// Whether the kernel's thresholds watch the job's cgroup.
+    pub fn is_watched(&self, job: &str) -> bool {
+        self.jobs.get(job).is_some_and(|j| j.watched)
+    }
+
+    /// The reflex of `job` as armed now.
+    pub fn armed_reflex(&self, job: &str) -> Option<&Armed> {
+        self.jobs.get(job).and_then(|j| j.armed.as_ref())
+    }
+
+    /// Records `plan` as the job's armed reflex, in the state file before it is handed to the wake
+    /// thread: an error means it must not be armed.
+    pub fn arm_reflex(&mut self, job: &str, plan: &ReflexPlan) -> Result<(), String> {
+        let Some(j) = self.jobs.get_mut(job) else {
+            return Err(format!("no job {job}"));
+        };
+        let before = j.armed.replace(Armed {
+            critical_bytes: plan.critical_bytes,
+            how: plan.how.clone(),
+            since_ms: j.sampled_at_ms.max(j.probed_at_ms),
+        });
+        if let Err(e) = self.write_state() {
+            if let Some(j) = self.jobs.get_mut(job) {
+                j.armed = before;
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// The wake thread no longer holds the job's reflex (it was disarmed before it could fire).
+    pub fn disarm_reflex(&mut self, job: &str) {
+        if let Some(j) = self.jobs.get_mut(job) {
+            if j.armed.take().is_some() {
+                self.save();
+            }
+        }
+    }
+
+    /// A reflex fired: its stop becomes the policy's pause of the job (recorded, the rest of the
+    /// tree stopped, held by the mechanism that made it), or is undone where the job is gone, is
+    /// being ended, or was paused by something else first.
+    pub fn handle_reflex(&mut self, fired: Fired, now_ms: u64) {
+        let name = fired.job.clone();
+        let (mechanism, ours) = match &fired.done {
+            Done::Froze(dir) => (
+                Mechanism::FreezeV1(Frozen {
+                    version: Version::V1,
+                    dir: dir.clone(),
+                }),
+                true,
+            ),
+            Done::Stopped(root) => (
+                Mechanism::Signals,
+                self.jobs.get(&name).is_some_and(|j| j.root == *root),
+            ),
+        };
+        let free = self
+            .jobs
+            .get(&name)
+            .is_some_and(|j| j.pause.is_none() && j.terminating_since_ms.is_none() && ours);
+        if let Some(j) = self.jobs.get_mut(&name) {
+            j.armed = None;
+        }
+        if !free {
+            self.undo_fired(&fired);
+            self.save();
+            return;
+        }
+        let limit = self
+            .jobs
+            .get(&name)
+            .and_then(|j| j.cgroup())
+            .and_then(|c| c.limit_bytes)
+            .unwrap_or(0);
+        let percent = if limit > 0 {
+            fired.working_set as f64 * 100.0 / limit as f64
+        } else {
+            0.0
+        };
+        let cause = Cause::Resource(Resource::JobCgroup(name.clone()));
+        let reason = format!(
+            "job cgroup at {percent:.1} % (stopped by the reflex {} µs after the kernel's notification)",
+            fired.took_us
+        );
+        tracing::info!(job = name, took_us = fired.took_us, done = ?fired.done, "the reflex stopped the job at its critical line");
+        let state = PauseState {
+            since_ms: now_ms,
+            by: By::Policy,
+            reasons: vec![cause.clone()],
+            projected: None,
+            expired: false,
+            strict: false,
+        };
+        match self.pause_job_by(&name, state, &reason, now_ms, Some(mechanism)) {
+            Ok(()) if self.jobs.get(&name).is_some_and(|j| j.pause.is_some()) => {
+                self.record(
+                    now_ms,
+                    Action::Pause,
+                    &name,
+                    Reason::from(&cause),
+                    reason,
+                    false,
+                );
+            }
+            Ok(()) => self.undo_fired(&fired),
+            Err(e) => {
+                self.undo_fired(&fired);
+                self.record(
+                    now_ms,
+                    Action::Error,
+                    &name,
+                    Reason::from(&cause),
+                    format!("pause failed: {e}"),
+                    false,
+                );
+            }
+        }
+    }
+
+    /// Undoes what a fired reflex did, unless the job's pause now holds it the same way.
+    fn undo_fired(&self, fired: &Fired) {
+        let pause = self.jobs.get(&fired.job).and_then(|j| j.pause.as_ref());
+        match &fired.done {
+            Done::Froze(dir) => {
+                let f = Frozen {
+                    version: Version::V1,
+                    dir: dir.clone(),
+                };
+                if pause.and_then(|p| p.frozen()) != Some(&f) {
+                    if let Err(e) = self.host.thaw(&f) {
+                        tracing::warn!(cgroup = %dir.display(), error = %e, "cannot thaw what the reflex froze");
+                    }
+                }
+            }
+            Done::Stopped(root) => {
+                if !pause.is_some_and(|p| p.stopped.contains(root)) {
+                    let pidfd = self
+                        .jobs
+                        .get(&fired.job)
+                        .filter(|j| j.root == *root)
+                        .and_then(|j| j.pidfd.clone());
+                    if let Err(e) = self.host.signal(*root, pidfd.as_deref(), Signal::SIGCONT) {
+                        tracing::warn!(pid = root.pid, error = %e, "cannot continue what the reflex stopped");
+                    }
+                }
+            }
+        }
+        tracing::info!(
+            job = fired.job,
+            "undid the reflex's stop: the job was not the policy's to pause"
+        );
+    }
+}
+
+/// Whether `dir` has a subdirectory (a child cgroup).
+fn has_child_dirs(dir: &std::path::Path) -> bool {
+    std::fs::read_dir(dir).map_or(true, |entries| {
+        entries
+            .filter_map(Result::ok)
+            .any(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+    })
+}

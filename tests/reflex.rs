@@ -1,0 +1,155 @@
+//! The reflex, on real v1 memory cgroups: a hog touching memory at 1 GiB/s in a cgroup limited to
+//! 512 MiB is stopped at its critical line by the wake thread itself, once by signals (the hog's root,
+//! through its pidfd) and once by the freezer (the hog owns a v1 freezer cgroup). For each:
+//! - while it runs, the state file holds the reflex as a pause in phase `armed`, written before the
+//!   wake thread got it (write-ahead when armed);
+//! - the pause event says the reflex stopped it; the engine then holds the pause as its own (phase
+//!   `held`, by the mechanism the reflex used) and no OOM kill happened;
+//! - with room made, the job is resumed and finishes.
+//!
+//! Then the same hog under a daemon with `reflex = false`: nothing is armed, and the pause comes
+//! from the engine's probe (its event does not name the reflex), so the first part is the reflex's.
+//! Kept in its own test binary so no other test competes with it for the CPU.
+
+mod common;
+
+use std::io::BufRead;
+use std::path::Path;
+
+use common::cgroup::MemCgroup;
+use common::{Daemon, Opts, eventually, memhog, proc_state};
+
+const MIB: u64 = 1 << 20;
+
+/// The job's pause record in the daemon's state file, if any.
+fn recorded(state_dir: &Path, job: &str) -> Option<serde_json::Value> {
+    let text = std::fs::read_to_string(state_dir.join("state.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    v["jobs"]
+        .as_array()?
+        .iter()
+        .find(|j| j["name"] == job)
+        .map(|j| j["paused"].clone())
+        .filter(|p| !p.is_null())
+}
+
+/// One hog run under `d`: returns the pause event's detail.
+fn run(d: &Daemon, cg: &MemCgroup, name: &str, reflex: bool) -> String {
+    cg.set_limit(512 * MIB);
+    let go = d.dir.path().join(format!("go-{name}"));
+    let (mut hog, mut out) = cg.hog(
+        &memhog(),
+        &["--rate-mib", "1024", "--total-mib", "768"],
+        &go,
+    );
+    let pid = hog.id();
+    let mut line = String::new();
+    let (code, _, err) = d.ctl(&["attach", &pid.to_string(), "--name", name]);
+    assert_eq!(code, 0, "{err}");
+    if reflex {
+        // Armed, and recorded so, before the hog starts.
+        d.wait_until(
+            |d| recorded(&d.state, name).is_some_and(|p| p["phase"] == "armed"),
+            "the reflex recorded as armed",
+        );
+    } else {
+        d.wait_samples(d.samples() + 2);
+        assert_eq!(recorded(&d.state, name), None, "armed with reflex = false");
+    }
+    let oom_before = cg.oom_kills();
+    std::fs::write(&go, "").unwrap();
+    assert!(
+        eventually(5.0, || cg.paused(pid)),
+        "{name}: not paused (state {:?}, OOM kills {} → {})\n{:#?}",
+        proc_state(pid),
+        oom_before,
+        cg.oom_kills(),
+        d.events()
+    );
+    let pause = |d: &Daemon| {
+        d.events()
+            .into_iter()
+            .find(|e| e["job"] == name && e["action"] == "pause")
+            .map(|e| e["detail"].as_str().unwrap_or_default().to_owned())
+    };
+    d.wait_until(|d| pause(d).is_some(), "the pause event");
+    let detail = pause(d).unwrap();
+    d.wait_until(
+        |d| recorded(&d.state, name).is_some_and(|p| p["phase"] == "held"),
+        "the pause held and recorded",
+    );
+    let hold = recorded(&d.state, name).unwrap()["hold"]["kind"].clone();
+    let frozen = proc_state(pid) != Some('T');
+    assert_eq!(
+        hold,
+        if frozen {
+            "cgroup_v1_freezer"
+        } else {
+            "signals"
+        },
+        "{name}"
+    );
+    assert_eq!(cg.oom_kills(), oom_before, "{name}: the OOM killer fired");
+
+    cg.set_limit(3072 * MIB);
+    let status = hog.wait().unwrap();
+    assert!(
+        status.success(),
+        "{name}: the hog did not finish: {status:?}"
+    );
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "done 768", "{name}");
+    assert_eq!(cg.oom_kills(), oom_before, "{name}: the OOM killer fired");
+    assert!(
+        eventually(5.0, || d.job_state(name).is_none()),
+        "{name}: the finished job stayed attached"
+    );
+    detail
+}
+
+#[test]
+fn the_reflex_stops_a_fast_hog_at_its_line_and_the_engine_holds_it() {
+    let made = || {
+        MemCgroup::new(512 * MIB).unwrap_or_else(|| {
+            panic!("cannot create a memory cgroup: this test needs root and a memory controller")
+        })
+    };
+    let signalled = made();
+    if signalled.version != 1 {
+        eprintln!("no v1 memory controller: the reflex rides on v1 thresholds; nothing to test");
+        return;
+    }
+    let mut frozen = made();
+    assert!(frozen.with_freezer(), "no v1 freezer to give the hog");
+    // Level only: no projection pauses the hog before its line.
+    let level_only = "[policy]\nreaction_ms = 0\n";
+    let d = Daemon::start(Opts {
+        root: "/".into(),
+        gpu_state: None,
+        interval_ms: 1000,
+        extra_config: level_only,
+        ..Opts::default()
+    });
+    for (name, cg) in [("by-signals", &signalled), ("by-freezer", &frozen)] {
+        let detail = run(&d, cg, name, true);
+        assert!(
+            detail.contains("stopped by the reflex"),
+            "{name}: the pause was not the reflex's: {detail}"
+        );
+    }
+    drop(d);
+
+    let off = Daemon::start(Opts {
+        root: "/".into(),
+        gpu_state: None,
+        interval_ms: 1000,
+        extra_config: "[policy]\nreaction_ms = 0\nreflex = false\n",
+        ..Opts::default()
+    });
+    let detail = run(&off, &signalled, "by-probe", false);
+    assert!(
+        !detail.contains("stopped by the reflex"),
+        "reflex = false, yet the reflex paused the job: {detail}"
+    );
+}

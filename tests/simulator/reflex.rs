@@ -1,0 +1,191 @@
+//! The reflex, as the engine sees it: armed with its record written first, fired (the wake thread's
+//! act is played on the fixture: the root stopped, or the freezer written), then taken over as the
+//! policy's pause held the same way, undone where it was not the policy's to make, and undone by a
+//! restarted daemon from its record alone.
+
+use memwatch::engine::{ReflexHow, ReflexPlan};
+use memwatch::job::held::Frozen;
+use memwatch::proc::ProcRef;
+use memwatch::reflex::{Done, Fired};
+use memwatch::sample::cgroup::Version;
+use nix::sys::signal::Signal;
+
+use super::host::Act;
+use super::sim::{Kind, OWNER, PID, Sim, cgroup_dir};
+
+fn root() -> ProcRef {
+    ProcRef {
+        pid: PID,
+        start_time: 1000 + u64::from(PID),
+    }
+}
+
+/// Arms the job's reflex the way `kind` would be held (signals: its root; V1: its freezer), and
+/// checks its record is in the state file.
+fn arm(s: &mut Sim) -> Done {
+    let (how, done) = match s.kind {
+        Kind::V1 => {
+            let dir = cgroup_dir(&s.root(), Kind::V1).unwrap();
+            (
+                ReflexHow::Freeze(Frozen {
+                    version: Version::V1,
+                    dir: dir.clone(),
+                }),
+                Done::Froze(dir),
+            )
+        }
+        _ => (ReflexHow::Stop(root()), Done::Stopped(root())),
+    };
+    let plan = ReflexPlan {
+        critical_bytes: 95 << 20,
+        how,
+        owner: OWNER,
+        pidfd: None,
+    };
+    s.engine.arm_reflex("sim", &plan).unwrap();
+    s.check();
+    let state = s.host.state();
+    let r = &state["jobs"][0]["paused"];
+    assert_eq!(r["phase"], "armed", "{:?}: {r}", s.kind);
+    assert_eq!(r["hold"]["kind"], s.kind.record(), "{:?}: {r}", s.kind);
+    if s.kind == Kind::Signals {
+        assert_eq!(r["stopped"][0]["pid"], PID, "{r}");
+    }
+    done
+}
+
+/// The wake thread's act, played on the fixture.
+fn fire(s: &Sim, done: &Done) {
+    match done {
+        Done::Froze(dir) => std::fs::write(dir.join("freezer.state"), "FROZEN").unwrap(),
+        Done::Stopped(r) => s.host.set_state(r.pid, 'T'),
+    }
+}
+
+/// A reflex that fired becomes the policy's pause, held by the mechanism that made it: its record
+/// replaces the armed one, the rest of the tree is stopped (signals), the event says the reflex
+/// stopped it and when, and a resume undoes it whole.
+#[test]
+fn a_fired_reflex_becomes_the_policys_pause_held_the_same_way() {
+    for kind in [Kind::Signals, Kind::V1] {
+        let mut s = Sim::new(kind);
+        let done = arm(&mut s);
+        fire(&s, &done);
+        s.engine.handle_reflex(
+            Fired {
+                job: "sim".into(),
+                done,
+                working_set: 96 << 20,
+                took_us: 42,
+            },
+            s.now,
+        );
+        s.drain();
+        s.check();
+        let p = s.pause().expect("the reflex's stop became a pause");
+        assert_eq!(p.mechanism.name(), kind.record(), "{kind:?}");
+        assert_eq!(p.phase, memwatch::job::PausePhase::Held, "{kind:?}");
+        assert_eq!(p.by, memwatch::policy::By::Policy);
+        assert_eq!(
+            p.held.reasons,
+            [memwatch::policy::Cause::Resource(
+                memwatch::policy::Resource::JobCgroup("sim".into())
+            )]
+        );
+        assert!(s.held(), "{kind:?}");
+        if kind == Kind::Signals {
+            assert_eq!(s.host.state_of(PID + 1), Some('T'), "the worker too");
+        }
+        assert!(s.engine.armed_reflex("sim").is_none());
+        assert_eq!(s.host.state()["jobs"][0]["paused"]["phase"], "held");
+        let view = s.engine.view();
+        let event = view
+            .events
+            .iter()
+            .find(|e| e.job == "sim" && e.action == memwatch::act::audit::Action::Pause)
+            .expect("a pause event");
+        assert!(
+            event.detail.contains("stopped by the reflex 42 µs"),
+            "{}",
+            event.detail
+        );
+        assert!(s.cmd(super::resume_cmd()).ok);
+        assert!(s.all_running(), "{kind:?}: {:?}", s.host.acts());
+    }
+}
+
+/// A reflex that fired on a job someone paused first is not a second pause: what the pause holds
+/// stays held, once. One that fired on a job that is no longer attached is undone.
+#[test]
+fn a_reflex_not_the_policys_to_make_is_undone_or_left_to_the_pause_that_holds() {
+    let mut s = Sim::new(Kind::Signals);
+    let done = arm(&mut s);
+    assert!(s.cmd(super::pause_cmd()).ok);
+    fire(&s, &done);
+    let before = s.host.acts().len();
+    s.engine.handle_reflex(
+        Fired {
+            job: "sim".into(),
+            done,
+            working_set: 96 << 20,
+            took_us: 7,
+        },
+        s.now,
+    );
+    s.drain();
+    s.check();
+    let p = s.pause().unwrap();
+    assert_eq!(p.by, memwatch::policy::By::User, "the hand pause stays");
+    assert!(
+        !s.host.acts()[before..].contains(&Act::Signal(PID, Signal::SIGCONT)),
+        "the held root was continued: {:?}",
+        s.host.acts()
+    );
+    assert!(s.held());
+
+    // Fired for a job the engine no longer has: continued at once.
+    let worker = ProcRef {
+        pid: PID + 1,
+        start_time: 1001 + u64::from(PID),
+    };
+    s.host.set_state(PID + 1, 'T');
+    s.engine.handle_reflex(
+        Fired {
+            job: "gone".into(),
+            done: Done::Stopped(worker),
+            working_set: 1,
+            took_us: 1,
+        },
+        s.now,
+    );
+    assert!(
+        s.host
+            .acts()
+            .contains(&Act::Signal(PID + 1, Signal::SIGCONT))
+    );
+    assert_eq!(s.host.state_of(PID + 1), Some('S'));
+}
+
+/// A daemon killed after its reflex fired, before the engine took the stop over, leaves the armed
+/// record: the restarted daemon undoes it from that record alone (the root continued, the freezer
+/// thawed), and nothing of the job stays stopped.
+#[test]
+fn a_restarted_daemon_undoes_an_armed_record_that_may_have_fired() {
+    for kind in [Kind::Signals, Kind::V1] {
+        let mut s = Sim::new(kind);
+        let done = arm(&mut s);
+        fire(&s, &done);
+        assert!(!s.all_running());
+        s.restart();
+        assert!(s.all_running(), "{kind:?}: {:?}", s.host.acts());
+        assert!(s.pause().is_none());
+        match kind {
+            Kind::V1 => assert!(
+                s.host
+                    .acts()
+                    .contains(&Act::Thaw(cgroup_dir(&s.root(), kind).unwrap()))
+            ),
+            _ => assert!(s.host.acts().contains(&Act::Continue(vec![PID]))),
+        }
+    }
+}

@@ -124,12 +124,9 @@ impl Reflex {
         if usage < self.critical_bytes {
             return Some(usage);
         }
-        let (_, stat) = self.stat.read().ok()?;
-        let inactive = stat
-            .lines()
-            .find_map(|l| l.strip_prefix("total_inactive_file "))
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or(0);
+        let (path, stat) = self.stat.read().ok()?;
+        let [inactive] = crate::sample::cgroup::stat_values(path, stat, ["total_inactive_file"]);
+        let inactive = inactive.unwrap_or(0);
         Some(usage.saturating_sub(inactive))
     }
 

@@ -14,24 +14,11 @@
 mod common;
 
 use std::io::BufRead;
-use std::path::Path;
 
 use common::cgroup::MemCgroup;
-use common::{Daemon, Opts, eventually, memhog, proc_state};
+use common::{Daemon, Opts, eventually, memhog, proc_state, recorded_pause};
 
 const MIB: u64 = 1 << 20;
-
-/// The job's pause record in the daemon's state file, if any.
-fn recorded(state_dir: &Path, job: &str) -> Option<serde_json::Value> {
-    let text = std::fs::read_to_string(state_dir.join("state.json")).ok()?;
-    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
-    v["jobs"]
-        .as_array()?
-        .iter()
-        .find(|j| j["name"] == job)
-        .map(|j| j["paused"].clone())
-        .filter(|p| !p.is_null())
-}
 
 /// One hog run under `d`: returns the pause event's detail.
 fn run(d: &Daemon, cg: &MemCgroup, name: &str, reflex: bool) -> String {
@@ -49,12 +36,16 @@ fn run(d: &Daemon, cg: &MemCgroup, name: &str, reflex: bool) -> String {
     if reflex {
         // Armed, and recorded so, before the hog starts.
         d.wait_until(
-            |d| recorded(&d.state, name).is_some_and(|p| p["phase"] == "armed"),
+            |d| recorded_pause(&d.state, name).is_some_and(|p| p["phase"] == "armed"),
             "the reflex recorded as armed",
         );
     } else {
         d.wait_samples(d.samples() + 2);
-        assert_eq!(recorded(&d.state, name), None, "armed with reflex = false");
+        assert_eq!(
+            recorded_pause(&d.state, name),
+            None,
+            "armed with reflex = false"
+        );
     }
     let oom_before = cg.oom_kills();
     std::fs::write(&go, "").unwrap();
@@ -75,10 +66,10 @@ fn run(d: &Daemon, cg: &MemCgroup, name: &str, reflex: bool) -> String {
     d.wait_until(|d| pause(d).is_some(), "the pause event");
     let detail = pause(d).unwrap();
     d.wait_until(
-        |d| recorded(&d.state, name).is_some_and(|p| p["phase"] == "held"),
+        |d| recorded_pause(&d.state, name).is_some_and(|p| p["phase"] == "held"),
         "the pause held and recorded",
     );
-    let hold = recorded(&d.state, name).unwrap()["hold"]["kind"].clone();
+    let hold = recorded_pause(&d.state, name).unwrap()["hold"]["kind"].clone();
     let frozen = proc_state(pid) != Some('T');
     assert_eq!(
         hold,

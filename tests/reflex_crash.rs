@@ -16,7 +16,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::cgroup::MemCgroup;
-use common::{Daemon, Opts, Rng, eventually, memhog, proc_state};
+use common::{Daemon, Opts, Rng, eventually, memhog, proc_state, recorded_pause};
 
 const MIB: u64 = 1 << 20;
 
@@ -33,17 +33,7 @@ fn start(state: &Path) -> Daemon {
 
 /// Whether the job's record in the state file is a reflex armed.
 fn armed(state: &Path, job: &str) -> bool {
-    std::fs::read_to_string(state.join("state.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .and_then(|v| {
-            v["jobs"]
-                .as_array()?
-                .iter()
-                .find(|j| j["name"] == job)
-                .map(|j| j["paused"]["phase"] == "armed")
-        })
-        .unwrap_or(false)
+    recorded_pause(state, job).is_some_and(|p| p["phase"] == "armed")
 }
 
 /// The hog stopped, or its freezer cgroup frozen (or freezing).

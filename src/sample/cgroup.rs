@@ -382,10 +382,16 @@ pub fn key_value(path: &Path, key: &str) -> Result<Option<u64>, ReadError> {
 /// Several keys of one `key value` file, read once; a key the file lacks, or a file that cannot be
 /// read, gives `None`.
 fn key_values<const N: usize>(path: &Path, keys: [&str; N]) -> [Option<u64>; N] {
+    match read_text(path) {
+        Ok(text) => stat_values(path, &text, keys),
+        Err(_) => [None; N],
+    }
+}
+
+/// The values of `keys` in `text`, a `key value` per line file such as memory.stat read from `path`
+/// (kept open by the reflex, `crate::reflex`); a key absent or unparsable is `None`.
+pub fn stat_values<const N: usize>(path: &Path, text: &str, keys: [&str; N]) -> [Option<u64>; N] {
     let mut out = [None; N];
-    let Ok(text) = read_text(path) else {
-        return out;
-    };
     for line in text.lines() {
         if let Some((k, v)) = line.split_once(' ') {
             if let Some(i) = keys.iter().position(|key| *key == k) {

@@ -55,6 +55,18 @@ pub fn fake_nvml() -> PathBuf {
     .clone()
 }
 
+/// The pause record of `job` in the state file under `state_dir` (null or absent: `None`).
+pub fn recorded_pause(state_dir: &Path, job: &str) -> Option<serde_json::Value> {
+    let text = std::fs::read_to_string(state_dir.join("state.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    v["jobs"]
+        .as_array()?
+        .iter()
+        .find(|j| j["name"] == job)
+        .map(|j| j["paused"].clone())
+        .filter(|p| !p.is_null())
+}
+
 /// xorshift: reproducible random delays without a dependency (print the seed).
 pub struct Rng(pub u64);
 

@@ -181,7 +181,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     };
     let anchor = clock_anchor(&config, previous.as_ref());
     let clock = Clock::system(anchor.anchor_ms);
-    let mut engine = Engine::new(config.clone(), Some(anchor));
+    // The reflexes the wake thread fires, disarmed by the engine's host driver before a stop of
+    // its own.
+    let armory = Arc::new(crate::reflex::Armory::default());
+    let mut engine = Engine::with_host(
+        config.clone(),
+        Some(anchor),
+        Arc::new(crate::act::driver::Host::with_armory(
+            &config.host.process_root,
+            armory.clone(),
+        )),
+    );
     engine.recover(previous, clock.now_ms());
 
     let listener = TcpListener::bind(config.listen)
@@ -256,7 +266,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // into one pending permit.
     let (executor, mut outcomes) = Executor::start(&config.host.process_root);
     let woken = Arc::new(tokio::sync::Notify::new());
-    let mut watches = Watches::start(&config, &mut engine, woken.clone(), shared.kernel.clone());
+    let mut watches = Watches::start(
+        &config,
+        &mut engine,
+        woken.clone(),
+        shared.kernel.clone(),
+        armory,
+    );
     let mut stop = std::pin::pin!(shutdown_signal());
     // Under systemd: ready now, and a watchdog ping from this loop while samples are fresh, so a stuck
     // owner task or a sampler that stopped is restarted (and the restarted daemon resumes what this
@@ -305,11 +321,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 // The kernel saw a crossing: what a reflex stopped is taken over first, then a
                 // probe now, on this very turn.
                 let now = clock.now_ms();
-                let fired = watches.take_fired();
-                let any = !fired.is_empty();
-                for f in fired {
-                    engine.handle_reflex(f, now);
-                }
+                let any = take_over_fired(&watches, &mut engine, now);
                 engine.handle_wake(now);
                 next_probe = run_probe(&config, &mut host_meminfo, &mut engine, &shared, &executor, now);
                 if any {
@@ -439,6 +451,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+/// Hands the engine what the reflexes stopped since the last call. `true` when one had fired (the
+/// watches need a sync).
+fn take_over_fired(watches: &Watches, engine: &mut Engine, now: u64) -> bool {
+    let fired = watches.take_fired();
+    let any = !fired.is_empty();
+    for f in fired {
+        engine.handle_reflex(f, now);
+    }
+    any
 }
 
 /// One probe and policy step; returns when the next probe is due.

@@ -27,6 +27,8 @@ use std::time::Instant;
 use nix::sys::signal::Signal;
 
 use crate::proc::ProcRef;
+
+pub use crate::job::held::{Done, Fired};
 use crate::sample::kept::KeptFile;
 
 /// What a reflex acts on.
@@ -62,28 +64,6 @@ pub struct Reflex {
     usage: KeptFile,
     stat: KeptFile,
     act: Act,
-}
-
-/// What a fired reflex did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Done {
-    /// Froze this v1 freezer cgroup.
-    Froze(PathBuf),
-    /// Stopped the job's root (SIGSTOP through its pidfd).
-    Stopped(ProcRef),
-}
-
-/// A reflex that fired, for the engine to take over.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Fired {
-    /// The job.
-    pub job: String,
-    /// What it did.
-    pub done: Done,
-    /// The working set it read (bytes).
-    pub working_set: u64,
-    /// From the notification's read to the act done, µs.
-    pub took_us: u64,
 }
 
 impl Reflex {
@@ -151,6 +131,12 @@ impl Reflex {
     fn try_fire(&mut self, woke: Instant) -> Option<Fired> {
         let working_set = self.working_set()?;
         if working_set < self.critical_bytes || !self.members_within_reach() {
+            tracing::debug!(
+                job = self.job,
+                working_set,
+                critical = self.critical_bytes,
+                "a crossing below the reflex's line"
+            );
             return None;
         }
         let done = match &mut self.act {
@@ -181,12 +167,27 @@ impl Reflex {
     }
 }
 
-/// The reflexes armed and those fired, shared by the owner task (arms, disarms, takes what fired)
-/// and the wake thread (fires).
+/// The reflexes armed and those fired, shared by the owner task (arms, disarms, takes what fired),
+/// the engine's host driver (takes what fired before a stop of the engine's own) and the wake
+/// thread (fires).
 #[derive(Default)]
 pub struct Armory {
     armed: Mutex<HashMap<String, Reflex>>,
     fired: Mutex<Vec<Fired>>,
+}
+
+impl crate::act::driver::FiredReflexes for Armory {
+    fn take(&self, job: &str) -> Option<Fired> {
+        Armory::take(self, job)
+    }
+}
+
+impl std::fmt::Debug for Armory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Armory")
+            .field("armed", &self.armed_jobs())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Armory {
@@ -203,6 +204,14 @@ impl Armory {
         self.armed
             .lock()
             .is_ok_and(|mut armed| armed.remove(job).is_some())
+    }
+
+    /// What the job's reflex did, if it fired and is not taken yet (taken here, so it is handled
+    /// once).
+    pub fn take(&self, job: &str) -> Option<Fired> {
+        let mut fired = self.fired.lock().ok()?;
+        let at = fired.iter().position(|f| f.job == job)?;
+        Some(fired.remove(at))
     }
 
     /// The jobs whose reflexes are armed.

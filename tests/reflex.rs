@@ -113,20 +113,25 @@ fn the_reflex_stops_a_fast_hog_at_its_line_and_the_engine_holds_it() {
     }
     let mut frozen = made();
     assert!(frozen.with_freezer(), "no v1 freezer to give the hog");
-    // Level only: no projection pauses the hog before its line.
+    // Level only: no projection pauses the hog before its line. The engine's own probe, every
+    // 10 ms once a crossing woke it, reads the cgroup as often as the kernel's notification comes
+    // and would stop the job itself in some runs (a stop as good, but not the reflex's): here it
+    // probes once a second, and on each crossing only after the wake thread handled it.
     let level_only = "[policy]\nreaction_ms = 0\n";
     let d = Daemon::start(Opts {
         root: "/".into(),
         gpu_state: None,
         interval_ms: 1000,
         extra_config: level_only,
+        sampling: "probe_interval_ms = 1000\nfast_interval_ms = 1000",
         ..Opts::default()
     });
     for (name, cg) in [("by-signals", &signalled), ("by-freezer", &frozen)] {
         let detail = run(&d, cg, name, true);
         assert!(
             detail.contains("stopped by the reflex"),
-            "{name}: the pause was not the reflex's: {detail}"
+            "{name}: the pause was not the reflex's: {detail}\n{}",
+            d.log_text()
         );
     }
     drop(d);

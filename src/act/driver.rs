@@ -13,7 +13,7 @@ use nix::sys::signal::Signal;
 
 use super::signal::SignalError;
 pub use crate::job::held::Mechanism;
-use crate::job::held::{Frozen, Loan, OomdMark, Slurmctl};
+use crate::job::held::{Fired, Frozen, Loan, OomdMark, Slurmctl};
 use crate::proc::ProcRef;
 use crate::sample::cgroup::CgroupDir;
 
@@ -107,12 +107,27 @@ pub trait HostDriver: Send + Sync {
     /// Puts back what the mark found there (no attribute, or the old value); a cgroup that is gone
     /// is done.
     fn oomd_unmark(&self, mark: &OomdMark) -> Result<(), String>;
+    /// What `job`'s reflex (`crate::reflex`) did, if it fired and the engine has not taken it over
+    /// yet (taken: the engine holds or undoes it, once). Asked before the engine stops the job
+    /// itself, so that a stop the reflex made is the pause.
+    fn fired_reflex(&self, _job: &str) -> Option<Fired> {
+        None
+    }
+}
+
+/// What the reflexes armed in the wake thread did, not yet handed to the engine
+/// (`crate::reflex::Armory`).
+pub trait FiredReflexes: Send + Sync + std::fmt::Debug {
+    /// What `job`'s reflex did, if it fired and is not taken yet (taken: handled once).
+    fn take(&self, job: &str) -> Option<Fired>;
 }
 
 /// The driver that acts on this machine, through `/proc` and the cgroup tree under `root`.
 #[derive(Debug, Clone)]
 pub struct Host {
     root: PathBuf,
+    /// What the wake thread's reflexes did, where the daemon arms any.
+    armory: Option<Arc<dyn FiredReflexes>>,
 }
 
 impl Host {
@@ -120,6 +135,15 @@ impl Host {
     pub fn new(root: &Path) -> Self {
         Host {
             root: root.to_path_buf(),
+            armory: None,
+        }
+    }
+
+    /// The same, taking over what the reflexes of `armory` did before a stop of the engine's own.
+    pub fn with_armory(root: &Path, armory: Arc<dyn FiredReflexes>) -> Self {
+        Host {
+            root: root.to_path_buf(),
+            armory: Some(armory),
         }
     }
 }
@@ -196,6 +220,10 @@ impl HostDriver for Host {
 
     fn oomd_unmark(&self, mark: &OomdMark) -> Result<(), String> {
         mark.restore()
+    }
+
+    fn fired_reflex(&self, job: &str) -> Option<Fired> {
+        self.armory.as_ref()?.take(job)
     }
 }
 

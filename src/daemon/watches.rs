@@ -35,8 +35,8 @@ impl Watches {
         engine: &mut Engine,
         woken: Arc<tokio::sync::Notify>,
         counts: Arc<crate::wake::Notified>,
+        armory: Arc<crate::reflex::Armory>,
     ) -> Watches {
-        let armory = Arc::new(crate::reflex::Armory::default());
         let wakers = match crate::wake::Wakers::start(woken, counts, armory.clone()) {
             Ok(w) => Some(w),
             Err(e) => {

@@ -94,8 +94,16 @@ impl Engine {
                     // Being terminated: never paused again (its processes must be free to exit).
                     return;
                 }
+                // A reflex that fired before this decision is acted on made the stop: the pause
+                // holds it, and says so.
+                let (mut pause, mut reason) = (pause, reason);
+                let taken = self.take_over_for_pause(&job, &mut pause, &mut reason);
+                let made = taken.as_ref().map(|(m, _)| m.clone());
                 let why = Reason::from(&cause);
-                if let Err(e) = self.pause_job(&job, pause, &reason, now_ms) {
+                if let Err(e) = self.pause_job_by(&job, pause, &reason, now_ms, made) {
+                    if let Some((_, fired)) = &taken {
+                        self.undo_fired(fired);
+                    }
                     self.record(
                         now_ms,
                         Action::Error,

@@ -172,31 +172,19 @@ impl Engine {
     /// being ended, or was paused by something else first.
     pub fn handle_reflex(&mut self, fired: Fired, now_ms: u64) {
         let name = fired.job.clone();
-        let (mechanism, ours) = match &fired.done {
-            Done::Froze(dir) => (
-                Mechanism::FreezeV1(Frozen {
-                    version: Version::V1,
-                    dir: dir.clone(),
-                }),
-                true,
-            ),
-            Done::Stopped(root) => (
-                Mechanism::Signals,
-                self.jobs.get(&name).is_some_and(|j| j.root == *root),
-            ),
-        };
+        let mechanism = self.fired_mechanism(&fired);
         let free = self
             .jobs
             .get(&name)
-            .is_some_and(|j| j.pause.is_none() && j.terminating_since_ms.is_none() && ours);
+            .is_some_and(|j| j.pause.is_none() && j.terminating_since_ms.is_none());
         if let Some(j) = self.jobs.get_mut(&name) {
             j.armed = None;
         }
-        if !free {
+        let Some(mechanism) = mechanism.filter(|_| free) else {
             self.undo_fired(&fired);
             self.save();
             return;
-        }
+        };
         let limit = self
             .jobs
             .get(&name)
@@ -248,8 +236,56 @@ impl Engine {
         }
     }
 
+    /// The mechanism that holds what `fired` did, where it acted on the job as it is now (a stopped
+    /// root that is still the job's).
+    fn fired_mechanism(&self, fired: &Fired) -> Option<Mechanism> {
+        match &fired.done {
+            Done::Froze(dir) => Some(Mechanism::FreezeV1(Frozen {
+                version: Version::V1,
+                dir: dir.clone(),
+            })),
+            Done::Stopped(root) => self
+                .jobs
+                .get(&fired.job)
+                .is_some_and(|j| j.root == *root)
+                .then_some(Mechanism::Signals),
+        }
+    }
+
+    /// For a pause the policy decided on a reading of its own: a reflex of the job that fired
+    /// before and is not yet taken over made the stop, so the pause holds it by the reflex's
+    /// mechanism, counts the job cgroup among its causes and says the reflex stopped it; the
+    /// mechanism and what fired (to undo should the pause fail). A stop the pause cannot hold (a
+    /// root no longer the job's) is undone. A reflex still armed stays armed until the watches follow
+    /// the pause: one that fires on a job already stopped is undone at no cost, and no stop waits
+    /// for a disarm.
+    pub(super) fn take_over_for_pause(
+        &mut self,
+        name: &str,
+        state: &mut PauseState,
+        reason: &mut String,
+    ) -> Option<(Mechanism, Fired)> {
+        let fired = self.host.fired_reflex(name)?;
+        if let Some(j) = self.jobs.get_mut(name) {
+            j.armed = None;
+        }
+        let Some(mechanism) = self.fired_mechanism(&fired) else {
+            self.undo_fired(&fired);
+            return None;
+        };
+        let cause = Cause::Resource(Resource::JobCgroup(name.to_owned()));
+        if !state.reasons.contains(&cause) {
+            state.reasons.push(cause);
+        }
+        reason.push_str(&format!(
+            " (stopped by the reflex {} µs after the kernel's notification)",
+            fired.took_us
+        ));
+        Some((mechanism, fired))
+    }
+
     /// Undoes what a fired reflex did, unless the job's pause now holds it the same way.
-    fn undo_fired(&self, fired: &Fired) {
+    pub(super) fn undo_fired(&self, fired: &Fired) {
         let pause = self.jobs.get(&fired.job).and_then(|j| j.pause.as_ref());
         match &fired.done {
             Done::Froze(dir) => {

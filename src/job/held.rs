@@ -26,6 +26,28 @@ pub enum ReflexHow {
     Stop(crate::proc::ProcRef),
 }
 
+/// What a fired reflex did (`crate::reflex`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Done {
+    /// Froze this v1 freezer cgroup.
+    Froze(PathBuf),
+    /// Stopped the job's root (SIGSTOP through its pidfd).
+    Stopped(crate::proc::ProcRef),
+}
+
+/// A reflex that fired, for the engine to take over.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fired {
+    /// The job.
+    pub job: String,
+    /// What it did.
+    pub done: Done,
+    /// The working set it read (bytes).
+    pub working_set: u64,
+    /// From the notification's read to the act done, µs.
+    pub took_us: u64,
+}
+
 /// A job's reflex as armed, kept in the job and written to the state file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Armed {

@@ -101,6 +101,8 @@ pub struct Opts<'a> {
     /// `sampling.calm_interval_ms`; `None`: `interval_ms` (full samples never stretched, so that a
     /// test's cadence is the one it names; tests/calm.rs tests the stretching).
     pub calm_interval_ms: Option<u64>,
+    /// More keys of `[sampling]` (the harness writes the section).
+    pub sampling: &'a str,
     /// Control socket and state live here; a fresh temp dir when `None`.
     pub state: Option<PathBuf>,
     /// Set in the daemon's environment (what systemd would set, say); nothing else of the test's
@@ -123,6 +125,7 @@ impl Default for Opts<'_> {
             extra_config: "",
             interval_ms: 100,
             calm_interval_ms: None,
+            sampling: "",
             state: None,
             env: &[],
             control: "",
@@ -155,12 +158,13 @@ impl Daemon {
         std::fs::write(
             &config,
             format!(
-                "listen = {:?}\n{}\n[sampling]\ninterval_ms = {}\ncalm_interval_ms = {}\n[host]\nroot = {:?}\n[gpu]\nlibrary = {:?}\n\
+                "listen = {:?}\n{}\n[sampling]\ninterval_ms = {}\ncalm_interval_ms = {}\n{}\n[host]\nroot = {:?}\n[gpu]\nlibrary = {:?}\n\
                  [control]\nsocket = {:?}\nstate_dir = {:?}\n{}\n",
                 o.listen,
                 o.extra_config,
                 o.interval_ms,
                 o.calm_interval_ms.unwrap_or(o.interval_ms),
+                o.sampling,
                 o.root,
                 fake_nvml(),
                 socket,

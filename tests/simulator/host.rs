@@ -56,6 +56,8 @@ pub struct FakeHost {
     pub omit: Mutex<std::collections::BTreeMap<PathBuf, String>>,
     /// The cgroups memwatch marked and has not yet unmarked.
     pub marks: Mutex<std::collections::BTreeSet<PathBuf>>,
+    /// What the wake thread's reflexes did that the daemon has not yet handed to the engine.
+    pub fired: Mutex<Vec<memwatch::reflex::Fired>>,
 }
 
 impl FakeHost {
@@ -68,6 +70,7 @@ impl FakeHost {
             faults: Mutex::new(Faults::default()),
             omit: Mutex::new(Default::default()),
             marks: Mutex::new(Default::default()),
+            fired: Mutex::new(Vec::new()),
         })
     }
 
@@ -355,6 +358,12 @@ impl HostDriver for FakeHost {
             .insert(mark.dir.clone(), "1".into());
         self.marks.lock().unwrap().insert(mark.dir.clone());
         Ok(())
+    }
+
+    fn fired_reflex(&self, job: &str) -> Option<memwatch::reflex::Fired> {
+        let mut fired = self.fired.lock().unwrap();
+        let at = fired.iter().position(|f| f.job == job)?;
+        Some(fired.remove(at))
     }
 
     fn oomd_unmark(&self, mark: &OomdMark) -> Result<(), String> {

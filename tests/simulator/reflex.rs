@@ -62,6 +62,19 @@ fn fire(s: &Sim, done: &Done) {
     }
 }
 
+/// The job's pause event says `said`, and a resume by hand undoes the pause whole.
+fn said_and_resumed(s: &mut Sim, said: &str) {
+    let view = s.engine.view();
+    let event = view
+        .events
+        .iter()
+        .find(|e| e.job == "sim" && e.action == memwatch::act::audit::Action::Pause)
+        .expect("a pause event");
+    assert!(event.detail.contains(said), "{}", event.detail);
+    assert!(s.cmd(super::resume_cmd()).ok);
+    assert!(s.all_running(), "{:?}: {:?}", s.kind, s.host.acts());
+}
+
 /// A reflex that fired becomes the policy's pause, held by the mechanism that made it: its record
 /// replaces the armed one, the rest of the tree is stopped (signals), the event says the reflex
 /// stopped it and when, and a resume undoes it whole.
@@ -98,19 +111,42 @@ fn a_fired_reflex_becomes_the_policys_pause_held_the_same_way() {
         }
         assert!(s.engine.armed_reflex("sim").is_none());
         assert_eq!(s.host.state()["jobs"][0]["paused"]["phase"], "held");
-        let view = s.engine.view();
-        let event = view
-            .events
-            .iter()
-            .find(|e| e.job == "sim" && e.action == memwatch::act::audit::Action::Pause)
-            .expect("a pause event");
+        said_and_resumed(&mut s, "stopped by the reflex 42 µs");
+    }
+}
+
+/// The policy decides a pause on a reading of its own (here the host's memory at 97 %) while the
+/// reflex's stop waits to be handed over: the pause is the reflex's, held by its mechanism, with the
+/// job cgroup among its causes beside the policy's own, and the event says the reflex stopped it.
+/// The stop is taken over once: the hand-over that follows finds nothing left.
+#[test]
+fn a_policy_pause_decided_while_the_reflexs_stop_waits_is_that_stop() {
+    for kind in [Kind::Signals, Kind::V1] {
+        let mut s = Sim::new(kind);
+        let done = arm(&mut s);
+        fire(&s, &done);
+        s.host.fired.lock().unwrap().push(Fired {
+            job: "sim".into(),
+            done,
+            working_set: 96 << 20,
+            took_us: 31,
+        });
+        s.sample(0.97);
+        let p = s.pause().expect("paused");
+        assert_eq!(p.mechanism.name(), kind.record(), "{kind:?}");
+        assert_eq!(p.phase, memwatch::job::PausePhase::Held, "{kind:?}");
+        let job_cgroup =
+            memwatch::policy::Cause::Resource(memwatch::policy::Resource::JobCgroup("sim".into()));
+        assert!(p.held.reasons.contains(&job_cgroup), "{:?}", p.held.reasons);
         assert!(
-            event.detail.contains("stopped by the reflex 42 µs"),
-            "{}",
-            event.detail
+            p.held.reasons.len() >= 2,
+            "the policy's own cause kept: {:?}",
+            p.held.reasons
         );
-        assert!(s.cmd(super::resume_cmd()).ok);
-        assert!(s.all_running(), "{kind:?}: {:?}", s.host.acts());
+        assert!(s.host.fired.lock().unwrap().is_empty(), "taken over once");
+        assert!(s.engine.armed_reflex("sim").is_none());
+        assert!(s.held(), "{kind:?}");
+        said_and_resumed(&mut s, "stopped by the reflex 31 µs");
     }
 }
 

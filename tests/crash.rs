@@ -221,13 +221,7 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 
 #[test]
 fn no_job_is_left_stopped_after_a_kill_at_any_moment() {
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
-        | 1;
-    eprintln!("seed {seed}");
-    let mut rng = Rng(seed);
+    let mut rng = Rng::from_clock();
     let cgroup = own_cgroup("freeze");
     assert!(
         cgroup.is_some(),

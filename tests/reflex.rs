@@ -101,18 +101,11 @@ fn run(d: &Daemon, cg: &MemCgroup, name: &str, reflex: bool) -> String {
 
 #[test]
 fn the_reflex_stops_a_fast_hog_at_its_line_and_the_engine_holds_it() {
-    let made = || {
-        MemCgroup::new(512 * MIB).unwrap_or_else(|| {
-            panic!("cannot create a memory cgroup: this test needs root and a memory controller")
-        })
-    };
-    let signalled = made();
+    let (signalled, frozen) = MemCgroup::pair(512 * MIB);
     if signalled.version != 1 {
         eprintln!("no v1 memory controller: the reflex rides on v1 thresholds; nothing to test");
         return;
     }
-    let mut frozen = made();
-    assert!(frozen.with_freezer(), "no v1 freezer to give the hog");
     // Level only: no projection pauses the hog before its line. The engine's own probe, every
     // 10 ms once a crossing woke it, reads the cgroup as often as the kernel's notification comes
     // and would stop the job itself in some runs (a stop as good, but not the reflex's): here it

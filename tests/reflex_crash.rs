@@ -50,21 +50,12 @@ fn no_job_is_left_stopped_after_a_kill_around_a_reflex() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(40);
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
-        | 1;
-    eprintln!("seed {seed}");
-    let mut rng = Rng(seed);
-    let made = || MemCgroup::new(256 * MIB).expect("a memory cgroup (needs root)");
-    let signalled = made();
+    let mut rng = Rng::from_clock();
+    let (signalled, frozen) = MemCgroup::pair(256 * MIB);
     if signalled.version != 1 {
         eprintln!("no v1 memory controller: the reflex rides on v1 thresholds; nothing to test");
         return;
     }
-    let mut frozen = made();
-    assert!(frozen.with_freezer(), "no v1 freezer to give the hog");
     let state_dir = tempfile::tempdir().unwrap();
     let state = state_dir.path().join("state");
     let mut d = start(&state);

@@ -24,14 +24,7 @@ fn metric(d: &Daemon, series: &str) -> Option<f64> {
 
 #[test]
 fn hog_is_paused_before_the_oom_killer_in_every_run() {
-    let made = || {
-        MemCgroup::new(512 * MIB).unwrap_or_else(|| {
-            panic!("cannot create a memory cgroup: this test needs root and a memory controller")
-        })
-    };
-    let signalled = made();
-    let mut frozen = made();
-    assert!(frozen.with_freezer(), "no v1 freezer to give the hog");
+    let (signalled, frozen) = MemCgroup::pair(512 * MIB);
     let d = Daemon::start(Opts {
         root: "/".into(),
         gpu_state: None,

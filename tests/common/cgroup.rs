@@ -67,6 +67,23 @@ impl MemCgroup {
             .unwrap_or(0)
     }
 
+    /// Two memory cgroups limited to `limit` for hogs: the first's processes are stopped with
+    /// signals, the second's also join a freezer cgroup of their own (v1; v2's memory cgroup is
+    /// frozen itself). Panics without root, a memory controller or a v1 freezer.
+    pub fn pair(limit: u64) -> (MemCgroup, MemCgroup) {
+        let made = || {
+            MemCgroup::new(limit).unwrap_or_else(|| {
+                panic!(
+                    "cannot create a memory cgroup: this test needs root and a memory controller"
+                )
+            })
+        };
+        let signalled = made();
+        let mut frozen = made();
+        assert!(frozen.with_freezer(), "no v1 freezer to give the hog");
+        (signalled, frozen)
+    }
+
     /// On v1, also a freezer cgroup of the same name for the processes spawned from now on (v2's
     /// memory cgroup can be frozen itself). `false` where there is no v1 freezer.
     pub fn with_freezer(&mut self) -> bool {

@@ -71,6 +71,17 @@ pub fn recorded_pause(state_dir: &Path, job: &str) -> Option<serde_json::Value> 
 pub struct Rng(pub u64);
 
 impl Rng {
+    /// Seeded from the clock; the seed is printed, so that a failing run can be told apart.
+    pub fn from_clock() -> Rng {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+            | 1;
+        eprintln!("seed {seed}");
+        Rng(seed)
+    }
+
     /// A number below `n`.
     pub fn below(&mut self, n: u64) -> u64 {
         self.0 ^= self.0 << 13;

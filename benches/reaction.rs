@@ -22,10 +22,9 @@
 //! ONLY=level for the two memwatch level-only rows alone, with one line per run; RATES=1024,2048 for
 //! some rates only, in MiB/s).
 
-use std::io::{BufRead, BufReader};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -50,14 +49,6 @@ fn new_cgroup() -> Cg {
         "needs the v1 memory and freezer controllers"
     );
     cg
-}
-
-/// memhog in the cgroup with `args`, waiting for `go`; in the freezer cgroup too with `own_freezer`.
-fn spawn(cg: &Cg, hog: &Path, args: &str, go: &Path, own_freezer: bool) -> Child {
-    let go = go.to_string_lossy();
-    let mut all: Vec<&str> = args.split_whitespace().collect();
-    all.extend(["--wait-file", &go]);
-    cg.spawn_with(hog, &all, own_freezer)
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -139,18 +130,10 @@ fn run(cg: &Cg, hog: &Path, rate: u64, w: Watcher, d: Option<&Daemon>, i: usize)
     let go = std::env::temp_dir().join(format!("memwatch-bench-go-{}-{i}", std::process::id()));
     let _ = std::fs::remove_file(&go);
     let own_freezer = w == Watcher::Memwatch(true);
-    let mut child = spawn(
-        cg,
-        hog,
-        &format!("--rate-mib {rate} --total-mib 768 --chunk-mib 1 --hold-ms 200"),
-        &go,
-        own_freezer,
-    );
+    let args = format!("--rate-mib {rate} --total-mib 768 --chunk-mib 1 --hold-ms 200");
+    let all: Vec<&str> = args.split_whitespace().collect();
+    let (mut child, _) = cg.hog_with(hog, &all, &go, own_freezer);
     let pid = child.id();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
     let name = format!("bench{i}");
     if let Some(d) = d {
         assert!(
@@ -261,11 +244,10 @@ fn bursty(cg: &Cg, hog: &Path, runs: usize) {
             let go = std::env::temp_dir()
                 .join(format!("memwatch-bench-burst-{}-{i}", std::process::id()));
             let _ = std::fs::remove_file(&go);
-            let mut child = spawn(cg, hog, args, &go, false);
+            let all: Vec<&str> = args.split_whitespace().collect();
+            // Its stdout stays open for the run, as the hog writes to it at the end.
+            let (mut child, _out) = cg.hog_with(hog, &all, &go, false);
             let pid = child.id();
-            let mut line = String::new();
-            let mut out = BufReader::new(child.stdout.take().unwrap());
-            out.read_line(&mut line).unwrap();
             let name = format!("burst{i}");
             assert!(d.ctl(&["attach", &pid.to_string(), "--name", &name]));
             std::fs::write(&go, "").unwrap();

@@ -18,7 +18,7 @@
 //!
 //! `cargo bench --bench reflex` (RUNS=30 by default; RATES=1024,4096 in MiB/s).
 
-use std::io::{BufRead, BufReader, Write as _};
+use std::io::Write as _;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use std::process::Command;
@@ -203,16 +203,10 @@ fn run(cg: &MemCgroup, hog: &Path, rate: u64, row: Row, d: Option<&Daemon>, i: u
     cg.thaw();
     let go = std::env::temp_dir().join(format!("memwatch-reflex-go-{}-{i}", std::process::id()));
     let _ = std::fs::remove_file(&go);
-    let go_arg = go.to_string_lossy().into_owned();
     let args = format!("--rate-mib {rate} --total-mib 768 --chunk-mib 1 --hold-ms 200");
-    let mut all: Vec<&str> = args.split_whitespace().collect();
-    all.extend(["--wait-file", &go_arg]);
-    let mut child = cg.spawn_with(hog, &all, row.freezer());
+    let all: Vec<&str> = args.split_whitespace().collect();
+    let (mut child, _) = cg.hog_with(hog, &all, &go, row.freezer());
     let pid = child.id();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
     let name = format!("reflex{i}");
     if let Some(d) = d {
         assert!(

@@ -155,11 +155,22 @@ impl MemCgroup {
         args: &[&str],
         go: &std::path::Path,
     ) -> (Child, std::io::BufReader<std::process::ChildStdout>) {
+        self.hog_with(program, args, go, self.freezer.is_some())
+    }
+
+    /// `hog`, saying whether the hog joins the freezer cgroup too (`own_freezer`, as `spawn_with`).
+    pub fn hog_with(
+        &self,
+        program: &std::path::Path,
+        args: &[&str],
+        go: &std::path::Path,
+        own_freezer: bool,
+    ) -> (Child, std::io::BufReader<std::process::ChildStdout>) {
         use std::io::BufRead as _;
         let go = go.to_string_lossy();
         let mut all = args.to_vec();
         all.extend(["--wait-file", &go]);
-        let mut child = self.spawn(program, &all);
+        let mut child = self.spawn_with(program, &all, own_freezer);
         let mut out = std::io::BufReader::new(child.stdout.take().expect("the hog's stdout"));
         let mut line = String::new();
         out.read_line(&mut line).expect("the hog's first line");

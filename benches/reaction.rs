@@ -180,14 +180,7 @@ fn run(cg: &Cg, hog: &Path, rate: u64, w: Watcher, d: Option<&Daemon>, i: usize)
     if let Some(h) = watcher {
         let _ = h.join();
     }
-    cg.set_limit(4096 * MIB);
-    if let Some(d) = d {
-        d.ctl(&["detach", &name]);
-    }
-    cg.thaw();
-    let _ = Command::new("kill")
-        .args(["-CONT", &pid.to_string()])
-        .status();
+    common::let_go(cg, d, &name, pid);
     let _ = child.kill();
     let _ = child.wait();
     let _ = std::fs::remove_file(&go);

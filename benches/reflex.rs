@@ -21,7 +21,6 @@
 use std::io::Write as _;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -257,14 +256,7 @@ fn run(cg: &MemCgroup, hog: &Path, rate: u64, row: Row, d: Option<&Daemon>, i: u
     }
     stop.store(true, Ordering::Relaxed);
     let killed = cg.oom_kills() > oom;
-    cg.set_limit(4096 * MIB);
-    if let Some(d) = d {
-        d.ctl(&["detach", &name]);
-    }
-    cg.thaw();
-    let _ = Command::new("kill")
-        .args(["-CONT", &pid.to_string()])
-        .status();
+    common::let_go(cg, d, &name, pid);
     let _ = child.kill();
     let stop_at = stopped.join().ok().flatten();
     let _ = child.wait();

@@ -16,23 +16,15 @@ mod common;
 use std::io::BufRead;
 
 use common::cgroup::MemCgroup;
-use common::{Daemon, Opts, eventually, memhog, proc_state, recorded_pause};
+use common::{Daemon, Opts, eventually, proc_state, recorded_pause};
 
 const MIB: u64 = 1 << 20;
 
 /// One hog run under `d`: returns the pause event's detail.
 fn run(d: &Daemon, cg: &MemCgroup, name: &str, reflex: bool) -> String {
-    cg.set_limit(512 * MIB);
-    let go = d.dir.path().join(format!("go-{name}"));
-    let (mut hog, mut out) = cg.hog(
-        &memhog(),
-        &["--rate-mib", "1024", "--total-mib", "768"],
-        &go,
-    );
+    let (mut hog, mut out, go) = d.fast_hog(cg, name);
     let pid = hog.id();
     let mut line = String::new();
-    let (code, _, err) = d.ctl(&["attach", &pid.to_string(), "--name", name]);
-    assert_eq!(code, 0, "{err}");
     if reflex {
         // Armed, and recorded so, before the hog starts.
         d.wait_until(

@@ -11,7 +11,7 @@ mod common;
 use std::io::BufRead;
 
 use common::cgroup::MemCgroup;
-use common::{Daemon, Opts, eventually, memhog, proc_state};
+use common::{Daemon, Opts, eventually, proc_state};
 
 const MIB: u64 = 1 << 20;
 
@@ -36,18 +36,10 @@ fn hog_is_paused_before_the_oom_killer_in_every_run() {
     let mut ways = (0, 0);
     for run in 0..runs {
         let cg = if run % 2 == 0 { &signalled } else { &frozen };
-        cg.set_limit(512 * MIB);
-        let go = d.dir.path().join(format!("go-{run}"));
-        let (mut hog, mut out) = cg.hog(
-            &memhog(),
-            &["--rate-mib", "1024", "--total-mib", "768"],
-            &go,
-        );
+        let name = format!("hog{run}");
+        let (mut hog, mut out, go) = d.fast_hog(cg, &name);
         let pid = hog.id();
         let mut line = String::new();
-        let name = format!("hog{run}");
-        let (code, _, err) = d.ctl(&["attach", &pid.to_string(), "--name", &name]);
-        assert_eq!(code, 0, "{err}");
         let oom_before = cg.oom_kills();
         std::fs::write(&go, "").unwrap();
 

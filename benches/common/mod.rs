@@ -162,3 +162,16 @@ impl Drop for Daemon {
         let _ = self.child.wait();
     }
 }
+
+/// After a run: room for the hog, its job detached, the hog thawed and continued (the caller then
+/// kills and reaps it).
+pub fn let_go(cg: &cgroup::MemCgroup, d: Option<&Daemon>, name: &str, pid: u32) {
+    cg.set_limit(4096 << 20);
+    if let Some(d) = d {
+        d.ctl(&["detach", name]);
+    }
+    cg.thaw();
+    let _ = Command::new("kill")
+        .args(["-CONT", &pid.to_string()])
+        .status();
+}

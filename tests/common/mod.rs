@@ -147,6 +147,26 @@ impl Default for Opts<'_> {
 }
 
 impl Daemon {
+    /// A hog touching 768 MiB at 1 GiB/s in `cg` (limited to 512 MiB first), ready and attached as
+    /// `name`: the child, its stdout (it says `done 768` at the end) and the file whose creation
+    /// starts it.
+    pub fn fast_hog(
+        &self,
+        cg: &cgroup::MemCgroup,
+        name: &str,
+    ) -> (Child, BufReader<std::process::ChildStdout>, PathBuf) {
+        cg.set_limit(512 << 20);
+        let go = self.dir.path().join(format!("go-{name}"));
+        let (hog, out) = cg.hog(
+            &memhog(),
+            &["--rate-mib", "1024", "--total-mib", "768"],
+            &go,
+        );
+        let (code, _, err) = self.ctl(&["attach", &hog.id().to_string(), "--name", name]);
+        assert_eq!(code, 0, "attach {name}: {err}");
+        (hog, out, go)
+    }
+
     /// Opens the daemon's directories (state and socket) to every user, so that tests acting as an
     /// unprivileged user can reach its control socket.
     pub fn open_to_everyone(&self) {

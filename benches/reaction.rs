@@ -22,7 +22,6 @@
 //! ONLY=level for the two memwatch level-only rows alone, with one line per run; RATES=1024,2048 for
 //! some rates only, in MiB/s).
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -70,29 +69,12 @@ fn baseline(
     let mem = cg.dir.clone();
     match w {
         Watcher::Eventfd => {
-            // SAFETY: plain syscall; a non-negative return is a new descriptor we own.
-            let efd =
-                unsafe { OwnedFd::from_raw_fd(nix::libc::eventfd(0, nix::libc::EFD_CLOEXEC)) };
-            let usage = std::fs::File::open(mem.join("memory.usage_in_bytes")).unwrap();
-            std::fs::write(
-                mem.join("cgroup.event_control"),
-                format!("{} {} {CRITICAL}", efd.as_raw_fd(), usage.as_raw_fd()),
-            )
-            .unwrap();
+            let (efd, usage) = common::threshold(&mem, CRITICAL);
             Some(std::thread::spawn(move || {
                 let _usage = usage;
-                let mut pfd = nix::libc::pollfd {
-                    fd: efd.as_raw_fd(),
-                    events: nix::libc::POLLIN,
-                    revents: 0,
-                };
-                while !stop.load(Ordering::Relaxed) {
-                    // SAFETY: one valid pollfd.
-                    if unsafe { nix::libc::poll(&mut pfd, 1, 50) } > 0 {
-                        // SAFETY: kill(2) on the hog's pid.
-                        unsafe { nix::libc::kill(pid as i32, nix::libc::SIGSTOP) };
-                        return;
-                    }
+                if common::wait_eventfd(&efd, &stop).is_some() {
+                    // SAFETY: kill(2) on the hog's pid.
+                    unsafe { nix::libc::kill(pid as i32, nix::libc::SIGSTOP) };
                 }
             }))
         }

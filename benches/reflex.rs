@@ -19,7 +19,6 @@
 //! `cargo bench --bench reflex` (RUNS=30 by default; RATES=1024,4096 in MiB/s).
 
 use std::io::Write as _;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -76,35 +75,6 @@ impl Row {
     }
 }
 
-/// An eventfd the kernel signals when the cgroup's usage crosses `bytes`.
-fn threshold(mem: &Path, bytes: u64) -> (OwnedFd, std::fs::File) {
-    // SAFETY: plain syscall; a non-negative return is a new descriptor we own.
-    let efd = unsafe { OwnedFd::from_raw_fd(nix::libc::eventfd(0, nix::libc::EFD_CLOEXEC)) };
-    let usage = std::fs::File::open(mem.join("memory.usage_in_bytes")).unwrap();
-    std::fs::write(
-        mem.join("cgroup.event_control"),
-        format!("{} {} {bytes}", efd.as_raw_fd(), usage.as_raw_fd()),
-    )
-    .unwrap();
-    (efd, usage)
-}
-
-/// Blocks until `efd` is signalled or `stop` is set; the instant it woke.
-fn wait_eventfd(efd: &OwnedFd, stop: &AtomicBool) -> Option<Instant> {
-    let mut pfd = nix::libc::pollfd {
-        fd: efd.as_raw_fd(),
-        events: nix::libc::POLLIN,
-        revents: 0,
-    };
-    while !stop.load(Ordering::Relaxed) {
-        // SAFETY: one valid pollfd.
-        if unsafe { nix::libc::poll(&mut pfd, 1, 50) } > 0 {
-            return Some(Instant::now());
-        }
-    }
-    None
-}
-
 /// The floor or poller watcher for `row`, running beside the hog.
 fn watcher(
     row: Row,
@@ -119,23 +89,23 @@ fn watcher(
     };
     match row {
         Row::FloorStop => {
-            let (efd, usage) = threshold(&mem, CRITICAL);
+            let (efd, usage) = common::threshold(&mem, CRITICAL);
             Some(std::thread::spawn(move || {
                 let _usage = usage;
-                if wait_eventfd(&efd, &stop).is_some() {
+                if common::wait_eventfd(&efd, &stop).is_some() {
                     sigstop();
                 }
             }))
         }
         Row::FloorFreeze => {
-            let (efd, usage) = threshold(&mem, CRITICAL);
+            let (efd, usage) = common::threshold(&mem, CRITICAL);
             let mut state = std::fs::OpenOptions::new()
                 .write(true)
                 .open(cg.freezer.as_ref().unwrap().join("freezer.state"))
                 .unwrap();
             Some(std::thread::spawn(move || {
                 let _usage = usage;
-                if wait_eventfd(&efd, &stop).is_some() {
+                if common::wait_eventfd(&efd, &stop).is_some() {
                     let _ = state.write_all(b"FROZEN");
                 }
             }))
@@ -231,12 +201,12 @@ fn run(cg: &MemCgroup, hog: &Path, rate: u64, row: Row, d: Option<&Daemon>, i: u
         }
     }
     let stop = Arc::new(AtomicBool::new(false));
-    let (observer, usage) = threshold(&cg.dir, CRITICAL);
+    let (observer, usage) = common::threshold(&cg.dir, CRITICAL);
     let crossed = {
         let stop = stop.clone();
         std::thread::spawn(move || {
             let _usage = usage;
-            wait_eventfd(&observer, &stop)
+            common::wait_eventfd(&observer, &stop)
         })
     };
     let stopped = {

@@ -105,7 +105,7 @@ impl Reflex {
             return Some(usage);
         }
         let (path, stat) = self.stat.read().ok()?;
-        let [inactive] = crate::sample::cgroup::stat_values(path, stat, ["total_inactive_file"]);
+        let [inactive] = crate::sample::keyed::stat_values(path, stat, ["total_inactive_file"]);
         let inactive = inactive.unwrap_or(0);
         Some(usage.saturating_sub(inactive))
     }

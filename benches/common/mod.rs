@@ -175,3 +175,38 @@ pub fn let_go(cg: &cgroup::MemCgroup, d: Option<&Daemon>, name: &str, pid: u32) 
         .args(["-CONT", &pid.to_string()])
         .status();
 }
+
+/// An eventfd the kernel signals when the v1 memory cgroup `mem`'s usage crosses `bytes`, and the
+/// usage file it watches (kept open as long as the eventfd is waited on).
+pub fn threshold(mem: &std::path::Path, bytes: u64) -> (std::os::fd::OwnedFd, std::fs::File) {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: plain syscall; a non-negative return is a new descriptor we own.
+    let efd = unsafe { OwnedFd::from_raw_fd(nix::libc::eventfd(0, nix::libc::EFD_CLOEXEC)) };
+    let usage = std::fs::File::open(mem.join("memory.usage_in_bytes")).unwrap();
+    std::fs::write(
+        mem.join("cgroup.event_control"),
+        format!("{} {} {bytes}", efd.as_raw_fd(), usage.as_raw_fd()),
+    )
+    .unwrap();
+    (efd, usage)
+}
+
+/// Blocks until `efd` is signalled or `stop` is set; the instant it woke.
+pub fn wait_eventfd(
+    efd: &std::os::fd::OwnedFd,
+    stop: &std::sync::atomic::AtomicBool,
+) -> Option<Instant> {
+    use std::os::fd::AsRawFd;
+    let mut pfd = nix::libc::pollfd {
+        fd: efd.as_raw_fd(),
+        events: nix::libc::POLLIN,
+        revents: 0,
+    };
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        // SAFETY: one valid pollfd.
+        if unsafe { nix::libc::poll(&mut pfd, 1, 50) } > 0 {
+            return Some(Instant::now());
+        }
+    }
+    None
+}

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::error::{ReadError, parse_u64, read_text};
+use super::keyed::{key_value, key_values, read_u64};
 
 /// A cgroup hierarchy's version: where its files are and what they are called. Serialized as the
 /// number (1 or 2), in the API and in the state file.
@@ -359,47 +360,6 @@ impl Tightest {
             path: format!("/{}", rel.display()),
         });
     }
-}
-
-fn read_u64(path: &Path) -> Result<u64, ReadError> {
-    let text = read_text(path)?;
-    parse_u64(path, "value", &text)
-}
-
-/// Reads `key value` lines (memory.events, memory.oom_control, memory.stat) and returns `key`'s value.
-pub fn key_value(path: &Path, key: &str) -> Result<Option<u64>, ReadError> {
-    let text = read_text(path)?;
-    for line in text.lines() {
-        if let Some((k, v)) = line.split_once(' ') {
-            if k == key {
-                return parse_u64(path, key, v).map(Some);
-            }
-        }
-    }
-    Ok(None)
-}
-
-/// Several keys of one `key value` file, read once; a key the file lacks, or a file that cannot be
-/// read, gives `None`.
-fn key_values<const N: usize>(path: &Path, keys: [&str; N]) -> [Option<u64>; N] {
-    match read_text(path) {
-        Ok(text) => stat_values(path, &text, keys),
-        Err(_) => [None; N],
-    }
-}
-
-/// The values of `keys` in `text`, a `key value` per line file such as memory.stat read from `path`
-/// (kept open by the reflex, `crate::reflex`); a key absent or unparsable is `None`.
-pub fn stat_values<const N: usize>(path: &Path, text: &str, keys: [&str; N]) -> [Option<u64>; N] {
-    let mut out = [None; N];
-    for line in text.lines() {
-        if let Some((k, v)) = line.split_once(' ') {
-            if let Some(i) = keys.iter().position(|key| *key == k) {
-                out[i] = parse_u64(path, k, v).ok();
-            }
-        }
-    }
-    out
 }
 
 /// Collects the pids in the cgroup at `dir` and in every cgroup below it into `out`; `false` when a

@@ -7,6 +7,7 @@ pub mod cgroup;
 pub mod error;
 pub mod gpu;
 pub mod kept;
+pub mod keyed;
 pub mod meminfo;
 pub mod nvml;
 pub mod psi;

@@ -135,7 +135,7 @@ impl Engine {
             return 0;
         };
         if dir.version == Version::V1 {
-            crate::sample::cgroup::key_value(&dir.dir.join("memory.stat"), "swap")
+            crate::sample::keyed::key_value(&dir.dir.join("memory.stat"), "swap")
                 .ok()
                 .flatten()
                 .unwrap_or(0)

@@ -79,18 +79,9 @@ fn baseline(
             }))
         }
         Watcher::Poller => Some(std::thread::spawn(move || {
-            let path = mem.join("memory.usage_in_bytes");
-            while !stop.load(Ordering::Relaxed) {
-                let u: u64 = std::fs::read_to_string(&path)
-                    .ok()
-                    .and_then(|s| s.trim().parse().ok())
-                    .unwrap_or(0);
-                if u >= CRITICAL {
-                    // SAFETY: kill(2) on the hog's pid.
-                    unsafe { nix::libc::kill(pid as i32, nix::libc::SIGSTOP) };
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(10));
+            if common::poll_usage(&mem, CRITICAL, Duration::from_millis(10), &stop) {
+                // SAFETY: kill(2) on the hog's pid.
+                unsafe { nix::libc::kill(pid as i32, nix::libc::SIGSTOP) };
             }
         })),
         _ => None,

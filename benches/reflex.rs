@@ -111,17 +111,8 @@ fn watcher(
             }))
         }
         Row::Poller => Some(std::thread::spawn(move || {
-            let path = mem.join("memory.usage_in_bytes");
-            while !stop.load(Ordering::Relaxed) {
-                let u: u64 = std::fs::read_to_string(&path)
-                    .ok()
-                    .and_then(|s| s.trim().parse().ok())
-                    .unwrap_or(0);
-                if u >= CRITICAL {
-                    sigstop();
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(1));
+            if common::poll_usage(&mem, CRITICAL, Duration::from_millis(1), &stop) {
+                sigstop();
             }
         })),
         Row::Memwatch { .. } => None,

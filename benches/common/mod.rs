@@ -210,3 +210,25 @@ pub fn wait_eventfd(
     }
     None
 }
+
+/// Reads the v1 memory cgroup `mem`'s usage every `every` until it is at `bytes` (`true`) or `stop`
+/// is set (`false`): a plain poller, the baseline the benchmarks set beside the kernel's eventfd.
+pub fn poll_usage(
+    mem: &std::path::Path,
+    bytes: u64,
+    every: Duration,
+    stop: &std::sync::atomic::AtomicBool,
+) -> bool {
+    let path = mem.join("memory.usage_in_bytes");
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let u: u64 = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        if u >= bytes {
+            return true;
+        }
+        std::thread::sleep(every);
+    }
+    false
+}

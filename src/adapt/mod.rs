@@ -201,16 +201,21 @@ pub struct JobConfigView {
     pub checkpoint: Option<CheckpointRequest>,
 }
 
+/// The kernel's random pool failed: no job token, rather than a guessable one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cannot make a job token: getrandom: {0}")]
+pub struct TokenError(rustix::io::Errno);
+
 /// A new job token: 128 bits from the kernel's random pool (getrandom(2), which blocks only until the
 /// pool is first seeded at boot). Fails rather than hand out a guessable token.
-pub fn new_token() -> Result<String, String> {
+pub fn new_token() -> Result<String, TokenError> {
     let mut buf = [0u8; 16];
     let mut filled = 0;
     while filled < buf.len() {
         match rustix::rand::getrandom(&mut buf[filled..], rustix::rand::GetRandomFlags::empty()) {
             Ok(n) => filled += n,
             Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(format!("cannot make a job token: getrandom: {e}")),
+            Err(e) => return Err(TokenError(e)),
         }
     }
     Ok(token_text(&buf))

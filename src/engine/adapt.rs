@@ -17,37 +17,58 @@ const ROOMY_GPU: f64 = 0.5;
 /// After a failure to read or rewrite a job's file, wait this long before trying again.
 const RETRY_MS: u64 = 60_000;
 
+/// Why a job's config file is not taken on at attach.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigFileError {
+    /// A relative path.
+    #[error("{0}: give an absolute path")]
+    NotAbsolute(PathBuf),
+    /// An extension memwatch cannot rewrite.
+    #[error("{0}: unknown format; use .json, .yaml, .yml or .toml")]
+    UnknownFormat(PathBuf),
+    /// The profile or a `--key`.
+    #[error(transparent)]
+    Profile(#[from] crate::rewrite::ProfileError),
+    /// The file cannot be read as the job's user, or does not parse.
+    #[error(transparent)]
+    Read(#[from] write::RewriteError),
+    /// The file holds none of the profile's keys.
+    #[error("{path}: none of the profile's keys ({keys}) is in the file")]
+    NoKnobs {
+        /// The file.
+        path: PathBuf,
+        /// The profile's dotted keys, joined.
+        keys: String,
+    },
+    /// No token for the job.
+    #[error(transparent)]
+    Token(#[from] crate::adapt::TokenError),
+}
+
 /// Validates a job's config file at attach time and reads its knobs.
 pub fn open_config(
     file: &Path,
     profile: &str,
     keys: &[String],
     owner: u32,
-) -> Result<JobConfig, String> {
-    let file = if file.is_absolute() {
-        file.to_owned()
-    } else {
-        return Err(format!("{}: give an absolute path", file.display()));
-    };
-    let format = Format::of(&file).ok_or_else(|| {
-        format!(
-            "{}: unknown format; use .json, .yaml, .yml or .toml",
-            file.display()
-        )
-    })?;
+) -> Result<JobConfig, ConfigFileError> {
+    if !file.is_absolute() {
+        return Err(ConfigFileError::NotAbsolute(file.to_owned()));
+    }
+    let file = file.to_owned();
+    let format = Format::of(&file).ok_or_else(|| ConfigFileError::UnknownFormat(file.clone()))?;
     let profile = Profile::build(profile, keys)?;
-    let knobs = read_knobs(&file, format, &profile, owner).map_err(|e| e.to_string())?;
+    let knobs = read_knobs(&file, format, &profile, owner)?;
     if knobs.is_empty() {
-        return Err(format!(
-            "{}: none of the profile's keys ({}) is in the file",
-            file.display(),
-            profile
+        return Err(ConfigFileError::NoKnobs {
+            keys: profile
                 .keys
                 .iter()
                 .map(|(_, p)| p.as_str())
                 .collect::<Vec<_>>()
-                .join(", ")
-        ));
+                .join(", "),
+            path: file,
+        });
     }
     Ok(JobConfig {
         file,
@@ -131,7 +152,7 @@ pub enum Staged {
 pub struct AdaptDone {
     /// The job's name.
     pub job: String,
-    knobs: Result<BTreeMap<Knob, Scalar>, String>,
+    knobs: Result<BTreeMap<Knob, Scalar>, write::RewriteError>,
     roomy_since: Option<u64>,
     staged: Staged,
 }
@@ -147,7 +168,7 @@ pub fn run_adapt_task(t: AdaptTask) -> AdaptDone {
     };
     let knobs = match read_knobs(&t.file, t.format, &t.profile, t.owner) {
         Ok(k) => k,
-        Err(e) => return done(Err(e.to_string()), Staged::Nothing),
+        Err(e) => return done(Err(e), Staged::Nothing),
     };
     if let Some(d) = t.unconfirmed.clone() {
         let landed = d

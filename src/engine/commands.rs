@@ -486,7 +486,7 @@ impl Engine {
         let job_config = match config {
             Some((file, profile, keys)) => Some(
                 super::adapt::open_config(&file, &profile, &keys, owner)
-                    .map_err(Refusal::invalid)?,
+                    .map_err(|e| Refusal::invalid(e.to_string()))?,
             ),
             None => None,
         };

@@ -3,6 +3,7 @@
 //! nothing else changed work on it alone.
 
 use super::Scalar;
+use super::error::ContentError;
 
 /// At most this many nodes (values and containers, alias copies included) per document. Training
 /// configs hold hundreds; the bound keeps a hostile file (a YAML alias bomb, a million-element list)
@@ -36,11 +37,11 @@ pub struct Doc {
 
 impl Doc {
     /// Adds a node, within the bounds.
-    pub fn push(&mut self, node: Node) -> Result<u32, String> {
+    pub fn push(&mut self, node: Node) -> Result<u32, ContentError> {
         if self.nodes.len() >= MAX_NODES {
-            return Err(format!(
-                "holds more than {MAX_NODES} values; memwatch reads training configs of at most that many"
-            ));
+            return Err(ContentError::TooManyValues {
+                through_aliases: false,
+            });
         }
         self.nodes.push(node);
         Ok((self.nodes.len() - 1) as u32)
@@ -68,13 +69,11 @@ impl Doc {
 
     /// The one node at the dotted `path`: `Ok(None)` when there is none, an error when the path is
     /// ambiguous (a key that holds a dot, duplicate keys, `1` and `"1"`, …).
-    pub fn find(&self, path: &str) -> Result<Option<usize>, String> {
+    pub fn find(&self, path: &str) -> Result<Option<usize>, ContentError> {
         let mut hits = (0..self.nodes.len()).filter(|&i| self.at_path(i, path));
         let first = hits.next();
         if first.is_some() && hits.next().is_some() {
-            return Err(format!(
-                "`{path}` names more than one entry (duplicate keys, or a key that holds a dot); edit it by hand"
-            ));
+            return Err(ContentError::Ambiguous { path: path.into() });
         }
         if let Some(hit) = first {
             // A duplicated key anywhere on the way makes the entry one that parsers may not read
@@ -88,10 +87,10 @@ impl Doc {
                     .enumerate()
                     .any(|(j, n)| j != i as usize && n.parent == node.parent && n.key == node.key)
                 {
-                    return Err(format!(
-                        "`{path}`: the key `{}` appears more than once where it sits; edit it by hand",
-                        self.dotted(i as usize)
-                    ));
+                    return Err(ContentError::DuplicateKey {
+                        path: path.into(),
+                        key: self.dotted(i as usize),
+                    });
                 }
                 i = node.parent;
             }
@@ -100,19 +99,18 @@ impl Doc {
     }
 
     /// The scalar at `path`, if there is exactly one.
-    pub fn get(&self, path: &str) -> Result<Option<Scalar>, String> {
+    pub fn get(&self, path: &str) -> Result<Option<Scalar>, ContentError> {
         Ok(self.find(path)?.and_then(|i| self.nodes[i].value.clone()))
     }
 
     /// Checks that `after` is this document with exactly the nodes `edited` changed, to their new
     /// values, and nothing else.
-    pub fn check_edit(&self, after: &Doc, edited: &[(usize, Scalar)]) -> Result<(), String> {
+    pub fn check_edit(&self, after: &Doc, edited: &[(usize, Scalar)]) -> Result<(), ContentError> {
         if after.nodes.len() != self.nodes.len() {
-            return Err(format!(
-                "the edit would change the file's structure ({} values instead of {})",
-                after.nodes.len(),
-                self.nodes.len()
-            ));
+            return Err(ContentError::StructureChanged {
+                before: self.nodes.len(),
+                after: after.nodes.len(),
+            });
         }
         for (i, (a, b)) in self.nodes.iter().zip(&after.nodes).enumerate() {
             let expected = edited
@@ -126,10 +124,9 @@ impl Doc {
                 _ => false,
             };
             if a.parent != b.parent || a.key != b.key || !same_value {
-                return Err(format!(
-                    "the edit would also change `{}`; nothing written",
-                    self.dotted(i)
-                ));
+                return Err(ContentError::AlsoChanges {
+                    path: self.dotted(i),
+                });
             }
         }
         Ok(())
@@ -160,9 +157,9 @@ pub fn same(a: &Scalar, b: &Scalar) -> bool {
 }
 
 /// A float as text that every format reads back as a float: `2.0`, `1.0e-5`.
-pub fn float_text(f: f64) -> Result<String, String> {
+pub fn float_text(f: f64) -> Result<String, ContentError> {
     if !f.is_finite() {
-        return Err(format!("{f} is not a finite number"));
+        return Err(ContentError::NotFinite(f));
     }
     let s = format!("{f:?}");
     Ok(if s.contains('.') {

@@ -1,8 +1,16 @@
 //! JSON: validated by serde_json (which bounds the nesting), then scanned once for every value's byte
 //! span, so that an edit replaces only that span.
 
-use super::Scalar;
 use super::doc::{Doc, MAX_DEPTH, Node, TOP};
+use super::error::ContentError;
+use super::{Format, Scalar};
+
+fn syntax(e: serde_json::Error) -> ContentError {
+    ContentError::Syntax {
+        format: Format::Json,
+        reason: e.to_string(),
+    }
+}
 
 fn to_scalar(v: &serde_json::Value) -> Option<Scalar> {
     match v {
@@ -17,10 +25,9 @@ fn to_scalar(v: &serde_json::Value) -> Option<Scalar> {
     }
 }
 
-pub fn parse(text: &str) -> Result<Doc, String> {
+pub fn parse(text: &str) -> Result<Doc, ContentError> {
     // Syntax first, without building anything.
-    serde_json::from_str::<serde::de::IgnoredAny>(text)
-        .map_err(|e| format!("not valid JSON: {e}"))?;
+    serde_json::from_str::<serde::de::IgnoredAny>(text).map_err(syntax)?;
     let mut s = Scanner {
         b: text.as_bytes(),
         text,
@@ -47,7 +54,7 @@ impl Scanner<'_> {
             self.i += 1;
         }
     }
-    fn string(&mut self) -> Result<String, String> {
+    fn string(&mut self) -> Result<String, ContentError> {
         let start = self.i;
         self.i += 1;
         while self.i < self.b.len() {
@@ -55,15 +62,14 @@ impl Scanner<'_> {
                 b'\\' => self.i += 2,
                 b'"' => {
                     self.i += 1;
-                    return serde_json::from_str(&self.text[start..self.i])
-                        .map_err(|e| e.to_string());
+                    return serde_json::from_str(&self.text[start..self.i]).map_err(syntax);
                 }
                 _ => self.i += 1,
             }
         }
-        Err("unterminated string".into())
+        Err(ContentError::Scan("unterminated string"))
     }
-    fn container(&mut self, parent: u32, key: String) -> Result<u32, String> {
+    fn container(&mut self, parent: u32, key: String) -> Result<u32, ContentError> {
         if !self.rooted {
             self.rooted = true;
             return Ok(TOP);
@@ -76,9 +82,9 @@ impl Scanner<'_> {
         })
     }
     /// One value (already validated by serde_json) with everything inside it.
-    fn value(&mut self, parent: u32, key: String, depth: usize) -> Result<(), String> {
+    fn value(&mut self, parent: u32, key: String, depth: usize) -> Result<(), ContentError> {
         if depth > MAX_DEPTH {
-            return Err(format!("nested deeper than {MAX_DEPTH} levels"));
+            return Err(ContentError::TooDeep);
         }
         self.ws();
         let start = self.i;
@@ -98,12 +104,12 @@ impl Scanner<'_> {
                             let k = self.string()?;
                             self.ws();
                             if self.b.get(self.i) != Some(&b':') {
-                                return Err("expected `:`".into());
+                                return Err(ContentError::Scan("expected `:`"));
                             }
                             self.i += 1;
                             self.value(me, k, depth + 1)?;
                         }
-                        _ => return Err("bad object".into()),
+                        _ => return Err(ContentError::Scan("bad object")),
                     }
                 }
             }
@@ -123,7 +129,7 @@ impl Scanner<'_> {
                             self.value(me, n.to_string(), depth + 1)?;
                             n += 1;
                         }
-                        None => return Err("unterminated array".into()),
+                        None => return Err(ContentError::Scan("unterminated array")),
                     }
                 }
             }
@@ -147,7 +153,7 @@ impl Scanner<'_> {
                     self.i += 1;
                 }
                 let v: serde_json::Value =
-                    serde_json::from_str(&self.text[start..self.i]).map_err(|e| e.to_string())?;
+                    serde_json::from_str(&self.text[start..self.i]).map_err(syntax)?;
                 self.doc.push(Node {
                     parent,
                     key,
@@ -156,15 +162,19 @@ impl Scanner<'_> {
                 })?;
                 Ok(())
             }
-            None => Err("unexpected end".into()),
+            None => Err(ContentError::Scan("unexpected end")),
         }
     }
 }
 
 /// The JSON text of a value.
-pub fn render(value: &Scalar) -> Result<String, String> {
+pub fn render(value: &Scalar) -> Result<String, ContentError> {
     match value {
-        Scalar::Str(x) => serde_json::to_string(x).map_err(|e| e.to_string()),
+        Scalar::Str(x) => serde_json::to_string(x).map_err(|e| ContentError::Unwritable {
+            format: Format::Json,
+            value: value.to_string(),
+            reason: e.to_string(),
+        }),
         Scalar::Float(f) => super::doc::float_text(*f),
         other => Ok(other.to_string()),
     }

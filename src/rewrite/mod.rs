@@ -9,6 +9,7 @@
 //! the edited ones holding the new values and every other one unchanged. Otherwise nothing is written.
 
 pub mod doc;
+pub mod error;
 mod json;
 pub mod profile;
 mod toml_fmt;
@@ -18,6 +19,7 @@ mod yaml;
 use std::path::Path;
 
 pub use doc::Doc;
+pub use error::{ContentError, ProfileError};
 
 use serde::{Deserialize, Serialize};
 
@@ -109,12 +111,12 @@ impl std::fmt::Display for Scalar {
 }
 
 /// Reads `path` (dotted) from `text`.
-pub fn get(format: Format, text: &str, path: &str) -> Result<Option<Scalar>, String> {
+pub fn get(format: Format, text: &str, path: &str) -> Result<Option<Scalar>, ContentError> {
     parse(format, text)?.get(path)
 }
 
 /// The whole document, or why it does not parse.
-pub fn parse(format: Format, text: &str) -> Result<Doc, String> {
+pub fn parse(format: Format, text: &str) -> Result<Doc, ContentError> {
     match format {
         Format::Json => json::parse(text),
         Format::Yaml => yaml::parse(text),
@@ -122,7 +124,7 @@ pub fn parse(format: Format, text: &str) -> Result<Doc, String> {
     }
 }
 
-fn render(format: Format, value: &Scalar) -> Result<String, String> {
+fn render(format: Format, value: &Scalar) -> Result<String, ContentError> {
     match format {
         Format::Json => json::render(value),
         Format::Yaml => yaml::render(value),
@@ -142,7 +144,11 @@ fn scalar(format: Format, text: &str) -> Option<Scalar> {
 /// Applies `edits` to `text`: each replaces one value's own text and nothing else. The result parses,
 /// holds the new values, and differs from the old document in nothing else; otherwise an error says why
 /// and nothing is changed.
-pub fn apply(format: Format, text: &str, edits: &[(String, Scalar)]) -> Result<String, String> {
+pub fn apply(
+    format: Format,
+    text: &str,
+    edits: &[(String, Scalar)],
+) -> Result<String, ContentError> {
     apply_parsed(format, text, &parse(format, text)?, edits)
 }
 
@@ -152,26 +158,28 @@ pub fn apply_parsed(
     text: &str,
     before: &Doc,
     edits: &[(String, Scalar)],
-) -> Result<String, String> {
+) -> Result<String, ContentError> {
     let mut spans: Vec<(usize, usize, String)> = Vec::new();
     let mut edited = Vec::new();
     for (path, value) in edits {
-        let i = before.find(path)?.ok_or_else(|| {
-            format!("key `{path}` is not in the file (memwatch changes existing keys only)")
-        })?;
+        let i = before
+            .find(path)?
+            .ok_or_else(|| ContentError::NoSuchKey { path: path.clone() })?;
         let node = &before.nodes[i];
         let Some(old) = &node.value else {
-            return Err(format!("`{path}` is a table or a list, not a value"));
+            return Err(ContentError::NotAValue { path: path.clone() });
         };
         // The span must hold exactly the old value, read on its own.
         let (a, b) = node
             .span
-            .filter(|&(a, b)| text.get(a..b).and_then(|t| scalar(format, t)).is_some_and(|v| doc::same(&v, old)))
-            .ok_or_else(|| {
-                format!("`{path}` is not a plain one-line value (an alias, a tagged or block value); edit it by hand")
-            })?;
+            .filter(|&(a, b)| {
+                text.get(a..b)
+                    .and_then(|t| scalar(format, t))
+                    .is_some_and(|v| doc::same(&v, old))
+            })
+            .ok_or_else(|| ContentError::NotPlain { path: path.clone() })?;
         if edited.iter().any(|(e, _)| *e == i) {
-            return Err(format!("`{path}` is set twice"));
+            return Err(ContentError::SetTwice { path: path.clone() });
         }
         spans.push((a, b, render(format, value)?));
         edited.push((i, value.clone()));
@@ -181,8 +189,7 @@ pub fn apply_parsed(
     for (a, b, new) in spans {
         out.replace_range(a..b, &new);
     }
-    let after = parse(format, &out)
-        .map_err(|e| format!("the edited file would not parse ({e}); nothing written"))?;
+    let after = parse(format, &out).map_err(|e| ContentError::WouldNotParse(Box::new(e)))?;
     before.check_edit(&after, &edited)?;
     Ok(out)
 }

@@ -1,5 +1,6 @@
 //! Profiles: where each training knob lives in a known config format.
 
+use super::error::ProfileError;
 use serde::{Deserialize, Serialize};
 
 /// The knobs memwatch may change.
@@ -74,7 +75,7 @@ impl Profile {
     }
 
     /// A built-in profile, with `overrides` (`knob=dotted.path`) on top; `generic` is overrides only.
-    pub fn build(name: &str, overrides: &[String]) -> Result<Profile, String> {
+    pub fn build(name: &str, overrides: &[String]) -> Result<Profile, ProfileError> {
         let base: &[(Knob, &str)] = match name {
             "deepspeed" => &[
                 (Knob::MicroBatch, "train_micro_batch_size_per_gpu"),
@@ -100,32 +101,23 @@ impl Profile {
                 (Knob::WorldSize, "num_processes"),
             ],
             "generic" => &[],
-            other => {
-                return Err(format!(
-                    "unknown profile {other:?}: use deepspeed, hf, accelerate or generic"
-                ));
-            }
+            other => return Err(ProfileError::Unknown(other.into())),
         };
         let mut keys: Vec<(Knob, String)> =
             base.iter().map(|(k, p)| (*k, (*p).to_owned())).collect();
         for o in overrides {
             let (knob, path) = o
                 .split_once('=')
-                .ok_or_else(|| format!("--key {o:?}: expected KNOB=dotted.path"))?;
-            let knob = Knob::parse(knob).ok_or_else(|| {
-                format!("--key {o:?}: unknown knob; use batch, accumulation, workers, pin_memory, seq_len, world_size or zero_stage")
-            })?;
+                .ok_or_else(|| ProfileError::NoEquals(o.clone()))?;
+            let knob = Knob::parse(knob).ok_or_else(|| ProfileError::UnknownKnob(o.clone()))?;
             if path.is_empty() {
-                return Err(format!("--key {o:?}: empty path"));
+                return Err(ProfileError::EmptyPath(o.clone()));
             }
             keys.retain(|(k, _)| *k != knob);
             keys.push((knob, path.to_owned()));
         }
         if keys.is_empty() {
-            return Err(
-                "the generic profile needs --key KNOB=path for each knob memwatch may change"
-                    .into(),
-            );
+            return Err(ProfileError::NoKnobs);
         }
         Ok(Profile {
             name: name.to_owned(),

@@ -90,7 +90,7 @@ fn unparsable_files_are_refused() {
     assert!(apply(Format::Toml, "a = = 1", &[("a".into(), Scalar::Int(2))]).is_err());
 }
 
-fn set(format: Format, text: &str, path: &str, v: Scalar) -> Result<String, String> {
+fn set(format: Format, text: &str, path: &str, v: Scalar) -> Result<String, ContentError> {
     apply(format, text, &[(path.into(), v)])
 }
 
@@ -99,17 +99,29 @@ fn ambiguous_paths_are_refused() {
     // A key holding a dot beside the nested key it looks like.
     let j = r#"{"train": {"micro_batch": 32}, "train.micro_batch": {}}"#;
     let e = set(Format::Json, j, "train.micro_batch", Scalar::Int(16)).unwrap_err();
-    assert!(e.contains("more than one"), "{e}");
+    assert_eq!(
+        e,
+        ContentError::Ambiguous {
+            path: "train.micro_batch".into()
+        }
+    );
+    assert!(e.to_string().contains("more than one"), "{e}");
     // Duplicate keys.
-    let e = set(Format::Json, r#"{"a": 1, "a": 2}"#, "a", Scalar::Int(3)).unwrap_err();
+    let e = set(Format::Json, r#"{"a": 1, "a": 2}"#, "a", Scalar::Int(3))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("more than one"), "{e}");
     // YAML null key beside the string "~".
     let y = "~: keep\n\"~\": 2\n";
-    let e = set(Format::Yaml, y, "~", Scalar::Int(3)).unwrap_err();
+    let e = set(Format::Yaml, y, "~", Scalar::Int(3))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("more than one"), "{e}");
     // TOML: a quoted key with a dot beside a dotted key.
     let t = "\"a.b\" = 1\n[a]\nb = 2\n";
-    let e = set(Format::Toml, t, "a.b", Scalar::Int(3)).unwrap_err();
+    let e = set(Format::Toml, t, "a.b", Scalar::Int(3))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("more than one"), "{e}");
     // Unambiguous keys holding a dot are fine.
     let out = set(Format::Json, r#"{"a.b": 1}"#, "a.b", Scalar::Int(3)).unwrap();
@@ -152,6 +164,16 @@ fn a_yaml_alias_bomb_is_refused_in_bounded_memory() {
     assert!(y.len() < 600, "{}", y.len());
     let started = std::time::Instant::now();
     let e = parse(Format::Yaml, y).unwrap_err();
+    assert_eq!(
+        e,
+        ContentError::NotAccepted {
+            format: Format::Yaml,
+            why: Box::new(ContentError::TooManyValues {
+                through_aliases: true
+            }),
+        }
+    );
+    let e = e.to_string();
     assert!(
         e.contains("more than 100000 values") && e.contains("aliases"),
         "{e}"
@@ -163,10 +185,14 @@ fn a_yaml_alias_bomb_is_refused_in_bounded_memory() {
         get(Format::Yaml, ok, "run.lr").unwrap(),
         Some(Scalar::Float(0.1))
     );
-    let e = set(Format::Yaml, ok, "run.lr", Scalar::Float(0.2)).unwrap_err();
+    let e = set(Format::Yaml, ok, "run.lr", Scalar::Float(0.2))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("edit it by hand"), "{e}");
     // Editing the anchored original would change its copy too: refused.
-    let e = set(Format::Yaml, ok, "base.lr", Scalar::Float(0.2)).unwrap_err();
+    let e = set(Format::Yaml, ok, "base.lr", Scalar::Float(0.2))
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("edit it by hand") || e.contains("also change"),
         "{e}"
@@ -182,7 +208,7 @@ fn deep_nesting_is_refused_not_overflowed() {
     let dotted = format!("{} = 1\n", vec!["a"; 50_000].join("."));
     assert!(parse(Format::Toml, &dotted).is_err());
     let many = format!("[{}0]", "0,".repeat(200_000));
-    let e = parse(Format::Json, &many).unwrap_err();
+    let e = parse(Format::Json, &many).unwrap_err().to_string();
     assert!(e.contains("more than 100000"), "{e}");
 }
 
@@ -213,7 +239,8 @@ fn yaml_edits_quoted_flow_and_unicode_values_in_place() {
         "s",
         Scalar::Str("c".into()),
     )
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("edit it by hand"), "{e}");
 }
 
@@ -243,7 +270,47 @@ fn an_edit_through_a_duplicated_key_is_refused() {
     // which JSON parsers drop (they keep the last): the edit would land where nobody reads.
     let text = "{\"a\": [[false]], \"a\": [{}]}";
     let e = set(Format::Json, text, "a.0.0", Scalar::Bool(true)).unwrap_err();
-    assert!(e.contains("appears more than once"), "{e}");
+    assert_eq!(
+        e,
+        ContentError::DuplicateKey {
+            path: "a.0.0".into(),
+            key: "a".into()
+        }
+    );
+    assert!(e.to_string().contains("appears more than once"), "{e}");
     let yaml = "run: {lr: 0.1}\nrun: {batch: 2}\n";
     assert!(set(Format::Yaml, yaml, "run.lr", Scalar::Float(0.2)).is_err());
+}
+
+#[test]
+fn a_profile_says_which_key_it_refuses_and_why() {
+    use profile::Profile;
+    let keys = |k: &[&str]| k.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        Profile::build("nonsense", &[]).unwrap_err(),
+        ProfileError::Unknown("nonsense".into())
+    );
+    assert_eq!(
+        Profile::build("hf", &keys(&["batch"])).unwrap_err(),
+        ProfileError::NoEquals("batch".into())
+    );
+    assert_eq!(
+        Profile::build("hf", &keys(&["lr=opt.lr"])).unwrap_err(),
+        ProfileError::UnknownKnob("lr=opt.lr".into())
+    );
+    assert_eq!(
+        Profile::build("hf", &keys(&["batch="])).unwrap_err(),
+        ProfileError::EmptyPath("batch=".into())
+    );
+    assert_eq!(
+        Profile::build("generic", &[]).unwrap_err(),
+        ProfileError::NoKnobs
+    );
+    let p = Profile::build("generic", &keys(&["batch=train.bs"])).unwrap();
+    assert_eq!(p.keys.len(), 1);
+    // Shown to people with the key as given.
+    assert_eq!(
+        ProfileError::EmptyPath("batch=".into()).to_string(),
+        "--key \"batch=\": empty path"
+    );
 }

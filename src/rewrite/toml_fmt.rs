@@ -4,6 +4,7 @@ use toml_edit::{Item, Table, Value};
 
 use super::Scalar;
 use super::doc::{Doc, MAX_DEPTH, MAX_NODES, Node, TOP};
+use super::error::ContentError;
 
 struct Walk {
     doc: Doc,
@@ -16,7 +17,7 @@ impl Walk {
         key: &str,
         value: Option<Scalar>,
         span: Option<(usize, usize)>,
-    ) -> Result<u32, String> {
+    ) -> Result<u32, ContentError> {
         self.doc.push(Node {
             parent,
             key: key.to_owned(),
@@ -25,16 +26,22 @@ impl Walk {
         })
     }
 
-    fn table(&mut self, me: u32, t: &Table, depth: usize) -> Result<(), String> {
+    fn table(&mut self, me: u32, t: &Table, depth: usize) -> Result<(), ContentError> {
         for (k, item) in t.iter() {
             self.item(me, k, item, depth + 1)?;
         }
         Ok(())
     }
 
-    fn item(&mut self, parent: u32, key: &str, item: &Item, depth: usize) -> Result<(), String> {
+    fn item(
+        &mut self,
+        parent: u32,
+        key: &str,
+        item: &Item,
+        depth: usize,
+    ) -> Result<(), ContentError> {
         if depth > MAX_DEPTH {
-            return Err(format!("nested deeper than {MAX_DEPTH} levels"));
+            return Err(ContentError::TooDeep);
         }
         match item {
             Item::None => Ok(()),
@@ -54,9 +61,15 @@ impl Walk {
         }
     }
 
-    fn value(&mut self, parent: u32, key: &str, v: &Value, depth: usize) -> Result<(), String> {
+    fn value(
+        &mut self,
+        parent: u32,
+        key: &str,
+        v: &Value,
+        depth: usize,
+    ) -> Result<(), ContentError> {
         if depth > MAX_DEPTH {
-            return Err(format!("nested deeper than {MAX_DEPTH} levels"));
+            return Err(ContentError::TooDeep);
         }
         let scalar = match v {
             Value::Boolean(b) => Scalar::Bool(*b.value()),
@@ -89,7 +102,7 @@ impl Walk {
     }
 }
 
-pub fn parse(text: &str) -> Result<Doc, String> {
+pub fn parse(text: &str) -> Result<Doc, ContentError> {
     // Every value follows `=`, `,` or `[`, and a key path's parts are split by `.`: a bound on what
     // toml_edit would build, checked before it builds anything.
     let marks = text
@@ -97,12 +110,24 @@ pub fn parse(text: &str) -> Result<Doc, String> {
         .filter(|b| matches!(b, b'=' | b',' | b'[' | b'{' | b'.'))
         .count();
     if marks > 4 * MAX_NODES {
-        return Err(format!(
-            "holds more than {MAX_NODES} values; memwatch reads training configs of at most that many"
-        ));
+        return Err(ContentError::TooManyValues {
+            through_aliases: false,
+        });
     }
-    let doc = toml_edit::Document::parse(text)
-        .map_err(|e| format!("not valid TOML: {}", e.message().trim_end()))?;
+    let doc = toml_edit::Document::parse(text).map_err(|e| {
+        let message = e.message().trim_end();
+        ContentError::Syntax {
+            format: super::Format::Toml,
+            // Where: the line of the span toml_edit points at.
+            reason: match e.span() {
+                Some(r) => {
+                    let line = text.get(..r.start).map_or(0, |t| t.matches('\n').count()) + 1;
+                    format!("line {line}: {message}")
+                }
+                None => message.to_owned(),
+            },
+        }
+    })?;
     let mut w = Walk {
         doc: Doc::default(),
     };
@@ -111,7 +136,7 @@ pub fn parse(text: &str) -> Result<Doc, String> {
 }
 
 /// The TOML text of a value.
-pub fn render(value: &Scalar) -> Result<String, String> {
+pub fn render(value: &Scalar) -> Result<String, ContentError> {
     Ok(match value {
         Scalar::Bool(b) => b.to_string(),
         Scalar::Int(i) => i.to_string(),

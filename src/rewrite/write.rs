@@ -26,7 +26,7 @@ use std::sync::Mutex;
 use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags};
 use rustix::io::Errno;
 
-use super::{Format, Scalar, apply_parsed, parse};
+use super::{ContentError, Format, Scalar, apply_parsed, parse};
 
 /// Configs larger than this are refused whole (a training config is a few KiB).
 pub const MAX_BYTES: u64 = 4 << 20;
@@ -79,14 +79,30 @@ pub enum RewriteError {
         #[source]
         source: std::io::Error,
     },
+    /// The path is not an absolute path to a file.
+    #[error("{0}: give an absolute path to a file")]
+    NotAbsolute(PathBuf),
+    /// The file is not UTF-8 text.
+    #[error("{path}: not UTF-8 text (at byte {at})")]
+    NotUtf8 {
+        /// The file.
+        path: PathBuf,
+        /// The offset of the first byte that is not.
+        at: usize,
+    },
     /// The file does not parse, or the edit does not fit it.
-    #[error("{path}: {message}")]
+    #[error("{path}: {error}")]
     Content {
         /// The file.
         path: PathBuf,
-        /// What is wrong, with the line where there is one.
-        message: String,
+        /// What is wrong, and where in the file.
+        error: ContentError,
     },
+    /// The file kept changing under memwatch.
+    #[error(
+        "{0}: the file changed while memwatch was writing it, {TRIES} times; left as its owner saved it"
+    )]
+    KeepsChanging(PathBuf),
 }
 
 /// What a rewrite changed.
@@ -183,10 +199,7 @@ fn set_fs_ids(uid: u32, gid: u32) -> Result<(), RewriteError> {
 fn split(path: &Path) -> Result<(&Path, &std::ffi::OsStr), RewriteError> {
     match (path.parent(), path.file_name()) {
         (Some(dir), Some(name)) if path.is_absolute() => Ok((dir, name)),
-        _ => Err(RewriteError::Content {
-            path: path.to_owned(),
-            message: "give an absolute path to a file".into(),
-        }),
+        _ => Err(RewriteError::NotAbsolute(path.to_owned())),
     }
 }
 
@@ -316,9 +329,9 @@ fn read_in(
             size: bytes.len() as u64,
         });
     }
-    let text = String::from_utf8(bytes).map_err(|e| RewriteError::Content {
+    let text = String::from_utf8(bytes).map_err(|e| RewriteError::NotUtf8 {
         path: path.to_owned(),
-        message: format!("not UTF-8 text (at byte {})", e.utf8_error().valid_up_to()),
+        at: e.utf8_error().valid_up_to(),
     })?;
     Ok(Read { text, stat })
 }
@@ -370,9 +383,9 @@ pub fn read_values(
     owner: u32,
     paths: &[&str],
 ) -> Result<Vec<Option<Scalar>>, RewriteError> {
-    let content = |message| RewriteError::Content {
+    let content = |error| RewriteError::Content {
         path: path.to_owned(),
-        message,
+        error,
     };
     with_file(path, Owner::Uid(owner), |_, _, read| {
         let doc = parse(format, &read.text).map_err(content)?;
@@ -502,16 +515,16 @@ fn try_rewrite(
     read: Read,
     edits: &[(String, Scalar)],
 ) -> Result<Option<Before>, RewriteError> {
-    let content = |message| RewriteError::Content {
+    let content = |error| RewriteError::Content {
         path: path.to_owned(),
-        message,
+        error,
     };
     let doc = parse(format, &read.text).map_err(content)?;
     let new_text = apply_parsed(format, &read.text, &doc, edits).map_err(content)?;
     let before = edits
         .iter()
         .map(|(p, _)| Ok((p.clone(), doc.get(p)?)))
-        .collect::<Result<Vec<_>, String>>()
+        .collect::<Result<Vec<_>, ContentError>>()
         .map_err(content)?;
     let mode = read.stat.st_mode & 0o7777;
     let err = errno(path);
@@ -561,12 +574,7 @@ pub fn rewrite(
             });
         }
     }
-    Err(RewriteError::Content {
-        path: path.to_owned(),
-        message: format!(
-            "the file changed while memwatch was writing it, {TRIES} times; left as its owner saved it"
-        ),
-    })
+    Err(RewriteError::KeepsChanging(path.to_owned()))
 }
 
 #[cfg(test)]

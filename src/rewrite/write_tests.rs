@@ -77,6 +77,7 @@ fn an_owner_save_during_a_rewrite_is_never_lost() {
         },
     )
     .unwrap_err();
+    assert!(matches!(e, RewriteError::KeepsChanging(_)), "{e}");
     assert!(
         e.to_string()
             .contains("changed while memwatch was writing it"),
@@ -131,6 +132,19 @@ fn refuses_links_foreign_files_and_garbage_leaving_them_untouched() {
         &[("batch".into(), Scalar::Int(4))],
     )
     .unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            RewriteError::Content {
+                error: ContentError::Syntax {
+                    format: Format::Json,
+                    ..
+                },
+                ..
+            }
+        ),
+        "{e}"
+    );
     assert!(e.to_string().contains("not valid JSON"), "{e}");
     assert_eq!(std::fs::read_to_string(&f).unwrap(), "{\"batch\": 8,,}");
     assert!(!dir.path().join("train.json.memwatch-orig").exists());

@@ -11,8 +11,9 @@ use yaml_rust2::Yaml;
 use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
 use yaml_rust2::scanner::{Marker, TScalarStyle};
 
-use super::Scalar;
 use super::doc::{Doc, MAX_DEPTH, Node, TOP};
+use super::error::ContentError;
+use super::{Format, Scalar};
 
 enum Frame {
     Map {
@@ -74,7 +75,7 @@ struct Receiver<'a> {
     offsets: Offsets<'a>,
     documents: usize,
     root_done: bool,
-    error: Option<String>,
+    error: Option<ContentError>,
 }
 
 fn value_of(v: &str, style: TScalarStyle) -> Scalar {
@@ -152,9 +153,9 @@ fn span_of(
 }
 
 impl Receiver<'_> {
-    fn depth_ok(&self) -> Result<(), String> {
+    fn depth_ok(&self) -> Result<(), ContentError> {
         if self.stack.len() >= MAX_DEPTH {
-            return Err(format!("nested deeper than {MAX_DEPTH} levels"));
+            return Err(ContentError::TooDeep);
         }
         Ok(())
     }
@@ -177,12 +178,10 @@ impl Receiver<'_> {
         }
     }
 
-    fn container(&mut self, anchor: usize, mark: Marker, map: bool) -> Result<(), String> {
+    fn container(&mut self, anchor: usize, mark: Marker, map: bool) -> Result<(), ContentError> {
         self.depth_ok()?;
         let Some((parent, key)) = self.place() else {
-            return Err(
-                "complex mapping keys (a mapping or list as a key) are not supported".into(),
-            );
+            return Err(ContentError::ComplexKey);
         };
         let start = self.doc.nodes.len();
         let node = if parent == TOP && !self.root_done {
@@ -235,7 +234,7 @@ impl Receiver<'_> {
         anchor: usize,
         tagged: bool,
         mark: Marker,
-    ) -> Result<(), String> {
+    ) -> Result<(), ContentError> {
         let Some((parent, key)) = self.place() else {
             self.set_key(v);
             return Ok(());
@@ -265,11 +264,8 @@ impl Receiver<'_> {
         Ok(())
     }
 
-    fn alias(&mut self, id: usize) -> Result<(), String> {
-        let &(s, e) = self
-            .anchors
-            .get(&id)
-            .ok_or("an alias refers to an anchor not defined before it")?;
+    fn alias(&mut self, id: usize) -> Result<(), ContentError> {
+        let &(s, e) = self.anchors.get(&id).ok_or(ContentError::UndefinedAlias)?;
         let Some((parent, key)) = self.place() else {
             self.set_key("\0alias".into());
             return Ok(());
@@ -298,19 +294,22 @@ impl Receiver<'_> {
                     span: None,
                 }
             };
-            self.doc
-                .push(copy)
-                .map_err(|e| format!("{e} (YAML aliases expand to that many)"))?;
+            self.doc.push(copy).map_err(|e| match e {
+                ContentError::TooManyValues { .. } => ContentError::TooManyValues {
+                    through_aliases: true,
+                },
+                e => e,
+            })?;
         }
         Ok(())
     }
 
-    fn on(&mut self, ev: Event, mark: Marker) -> Result<(), String> {
+    fn on(&mut self, ev: Event, mark: Marker) -> Result<(), ContentError> {
         match ev {
             Event::DocumentStart => {
                 self.documents += 1;
                 if self.documents > 1 {
-                    return Err("holds more than one YAML document; memwatch rewrites single-document files".into());
+                    return Err(ContentError::SeveralDocuments);
                 }
             }
             Event::MappingStart(anchor, _) => self.container(anchor, mark, true)?,
@@ -336,7 +335,7 @@ impl MarkedEventReceiver for Receiver<'_> {
     }
 }
 
-pub fn parse(text: &str) -> Result<Doc, String> {
+pub fn parse(text: &str) -> Result<Doc, ContentError> {
     let mut r = Receiver {
         doc: Doc::default(),
         stack: Vec::new(),
@@ -355,14 +354,20 @@ pub fn parse(text: &str) -> Result<Doc, String> {
     // After the first error the receiver builds nothing more; the parser only scans the rest.
     let result = parser.load(&mut r, true);
     if let Some(e) = r.error {
-        return Err(format!("not accepted as YAML: {e}"));
+        return Err(ContentError::NotAccepted {
+            format: Format::Yaml,
+            why: Box::new(e),
+        });
     }
-    result.map_err(|e| format!("not valid YAML: {e}"))?;
+    result.map_err(|e| ContentError::Syntax {
+        format: Format::Yaml,
+        reason: e.to_string(),
+    })?;
     Ok(r.doc)
 }
 
 /// The YAML text of a value (strings double-quoted, with JSON's escapes, which YAML shares).
-pub fn render(value: &Scalar) -> Result<String, String> {
+pub fn render(value: &Scalar) -> Result<String, ContentError> {
     super::json::render(value)
 }
 

@@ -16,7 +16,15 @@
 //! freezer's state every 20 µs until it says FROZEN (freezer; that resolution is part of every
 //! freezer row alike). Latency = stop − crossing. Survival: the cgroup's OOM killer did not fire.
 //!
-//! `cargo bench --bench reflex` (RUNS=30 by default; RATES=1024,4096 in MiB/s).
+//! With `WORKERS=N` each hog first starts N sleeping workers (a job of N + 1 processes, as a trainer
+//! with DataLoader workers), the limit is 512 MiB above what they hold, and a stop is timed to the
+//! last process stopped: for signals, once the root is stopped, a pass every 200 µs over the
+//! processes not stopped yet reads each one's /proc/PID/stat until none is left (the resolution is
+//! one such pass and the pause), and the floor by signals
+//! sends SIGSTOP to every pid of the cgroup's `cgroup.procs` once woken. Only the reflex's rows and
+//! the two floors run then.
+//!
+//! `cargo bench --bench reflex` (RUNS=30 by default; RATES=1024,4096 in MiB/s; WORKERS=0).
 
 use std::io::Write as _;
 use std::path::Path;
@@ -30,8 +38,13 @@ use common::cgroup::MemCgroup;
 use common::{Daemon, memhog, pct};
 
 const MIB: u64 = 1 << 20;
+/// The room the hog has above what its workers hold.
 const LIMIT: u64 = 512 * MIB;
-const CRITICAL: u64 = LIMIT * 95 / 100;
+
+/// 95 % of `limit`: the critical line.
+fn critical(limit: u64) -> u64 {
+    limit * 95 / 100
+}
 
 #[derive(Clone, Copy, PartialEq)]
 enum Row {
@@ -80,16 +93,31 @@ fn watcher(
     row: Row,
     cg: &MemCgroup,
     pid: u32,
+    line: u64,
+    tree: bool,
     stop: Arc<AtomicBool>,
 ) -> Option<std::thread::JoinHandle<()>> {
     let mem = cg.dir.clone();
+    let procs = cg.dir.join("cgroup.procs");
     let sigstop = move || {
-        // SAFETY: kill(2) on the hog's pid.
-        unsafe { nix::libc::kill(pid as i32, nix::libc::SIGSTOP) };
+        // The hog, or with workers every process of its cgroup.
+        let pids = if tree {
+            std::fs::read_to_string(&procs)
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| l.trim().parse().ok())
+                .collect()
+        } else {
+            vec![pid as i32]
+        };
+        for p in pids {
+            // SAFETY: kill(2) on a pid of the hog's cgroup.
+            unsafe { nix::libc::kill(p, nix::libc::SIGSTOP) };
+        }
     };
     match row {
         Row::FloorStop => {
-            let (efd, usage) = common::threshold(&mem, CRITICAL);
+            let (efd, usage) = common::threshold(&mem, line);
             Some(std::thread::spawn(move || {
                 let _usage = usage;
                 if common::wait_eventfd(&efd, &stop).is_some() {
@@ -98,7 +126,7 @@ fn watcher(
             }))
         }
         Row::FloorFreeze => {
-            let (efd, usage) = common::threshold(&mem, CRITICAL);
+            let (efd, usage) = common::threshold(&mem, line);
             let mut state = std::fs::OpenOptions::new()
                 .write(true)
                 .open(cg.freezer.as_ref().unwrap().join("freezer.state"))
@@ -111,7 +139,7 @@ fn watcher(
             }))
         }
         Row::Poller => Some(std::thread::spawn(move || {
-            if common::poll_usage(&mem, CRITICAL, Duration::from_millis(1), &stop) {
+            if common::poll_usage(&mem, line, Duration::from_millis(1), &stop) {
                 sigstop();
             }
         })),
@@ -119,12 +147,13 @@ fn watcher(
     }
 }
 
-/// When the hog was stopped: `waitid(WSTOPPED)` (signals) or the freezer's state read every 20 µs;
-/// `None` when it exited or `stop` was set first.
+/// When the hog was stopped: `waitid(WSTOPPED)` (signals; with workers, the last of `tree` seen
+/// stopped) or the freezer's state read every 20 µs; `None` when it exited or `stop` was set first.
 fn stopped_at(
     row: Row,
     freezer: Option<&Path>,
     pid: u32,
+    tree: Vec<std::fs::File>,
     stop: Arc<AtomicBool>,
 ) -> Option<Instant> {
     if let Some(f) = freezer.filter(|_| row.freezer()) {
@@ -149,7 +178,35 @@ fn stopped_at(
         )
     };
     let at = Instant::now();
-    (r == 0 && info.si_code == nix::libc::CLD_STOPPED).then_some(at)
+    if r != 0 || info.si_code != nix::libc::CLD_STOPPED {
+        return None;
+    }
+    if tree.is_empty() {
+        return Some(at);
+    }
+    // The root is stopped (stopped first, by every row): then the rest, a pass over those not yet
+    // stopped every 200 µs (a pass costs CPU that stopping them needs too), each one's stat file
+    // opened before the go and re-read with pread.
+    let mut left = tree;
+    let mut buf = [0u8; 512];
+    while !stop.load(Ordering::Relaxed) {
+        left.retain(|f| {
+            use std::os::unix::fs::FileExt as _;
+            let Ok(n) = f.read_at(&mut buf, 0) else {
+                return false;
+            };
+            let text = String::from_utf8_lossy(&buf[..n]);
+            let state = text
+                .rfind(')')
+                .and_then(|i| text[i + 1..].trim_start().chars().next());
+            !matches!(state, Some('T' | 't' | 'Z' | 'X') | None)
+        });
+        if left.is_empty() {
+            return Some(Instant::now());
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    None
 }
 
 struct Outcome {
@@ -158,15 +215,66 @@ struct Outcome {
     latency_us: Option<f64>,
 }
 
-fn run(cg: &MemCgroup, hog: &Path, rate: u64, row: Row, d: Option<&Daemon>, i: usize) -> Outcome {
-    cg.set_limit(LIMIT);
+/// The pids in the cgroup's `cgroup.procs`.
+fn members(cg: &MemCgroup) -> Vec<u32> {
+    std::fs::read_to_string(cg.dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// With `workers`, waits until all `workers + 1` processes are in the cgroup and its usage holds
+/// still; the usage then.
+fn settled(cg: &MemCgroup, workers: u32) -> u64 {
+    if workers == 0 {
+        return 0;
+    }
+    let t = Instant::now();
+    let mut last = 0;
+    while t.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(200));
+        let u = cg.usage();
+        if members(cg).len() > workers as usize && u.abs_diff(last) < MIB {
+            return u;
+        }
+        last = u;
+    }
+    panic!("the hog's {workers} workers did not settle in 60 s");
+}
+
+fn run(
+    cg: &MemCgroup,
+    hog: &Path,
+    rate: u64,
+    workers: u32,
+    row: Row,
+    d: Option<&Daemon>,
+    i: usize,
+) -> Outcome {
+    cg.set_limit(if workers > 0 { 4096 * MIB } else { LIMIT });
     cg.thaw();
     let go = std::env::temp_dir().join(format!("memwatch-reflex-go-{}-{i}", std::process::id()));
     let _ = std::fs::remove_file(&go);
-    let args = format!("--rate-mib {rate} --total-mib 768 --chunk-mib 1 --hold-ms 200");
+    let args = format!(
+        "--rate-mib {rate} --total-mib 768 --chunk-mib 1 --hold-ms 200 --workers {workers} --worker-mib 0"
+    );
     let all: Vec<&str> = args.split_whitespace().collect();
     let (mut child, _) = cg.hog_with(hog, &all, &go, row.freezer());
     let pid = child.id();
+    let limit = settled(cg, workers) + LIMIT;
+    cg.set_limit(limit);
+    let line = critical(limit);
+    // The workers' stat files, opened ahead (the root is timed by waitid).
+    let tree: Vec<std::fs::File> = if workers > 0 && !row.freezer() {
+        members(cg)
+            .into_iter()
+            .filter(|&p| p != pid)
+            .filter_map(|p| std::fs::File::open(format!("/proc/{p}/stat")).ok())
+            .collect()
+    } else {
+        Vec::new()
+    };
     let name = format!("reflex{i}");
     if let Some(d) = d {
         assert!(
@@ -192,7 +300,7 @@ fn run(cg: &MemCgroup, hog: &Path, rate: u64, row: Row, d: Option<&Daemon>, i: u
         }
     }
     let stop = Arc::new(AtomicBool::new(false));
-    let (observer, usage) = common::threshold(&cg.dir, CRITICAL);
+    let (observer, usage) = common::threshold(&cg.dir, line);
     let crossed = {
         let stop = stop.clone();
         std::thread::spawn(move || {
@@ -203,9 +311,9 @@ fn run(cg: &MemCgroup, hog: &Path, rate: u64, row: Row, d: Option<&Daemon>, i: u
     let stopped = {
         let stop = stop.clone();
         let freezer = cg.freezer.clone();
-        std::thread::spawn(move || stopped_at(row, freezer.as_deref(), pid, stop))
+        std::thread::spawn(move || stopped_at(row, freezer.as_deref(), pid, tree, stop))
     };
-    let w = watcher(row, cg, pid, stop.clone());
+    let w = watcher(row, cg, pid, line, workers > 0, stop.clone());
     let oom = cg.oom_kills();
     std::fs::write(&go, "").unwrap();
     let t0 = Instant::now();
@@ -221,6 +329,16 @@ fn run(cg: &MemCgroup, hog: &Path, rate: u64, row: Row, d: Option<&Daemon>, i: u
     let _ = child.kill();
     let stop_at = stopped.join().ok().flatten();
     let _ = child.wait();
+    if workers > 0 {
+        // The workers too, and wait till the cgroup is empty.
+        while !members(cg).is_empty() {
+            for p in members(cg) {
+                // SAFETY: kill(2) on a pid of the hog's cgroup.
+                unsafe { nix::libc::kill(p as i32, nix::libc::SIGKILL) };
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
     let cross_at = crossed.join().ok().flatten();
     if let Some(h) = w {
         let _ = h.join();
@@ -243,6 +361,14 @@ fn main() {
     }
     let runs = common::runs(30);
     let hog = memhog();
+    // A stat file kept open per worker: as many descriptors as the hard limit allows.
+    let mut nofile = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    nofile.current = nofile.maximum;
+    let _ = rustix::process::setrlimit(rustix::process::Resource::Nofile, nofile);
+    let workers: u32 = std::env::var("WORKERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     let mut cg = MemCgroup::new(LIMIT).expect("create a v1 memory cgroup (run as root)");
     assert!(
         cg.version == 1 && cg.with_freezer(),
@@ -275,6 +401,17 @@ fn main() {
         Row::FloorFreeze,
         Row::Poller,
     ];
+    // With workers, the reflex's rows and the floors.
+    let rows: Vec<Row> = rows
+        .into_iter()
+        .filter(|r| {
+            workers == 0
+                || matches!(
+                    r,
+                    Row::Memwatch { reflex: true, .. } | Row::FloorStop | Row::FloorFreeze
+                )
+        })
+        .collect();
     for &rate in &rates {
         let mut outs: Vec<Vec<Outcome>> = rows.iter().map(|_| Vec::new()).collect();
         for i in 0..runs {
@@ -284,7 +421,7 @@ fn main() {
                     Row::Memwatch { reflex: false, .. } => Some(&without),
                     _ => None,
                 };
-                outs[k].push(run(&cg, &hog, rate, *row, d, i * rows.len() + k));
+                outs[k].push(run(&cg, &hog, rate, workers, *row, d, i * rows.len() + k));
             }
         }
         for (row, o) in rows.iter().zip(&outs) {
@@ -292,9 +429,10 @@ fn main() {
             let mut lat: Vec<f64> = o.iter().filter_map(|o| o.latency_us).collect();
             let n = lat.len();
             println!(
-                "{:<27} {rate:>5} MiB/s: OOM-killed {killed}/{runs}, timed {n}, crossing→stop p50 {:>6.0} µs, \
+                "{:<27} {rate:>5} MiB/s, {:>4} processes: OOM-killed {killed}/{runs}, timed {n}, crossing→stop p50 {:>6.0} µs, \
                  p90 {:>6.0} µs, max {:>6.0} µs",
                 row.label(),
+                workers + 1,
                 pct(&mut lat, 0.5),
                 pct(&mut lat, 0.9),
                 pct(&mut lat, 1.0),

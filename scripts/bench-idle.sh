@@ -5,8 +5,9 @@
 # machine's load falls on each alike. Per window: CPU in ns (the process alone in a cpuacct cgroup
 # where v1's cpuacct is mounted, else its live threads' schedstat), wakeups (voluntary and involuntary
 # context switches of its live threads), and VmRSS at the end; target/bench-idle/calm.log says when
-# each daemon left or entered calm, and why. Root; a release build of memwatch; earlyoom on PATH
-# (Debian's `earlyoom` package; this script installs nothing).
+# each daemon left or entered calm, and why, and when the host's pressure trigger woke it while calm.
+# Root; a release build of memwatch; earlyoom on PATH (Debian's `earlyoom` package; this script
+# installs nothing).
 #
 #   ./scripts/bench-idle.sh                 WINDOWS=2 SECS=60 (each watcher gets WINDOWS windows)
 set -euo pipefail
@@ -55,8 +56,9 @@ start_memwatch() {
 stop_memwatch() {
   kill "$pid"
   wait "$pid" 2>/dev/null || true
-  # Why the daemon left or entered calm, per window (transitions only: debug logs nothing else idle).
-  grep "full-sample interval" "$work/log" | sed "s/^/${1:-memwatch} /" >>"$out/calm.log" || true
+  # Why the daemon left or entered calm, per window (transitions only: debug logs nothing else idle),
+  # and each PSI trigger on the host it answered with a full sample while calm.
+  grep -E "full-sample interval|pressure trigger fired while calm" "$work/log" | sed "s/^/${1:-memwatch} /" >>"$out/calm.log" || true
   rm -rf "$work"
 }
 

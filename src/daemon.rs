@@ -283,6 +283,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let watchdog_period = watchdog_every.unwrap_or(Duration::from_secs(3600));
     let mut watchdog = tokio::time::interval_at(Instant::now() + watchdog_period, watchdog_period);
     let mut first_sample = true;
+    // The jobs' notifications counted so far: a wake that adds none is the host's pressure alone.
+    let mut jobs_notified = shared.kernel.jobs();
 
     loop {
         let probing = engine.probe_interval_ms(clock.now_ms());
@@ -322,8 +324,18 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 // probe now, on this very turn.
                 let now = clock.now_ms();
                 let any = take_over_fired(&watches, &mut engine, now);
-                engine.handle_wake(now);
-                next_probe = run_probe(&config, &mut host_meminfo, &mut engine, &shared, &executor, now);
+                let jobs = shared.kernel.jobs();
+                let wake = if std::mem::replace(&mut jobs_notified, jobs) == jobs {
+                    crate::engine::Wake::HostPressure
+                } else {
+                    crate::engine::Wake::Job
+                };
+                match engine.handle_wake(now, wake) {
+                    crate::engine::WakeAnswer::Probe => {
+                        next_probe = run_probe(&config, &mut host_meminfo, &mut engine, &shared, &executor, now);
+                    }
+                    crate::engine::WakeAnswer::FullSample => demanded |= full.is_none(),
+                }
                 if any {
                     watches.sync(&mut engine);
                 }

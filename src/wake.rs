@@ -61,13 +61,19 @@ impl Notified {
         ]
     }
 
+    /// The notifications about jobs so far (their PSI triggers and thresholds): counted before the
+    /// owner task is woken, so a wake that finds this unchanged was the host's alone.
+    pub fn jobs(&self) -> u64 {
+        self.job_psi.load(Ordering::Acquire) + self.job_threshold.load(Ordering::Acquire)
+    }
+
     fn count(&self, key: &Key, kind: Kind) -> u64 {
         let c = match (key, kind) {
             (None, _) => &self.host_psi,
             (Some(_), Kind::Psi) => &self.job_psi,
             (Some(_), Kind::Eventfd) => &self.job_threshold,
         };
-        c.fetch_add(1, Ordering::Relaxed) + 1
+        c.fetch_add(1, Ordering::Release) + 1
     }
 }
 
@@ -256,9 +262,13 @@ fn run(
                     armory.crossing(job, woke);
                 }
             }
+            // Counted before the owner task wakes: it tells the host's wake from a job's by the
+            // counts.
+            let counted = watches
+                .get_mut(&key)
+                .map(|w| (counts.count(&key, w.kind), w));
             out.notify_one();
-            if let Some(w) = watches.get_mut(&key) {
-                let total = counts.count(&key, w.kind);
+            if let Some((total, w)) = counted {
                 w.seen += 1;
                 if w.seen == 1 {
                     let what = match w.kind {

@@ -2,7 +2,8 @@
 //! 512 MiB is stopped at its critical line by the wake thread itself, once by signals (the hog's root,
 //! through its pidfd) and once by the freezer (the hog owns a v1 freezer cgroup). For each:
 //! - while it runs, the state file holds the reflex as a pause in phase `armed`, written before the
-//!   wake thread got it (write-ahead when armed);
+//!   wake thread got it (write-ahead when armed), and the API's `reflex` and
+//!   `memwatch_job_reflex_armed` show it armed; paused, they show it no more;
 //! - the pause event says the reflex stopped it; the engine then holds the pause as its own (phase
 //!   `held`, by the mechanism the reflex used) and no OOM kill happened;
 //! - with room made, the job is resumed and finishes.
@@ -30,6 +31,28 @@ fn run(d: &Daemon, cg: &MemCgroup, name: &str, reflex: bool) -> String {
         d.wait_until(
             |d| recorded_pause(&d.state, name).is_some_and(|p| p["phase"] == "armed"),
             "the reflex recorded as armed",
+        );
+        // The API and the metrics say so, with the line it fires at (95 % of 512 MiB).
+        let armed = d.jobs().into_iter().find(|j| j["name"] == name).unwrap()["reflex"].clone();
+        let critical = armed["critical_bytes"].as_u64().unwrap_or(0);
+        assert!(
+            critical > 480 * MIB && critical < 512 * MIB,
+            "{name}: the API's reflex: {armed}"
+        );
+        assert_eq!(
+            armed["how"],
+            if name == "by-freezer" {
+                "freezer"
+            } else {
+                "signals"
+            }
+        );
+        let metrics = d.metrics();
+        assert!(
+            metrics.contains(&format!(
+                "memwatch_job_reflex_armed{{job_name=\"{name}\"}} 1"
+            )),
+            "{name}: not armed in /metrics:\n{metrics}"
         );
     } else {
         d.wait_samples(d.samples() + 2);
@@ -73,6 +96,19 @@ fn run(d: &Daemon, cg: &MemCgroup, name: &str, reflex: bool) -> String {
         "{name}"
     );
     assert_eq!(cg.oom_kills(), oom_before, "{name}: the OOM killer fired");
+    // A paused job has no reflex armed.
+    d.wait_until(
+        |d| {
+            d.metrics().contains(&format!(
+                "memwatch_job_reflex_armed{{job_name=\"{name}\"}} 0"
+            ))
+        },
+        "the reflex shown disarmed while paused",
+    );
+    assert!(
+        d.jobs().into_iter().find(|j| j["name"] == name).unwrap()["reflex"].is_null(),
+        "{name}: a reflex shown for a paused job"
+    );
 
     cg.set_limit(3072 * MIB);
     let status = hog.wait().unwrap();

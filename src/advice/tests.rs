@@ -47,6 +47,7 @@ fn job(processes: Vec<ProcessSample>) -> JobView {
         attached_at_ms: 0,
         state: "running".into(),
         pause: None,
+        reflex: None,
         slurm_suspended_since_ms: None,
         slurm_holders: Vec::new(),
         sample: Some(JobSample {

@@ -9,6 +9,24 @@ use crate::policy::{Level, LevelState, Resource};
 /// A ratio within this of its warn line is near it: not calm.
 const NEAR: f64 = 0.05;
 
+/// What the kernel's notification was about (the wake thread's counts tell them apart).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// The PSI trigger on the host's memory pressure, and nothing else.
+    HostPressure,
+    /// A job's cgroup: one of its v1 thresholds crossed, or its PSI trigger fired.
+    Job,
+}
+
+/// What the daemon does about a notification ([`Engine::handle_wake`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WakeAnswer {
+    /// Probe now (and fast for a while).
+    Probe,
+    /// Take a full sample now.
+    FullSample,
+}
+
 impl Engine {
     /// How long until the next full sample, in ms: `sampling.calm_interval_ms` while calm, else
     /// `sampling.interval_ms`.

@@ -18,6 +18,7 @@ mod timeout;
 mod way_out;
 
 pub use adapt::{AdaptDone, AdaptTask, run_adapt_task};
+pub use calm::{Wake, WakeAnswer};
 pub use effect::{Effect, Ending, Outcome, SlurmRequest};
 pub use effects::PauseError;
 pub use observe::Measured;
@@ -454,6 +455,7 @@ impl Engine {
                 "running".into()
             },
             pause: j.pause.clone(),
+            reflex: j.armed.as_ref().map(|a| a.view()),
             slurm_suspended_since_ms: j.slurm_suspended_since_ms,
             slurm_holders: j
                 .slurm_holders

@@ -205,9 +205,20 @@ impl Engine {
     }
 
     /// The kernel said something changed (a cgroup threshold crossed, a PSI trigger fired): probe fast
-    /// for a while, and run the policy on every probe.
-    pub fn handle_wake(&mut self, now_ms: u64) {
+    /// for a while, and run the policy on every probe. The host's pressure trigger alone while calm
+    /// (every job's cgroup watched by its own thresholds, nothing near trouble) is answered by one
+    /// full sample instead: it reads the pressure and every job, and its policy step probes fast
+    /// only if it finds trouble, so a stall elsewhere on the host costs one sample, not 3 s of
+    /// probes every 10 ms.
+    pub fn handle_wake(&mut self, now_ms: u64, wake: super::Wake) -> super::WakeAnswer {
+        if wake == super::Wake::HostPressure && self.calm(now_ms) {
+            tracing::debug!(
+                "the host's memory pressure trigger fired while calm: a full sample now"
+            );
+            return super::WakeAnswer::FullSample;
+        }
         self.fast_until_ms = self.fast_until_ms.max(now_ms + FAST_FOR_MS);
+        super::WakeAnswer::Probe
     }
 
     /// Whether this probe could change a decision: a level is raised or close to rising, a job grows

@@ -12,7 +12,7 @@ pub fn render(out: &mut String, v: &View) {
 
 fn series(w: &mut Writer, v: &View) {
     type Get = fn(&crate::job::JobView) -> Option<f64>;
-    let series: [(&'static str, &'static str, Get); 22] = [
+    let series: [(&'static str, &'static str, Get); 24] = [
         (
             "memwatch_job_emergency_swap_bytes",
             "Size of the emergency swap memwatch made for the job's way out (0: none).",
@@ -85,6 +85,16 @@ fn series(w: &mut Writer, v: &View) {
             "memwatch_job_paused",
             "1 while the job is paused: memwatch holds it, or Slurm holds it suspended on this node (a Slurm job another node's memwatch suspended counts on every node).",
             |j| Some(if j.state == "paused" { 1.0 } else { 0.0 }),
+        ),
+        (
+            "memwatch_job_reflex_armed",
+            "1 while a reflex is armed to stop the job at its cgroup's critical line in the thread that reads the kernel's notification (policy.reflex), else 0.",
+            |j| Some(if j.reflex.is_some() { 1.0 } else { 0.0 }),
+        ),
+        (
+            "memwatch_job_reflex_critical_bytes",
+            "The working set of the job's cgroup at which its armed reflex stops it; absent when none is armed.",
+            |j| j.reflex.as_ref().map(|r| r.critical_bytes as f64),
         ),
         (
             "memwatch_job_processes",

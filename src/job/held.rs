@@ -59,6 +59,36 @@ pub struct Armed {
     pub since_ms: u64,
 }
 
+impl Armed {
+    /// What the API shows of it.
+    pub fn view(&self) -> ArmedView {
+        let (how, dir) = match &self.how {
+            ReflexHow::Freeze(f) => ("freezer", Some(f.dir.clone())),
+            ReflexHow::Stop(_) => ("signals", None),
+        };
+        ArmedView {
+            how: how.into(),
+            freezer_dir: dir,
+            critical_bytes: self.critical_bytes,
+            since_ms: self.since_ms,
+        }
+    }
+}
+
+/// A job's armed reflex as the API shows it (`reflex` of a job).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArmedView {
+    /// "freezer" (the job's own v1 freezer cgroup) or "signals" (SIGSTOP to the root's pidfd).
+    pub how: String,
+    /// The freezer cgroup it freezes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub freezer_dir: Option<PathBuf>,
+    /// The cgroup's working set at which it fires (bytes).
+    pub critical_bytes: u64,
+    /// Since when it is armed (ms since the epoch).
+    pub since_ms: u64,
+}
+
 /// One emergency swap device.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -374,6 +374,9 @@ pub struct JobView {
     pub state: String,
     /// The pause memwatch holds on it.
     pub pause: Option<Pause>,
+    /// The reflex armed to stop it at its cgroup's critical line (`policy.reflex`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reflex: Option<held::ArmedView>,
     /// A Slurm job that Slurm holds suspended on this node (its cgroups frozen by Slurm): since when,
     /// whoever asked (this node's memwatch, another node's, a person). `state` is then "paused".
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -3,6 +3,8 @@
 //! interval at once, and the host's MemAvailable is still read every interval while fast growth
 //! could reach its critical line within a stretched interval.
 
+use memwatch::engine::{Wake, WakeAnswer};
+
 use crate::sim::{Kind, Sim};
 use crate::{pause_cmd, resume_cmd};
 
@@ -61,9 +63,10 @@ fn anything_near_trouble_brings_back_the_usual_interval() {
     assert!(s.engine.calm(s.now), "calm again once the host is back");
 
     // The kernel woke the daemon (a threshold crossed): fast probing, and no stretching, for a while.
-    s.engine.handle_wake(s.now);
+    assert_eq!(s.engine.handle_wake(s.now, Wake::Job), WakeAnswer::Probe);
     assert!(!s.engine.calm(s.now));
     assert_eq!(s.engine.sample_interval_ms(s.now), 1000);
+    assert_eq!(s.engine.probe_interval_ms(s.now), Some(10));
     s.advance_to(s.now + 3000);
     assert!(s.engine.calm(s.now));
 
@@ -103,4 +106,37 @@ fn without_the_kernels_watch_nothing_is_stretched() {
     // A calm interval below the interval is the interval.
     let s = watched("[sampling]\ninterval_ms = 2000\ncalm_interval_ms = 500\n");
     assert_eq!(s.engine.sample_interval_ms(s.now), 2000);
+}
+
+#[test]
+fn the_hosts_pressure_alone_while_calm_is_answered_by_one_full_sample() {
+    // Calm, every job watched by its own thresholds: a stall elsewhere on the host asks for a full
+    // sample now, and opens no window of fast probes.
+    let mut s = watched("");
+    assert!(s.engine.calm(s.now));
+    assert_eq!(
+        s.engine.handle_wake(s.now, Wake::HostPressure),
+        WakeAnswer::FullSample
+    );
+    assert!(s.engine.calm(s.now), "{:?}", s.engine.why_not_calm(s.now));
+    assert_ne!(s.engine.probe_interval_ms(s.now), Some(10));
+    // That sample finds the host near its warn line: calm ends there, as with any sample.
+    s.now += 100;
+    s.sample(0.78);
+    assert!(!s.engine.calm(s.now));
+    assert_eq!(s.engine.sample_interval_ms(s.now), 1000);
+    // Not calm: the host's pressure is probed fast for a while, as a job's crossing is.
+    assert_eq!(
+        s.engine.handle_wake(s.now, Wake::HostPressure),
+        WakeAnswer::Probe
+    );
+    assert_eq!(s.engine.probe_interval_ms(s.now), Some(10));
+    // A job that the kernel does not watch keeps the fast probes on the host's pressure too.
+    let mut s = watched("");
+    s.engine.set_watched("sim", false);
+    assert_eq!(
+        s.engine.handle_wake(s.now, Wake::HostPressure),
+        WakeAnswer::Probe
+    );
+    assert_eq!(s.engine.probe_interval_ms(s.now), Some(10));
 }

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use nix::sys::signal::Signal;
 
+use super::cgroup_error::CgroupError;
 use super::signal::SignalError;
 pub use crate::job::held::Mechanism;
 use crate::job::held::{Fired, Frozen, Loan, OomdMark, Slurmctl};
@@ -96,17 +97,17 @@ pub trait HostDriver: Send + Sync {
     /// Runs one Slurm call for job `id`.
     fn slurm(&self, ctl: &Slurmctl, call: &SlurmCall, id: &str) -> Result<SlurmAnswer, String>;
     /// Raises a cgroup's limit as `loan` says.
-    fn set_limit(&self, loan: &Loan) -> Result<(), String>;
+    fn set_limit(&self, loan: &Loan) -> Result<(), CgroupError>;
     /// Puts a lent limit back once usage fits with `margin` to spare; `Ok(false)`: not yet.
-    fn restore_limit(&self, loan: &Loan, margin: u64) -> Result<bool, String>;
+    fn restore_limit(&self, loan: &Loan, margin: u64) -> Result<bool, CgroupError>;
     /// The cgroups systemd-oomd would choose among to kill the job in the cgroup v2 directory `cg`
     /// (owned by user `owner`), each with the `user.oomd_omit` value it has now (`act::oomd`).
     fn oomd_candidates(&self, cg: &CgroupDir, owner: u32) -> Vec<OomdMark>;
     /// Sets `user.oomd_omit=1` on the mark's cgroup (nothing when it is set already).
-    fn oomd_mark(&self, mark: &OomdMark) -> Result<(), String>;
+    fn oomd_mark(&self, mark: &OomdMark) -> Result<(), CgroupError>;
     /// Puts back what the mark found there (no attribute, or the old value); a cgroup that is gone
     /// is done.
-    fn oomd_unmark(&self, mark: &OomdMark) -> Result<(), String>;
+    fn oomd_unmark(&self, mark: &OomdMark) -> Result<(), CgroupError>;
     /// What `job`'s reflex (`crate::reflex`) did, if it fired and the engine has not taken it over
     /// yet (taken: the engine holds or undoes it, once). Asked before the engine stops the job
     /// itself, so that a stop the reflex made is the pause.
@@ -199,11 +200,11 @@ impl HostDriver for Host {
         }
     }
 
-    fn set_limit(&self, loan: &Loan) -> Result<(), String> {
+    fn set_limit(&self, loan: &Loan) -> Result<(), CgroupError> {
         loan.raise()
     }
 
-    fn restore_limit(&self, loan: &Loan, margin: u64) -> Result<bool, String> {
+    fn restore_limit(&self, loan: &Loan, margin: u64) -> Result<bool, CgroupError> {
         loan.restore(margin)
     }
 
@@ -211,14 +212,14 @@ impl HostDriver for Host {
         super::oomd::candidates(&cg.mount, &cg.dir, owner)
     }
 
-    fn oomd_mark(&self, mark: &OomdMark) -> Result<(), String> {
+    fn oomd_mark(&self, mark: &OomdMark) -> Result<(), CgroupError> {
         if super::oomd::read(&mark.dir)?.as_deref() == Some("1") {
             return Ok(());
         }
         mark.set()
     }
 
-    fn oomd_unmark(&self, mark: &OomdMark) -> Result<(), String> {
+    fn oomd_unmark(&self, mark: &OomdMark) -> Result<(), CgroupError> {
         mark.restore()
     }
 

@@ -4,6 +4,7 @@
 //! its limit file written; a systemd unit's limit is changed through its manager (`act::systemd`),
 //! which would otherwise write the unit's own `MemoryMax` back over the loan on its next reload.
 
+use super::cgroup_error::CgroupError;
 use crate::job::held::CgroupOwner;
 use crate::sample::cgroup::Version;
 use std::path::{Path, PathBuf};
@@ -29,10 +30,9 @@ impl Loan {
 
     /// Raises the limit, through the cgroup's owner. v1 also needs room under a memory+swap limit,
     /// which is raised first.
-    pub fn raise(&self) -> Result<(), String> {
+    pub fn raise(&self) -> Result<(), CgroupError> {
         if let CgroupOwner::Systemd { bus, unit } = &self.owner {
-            return super::systemd::set_memory_max(*bus, unit, self.raised)
-                .map_err(|e| e.to_string());
+            return Ok(super::systemd::set_memory_max(*bus, unit, self.raised)?);
         }
         if self.version == Version::V1 {
             let memsw = self.dir.join("memory.memsw.limit_in_bytes");
@@ -54,7 +54,7 @@ impl Loan {
     /// `Ok(false)`: not yet. A cgroup that is gone counts as settled; but a unit's property outlives
     /// its cgroup (a stopped service keeps it until the next boot), so systemd is told even then,
     /// and only a unit systemd no longer has is settled without it.
-    pub fn restore(&self, margin: u64) -> Result<bool, String> {
+    pub fn restore(&self, margin: u64) -> Result<bool, CgroupError> {
         let usage = self.usage();
         if usage.is_some_and(|u| u.saturating_add(margin) > self.original) {
             return Ok(false);
@@ -62,7 +62,7 @@ impl Loan {
         if let CgroupOwner::Systemd { bus, unit } = &self.owner {
             return match super::systemd::set_memory_max(*bus, unit, self.original) {
                 Ok(()) | Err(super::systemd::CallError::NoUnit(_)) => Ok(true),
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(e.into()),
             };
         }
         if usage.is_none() {
@@ -98,8 +98,8 @@ fn read_u64(path: &Path) -> Option<u64> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
-fn write(path: &Path, v: u64) -> Result<(), String> {
-    std::fs::write(path, v.to_string()).map_err(|e| format!("{}: {e}", path.display()))
+fn write(path: &Path, v: u64) -> Result<(), CgroupError> {
+    std::fs::write(path, v.to_string()).map_err(|e| CgroupError::write(path.to_owned(), &e))
 }
 
 #[cfg(test)]

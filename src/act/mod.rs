@@ -3,6 +3,7 @@
 //! recovery of a predecessor's pauses. The engine decides; this carries out.
 
 pub mod audit;
+pub mod cgroup_error;
 pub mod driver;
 pub mod freeze;
 pub mod lend;

@@ -12,6 +12,7 @@
 //! has child cgroups, its leaves and `memory.oom.group` children) and every ancestor below the root
 //! with `memory.oom.group` set, each only when it is owned by root or by the job's owner.
 
+use super::cgroup_error::CgroupError;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -85,27 +86,36 @@ fn honoured(dir: &Path, owner: u32) -> bool {
 }
 
 /// The `user.oomd_omit` value on `dir`; `Ok(None)` when it has none.
-pub fn read(dir: &Path) -> Result<Option<String>, String> {
+pub fn read(dir: &Path) -> Result<Option<String>, CgroupError> {
     let mut buf = [0u8; VALUE_MAX];
     match rustix::fs::lgetxattr(dir, OMIT, &mut buf[..]) {
         Ok(n) => Ok(Some(
             String::from_utf8_lossy(&buf[..n.min(VALUE_MAX)]).into_owned(),
         )),
         Err(e) if e == rustix::io::Errno::NODATA => Ok(None),
-        Err(e) => Err(format!("{} ({OMIT}): {e}", dir.display())),
+        Err(errno) => Err(CgroupError::Xattr {
+            dir: dir.to_owned(),
+            attr: OMIT,
+            errno,
+        }),
     }
 }
 
 impl OomdMark {
     /// Sets `user.oomd_omit=1` on the cgroup.
-    pub fn set(&self) -> Result<(), String> {
-        rustix::fs::lsetxattr(&self.dir, OMIT, b"1", rustix::fs::XattrFlags::empty())
-            .map_err(|e| format!("{} ({OMIT}=1): {e}", self.dir.display()))
+    pub fn set(&self) -> Result<(), CgroupError> {
+        rustix::fs::lsetxattr(&self.dir, OMIT, b"1", rustix::fs::XattrFlags::empty()).map_err(
+            |errno| CgroupError::Xattr {
+                dir: self.dir.clone(),
+                attr: "user.oomd_omit=1",
+                errno,
+            },
+        )
     }
 
     /// Puts back what the cgroup had before the mark: the old value, or no attribute. A cgroup that
     /// is gone, or an attribute already gone, is done.
-    pub fn restore(&self) -> Result<(), String> {
+    pub fn restore(&self) -> Result<(), CgroupError> {
         let r = match &self.previous {
             Some(v) => rustix::fs::lsetxattr(
                 &self.dir,
@@ -118,7 +128,11 @@ impl OomdMark {
         match r {
             Ok(()) => Ok(()),
             Err(e) if e == rustix::io::Errno::NODATA || e == rustix::io::Errno::NOENT => Ok(()),
-            Err(e) => Err(format!("{} ({OMIT}): {e}", self.dir.display())),
+            Err(errno) => Err(CgroupError::Xattr {
+                dir: self.dir.clone(),
+                attr: OMIT,
+                errno,
+            }),
         }
     }
 }

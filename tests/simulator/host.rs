@@ -8,6 +8,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use memwatch::act::cgroup_error::CgroupError;
 use memwatch::act::driver::{HostDriver, SlurmAnswer, SlurmCall};
 use memwatch::act::signal::SignalError;
 use memwatch::job::held::{CgroupOwner, Frozen, Loan, OomdMark, Slurmctl};
@@ -315,12 +316,12 @@ impl HostDriver for FakeHost {
         Ok(SlurmAnswer::Done)
     }
 
-    fn set_limit(&self, loan: &Loan) -> Result<(), String> {
+    fn set_limit(&self, loan: &Loan) -> Result<(), CgroupError> {
         self.act(Act::SetLimit(loan.dir.clone(), loan.owner.clone()));
         Ok(())
     }
 
-    fn restore_limit(&self, loan: &Loan, _margin: u64) -> Result<bool, String> {
+    fn restore_limit(&self, loan: &Loan, _margin: u64) -> Result<bool, CgroupError> {
         self.act(Act::RestoreLimit(loan.dir.clone(), loan.owner.clone()));
         Ok(true)
     }
@@ -332,7 +333,7 @@ impl HostDriver for FakeHost {
         }]
     }
 
-    fn oomd_mark(&self, mark: &OomdMark) -> Result<(), String> {
+    fn oomd_mark(&self, mark: &OomdMark) -> Result<(), CgroupError> {
         // Write-ahead: the mark is in the recorded pause before it is set.
         let recorded = self.state()["jobs"].as_array().is_some_and(|jobs| {
             jobs.iter().any(|j| {
@@ -349,7 +350,12 @@ impl HostDriver for FakeHost {
             ));
         }
         if self.faults.lock().unwrap().mark_fails {
-            return Err("injected: no user attributes here".into());
+            // A filesystem without user attributes.
+            return Err(CgroupError::Xattr {
+                dir: mark.dir.clone(),
+                attr: "user.oomd_omit=1",
+                errno: rustix::io::Errno::OPNOTSUPP,
+            });
         }
         self.act(Act::OomdMark(mark.dir.clone()));
         self.omit
@@ -366,7 +372,7 @@ impl HostDriver for FakeHost {
         Some(fired.remove(at))
     }
 
-    fn oomd_unmark(&self, mark: &OomdMark) -> Result<(), String> {
+    fn oomd_unmark(&self, mark: &OomdMark) -> Result<(), CgroupError> {
         self.act(Act::OomdUnmark(mark.dir.clone()));
         let mut omit = self.omit.lock().unwrap();
         match &mark.previous {

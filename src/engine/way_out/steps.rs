@@ -185,7 +185,7 @@ impl Engine {
             if let Some(w) = self.jobs.get_mut(name).and_then(|j| j.way_out.as_mut()) {
                 w.loan = None;
             }
-            return Err(e);
+            return Err(e.to_string());
         }
         self.mark_urgent(name, generation);
         self.record(

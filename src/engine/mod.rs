@@ -23,7 +23,7 @@ pub use effect::{Effect, Ending, Outcome, SlurmRequest};
 pub use effects::PauseError;
 pub use observe::Measured;
 pub use reflex::{Armed, ReflexHow, ReflexPlan};
-pub use way_out::{WayOutDone, WayOutTask, run_way_out_task};
+pub use way_out::{NoSwap, WayOutDone, WayOutTask, WhyNot, run_way_out_task};
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -9,6 +9,9 @@ use super::Engine;
 
 mod room;
 mod steps;
+mod why_not;
+
+pub use why_not::{NoSwap, WhyNot};
 
 use crate::act::audit::{Action, Reason};
 use crate::act::swap;

@@ -384,3 +384,54 @@ fn a_resume_during_a_slurm_suspend_comes_after_it() {
     );
     assert!(s.pause().is_none());
 }
+
+/// A step the way out cannot take is skipped with its typed reason (`WhyNot`), shown to people as
+/// its `Display`: emergency swap needs a fix to apply (no config file here), a loan needs
+/// `way_out.lend`; with both skipped there is no way out.
+#[test]
+fn a_skipped_step_says_why_not() {
+    use memwatch::engine::WhyNot;
+    for kind in ALL {
+        let mut s = Sim::with(
+            kind,
+            "[way_out]\nsteps = [\"swap\", \"lend\"]\ndecide_seconds = 5\n",
+            &[],
+        );
+        s.sample(0.97);
+        assert!(s.pause().is_some(), "{kind:?}: not paused");
+        let next = s.now + 10_000;
+        s.advance_to(next);
+        s.sample(0.97);
+        let view = s.engine.view();
+        let w = view
+            .jobs
+            .iter()
+            .find(|j| j.name == "sim")
+            .and_then(|j| j.way_out.clone())
+            .expect("a way out");
+        let outcomes: Vec<(String, String)> = w
+            .taken
+            .iter()
+            .map(|t| (t.step.clone(), t.outcome.clone()))
+            .collect();
+        assert_eq!(
+            outcomes,
+            [
+                ("swap".to_owned(), format!("skipped: {}", WhyNot::NoConfig)),
+                (
+                    "lend".to_owned(),
+                    format!("skipped: {}", WhyNot::LendNotAllowed)
+                ),
+            ],
+            "{kind:?}"
+        );
+        assert!(
+            s.events()
+                .iter()
+                .any(|(a, r, _)| a == "way_out" && r == "no_way_out"),
+            "{kind:?}: {:?}",
+            s.events()
+        );
+        s.check();
+    }
+}

@@ -149,8 +149,11 @@ impl Sim {
             }
             None => {}
         }
-        // No way out (its swap and config work are the executor's, not the host's).
-        let extra = if extra.contains("[way_out]\n") {
+        // No way out (its swap and config work are the executor's, not the host's), unless a case
+        // names its steps (and then takes none of them).
+        let extra = if extra.contains("steps =") {
+            extra.to_owned()
+        } else if extra.contains("[way_out]\n") {
             extra.replace("[way_out]\n", "[way_out]\nsteps = []\n")
         } else {
             format!("{extra}\n[way_out]\nsteps = []\n")

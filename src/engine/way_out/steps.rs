@@ -8,26 +8,24 @@ use crate::job::way_out::Phase;
 use crate::policy;
 use crate::sample::cgroup::Version;
 
-use super::WayOutTask;
+use super::{NoSwap, WayOutTask, WhyNot};
 
 impl Engine {
     /// The urgent fix a job could take now: the generation of its newest pending change, if its
     /// trainer asks for directives.
-    pub(in crate::engine) fn urgent_fix(&self, name: &str) -> Result<u64, String> {
-        let c =
-            self.jobs.get(name).and_then(|j| j.config.as_ref()).ok_or(
-                "the job was attached without a config file, so no fix can be applied now",
-            )?;
+    pub(in crate::engine) fn urgent_fix(&self, name: &str) -> Result<u64, WhyNot> {
+        let c = self
+            .jobs
+            .get(name)
+            .and_then(|j| j.config.as_ref())
+            .ok_or(WhyNot::NoConfig)?;
         if !c.speaks_protocol() {
-            return Err(
-                "its trainer does not take directives (it neither attached itself nor asked for any)"
-                    .into(),
-            );
+            return Err(WhyNot::NoDirectives);
         }
         c.pending()
             .map(|d| d.generation)
             .max()
-            .ok_or_else(|| "no change is staged for it (the knobs are at their bounds)".into())
+            .ok_or(WhyNot::NothingStaged)
     }
 
     pub(in crate::engine) fn mark_urgent(&mut self, name: &str, generation: u64) {
@@ -60,12 +58,18 @@ impl Engine {
     }
 
     /// Why the job's cgroup forbids swap, if it does.
-    pub(in crate::engine) fn swap_forbidden(&self, name: &str) -> Option<String> {
+    pub(in crate::engine) fn swap_forbidden(&self, name: &str) -> Option<WhyNot> {
         let dir = self.jobs.get(name)?.cgroup_dir.as_ref()?;
         let read = |f: &str| std::fs::read_to_string(dir.dir.join(f)).ok();
+        let forbidden = |why| {
+            Some(WhyNot::SwapForbidden {
+                dir: dir.dir.clone(),
+                why,
+            })
+        };
         if dir.version == Version::V1 {
             if read("memory.swappiness").is_some_and(|s| s.trim() == "0") {
-                return Some(format!("{} has memory.swappiness 0", dir.dir.display()));
+                return forbidden(NoSwap::Swappiness);
             }
             let num = |f: &str| read(f).and_then(|s| s.trim().parse::<u64>().ok());
             if let (Some(sw), Some(l)) = (
@@ -73,22 +77,19 @@ impl Engine {
                 num("memory.limit_in_bytes"),
             ) {
                 if sw <= l {
-                    return Some(format!(
-                        "{}: memory.memsw.limit_in_bytes leaves no room for swap",
-                        dir.dir.display()
-                    ));
+                    return forbidden(NoSwap::MemswLimit);
                 }
             }
         } else if read("memory.swap.max").is_some_and(|s| s.trim() == "0") {
-            return Some(format!("{}: memory.swap.max is 0", dir.dir.display()));
+            return forbidden(NoSwap::SwapMax);
         }
         None
     }
 
-    pub(in crate::engine) fn try_swap(&mut self, name: &str, now_ms: u64) -> Result<(), String> {
+    pub(in crate::engine) fn try_swap(&mut self, name: &str, now_ms: u64) -> Result<(), WhyNot> {
         let generation = self.urgent_fix(name)?;
         if let Some(why) = self.swap_forbidden(name) {
-            return Err(format!("the job's cgroup forbids swap ({why})"));
+            return Err(why);
         }
         let available = self.host_memory.map_or(0, |(a, _)| a);
         let mut bytes = self
@@ -101,10 +102,9 @@ impl Engine {
             bytes = bytes.min(available / 2);
         }
         if bytes < 16 << 20 {
-            return Err(format!(
-                "the host has {} MiB available, too little to back swap",
-                available >> 20
-            ));
+            return Err(WhyNot::TooLittleForSwap {
+                available_mib: available >> 20,
+            });
         }
         self.mark_urgent(name, generation);
         let plan = self.swap_plan();
@@ -132,35 +132,30 @@ impl Engine {
         Ok(())
     }
 
-    pub(in crate::engine) fn try_lend(&mut self, name: &str, now_ms: u64) -> Result<(), String> {
-        let j = self.jobs.get(name).ok_or("gone")?;
+    pub(in crate::engine) fn try_lend(&mut self, name: &str, now_ms: u64) -> Result<(), WhyNot> {
+        let j = self.jobs.get(name).ok_or(WhyNot::Gone)?;
         if !self.cfg.way_out.lend && !j.launch.as_ref().is_some_and(|l| l.lend) {
-            return Err("not allowed (way_out.lend, or memwatch launch --lend)".into());
+            return Err(WhyNot::LendNotAllowed);
         }
         if j.way_out.as_ref().is_some_and(|w| w.limit != "cgroup") {
-            return Err("the host ran out, not the job's cgroup".into());
+            return Err(WhyNot::HostRanOut);
         }
-        let dir = j.cgroup_dir.clone().ok_or("the job has no memory cgroup")?;
-        let original = lend::own_limit(&dir.dir, dir.version).ok_or_else(|| {
-            format!(
-                "{} has no limit of its own for memwatch to raise",
-                dir.dir.display()
-            )
-        })?;
+        let dir = j.cgroup_dir.clone().ok_or(WhyNot::NoCgroup)?;
+        let original = lend::own_limit(&dir.dir, dir.version)
+            .ok_or_else(|| WhyNot::NoOwnLimit(dir.dir.clone()))?;
         let generation = self.urgent_fix(name)?;
         let lent = self
             .room_bytes(name)
             .min(self.cfg.way_out.lend_max_mib << 20);
-        let (available, total) = self.host_memory.ok_or("the host's memory is unknown")?;
+        let (available, total) = self.host_memory.ok_or(WhyNot::HostUnknown)?;
         // What the host can spare: its available memory above the warn level.
         let keep = (total as f64 * (1.0 - self.cfg.policy.host_memory.warn.0)) as u64;
         let spare = available.saturating_sub(keep);
         if spare < lent {
-            return Err(format!(
-                "the host can spare {} MiB, not the {} MiB needed",
-                spare >> 20,
-                lent >> 20
-            ));
+            return Err(WhyNot::CannotSpare {
+                spare_mib: spare >> 20,
+                needed_mib: lent >> 20,
+            });
         }
         let loan = lend::Loan {
             job: name.to_owned(),
@@ -178,14 +173,14 @@ impl Engine {
             if let Some(w) = self.jobs.get_mut(name).and_then(|j| j.way_out.as_mut()) {
                 w.loan = None;
             }
-            return Err(format!("the loan could not be recorded ({e})"));
+            return Err(WhyNot::NotRecorded(e));
         }
         if let Err(e) = self.host.set_limit(&loan) {
             let _ = self.host.restore_limit(&loan, 0);
             if let Some(w) = self.jobs.get_mut(name).and_then(|j| j.way_out.as_mut()) {
                 w.loan = None;
             }
-            return Err(e.to_string());
+            return Err(e.into());
         }
         self.mark_urgent(name, generation);
         self.record(
@@ -210,8 +205,8 @@ impl Engine {
         &mut self,
         name: &str,
         now_ms: u64,
-    ) -> Result<(), String> {
-        let j = self.jobs.get(name).ok_or("gone")?;
+    ) -> Result<(), WhyNot> {
+        let j = self.jobs.get(name).ok_or(WhyNot::Gone)?;
         let protocol = j.config.as_ref().is_some_and(|c| c.speaks_protocol());
         let sig = crate::act::signal_by_name(&self.cfg.policy.checkpoint_signal);
         // Relaunched by `memwatch launch`, or requeued by Slurm (which runs it again, from its
@@ -219,10 +214,7 @@ impl Engine {
         let restarted =
             j.launch.is_some() || (j.slurm_job_id().is_some() && self.cfg.slurm.requeue);
         if !protocol && sig.is_none() && !restarted {
-            return Err(
-                "nothing would save or restart the job (no trainer asking for directives, no policy.checkpoint_signal, not started by memwatch launch, not a Slurm job with slurm.requeue)"
-                    .into(),
-            );
+            return Err(WhyNot::NothingRestarts);
         }
         // Room that is running out is no room: the whole job resumed on a full emergency swap
         // fills the limit before the trainer reaches its save, and the OOM killer ends it.

@@ -16,6 +16,104 @@ const PRIORITY: &str = "32767";
 
 pub use crate::job::held::{Device, Record};
 
+/// Why emergency swap could not be made or removed: what, and where (the file, the directory, the
+/// tool). What was made half-way is undone before it is returned.
+#[derive(Debug, thiserror::Error)]
+pub enum SwapError {
+    /// zram is wanted but the kernel has no zram-control, and no swapfile directory is set.
+    #[error("no zram ({0} is missing) and no way_out.swapfile_dir")]
+    NoZram(PathBuf),
+    /// zram is off and no swapfile directory is set.
+    #[error("zram is off and there is no way_out.swapfile_dir")]
+    Nowhere,
+    /// Reading or writing a file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// zram's hot_add gave no device number.
+    #[error("{path}: not a device number: {text:?}")]
+    NotADevice {
+        /// The hot_add file.
+        path: PathBuf,
+        /// What it held.
+        text: String,
+    },
+    /// The swapfile directory cannot be asked about.
+    #[error("{dir}: {errno}")]
+    Statfs {
+        /// The directory.
+        dir: PathBuf,
+        /// The OS's error.
+        errno: rustix::io::Errno,
+    },
+    /// The swapfile directory is not on a local disk.
+    #[error("{dir} is on {fs}, not a local disk: no swapfile there")]
+    NotLocal {
+        /// The directory.
+        dir: PathBuf,
+        /// Its filesystem.
+        fs: &'static str,
+    },
+    /// The swapfile directory's disk has too little room.
+    #[error(
+        "{dir} has {free_mib} MiB free, too little for {want_mib} MiB of swap and 1 GiB to spare"
+    )]
+    TooLittleDisk {
+        /// The directory.
+        dir: PathBuf,
+        /// Free on its disk (MiB).
+        free_mib: u64,
+        /// The swap wanted (MiB).
+        want_mib: u64,
+    },
+    /// The swapfile could not be allocated.
+    #[error("{path}: cannot allocate {bytes} bytes: {errno}")]
+    Allocate {
+        /// The swapfile.
+        path: PathBuf,
+        /// Its size.
+        bytes: u64,
+        /// The OS's error.
+        errno: rustix::io::Errno,
+    },
+    /// mkswap, swapon or swapoff could not be started.
+    #[error("cannot run {program}: {source}")]
+    Spawn {
+        /// The tool.
+        program: PathBuf,
+        /// The OS's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// mkswap, swapon or swapoff failed.
+    #[error("{program} {args} failed ({status}): {stderr}")]
+    Failed {
+        /// The tool.
+        program: PathBuf,
+        /// Its arguments.
+        args: String,
+        /// How it exited.
+        status: std::process::ExitStatus,
+        /// What it said.
+        stderr: String,
+    },
+    /// The device's record could not be encoded.
+    #[error("cannot encode the swap record: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+fn io(path: &Path) -> impl Fn(std::io::Error) -> SwapError + '_ {
+    move |source| SwapError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
 impl Device {
     /// The name /proc/swaps gives it (relative to the process root for zram).
     pub fn path(&self, root: &Path) -> PathBuf {
@@ -64,41 +162,37 @@ pub struct Plan {
 
 /// Makes and enables `bytes` of emergency swap for `job`: zram where the kernel has it, else a
 /// swapfile. Whatever fails half-way is undone; the error says what and where.
-pub fn make(plan: &Plan, job: &str, bytes: u64) -> Result<Record, String> {
+pub fn make(plan: &Plan, job: &str, bytes: u64) -> Result<Record, SwapError> {
     let control = plan.root.join("sys/class/zram-control");
     if plan.zram && control.is_dir() {
         return make_zram(plan, job, bytes, &control);
     }
     match &plan.swapfile_dir {
         Some(dir) => make_file(plan, job, bytes, dir),
-        None if plan.zram => Err(format!(
-            "no zram ({} is missing) and no way_out.swapfile_dir",
-            control.display()
-        )),
-        None => Err("zram is off and there is no way_out.swapfile_dir".into()),
+        None if plan.zram => Err(SwapError::NoZram(control)),
+        None => Err(SwapError::Nowhere),
     }
 }
 
-fn make_zram(plan: &Plan, job: &str, bytes: u64, control: &Path) -> Result<Record, String> {
+fn make_zram(plan: &Plan, job: &str, bytes: u64, control: &Path) -> Result<Record, SwapError> {
     let hot_add = control.join("hot_add");
-    let n: u32 = std::fs::read_to_string(&hot_add)
-        .map_err(|e| format!("{}: {e}", hot_add.display()))?
-        .trim()
-        .parse()
-        .map_err(|e| format!("{}: not a device number: {e}", hot_add.display()))?;
+    let text = std::fs::read_to_string(&hot_add).map_err(io(&hot_add))?;
+    let n: u32 = text.trim().parse().map_err(|_| SwapError::NotADevice {
+        path: hot_add.clone(),
+        text: text.trim().to_owned(),
+    })?;
     let record = Record {
         device: Device::Zram(n),
         job: job.to_owned(),
         bytes,
     };
-    let undo = |why: String| {
+    let undo = |why: SwapError| {
         let _ = remove(plan, &record);
         why
     };
     write_record(&plan.state_dir, &record).map_err(undo)?;
     let disksize = plan.root.join(format!("sys/block/zram{n}/disksize"));
-    std::fs::write(&disksize, bytes.to_string())
-        .map_err(|e| undo(format!("{}: {e}", disksize.display())))?;
+    std::fs::write(&disksize, bytes.to_string()).map_err(|e| undo(io(&disksize)(e)))?;
     enable(&record.device.path(&plan.root)).map_err(undo)?;
     Ok(record)
 }
@@ -115,34 +209,38 @@ const NOT_LOCAL: &[(i64, &str)] = &[
 ];
 
 /// Why `dir` cannot hold a swapfile of `bytes`, if it cannot.
-pub fn unfit_for_swapfile(dir: &Path, bytes: u64) -> Option<String> {
+pub fn unfit_for_swapfile(dir: &Path, bytes: u64) -> Option<SwapError> {
     let st = match rustix::fs::statfs(dir) {
         Ok(st) => st,
-        Err(e) => return Some(format!("{}: {e}", dir.display())),
+        Err(errno) => {
+            return Some(SwapError::Statfs {
+                dir: dir.to_owned(),
+                errno,
+            });
+        }
     };
     #[allow(clippy::unnecessary_cast)]
     let kind = st.f_type as i64;
     if let Some((_, name)) = NOT_LOCAL.iter().find(|(m, _)| *m == kind) {
-        return Some(format!(
-            "{} is on {name}, not a local disk: no swapfile there",
-            dir.display()
-        ));
+        return Some(SwapError::NotLocal {
+            dir: dir.to_owned(),
+            fs: name,
+        });
     }
     #[allow(clippy::unnecessary_cast)]
     let free = (st.f_bavail as u64).saturating_mul(st.f_bsize as u64);
     // Leave the disk at least 1 GiB besides the swapfile.
     if free < bytes.saturating_add(1 << 30) {
-        return Some(format!(
-            "{} has {} MiB free, too little for {} MiB of swap and 1 GiB to spare",
-            dir.display(),
-            free >> 20,
-            bytes >> 20
-        ));
+        return Some(SwapError::TooLittleDisk {
+            dir: dir.to_owned(),
+            free_mib: free >> 20,
+            want_mib: bytes >> 20,
+        });
     }
     None
 }
 
-fn make_file(plan: &Plan, job: &str, bytes: u64, dir: &Path) -> Result<Record, String> {
+fn make_file(plan: &Plan, job: &str, bytes: u64, dir: &Path) -> Result<Record, SwapError> {
     if let Some(why) = unfit_for_swapfile(dir, bytes) {
         return Err(why);
     }
@@ -153,7 +251,7 @@ fn make_file(plan: &Plan, job: &str, bytes: u64, dir: &Path) -> Result<Record, S
         bytes,
     };
     write_record(&plan.state_dir, &record)?;
-    let undo = |why: String| {
+    let undo = |why: SwapError| {
         let _ = remove(plan, &record);
         why
     };
@@ -165,16 +263,18 @@ fn make_file(plan: &Plan, job: &str, bytes: u64, dir: &Path) -> Result<Record, S
             .mode(0o600)
             .custom_flags(libc_o_nofollow())
             .open(&path)
-            .map_err(|e| undo(format!("{}: {e}", path.display())))?
+            .map_err(|e| undo(io(&path)(e)))?
     };
-    rustix::fs::fallocate(&file, rustix::fs::FallocateFlags::empty(), 0, bytes).map_err(|e| {
-        undo(format!(
-            "{}: cannot allocate {bytes} bytes: {e}",
-            path.display()
-        ))
-    })?;
-    file.sync_all()
-        .map_err(|e| undo(format!("{}: {e}", path.display())))?;
+    rustix::fs::fallocate(&file, rustix::fs::FallocateFlags::empty(), 0, bytes).map_err(
+        |errno| {
+            undo(SwapError::Allocate {
+                path: path.clone(),
+                bytes,
+                errno,
+            })
+        },
+    )?;
+    file.sync_all().map_err(|e| undo(io(&path)(e)))?;
     drop(file);
     enable(&path).map_err(undo)?;
     Ok(record)
@@ -192,7 +292,7 @@ fn sanitize(s: &str) -> String {
 }
 
 /// Writes a swap header and enables the device, ahead of all other swap.
-fn enable(path: &Path) -> Result<(), String> {
+fn enable(path: &Path) -> Result<(), SwapError> {
     run(tool("mkswap"), &["-L", LABEL, &path.to_string_lossy()])?;
     run(tool("swapon"), &["-p", PRIORITY, &path.to_string_lossy()])
 }
@@ -206,21 +306,20 @@ fn tool(name: &str) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(name))
 }
 
-fn run(program: PathBuf, args: &[&str]) -> Result<(), String> {
-    let out = Command::new(&program)
-        .args(args)
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", program.display()))?;
+fn run(program: PathBuf, args: &[&str]) -> Result<(), SwapError> {
+    let out = match Command::new(&program).args(args).output() {
+        Ok(out) => out,
+        Err(source) => return Err(SwapError::Spawn { program, source }),
+    };
     if out.status.success() {
         return Ok(());
     }
-    Err(format!(
-        "{} {} failed ({}): {}",
-        program.display(),
-        args.join(" "),
-        out.status,
-        String::from_utf8_lossy(&out.stderr).trim()
-    ))
+    Err(SwapError::Failed {
+        program,
+        args: args.join(" "),
+        status: out.status,
+        stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+    })
 }
 
 /// Bytes in use on `device`, from /proc/swaps; `None` when it is not enabled.
@@ -242,7 +341,7 @@ fn parse_used(text: &str, device: &str) -> Option<u64> {
 /// Disables and removes a device and its record. Safe to repeat: what is already gone is skipped.
 /// The caller checks first that RAM can take back what is swapped (swapoff would otherwise fail, or
 /// push the machine into the very shortage memwatch is avoiding).
-pub fn remove(plan: &Plan, record: &Record) -> Result<(), String> {
+pub fn remove(plan: &Plan, record: &Record) -> Result<(), SwapError> {
     let path = record.device.path(&plan.root);
     if used_bytes(&plan.root, &record.device).is_some() {
         run(tool("swapoff"), &[&path.to_string_lossy()])?;
@@ -252,14 +351,13 @@ pub fn remove(plan: &Plan, record: &Record) -> Result<(), String> {
             let block = plan.root.join(format!("sys/block/zram{n}"));
             if block.exists() {
                 let hot_remove = plan.root.join("sys/class/zram-control/hot_remove");
-                std::fs::write(&hot_remove, n.to_string())
-                    .map_err(|e| format!("{}: zram{n}: {e}", hot_remove.display()))?;
+                std::fs::write(&hot_remove, n.to_string()).map_err(io(&hot_remove))?;
             }
         }
         Device::File(p) => match std::fs::remove_file(p) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("{}: {e}", p.display())),
+            Err(e) => return Err(io(p)(e)),
         },
     }
     let r = plan
@@ -269,22 +367,22 @@ pub fn remove(plan: &Plan, record: &Record) -> Result<(), String> {
     match std::fs::remove_file(&r) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(format!("{}: {e}", r.display())),
+        Err(e) => Err(io(&r)(e)),
     }
 }
 
-fn write_record(state_dir: &Path, record: &Record) -> Result<(), String> {
+fn write_record(state_dir: &Path, record: &Record) -> Result<(), SwapError> {
     let dir = state_dir.join(RECORDS);
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
     let path = dir.join(record.device.record_name());
-    let text = serde_json::to_vec(record).map_err(|e| e.to_string())?;
+    let text = serde_json::to_vec(record)?;
     std::fs::File::create(&path)
         .and_then(|mut f| {
             f.write_all(&text)?;
             f.sync_all()
         })
         .and_then(|()| std::fs::File::open(&dir)?.sync_all())
-        .map_err(|e| format!("{}: {e}", path.display()))
+        .map_err(io(&path))
 }
 
 /// Every device a daemon recorded and did not remove (its own, or a killed predecessor's).
@@ -320,7 +418,11 @@ mod tests {
     fn a_swapfile_never_goes_on_tmpfs_and_records_survive() {
         // /dev/shm is tmpfs on every Linux this runs on.
         let why = unfit_for_swapfile(Path::new("/dev/shm"), 1 << 20).unwrap();
-        assert!(why.contains("tmpfs"), "{why}");
+        assert!(
+            matches!(why, SwapError::NotLocal { fs: "tmpfs", .. }),
+            "{why}"
+        );
+        assert!(why.to_string().contains("tmpfs"), "{why}");
         let plan = Plan {
             root: PathBuf::from("/nonexistent-root"),
             state_dir: tempfile::tempdir().unwrap().keep(),
@@ -328,6 +430,8 @@ mod tests {
             swapfile_dir: None,
         };
         let e = make(&plan, "j", 1 << 20).unwrap_err();
+        assert!(matches!(e, SwapError::NoZram(_)), "{e}");
+        let e = e.to_string();
         assert!(e.contains("no zram") && e.contains("swapfile_dir"), "{e}");
         let r = Record {
             device: Device::Zram(7),

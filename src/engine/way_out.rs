@@ -50,7 +50,7 @@ pub enum WayOutDone {
         /// The job.
         job: String,
         /// The device, or why there is none.
-        result: Result<swap::Record, String>,
+        result: Result<swap::Record, swap::SwapError>,
     },
     /// Emergency swap was cleared, or why not.
     Cleared {
@@ -59,7 +59,7 @@ pub enum WayOutDone {
         /// The device's record.
         record: swap::Record,
         /// Whether swapoff and the removal worked.
-        result: Result<(), String>,
+        result: Result<(), swap::SwapError>,
     },
 }
 

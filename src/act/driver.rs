@@ -13,6 +13,7 @@ use nix::sys::signal::Signal;
 
 use super::cgroup_error::CgroupError;
 use super::signal::SignalError;
+use super::slurm::SlurmError;
 pub use crate::job::held::Mechanism;
 use crate::job::held::{Fired, Frozen, Loan, OomdMark, Slurmctl};
 use crate::proc::ProcRef;
@@ -95,7 +96,7 @@ pub trait HostDriver: Send + Sync {
     /// Thaws a cgroup; one that is gone is nothing to thaw.
     fn thaw(&self, cgroup: &Frozen) -> std::io::Result<()>;
     /// Runs one Slurm call for job `id`.
-    fn slurm(&self, ctl: &Slurmctl, call: &SlurmCall, id: &str) -> Result<SlurmAnswer, String>;
+    fn slurm(&self, ctl: &Slurmctl, call: &SlurmCall, id: &str) -> Result<SlurmAnswer, SlurmError>;
     /// Raises a cgroup's limit as `loan` says.
     fn set_limit(&self, loan: &Loan) -> Result<(), CgroupError>;
     /// Puts a lent limit back once usage fits with `margin` to spare; `Ok(false)`: not yet.
@@ -187,8 +188,8 @@ impl HostDriver for Host {
         cgroup.thaw()
     }
 
-    fn slurm(&self, ctl: &Slurmctl, call: &SlurmCall, id: &str) -> Result<SlurmAnswer, String> {
-        let done = |r: Result<(), String>| r.map(|()| SlurmAnswer::Done);
+    fn slurm(&self, ctl: &Slurmctl, call: &SlurmCall, id: &str) -> Result<SlurmAnswer, SlurmError> {
+        let done = |r: Result<(), SlurmError>| r.map(|()| SlurmAnswer::Done);
         match call {
             SlurmCall::Suspend => done(ctl.suspend(id)),
             SlurmCall::Resume => ctl.resume(id),

@@ -10,57 +10,102 @@ use super::driver::SlurmAnswer;
 use super::slurm_holds::{self, Holds};
 pub use crate::job::held::{Slurmctl, Suspended};
 
+/// Why a Slurm call gave no answer to go by: which command, and what Slurm (or the machine) said.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SlurmError {
+    /// The command could not run: nothing was done.
+    #[error("cannot run `{command}`: {reason}")]
+    Spawn {
+        /// The command line.
+        command: String,
+        /// The OS's words.
+        reason: String,
+    },
+    /// It ran and failed: nothing was done.
+    #[error("`{command}` failed ({status}): {stderr}")]
+    Failed {
+        /// The command line.
+        command: String,
+        /// How it exited.
+        status: String,
+        /// What it said.
+        stderr: String,
+    },
+    /// It did not finish in time and was killed: slurmctld may still have carried it out.
+    #[error("`{command}` did not finish within {timeout_ms} ms")]
+    Late {
+        /// The command line.
+        command: String,
+        /// The timeout.
+        timeout_ms: u64,
+    },
+    /// The job is in a state the call cannot act on.
+    #[error("the job is {0}")]
+    State(String),
+    /// `scontrol show job` named no state.
+    #[error("`scontrol show job` gave no JobState")]
+    NoState,
+    /// The call gave no answer, and the job's state read back is not what it asked for.
+    #[error("{call}; {state}")]
+    NotAsAsked {
+        /// The call's own failure.
+        call: Box<SlurmError>,
+        /// What the read back found (the job's state, or no state).
+        state: Box<SlurmError>,
+    },
+    /// The call gave no answer, and the job's state cannot be read back.
+    #[error("{call}; the job's state cannot be read back: {read}")]
+    Unreadable {
+        /// The call's own failure.
+        call: Box<SlurmError>,
+        /// The read's.
+        read: Box<SlurmError>,
+    },
+    /// The daemon's Slurm thread has too many calls queued: this one was not made.
+    #[error("too many Slurm calls are waiting")]
+    Busy,
+    /// Other nodes kept rewriting the job's holds.
+    #[error("the job's holds changed under every one of {HOLD_TRIES} writes")]
+    HoldsRace,
+}
+
 /// Runs a Slurm command for at most `timeout`. Its stdout on success; otherwise what went wrong, with
 /// the command's own words.
-pub fn run(program: &str, args: &[&str], timeout: Duration) -> Result<String, String> {
-    run_timed(program, args, timeout).map_err(|e| match e {
-        CallError::Failed(e) | CallError::Late(e) => e,
-    })
-}
-
-/// Why a Slurm command gave no answer to go by.
-#[derive(Debug)]
-enum CallError {
-    /// It ran and failed, or could not run: nothing was done.
-    Failed(String),
-    /// It did not finish in time and was killed: slurmctld may still have carried it out.
-    Late(String),
-}
-
-fn run_timed(program: &str, args: &[&str], timeout: Duration) -> Result<String, CallError> {
-    use CallError::Failed;
-    let shown = format!("{program} {}", args.join(" "));
+pub fn run(program: &str, args: &[&str], timeout: Duration) -> Result<String, SlurmError> {
+    let command = format!("{program} {}", args.join(" "));
+    let spawn = |e: std::io::Error| SlurmError::Spawn {
+        command: command.clone(),
+        reason: e.to_string(),
+    };
     let mut child = Command::new(program)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| Failed(format!("cannot run `{shown}`: {e}")))?;
+        .map_err(spawn)?;
     match child.wait_timeout(timeout) {
         Ok(Some(status)) => {
-            let out = child
-                .wait_with_output()
-                .map_err(|e| Failed(format!("`{shown}`: {e}")))?;
+            let out = child.wait_with_output().map_err(spawn)?;
             if status.success() {
                 Ok(String::from_utf8_lossy(&out.stdout).into_owned())
             } else {
-                let err = String::from_utf8_lossy(&out.stderr);
-                Err(Failed(format!(
-                    "`{shown}` failed ({status}): {}",
-                    err.trim()
-                )))
+                Err(SlurmError::Failed {
+                    command,
+                    status: status.to_string(),
+                    stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+                })
             }
         }
         Ok(None) => {
             let _ = child.kill();
             let _ = child.wait();
-            Err(CallError::Late(format!(
-                "`{shown}` did not finish within {} ms",
-                timeout.as_millis()
-            )))
+            Err(SlurmError::Late {
+                command,
+                timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+            })
         }
-        Err(e) => Err(Failed(format!("`{shown}`: {e}"))),
+        Err(e) => Err(spawn(e)),
     }
 }
 
@@ -114,12 +159,12 @@ impl Slurmctl {
     }
 
     /// The job's one line from `scontrol show job -o`.
-    fn show(&self, id: &str) -> Result<String, String> {
+    fn show(&self, id: &str) -> Result<String, SlurmError> {
         self.scontrol(&["show", "job", "-o", id])
     }
 
     /// The job's holds as Slurm has them.
-    fn holds(&self, id: &str) -> Result<Holds, String> {
+    fn holds(&self, id: &str) -> Result<Holds, SlurmError> {
         self.show(id)
             .map(|line| Holds::parse(slurm_holds::admin_comment(&line)))
     }
@@ -131,7 +176,7 @@ impl Slurmctl {
         id: &str,
         change: impl Fn(&Holds) -> Holds,
         there: impl Fn(&Holds) -> bool,
-    ) -> Result<Holds, String> {
+    ) -> Result<Holds, SlurmError> {
         let mut holds = self.holds(id)?;
         for _ in 0..HOLD_TRIES {
             if there(&holds) {
@@ -144,9 +189,7 @@ impl Slurmctl {
         if there(&holds) {
             Ok(holds)
         } else {
-            Err(format!(
-                "the job's holds changed under every one of {HOLD_TRIES} writes"
-            ))
+            Err(SlurmError::HoldsRace)
         }
     }
 
@@ -169,14 +212,14 @@ impl Slurmctl {
         }
     }
 
-    fn scontrol(&self, args: &[&str]) -> Result<String, String> {
+    fn scontrol(&self, args: &[&str]) -> Result<String, SlurmError> {
         run(&self.scontrol, args, Duration::from_millis(self.timeout_ms))
     }
 
     /// Suspends the whole job, on every node (`scontrol suspend`). Slurm's word is checked, not
     /// assumed: a call that gave no answer in time is settled by the job's state read back.
     /// This node's hold is recorded once the job is suspended (`act::slurm_holds`).
-    pub fn suspend(&self, id: &str) -> Result<(), String> {
+    pub fn suspend(&self, id: &str) -> Result<(), SlurmError> {
         self.checked(&["suspend", id], id, "SUSPENDED")?;
         self.take_hold(id);
         Ok(())
@@ -185,7 +228,7 @@ impl Slurmctl {
     /// Releases this node's hold and resumes the job (`scontrol resume`, checked like
     /// [`Slurmctl::suspend`]) unless other nodes still hold it: then it stays suspended, and the
     /// last of them resumes it. Holds that cannot be read do not keep a job suspended.
-    pub fn resume(&self, id: &str) -> Result<SlurmAnswer, String> {
+    pub fn resume(&self, id: &str) -> Result<SlurmAnswer, SlurmError> {
         if !self.holder.is_empty() {
             let now = unix_now();
             let released = self.update_holds(
@@ -212,7 +255,7 @@ impl Slurmctl {
     /// While this node holds the job: reads its state back, suspends it again if it runs (resumed
     /// behind this node's back: by a person, or by a node that did not see this node's hold), and
     /// renews this node's hold once half its time has passed.
-    pub fn hold(&self, id: &str) -> Result<SlurmAnswer, String> {
+    pub fn hold(&self, id: &str) -> Result<SlurmAnswer, SlurmError> {
         let line = self.show(id)?;
         let now = unix_now();
         let holds = Holds::parse(slurm_holds::admin_comment(&line));
@@ -231,13 +274,13 @@ impl Slurmctl {
                 Ok(SlurmAnswer::Holders(holders))
             }
             Some("RUNNING") => self.suspend(id).map(|()| SlurmAnswer::Resuspended),
-            Some(state) => Err(format!("the job is {state}")),
-            None => Err("`scontrol show job` gave no JobState".into()),
+            Some(state) => Err(SlurmError::State(state.to_owned())),
+            None => Err(SlurmError::NoState),
         }
     }
 
     /// The nodes whose holds on job `id` count now (read only: `SlurmCall::Holders`).
-    pub fn holders(&self, id: &str) -> Result<SlurmAnswer, String> {
+    pub fn holders(&self, id: &str) -> Result<SlurmAnswer, SlurmError> {
         let line = self.show(id)?;
         let holds = Holds::parse(slurm_holds::admin_comment(&line));
         Ok(SlurmAnswer::Holders(holds.others("", unix_now())))
@@ -247,37 +290,44 @@ impl Slurmctl {
     /// been carried out all the same; a resume of a job another node already resumed), reads the
     /// job's state back and counts the call done when the job is in `wanted`, failed otherwise. What
     /// this cannot see: a request still queued in slurmctld that takes effect after the read.
-    fn checked(&self, args: &[&str], id: &str, wanted: &str) -> Result<(), String> {
+    fn checked(&self, args: &[&str], id: &str, wanted: &str) -> Result<(), SlurmError> {
         let timeout = Duration::from_millis(self.timeout_ms);
-        match run_timed(&self.scontrol, args, timeout) {
+        match run(&self.scontrol, args, timeout) {
             Ok(_) => Ok(()),
-            Err(CallError::Failed(e) | CallError::Late(e)) => {
+            Err(e) => {
                 let shown = run(&self.scontrol, &["show", "job", "-o", id], timeout);
+                let not_as_asked = |state| SlurmError::NotAsAsked {
+                    call: Box::new(e.clone()),
+                    state: Box::new(state),
+                };
                 match shown.as_deref().map(parse_job_state) {
                     Ok(Some(state)) if state == wanted => {
                         tracing::warn!(slurm_job_id = id, error = %e, state, "Slurm answered late or not at all, but the job is as asked: done");
                         Ok(())
                     }
-                    Ok(Some(state)) => Err(format!("{e}; the job is {state}")),
-                    Ok(None) => Err(format!("{e}; `scontrol show job` gave no JobState")),
-                    Err(q) => Err(format!("{e}; the job's state cannot be read back: {q}")),
+                    Ok(Some(state)) => Err(not_as_asked(SlurmError::State(state.to_owned()))),
+                    Ok(None) => Err(not_as_asked(SlurmError::NoState)),
+                    Err(q) => Err(SlurmError::Unreadable {
+                        call: Box::new(e),
+                        read: Box::new(q.clone()),
+                    }),
                 }
             }
         }
     }
 
     /// Puts the job back in the queue: its processes are ended and it runs again when scheduled.
-    pub fn requeue(&self, id: &str) -> Result<(), String> {
+    pub fn requeue(&self, id: &str) -> Result<(), SlurmError> {
         self.scontrol(&["requeue", id]).map(drop)
     }
 
     /// Cancels the job.
-    pub fn cancel(&self, id: &str) -> Result<(), String> {
+    pub fn cancel(&self, id: &str) -> Result<(), SlurmError> {
         run(&self.scancel, &[id], Duration::from_millis(self.timeout_ms)).map(drop)
     }
 
     /// Sends `signal` (a name such as "USR1") to every step's tasks, the batch script included.
-    pub fn signal(&self, id: &str, signal: &str) -> Result<(), String> {
+    pub fn signal(&self, id: &str, signal: &str) -> Result<(), SlurmError> {
         run(
             &self.scancel,
             &["--full", &format!("--signal={signal}"), id],
@@ -287,7 +337,7 @@ impl Slurmctl {
     }
 
     /// The job's pids on this node, from `scontrol listpids`.
-    pub fn listpids(&self, id: &str) -> Result<Vec<u32>, String> {
+    pub fn listpids(&self, id: &str) -> Result<Vec<u32>, SlurmError> {
         self.scontrol(&["listpids", id])
             .map(|t| crate::slurm::parse_listpids(&t))
     }
@@ -300,8 +350,18 @@ mod tests {
     #[test]
     fn a_command_that_fails_or_hangs_says_so() {
         let e = run("false", &[], Duration::from_secs(5)).unwrap_err();
+        assert!(matches!(e, SlurmError::Failed { .. }), "{e}");
+        let e = e.to_string();
         assert!(e.contains("`false ` failed"), "{e}");
         let e = run("sleep", &["5"], Duration::from_millis(100)).unwrap_err();
+        assert_eq!(
+            e,
+            SlurmError::Late {
+                command: "sleep 5".into(),
+                timeout_ms: 100
+            }
+        );
+        let e = e.to_string();
         assert!(e.contains("did not finish within 100 ms"), "{e}");
         let e = run(
             "/nonexistent/scontrol",
@@ -309,8 +369,10 @@ mod tests {
             Duration::from_secs(1),
         )
         .unwrap_err();
+        assert!(matches!(e, SlurmError::Spawn { .. }), "{e}");
         assert!(
-            e.contains("cannot run `/nonexistent/scontrol resume 1`"),
+            e.to_string()
+                .contains("cannot run `/nonexistent/scontrol resume 1`"),
             "{e}"
         );
         assert_eq!(
@@ -348,6 +410,13 @@ mod tests {
         ctl.suspend("42").expect("suspended, though late");
         // This resume changes nothing and answers late: the job is still suspended.
         let e = ctl.resume("42").unwrap_err();
+        assert!(
+            matches!(&e, SlurmError::NotAsAsked { call, state }
+                if matches!(**call, SlurmError::Late { timeout_ms: 300, .. })
+                    && **state == SlurmError::State("SUSPENDED".into())),
+            "{e:?}"
+        );
+        let e = e.to_string();
         assert!(
             e.contains("did not finish within 300 ms") && e.contains("the job is SUSPENDED"),
             "{e}"

@@ -97,7 +97,7 @@ impl Executor {
                 Ok(()) => None,
                 Err(std_mpsc::TrySendError::Full(ToSlurm::Call(r)))
                 | Err(std_mpsc::TrySendError::Disconnected(ToSlurm::Call(r))) => {
-                    Some(r.outcome(Err("too many Slurm calls are waiting".into())))
+                    Some(r.outcome(Err(crate::act::slurm::SlurmError::Busy)))
                 }
                 Err(_) => None,
             },

@@ -48,7 +48,7 @@ pub struct SlurmRequest {
 
 impl SlurmRequest {
     /// What came of it.
-    pub fn outcome(self, result: Result<SlurmAnswer, String>) -> Outcome {
+    pub fn outcome(self, result: Result<SlurmAnswer, crate::act::slurm::SlurmError>) -> Outcome {
         Outcome::Slurm {
             job: self.job,
             call: self.call,
@@ -92,7 +92,7 @@ pub enum Outcome {
         /// The Slurm job's id.
         id: String,
         /// What Slurm said.
-        result: Result<SlurmAnswer, String>,
+        result: Result<SlurmAnswer, crate::act::slurm::SlurmError>,
         /// As the effect had it.
         ending: Option<Ending>,
     },

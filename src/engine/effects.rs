@@ -230,7 +230,7 @@ impl Engine {
         job: &str,
         call: &SlurmCall,
         id: &str,
-        result: Result<(), String>,
+        result: Result<(), crate::act::slurm::SlurmError>,
         ending: super::effect::Ending,
         now_ms: u64,
     ) {

@@ -344,7 +344,7 @@ impl Engine {
         name: &str,
         call: &SlurmCall,
         id: &str,
-        result: Result<SlurmAnswer, String>,
+        result: Result<SlurmAnswer, crate::act::slurm::SlurmError>,
         ending: Option<super::effect::Ending>,
         now_ms: u64,
     ) {
@@ -442,7 +442,7 @@ impl Engine {
         &mut self,
         name: &str,
         id: &str,
-        result: Result<SlurmAnswer, String>,
+        result: Result<SlurmAnswer, crate::act::slurm::SlurmError>,
         now_ms: u64,
     ) {
         self.slurm_checking.remove(name);

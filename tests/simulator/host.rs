@@ -311,7 +311,12 @@ impl HostDriver for FakeHost {
         std::fs::write(Self::freezer_file(cgroup), value)
     }
 
-    fn slurm(&self, _ctl: &Slurmctl, call: &SlurmCall, id: &str) -> Result<SlurmAnswer, String> {
+    fn slurm(
+        &self,
+        _ctl: &Slurmctl,
+        call: &SlurmCall,
+        id: &str,
+    ) -> Result<SlurmAnswer, memwatch::act::slurm::SlurmError> {
         self.act(Act::Slurm(call.clone(), id.to_owned()));
         Ok(SlurmAnswer::Done)
     }

@@ -315,7 +315,12 @@ impl Sim {
                     };
                     self.slurm.push((call, id));
                     let outcome = request.outcome(if self.slurm_fails {
-                        Err("injected: slurmctld is down".to_owned())
+                        // slurmctld down: scontrol says so and exits 1.
+                        Err(memwatch::act::slurm::SlurmError::Failed {
+                            command: "scontrol show job -o".into(),
+                            status: "exit status: 1".into(),
+                            stderr: "slurm_load_jobs error: Unable to contact slurm controller (connect failure)".into(),
+                        })
                     } else {
                         Ok(answer.unwrap_or(SlurmAnswer::Done))
                     });

@@ -13,6 +13,17 @@ pub const STATE_FILE: &str = "state.json";
 
 pub use super::pause_record::{HoldRecord, PersistedPause, PhaseRecord, VERSION};
 
+/// The state file could not be written: whatever was to be recorded ahead of an act does not go
+/// ahead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cannot write {path}: {reason}")]
+pub struct StateWriteError {
+    /// The state file.
+    pub path: PathBuf,
+    /// The OS's words.
+    pub reason: String,
+}
+
 /// One attached job as the state file keeps it, for a restarted daemon to adopt again.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PersistedJob {

@@ -19,7 +19,7 @@ pub enum PauseError {
     Signal(#[from] signal::SignalError),
     /// The write-ahead record could not be written, so nothing was stopped.
     #[error("not paused: the pause could not be recorded ({0})")]
-    Unrecorded(String),
+    Unrecorded(persist::StateWriteError),
 }
 
 impl Engine {
@@ -329,18 +329,14 @@ impl Engine {
     }
 
     /// Writes the state file if it changed; the error says why it could not.
-    pub(super) fn write_state(&mut self) -> Result<(), String> {
+    pub(super) fn write_state(&mut self) -> Result<(), persist::StateWriteError> {
         let state = self.persisted();
-        self.state.write(&state).map_err(|e| {
-            format!(
-                "cannot write {}: {e}",
-                self.cfg
-                    .control
-                    .state_dir
-                    .join(persist::STATE_FILE)
-                    .display()
-            )
-        })
+        self.state
+            .write(&state)
+            .map_err(|e| persist::StateWriteError {
+                path: self.cfg.control.state_dir.join(persist::STATE_FILE),
+                reason: e.to_string(),
+            })
     }
 
     /// Writes the state file if it changed; a failure is logged.

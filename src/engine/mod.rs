@@ -22,7 +22,7 @@ pub use calm::{Wake, WakeAnswer};
 pub use effect::{Effect, Ending, Outcome, SlurmRequest};
 pub use effects::PauseError;
 pub use observe::Measured;
-pub use reflex::{Armed, ReflexHow, ReflexPlan};
+pub use reflex::{ArmError, Armed, ReflexHow, ReflexPlan};
 pub use way_out::{NoSwap, WayOutDone, WayOutTask, WhyNot, run_way_out_task};
 
 use std::collections::BTreeMap;

@@ -20,6 +20,17 @@ use crate::act::freeze::Frozen;
 use crate::act::persist::{HoldRecord, PersistedPause, PhaseRecord};
 use crate::job::Job;
 pub use crate::job::held::{Armed, ReflexHow};
+
+/// Why a reflex was not armed: it stays unarmed, and the engine's probe covers the job.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArmError {
+    /// No such job (detached meanwhile).
+    #[error("no job {0}")]
+    NoJob(String),
+    /// Its write-ahead record could not be written.
+    #[error("the armed reflex could not be recorded ({0})")]
+    Unrecorded(crate::act::persist::StateWriteError),
+}
 use crate::policy::{By, Cause, Level, PauseState, Resource};
 use crate::reflex::{Done, Fired};
 use crate::sample::cgroup::Version;
@@ -140,9 +151,9 @@ impl Engine {
 
     /// Records `plan` as the job's armed reflex, in the state file before it is handed to the wake
     /// thread: an error means it must not be armed.
-    pub fn arm_reflex(&mut self, job: &str, plan: &ReflexPlan) -> Result<(), String> {
+    pub fn arm_reflex(&mut self, job: &str, plan: &ReflexPlan) -> Result<(), ArmError> {
         let Some(j) = self.jobs.get_mut(job) else {
-            return Err(format!("no job {job}"));
+            return Err(ArmError::NoJob(job.to_owned()));
         };
         let before = j.armed.replace(Armed {
             critical_bytes: plan.critical_bytes,
@@ -153,7 +164,7 @@ impl Engine {
             if let Some(j) = self.jobs.get_mut(job) {
                 j.armed = before;
             }
-            return Err(e);
+            return Err(ArmError::Unrecorded(e));
         }
         Ok(())
     }

@@ -80,7 +80,7 @@ pub enum WhyNot {
     },
     /// The loan could not be written ahead to the state file.
     #[error("the loan could not be recorded ({0})")]
-    NotRecorded(String),
+    NotRecorded(crate::act::persist::StateWriteError),
     /// Raising the limit failed.
     #[error(transparent)]
     Limit(#[from] CgroupError),

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{Action, OnMaxPause, Policy, RatioPolicy, TempPolicy};
 pub use level::{Level, LevelState, Reading, Thresholds};
-pub use resource::{Cause, Resource, Resumed};
+pub use resource::{Cause, KeyError, Resource, Resumed};
 
 /// A second pause on a projection within this long of the last one's end is strict (see
 /// `PauseState::strict`).

@@ -91,13 +91,24 @@ impl fmt::Display for Resource {
     }
 }
 
-impl FromStr for Resource {
-    type Err = String;
+/// A key that names no resource (or cause): the key as given, and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    /// Not a key memwatch writes.
+    #[error("{0:?} is not a resource")]
+    Unknown(String),
+    /// A GPU key whose index is not a number.
+    #[error("{0:?}: a GPU index must be a number")]
+    GpuIndex(String),
+}
 
-    fn from_str(s: &str) -> Result<Self, String> {
+impl FromStr for Resource {
+    type Err = KeyError;
+
+    fn from_str(s: &str) -> Result<Self, KeyError> {
         let gpu = |arg: &str| {
             arg.parse::<u32>()
-                .map_err(|_| format!("{s:?}: a GPU index must be a number"))
+                .map_err(|_| KeyError::GpuIndex(s.to_owned()))
         };
         Ok(match s.split_once(':') {
             None => match s {
@@ -105,12 +116,12 @@ impl FromStr for Resource {
                 "swap" => Resource::Swap,
                 "pressure" => Resource::Pressure,
                 "cpu_temperature" => Resource::CpuTemperature,
-                _ => return Err(format!("{s:?} is not a resource")),
+                _ => return Err(KeyError::Unknown(s.to_owned())),
             },
             Some(("gpu_memory", i)) => Resource::GpuMemory(gpu(i)?),
             Some(("gpu_temperature", i)) => Resource::GpuTemperature(gpu(i)?),
             Some(("job_cgroup", name)) if !name.is_empty() => Resource::JobCgroup(name.to_owned()),
-            _ => return Err(format!("{s:?} is not a resource")),
+            _ => return Err(KeyError::Unknown(s.to_owned())),
         })
     }
 }
@@ -150,9 +161,9 @@ impl fmt::Display for Cause {
 }
 
 impl FromStr for Cause {
-    type Err = String;
+    type Err = KeyError;
 
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, KeyError> {
         Ok(match s {
             "predicted" => Cause::Predicted,
             "way_out" => Cause::WayOut,
@@ -230,7 +241,11 @@ mod tests {
         }
         for bad in ["ram", "gpu_memory:x", "job_cgroup:", "gpu_memory"] {
             let e = bad.parse::<Resource>().unwrap_err();
-            assert!(e.contains(bad), "{e}");
+            assert!(
+                matches!(&e, KeyError::Unknown(k) | KeyError::GpuIndex(k) if k == bad),
+                "{e}"
+            );
+            assert!(e.to_string().contains(bad), "{e}");
         }
         let map: std::collections::BTreeMap<Resource, u8> =
             serde_json::from_str(r#"{"gpu_memory:1": 2, "swap": 1}"#).unwrap();

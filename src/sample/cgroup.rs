@@ -31,13 +31,18 @@ impl From<Version> for u8 {
     }
 }
 
+/// A cgroup version that is neither 1 nor 2 (in a state file, say).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("cgroup version {0} is neither 1 nor 2")]
+pub struct UnknownVersion(pub u8);
+
 impl TryFrom<u8> for Version {
-    type Error = String;
-    fn try_from(n: u8) -> Result<Self, String> {
+    type Error = UnknownVersion;
+    fn try_from(n: u8) -> Result<Self, UnknownVersion> {
         match n {
             1 => Ok(Version::V1),
             2 => Ok(Version::V2),
-            _ => Err(format!("cgroup version {n} is neither 1 nor 2")),
+            _ => Err(UnknownVersion(n)),
         }
     }
 }

@@ -69,8 +69,18 @@ pub struct GpuReport {
     pub field_errors: Vec<String>,
 }
 
+/// No GPU could be read at all: which call failed, and the library's words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{call}: {reason}")]
+pub struct GpuError {
+    /// The call that failed (NVML's device count, say).
+    pub call: &'static str,
+    /// The library's words.
+    pub reason: String,
+}
+
 /// A source of GPU samples. NVML in production; tests use NVML too, through a fake library.
 pub trait GpuSource: Send {
     /// Samples every GPU. An `Err` means no GPU could be read at all.
-    fn sample(&mut self) -> Result<GpuReport, String>;
+    fn sample(&mut self) -> Result<GpuReport, GpuError>;
 }

@@ -246,7 +246,7 @@ impl Sampler {
                 let Some(src) = s.gpu.as_mut() else {
                     return Ok(Vec::new());
                 };
-                let report = src.sample().map_err(|e| ("nvml", e))?;
+                let report = src.sample().map_err(|e| ("nvml", e.to_string()))?;
                 for e in &report.field_errors {
                     tracing::debug!(error = %e, "GPU field unavailable");
                 }

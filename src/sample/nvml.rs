@@ -136,16 +136,17 @@ fn sample_device(
 }
 
 impl GpuSource for NvmlSource {
-    fn sample(&mut self) -> Result<GpuReport, String> {
+    fn sample(&mut self) -> Result<GpuReport, super::gpu::GpuError> {
         if self.nvml.is_none() && self.last_try.is_none_or(|t| t.elapsed() >= RETRY_INIT) {
             self.try_init();
         }
         let Some(nvml) = &self.nvml else {
             return Ok(GpuReport::default());
         };
-        let count = nvml
-            .device_count()
-            .map_err(|e| format!("device count: {e}"))?;
+        let count = nvml.device_count().map_err(|e| super::gpu::GpuError {
+            call: "device count",
+            reason: e.to_string(),
+        })?;
         let mut report = GpuReport::default();
         for index in 0..count {
             match sample_device(nvml, index, &mut report.field_errors) {

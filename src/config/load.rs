@@ -18,13 +18,62 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// The file does not parse or a value is out of range.
-    #[error("invalid config file {path}: {message}")]
+    #[error("invalid config file {path}: {error}")]
     Invalid {
         /// The file.
         path: PathBuf,
-        /// What and where (line and column), for people.
+        /// What, and where in the file.
+        error: ParseError,
+    },
+}
+
+/// Why a config text is refused: what, and where (line, column, dotted key) where it can say.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    /// Larger than memwatch reads.
+    #[error("larger than {MAX_CONFIG_BYTES} bytes; is this the right file?")]
+    TooBig,
+    /// Not UTF-8 text.
+    #[error("line {line}, column {column}: not valid UTF-8 (byte 0x{byte:02x})")]
+    NotUtf8 {
+        /// The line (1-based).
+        line: usize,
+        /// The column (1-based, in bytes).
+        column: usize,
+        /// The first byte that is not.
+        byte: u8,
+    },
+    /// Not TOML, an unknown key, or a value of the wrong type or out of its range.
+    #[error("{}{message}", syntax_place(*.line, *.column, .key.as_deref()))]
+    Syntax {
+        /// The line (1-based), where the parser says.
+        line: Option<usize>,
+        /// The column (1-based).
+        column: Option<usize>,
+        /// The dotted key set there, if any.
+        key: Option<String>,
+        /// The parser's words.
         message: String,
     },
+    /// A value the checks after parsing refuse (a bound, a relation between keys).
+    #[error("{}key `{key}`: {why}", line.map(|l| format!("line {l}, ")).unwrap_or_default())]
+    Value {
+        /// The line (1-based) where the key is set, if it is set in the text.
+        line: Option<usize>,
+        /// The dotted key.
+        key: String,
+        /// What is wrong with it.
+        why: String,
+    },
+}
+
+/// "line L, column C, key `k`: " or as much of it as is known.
+fn syntax_place(line: Option<usize>, column: Option<usize>, key: Option<&str>) -> String {
+    match (line, column, key) {
+        (Some(l), Some(c), Some(k)) => format!("line {l}, column {c}, key `{k}`: "),
+        (Some(l), Some(c), None) => format!("line {l}, column {c}: "),
+        _ => String::new(),
+    }
 }
 
 /// The largest config file read (a real one is a few kB).
@@ -35,9 +84,9 @@ const MAX_CONFIG_BYTES: u64 = 1 << 20;
 pub fn load(explicit: Option<&Path>) -> Result<Config, ConfigError> {
     use std::io::Read as _;
     let path = explicit.unwrap_or(Path::new(DEFAULT_CONFIG_PATH));
-    let invalid = |message: String| ConfigError::Invalid {
+    let invalid = |error: ParseError| ConfigError::Invalid {
         path: path.to_owned(),
-        message,
+        error,
     };
     let read = std::fs::File::open(path).and_then(|f| {
         let mut bytes = Vec::new();
@@ -45,9 +94,7 @@ pub fn load(explicit: Option<&Path>) -> Result<Config, ConfigError> {
         Ok(bytes)
     });
     match read {
-        Ok(bytes) if bytes.len() as u64 > MAX_CONFIG_BYTES => Err(invalid(format!(
-            "larger than {MAX_CONFIG_BYTES} bytes; is this the right file?"
-        ))),
+        Ok(bytes) if bytes.len() as u64 > MAX_CONFIG_BYTES => Err(invalid(ParseError::TooBig)),
         Ok(bytes) => parse(&utf8(&bytes).map_err(invalid)?).map_err(invalid),
         Err(e) if explicit.is_none() && e.kind() == std::io::ErrorKind::NotFound => {
             Ok(Config::default())
@@ -60,7 +107,7 @@ pub fn load(explicit: Option<&Path>) -> Result<Config, ConfigError> {
 }
 
 /// The text of a config file, or where its first invalid UTF-8 byte is.
-fn utf8(bytes: &[u8]) -> Result<String, String> {
+fn utf8(bytes: &[u8]) -> Result<String, ParseError> {
     std::str::from_utf8(bytes).map(str::to_owned).map_err(|e| {
         let before = &bytes[..e.valid_up_to()];
         let line = before.iter().filter(|b| **b == b'\n').count() + 1;
@@ -70,10 +117,11 @@ fn utf8(bytes: &[u8]) -> Result<String, String> {
                 .rposition(|b| *b == b'\n')
                 .map_or(0, |i| i + 1)
             + 1;
-        format!(
-            "line {line}, column {column}: not valid UTF-8 (byte 0x{:02x})",
-            bytes[e.valid_up_to()]
-        )
+        ParseError::NotUtf8 {
+            line,
+            column,
+            byte: bytes.get(e.valid_up_to()).copied().unwrap_or(0),
+        }
     })
 }
 
@@ -122,7 +170,7 @@ fn bounds(c: &Config) -> Result<(), (String, String)> {
 }
 
 /// Parses configuration text; the error names the key and line.
-pub fn parse(text: &str) -> Result<Config, String> {
+pub fn parse(text: &str) -> Result<Config, ParseError> {
     let mut config: Config = toml::from_str(text).map_err(|e| describe(text, &e))?;
     let named = config.notify.validate();
     let checks = [
@@ -142,9 +190,10 @@ pub fn parse(text: &str) -> Result<Config, String> {
     ];
     for check in checks {
         if let Err((key, why)) = check {
-            return Err(match line_of(text, &key) {
-                Some(line) => format!("line {line}, key `{key}`: {why}"),
-                None => format!("key `{key}`: {why}"),
+            return Err(ParseError::Value {
+                line: line_of(text, &key),
+                key,
+                why,
             });
         }
     }
@@ -175,16 +224,23 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
     (line, column)
 }
 
-/// Turns a toml error into one line: "line L, column C, key `a.b`: message".
-fn describe(text: &str, e: &toml::de::Error) -> String {
+/// A toml error with its place: "line L, column C, key `a.b`: message".
+fn describe(text: &str, e: &toml::de::Error) -> ParseError {
     let message = e.message().trim().to_owned();
     let Some(span) = e.span() else {
-        return message;
+        return ParseError::Syntax {
+            line: None,
+            column: None,
+            key: None,
+            message,
+        };
     };
     let (line, column) = line_col(text, span.start);
-    match key_at(text, span.start) {
-        Some(key) => format!("line {line}, column {column}, key `{key}`: {message}"),
-        None => format!("line {line}, column {column}: {message}"),
+    ParseError::Syntax {
+        line: Some(line),
+        column: Some(column),
+        key: key_at(text, span.start),
+        message,
     }
 }
 

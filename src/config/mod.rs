@@ -19,7 +19,7 @@ mod way_out;
 
 pub use docs::DOCS;
 pub use example::example_toml;
-pub use load::{ConfigError, load, parse};
+pub use load::{ConfigError, ParseError, load, parse};
 
 pub use notify::{Channel, ChannelKind, NoticeKind, Notify, Secret};
 pub use policy::{Action, OnMaxPause, Policy, Ratio, RatioPolicy, TempPolicy, signal_by_name};

@@ -294,7 +294,9 @@ mod tests {
             ),
             ("kind = \"pigeon\"\n", "kind"),
         ] {
-            let e = parse(&format!("[[notify.channels]]\n{text}")).unwrap_err();
+            let e = parse(&format!("[[notify.channels]]\n{text}"))
+                .unwrap_err()
+                .to_string();
             assert!(e.contains(key), "{text}: {e}");
         }
     }

@@ -31,12 +31,19 @@ fn a_policy_table_keeps_the_defaults_of_the_keys_it_does_not_give() {
         d.gpu_temperature.leave_hold_ms
     );
     assert_eq!(c.policy.cpu_temperature, d.cpu_temperature);
-    let e = parse("[policy.host_memory]\ncritical = 0.7\n").unwrap_err();
+    let e = parse("[policy.host_memory]\ncritical = 0.7\n")
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("policy.host_memory.critical_leave") && e.contains("0.85") && e.contains("0.7"),
         "{e}"
     );
     let e = parse("[policy.swap]\ncriticl = 0.9\n").unwrap_err();
+    assert!(
+        matches!(&e, ParseError::Syntax { line: Some(2), key: Some(k), .. } if k == "policy.swap.criticl"),
+        "{e:?}"
+    );
+    let e = e.to_string();
     assert!(
         e.contains("line 2") && e.contains("policy.swap.criticl"),
         "{e}"
@@ -75,7 +82,7 @@ fn errors_name_the_key_however_it_is_written() {
             "line 2, key `sampling.fast_interval_ms`",
         ),
     ] {
-        let e = parse(text).unwrap_err();
+        let e = parse(text).unwrap_err().to_string();
         assert!(e.starts_with(want), "{text:?}: {e}");
     }
 }
@@ -96,7 +103,7 @@ fn example_file_matches_defaults() {
 }
 
 fn error(text: &str) -> String {
-    parse(text).unwrap_err()
+    parse(text).unwrap_err().to_string()
 }
 
 #[test]

@@ -132,7 +132,7 @@ impl WayOut {
 mod tests {
     #[test]
     fn bad_ladders_are_refused_with_their_key() {
-        let parse = |t: &str| crate::config::load::parse(t);
+        let parse = |t: &str| crate::config::load::parse(t).map_err(|e| e.to_string());
         let e = parse("[way_out]\nsteps = [\"swap\", \"swap\"]\n").unwrap_err();
         assert!(e.contains("way_out.steps") && e.contains("twice"), "{e}");
         let e = parse("[way_out]\nsteps = [\"pray\"]\n").unwrap_err();

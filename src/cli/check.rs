@@ -90,7 +90,8 @@ pub(super) fn run(cli: &super::Cli, a: &CheckArgs) -> Result<(), super::Failure>
 }
 
 /// A parameter count: a number (1.5e9) or one with a suffix K, M, B (or G) or T.
-pub fn parse_params(s: &str) -> Result<f64, String> {
+pub fn parse_params(s: &str) -> Result<f64, super::arg_error::ArgError> {
+    use super::arg_error::ArgError;
     let t = s.trim();
     let (num, scale) = match t.char_indices().last() {
         Some((i, c)) if c.is_ascii_alphabetic() => {
@@ -99,11 +100,7 @@ pub fn parse_params(s: &str) -> Result<f64, String> {
                 'M' => 1e6,
                 'B' | 'G' => 1e9,
                 'T' => 1e12,
-                _ => {
-                    return Err(format!(
-                        "{s:?}: unknown suffix {c:?}; use K, M, B or T (1.5B, 350M)"
-                    ));
-                }
+                _ => return Err(ArgError::Suffix(s.to_owned(), c)),
             };
             (&t[..i], scale)
         }
@@ -112,21 +109,19 @@ pub fn parse_params(s: &str) -> Result<f64, String> {
     let v: f64 = num
         .trim()
         .parse()
-        .map_err(|_| format!("{s:?}: expected a parameter count such as 1.5e9, 1.5B or 350M"))?;
+        .map_err(|_| ArgError::Params(s.to_owned()))?;
     let v = v * scale;
     if !(v.is_finite() && v >= 1.0) {
-        return Err(format!("{s:?}: expected a positive number of parameters"));
+        return Err(ArgError::NotPositive(s.to_owned()));
     }
     Ok(v)
 }
 
 /// A positive size in GiB.
-fn parse_gib(s: &str) -> Result<f64, String> {
+fn parse_gib(s: &str) -> Result<f64, super::arg_error::ArgError> {
     match s.trim().parse::<f64>() {
         Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
-        _ => Err(format!(
-            "{s:?}: expected a positive number of GiB, such as 24 or 79.2"
-        )),
+        _ => Err(super::arg_error::ArgError::Gib(s.to_owned())),
     }
 }
 
@@ -351,5 +346,9 @@ mod tests {
         for bad in ["0", "-1B", "7X", "B", "", "nan"] {
             assert!(parse_params(bad).is_err(), "{bad:?} was accepted");
         }
+        use super::super::arg_error::ArgError;
+        assert_eq!(parse_params("7X"), Err(ArgError::Suffix("7X".into(), 'X')));
+        assert_eq!(parse_params("0"), Err(ArgError::NotPositive("0".into())));
+        assert_eq!(parse_params("B"), Err(ArgError::Params("B".into())));
     }
 }

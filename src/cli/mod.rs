@@ -3,6 +3,7 @@
 //! Exit status: 0 success, 1 a runtime failure (daemon unreachable, port taken), 2 bad usage or config.
 
 mod advise;
+mod arg_error;
 mod args;
 mod attach;
 mod check;

@@ -54,7 +54,7 @@ pub struct LaunchArgs {
     pub command: Vec<String>,
 }
 
-fn parse_size(s: &str) -> Result<u64, String> {
+fn parse_size(s: &str) -> Result<u64, super::arg_error::ArgError> {
     let (digits, shift) = match s.trim().to_ascii_uppercase() {
         t if t.ends_with('K') => (t.trim_end_matches('K').to_owned(), 10),
         t if t.ends_with('M') => (t.trim_end_matches('M').to_owned(), 20),
@@ -66,7 +66,7 @@ fn parse_size(s: &str) -> Result<u64, String> {
         .ok()
         .and_then(|n| n.checked_mul(1u64 << shift))
         .filter(|n| *n >= 1 << 20)
-        .ok_or_else(|| format!("{s:?}: give a size of at least 1M, e.g. 512M or 2G"))
+        .ok_or_else(|| super::arg_error::ArgError::Size(s.to_owned()))
 }
 
 /// How one run ended.

@@ -212,15 +212,45 @@ fn successor_within(state_dir: &Path, grace: Duration, dead: u32) -> bool {
     }
 }
 
+/// Why the guardian could not undo the dead daemon's pauses.
+#[derive(Debug, thiserror::Error)]
+pub enum RecoverError {
+    /// The state lock could not be taken.
+    #[error("{dir}: cannot take the state lock: {source}")]
+    Lock {
+        /// The state directory.
+        dir: std::path::PathBuf,
+        /// The OS's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The state file could not be read.
+    #[error(transparent)]
+    Read(#[from] persist::StateReadError),
+    /// The state file, its pauses undone, could not be written back.
+    #[error("{dir}: cannot write the state file back: {source}")]
+    Write {
+        /// The state directory.
+        dir: std::path::PathBuf,
+        /// The OS's error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// Takes the lock and undoes every recorded pause; returns how many jobs it resumed. `Ok(0)` without
 /// touching anything when another daemon holds the lock.
-pub fn recover(state_dir: &Path, process_root: &Path) -> Result<usize, String> {
+pub fn recover(state_dir: &Path, process_root: &Path) -> Result<usize, RecoverError> {
     if !state_dir.join(persist::STATE_FILE).is_file() {
         // Nothing was ever recorded (or the directory is gone): nothing to undo, nothing to create.
         return Ok(0);
     }
-    let lock = StateLock::acquire(state_dir, Duration::from_millis(200))
-        .map_err(|e| format!("{}: {e}", state_dir.display()))?;
+    let lock = StateLock::acquire(state_dir, Duration::from_millis(200)).map_err(|source| {
+        RecoverError::Lock {
+            dir: state_dir.to_owned(),
+            source,
+        }
+    })?;
     let Some(_lock) = lock else {
         // A new daemon runs and recovers by itself.
         return Ok(0);
@@ -240,7 +270,10 @@ pub fn recover(state_dir: &Path, process_root: &Path) -> Result<usize, String> {
     if resumed > 0 {
         // Written in this build's format, so labelled with its version.
         state.version = persist::VERSION;
-        persist::save(state_dir, &state).map_err(|e| format!("{}: {e}", state_dir.display()))?;
+        persist::save(state_dir, &state).map_err(|source| RecoverError::Write {
+            dir: state_dir.to_owned(),
+            source,
+        })?;
     }
     Ok(resumed)
 }

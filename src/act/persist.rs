@@ -13,6 +13,16 @@ pub const STATE_FILE: &str = "state.json";
 
 pub use super::pause_record::{HoldRecord, PersistedPause, PhaseRecord, VERSION};
 
+/// The state file could not be read or does not parse: which file, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{path}: {reason}")]
+pub struct StateReadError {
+    /// The state file.
+    pub path: PathBuf,
+    /// The OS's or the parser's words (with the line and column).
+    pub reason: String,
+}
+
 /// The state file could not be written: whatever was to be recorded ahead of an act does not go
 /// ahead.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -244,14 +254,18 @@ pub fn lock_holder(dir: &Path) -> Option<u32> {
 }
 
 /// Reads the state file; `Ok(None)` when there is none.
-pub fn load(dir: &Path) -> Result<Option<Persisted>, String> {
+pub fn load(dir: &Path) -> Result<Option<Persisted>, StateReadError> {
     let path = dir.join(STATE_FILE);
+    let error = |reason: String| StateReadError {
+        path: path.clone(),
+        reason,
+    };
     match std::fs::read(&path) {
         Ok(bytes) => serde_json::from_slice(&bytes)
             .map(Some)
-            .map_err(|e| format!("{}: {e}", path.display())),
+            .map_err(|e| error(e.to_string())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("{}: {e}", path.display())),
+        Err(e) => Err(error(e.to_string())),
     }
 }
 
@@ -311,6 +325,8 @@ mod tests {
         save(dir.path(), &s).unwrap();
         assert_eq!(load(dir.path()).unwrap(), Some(s));
         std::fs::write(dir.path().join(STATE_FILE), "{garbage").unwrap();
-        assert!(load(dir.path()).unwrap_err().contains("state.json"));
+        let e = load(dir.path()).unwrap_err();
+        assert_eq!(e.path, dir.path().join(STATE_FILE));
+        assert!(e.to_string().contains("state.json"), "{e}");
     }
 }

@@ -23,11 +23,40 @@ pub struct Shape {
     pub largest_layer: f64,
 }
 
+/// Why a model's config.json does not give its shape: the file as named, and what is missing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ShapeError {
+    /// Not JSON (the parser's words carry the line and column).
+    #[error("{what}: not JSON: {reason}")]
+    NotJson {
+        /// The file, as named.
+        what: String,
+        /// The parser's words.
+        reason: String,
+    },
+    /// A key the architecture needs holds no whole number.
+    #[error("{what}: no whole number at {key:?}")]
+    Missing {
+        /// The file, as named.
+        what: String,
+        /// The key.
+        key: String,
+    },
+}
+
 /// Reads a config.json's text; `what` names it in errors.
-pub fn parse(text: &str, what: &str) -> Result<Shape, String> {
-    let v: Value = serde_json::from_str(text).map_err(|e| format!("{what}: not JSON: {e}"))?;
+pub fn parse(text: &str, what: &str) -> Result<Shape, ShapeError> {
+    let v: Value = serde_json::from_str(text).map_err(|e| ShapeError::NotJson {
+        what: what.to_owned(),
+        reason: e.to_string(),
+    })?;
     let get = |key: &str| v.get(key).and_then(Value::as_u64);
-    let need = |key: &str| get(key).ok_or_else(|| format!("{what}: no whole number at {key:?}"));
+    let need = |key: &str| {
+        get(key).ok_or_else(|| ShapeError::Missing {
+            what: what.to_owned(),
+            key: key.to_owned(),
+        })
+    };
     let kind = v.get("model_type").and_then(Value::as_str).unwrap_or("");
     let f = |n: u64| n as f64;
     if kind == "gpt2" || (kind.is_empty() && get("n_embd").is_some()) {
@@ -101,8 +130,10 @@ pub fn parse(text: &str, what: &str) -> Result<Shape, String> {
     let pos = get("max_position_embeddings");
     let hf = f(h);
     if kind == "bert" || get("type_vocab_size").is_some() {
-        let pos =
-            pos.ok_or_else(|| format!("{what}: no whole number at \"max_position_embeddings\""))?;
+        let pos = pos.ok_or_else(|| ShapeError::Missing {
+            what: what.to_owned(),
+            key: "max_position_embeddings".to_owned(),
+        })?;
         let types = f(get("type_vocab_size").unwrap_or(2));
         // Embeddings with their norm; per layer attention, MLP and two norms (with biases); pooler.
         let layer = 4.0 * hf * hf + 4.0 * hf + 2.0 * hf * ff + ff + hf + 4.0 * hf;
@@ -144,7 +175,7 @@ pub fn parse(text: &str, what: &str) -> Result<Shape, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse;
+    use super::{ShapeError, parse};
 
     #[test]
     fn well_known_models_count_as_published() {
@@ -183,13 +214,22 @@ mod tests {
             "m/config.json",
         )
         .unwrap_err();
+        assert_eq!(
+            e,
+            ShapeError::Missing {
+                what: "m/config.json".into(),
+                key: "num_hidden_layers".into()
+            }
+        );
         assert!(
-            e.starts_with("m/config.json: no whole number at \"num_hidden_layers\""),
+            e.to_string()
+                .starts_with("m/config.json: no whole number at \"num_hidden_layers\""),
             "{e}"
         );
         assert!(
             parse("[", "x.json")
                 .unwrap_err()
+                .to_string()
                 .starts_with("x.json: not JSON")
         );
     }

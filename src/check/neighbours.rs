@@ -27,8 +27,24 @@ pub struct Note {
     pub text: String,
 }
 
+/// An earlyoom command line memwatch cannot read its memory line from.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EarlyoomArgError {
+    /// `-m` or `-M` without a value.
+    #[error("earlyoom's {0} has no value")]
+    NoValue(String),
+    /// A value that is not a number.
+    #[error("earlyoom's {flag} {value:?} is not a number")]
+    NotANumber {
+        /// `-m` or `-M`.
+        flag: String,
+        /// Its value.
+        value: String,
+    },
+}
+
 /// earlyoom's memory line: the share of memory (0-1) left available at which it starts killing.
-pub fn earlyoom_line(args: &[String], mem_total_bytes: u64) -> Result<f64, String> {
+pub fn earlyoom_line(args: &[String], mem_total_bytes: u64) -> Result<f64, EarlyoomArgError> {
     let mut percent: Option<f64> = None;
     let mut size_kib: Option<f64> = None;
     let mut it = args.iter().skip(1);
@@ -45,7 +61,7 @@ pub fn earlyoom_line(args: &[String], mem_total_bytes: u64) -> Result<f64, Strin
             None => it
                 .next()
                 .map(String::as_str)
-                .ok_or_else(|| format!("earlyoom's {flag} has no value"))?,
+                .ok_or_else(|| EarlyoomArgError::NoValue(flag.to_owned()))?,
         };
         // PERCENT[,KILL_PERCENT]: SIGTERM from the first.
         let first = value.split(',').next().unwrap_or("").trim();
@@ -53,7 +69,10 @@ pub fn earlyoom_line(args: &[String], mem_total_bytes: u64) -> Result<f64, Strin
             .parse()
             .ok()
             .filter(|n: &f64| n.is_finite() && *n >= 0.0)
-            .ok_or_else(|| format!("earlyoom's {flag} {value:?} is not a number"))?;
+            .ok_or_else(|| EarlyoomArgError::NotANumber {
+                flag: flag.to_owned(),
+                value: value.to_owned(),
+            })?;
         if flag == "-m" {
             percent = Some(n);
         } else {
@@ -210,8 +229,17 @@ mod tests {
             let got = earlyoom_line(&args(cmd), TOTAL).unwrap();
             assert!((got - want).abs() < 1e-9, "{cmd}: {got}");
         }
-        assert!(earlyoom_line(&args("earlyoom -m"), TOTAL).is_err());
-        assert!(earlyoom_line(&args("earlyoom -m ten"), TOTAL).is_err());
+        assert_eq!(
+            earlyoom_line(&args("earlyoom -m"), TOTAL),
+            Err(EarlyoomArgError::NoValue("-m".into()))
+        );
+        assert_eq!(
+            earlyoom_line(&args("earlyoom -m ten"), TOTAL),
+            Err(EarlyoomArgError::NotANumber {
+                flag: "-m".into(),
+                value: "ten".into()
+            })
+        );
     }
 
     /// The defaults race earlyoom's: critical 0.90 against -m 10 is a warning that says what to

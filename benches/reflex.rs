@@ -98,23 +98,15 @@ fn watcher(
     stop: Arc<AtomicBool>,
 ) -> Option<std::thread::JoinHandle<()>> {
     let mem = cg.dir.clone();
-    let procs = cg.dir.join("cgroup.procs");
     let sigstop = move || {
         // The hog, or with workers every process of its cgroup.
-        let pids = if tree {
-            std::fs::read_to_string(&procs)
-                .unwrap_or_default()
-                .lines()
-                .filter_map(|l| l.trim().parse().ok())
-                .collect()
-        } else {
-            vec![pid as i32]
-        };
+        let pids = if tree { pids(&mem) } else { vec![pid] };
         for p in pids {
             // SAFETY: kill(2) on a pid of the hog's cgroup.
-            unsafe { nix::libc::kill(p, nix::libc::SIGSTOP) };
+            unsafe { nix::libc::kill(p as i32, nix::libc::SIGSTOP) };
         }
     };
+    let mem = cg.dir.clone();
     match row {
         Row::FloorStop => {
             let (efd, usage) = common::threshold(&mem, line);
@@ -215,9 +207,9 @@ struct Outcome {
     latency_us: Option<f64>,
 }
 
-/// The pids in the cgroup's `cgroup.procs`.
-fn members(cg: &MemCgroup) -> Vec<u32> {
-    std::fs::read_to_string(cg.dir.join("cgroup.procs"))
+/// The pids in `cgroup.procs` of the cgroup directory `dir`.
+fn pids(dir: &Path) -> Vec<u32> {
+    std::fs::read_to_string(dir.join("cgroup.procs"))
         .unwrap_or_default()
         .lines()
         .filter_map(|l| l.trim().parse().ok())
@@ -235,7 +227,7 @@ fn settled(cg: &MemCgroup, workers: u32) -> u64 {
     while t.elapsed() < Duration::from_secs(60) {
         std::thread::sleep(Duration::from_millis(200));
         let u = cg.usage();
-        if members(cg).len() > workers as usize && u.abs_diff(last) < MIB {
+        if pids(&cg.dir).len() > workers as usize && u.abs_diff(last) < MIB {
             return u;
         }
         last = u;
@@ -267,7 +259,7 @@ fn run(
     let line = critical(limit);
     // The workers' stat files, opened ahead (the root is timed by waitid).
     let tree: Vec<std::fs::File> = if workers > 0 && !row.freezer() {
-        members(cg)
+        pids(&cg.dir)
             .into_iter()
             .filter(|&p| p != pid)
             .filter_map(|p| std::fs::File::open(format!("/proc/{p}/stat")).ok())
@@ -331,8 +323,8 @@ fn run(
     let _ = child.wait();
     if workers > 0 {
         // The workers too, and wait till the cgroup is empty.
-        while !members(cg).is_empty() {
-            for p in members(cg) {
+        while !pids(&cg.dir).is_empty() {
+            for p in pids(&cg.dir) {
                 // SAFETY: kill(2) on a pid of the hog's cgroup.
                 unsafe { nix::libc::kill(p as i32, nix::libc::SIGKILL) };
             }

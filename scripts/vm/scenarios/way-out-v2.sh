@@ -42,7 +42,8 @@ events() { jq -r "select(.job == \"$1\") | \"\\(.action)/\\(.reason): \\(.detail
 show_max() { systemctl show -p MemoryMax --value "$1"; }
 
 # trainer NAME: polls the job's directives every 0.2 s (so it speaks the protocol); an urgent one is
-# applied 3 s later (memhog drops 2 workers) and acknowledged.
+# applied 3 s later (memhog drops 2 workers) and acknowledged. While /run/NAME-hold-fix exists the fix
+# waits: the lend case keeps the loan until it has checked that a reload leaves it in place.
 trainer() {
   tok=$(cat "/run/$1.token")
   since=0
@@ -51,6 +52,7 @@ trainer() {
       jq -r '[.directives[]? | select(.urgent == true)] | last | .generation // empty')
     if [ -n "$g" ]; then
       echo "$(now_ms)" >"/run/$1-asked"
+      while [ -e "/run/$1-hold-fix" ]; do sleep 0.1; done
       sleep 3
       echo 2 >"/run/$1-drop"
       curl -sf -X POST -H "Authorization: Bearer $tok" -H 'Content-Type: application/json' \
@@ -67,7 +69,7 @@ trainer() {
 start_job() {
   n=$1
   shift
-  rm -f "/run/$n-go" "/run/$n-drop" "/run/$n-asked" "/run/$n-applied"
+  rm -f "/run/$n-go" "/run/$n-drop" "/run/$n-asked" "/run/$n-applied" "/run/$n-hold-fix"
   mkdir -p /root/wayout
   printf '{"train": {"micro_batch": 8, "accumulation": 1, "workers": 4}}\n' >"/root/wayout/$n.json"
   systemd-run --quiet --unit="$n" -p MemoryMax=400M "$@" "$IN/memhog" --rate-mib 64 --total-mib 180 \
@@ -109,6 +111,9 @@ if ! start_job wl; then
 else
   max0=$(show_max wl)
   file0=$(cat "$CG/wl.service/memory.max")
+  # The fix waits until the reload has been checked: in a slow guest a daemon-reload outlasts the 3 s
+  # the trainer takes, and the loan was given back before it was looked at.
+  touch /run/wl-hold-fix
   t0=$(now_ms)
   touch /run/wl-go
   wait_until 60 frozen wl.service
@@ -122,6 +127,7 @@ else
   systemctl set-property --runtime wl MemoryHigh=infinity
   reload_show=$(show_max wl)
   reload_file=$(cat "$CG/wl.service/memory.max")
+  rm -f /run/wl-hold-fix
   wait_until 30 sh -c '[ "$(curl -sf 127.0.0.1:9300/api/v1/jobs | jq -r ".jobs[] | select(.name == \"wl\") | .pause")" = null ]'
   resumed_at=$(($(now_ms) - t0))
   peak=$(cat "$CG/wl.service/memory.peak" 2>/dev/null)

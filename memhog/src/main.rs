@@ -37,7 +37,33 @@ struct Args {
     stamps: Option<String>,
 }
 
-fn parse() -> Result<Args, String> {
+/// Why memhog will not start: a bad argument or an unwritable `--stamps` file.
+#[derive(Debug, thiserror::Error)]
+enum HogError {
+    #[error("{0} needs a value")]
+    NeedsValue(String),
+    #[error("{flag}: {value:?} is not a number of the kind it takes")]
+    NotANumber { flag: String, value: String },
+    #[error("unknown argument {0}")]
+    Unknown(String),
+    #[error("--rate-mib and --chunk-mib must be positive")]
+    NotPositive,
+    #[error("--stamps {path}: {source}")]
+    Stamps {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// `value` as the number `flag` takes.
+fn number<T: std::str::FromStr>(flag: &str, value: String) -> Result<T, HogError> {
+    value.parse().map_err(|_| HogError::NotANumber {
+        flag: flag.to_owned(),
+        value,
+    })
+}
+
+fn parse() -> Result<Args, HogError> {
     let mut a = Args {
         rate_mib: 256.0,
         total_mib: 256,
@@ -55,36 +81,26 @@ fn parse() -> Result<Args, String> {
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        let mut value = || it.next().ok_or_else(|| HogError::NeedsValue(flag.clone()));
         match flag.as_str() {
-            "--rate-mib" => {
-                a.rate_mib = value()?.parse().map_err(|e| format!("--rate-mib: {e}"))?
-            }
-            "--total-mib" => {
-                a.total_mib = value()?.parse().map_err(|e| format!("--total-mib: {e}"))?
-            }
-            "--chunk-mib" => {
-                a.chunk_mib = value()?.parse().map_err(|e| format!("--chunk-mib: {e}"))?
-            }
-            "--workers" => a.workers = value()?.parse().map_err(|e| format!("--workers: {e}"))?,
-            "--hold-ms" => a.hold_ms = value()?.parse().map_err(|e| format!("--hold-ms: {e}"))?,
+            "--rate-mib" => a.rate_mib = number("--rate-mib", value()?)?,
+            "--total-mib" => a.total_mib = number("--total-mib", value()?)?,
+            "--chunk-mib" => a.chunk_mib = number("--chunk-mib", value()?)?,
+            "--workers" => a.workers = number("--workers", value()?)?,
+            "--hold-ms" => a.hold_ms = number("--hold-ms", value()?)?,
             "--ready-file" => a.ready_file = Some(value()?),
-            "--worker-mib" => {
-                a.worker_mib = value()?.parse().map_err(|e| format!("--worker-mib: {e}"))?
-            }
-            "--cycles" => a.cycles = value()?.parse().map_err(|e| format!("--cycles: {e}"))?,
-            "--cycle-ms" => {
-                a.cycle_ms = value()?.parse().map_err(|e| format!("--cycle-ms: {e}"))?
-            }
+            "--worker-mib" => a.worker_mib = number("--worker-mib", value()?)?,
+            "--cycles" => a.cycles = number("--cycles", value()?)?,
+            "--cycle-ms" => a.cycle_ms = number("--cycle-ms", value()?)?,
             "--wait-file" => a.wait_file = Some(value()?),
             "--stamps" => a.stamps = Some(value()?),
             "--drop-file" => a.drop_file = Some(value()?),
             "--worker" => a.worker = true,
-            other => return Err(format!("unknown argument {other}")),
+            other => return Err(HogError::Unknown(other.to_owned())),
         }
     }
     if a.rate_mib <= 0.0 || a.chunk_mib == 0 {
-        return Err("--rate-mib and --chunk-mib must be positive".into());
+        return Err(HogError::NotPositive);
     }
     Ok(a)
 }
@@ -114,13 +130,16 @@ fn boottime_us() -> u128 {
 struct Stamps(Option<std::fs::File>);
 
 impl Stamps {
-    fn open(path: Option<&str>) -> Result<Stamps, String> {
+    fn open(path: Option<&str>) -> Result<Stamps, HogError> {
         path.map(|p| {
             std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(p)
-                .map_err(|e| format!("--stamps {p}: {e}"))
+                .map_err(|source| HogError::Stamps {
+                    path: p.to_owned(),
+                    source,
+                })
         })
         .transpose()
         .map(Stamps)

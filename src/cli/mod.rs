@@ -260,7 +260,7 @@ fn dispatch(cli: Cli) -> Result<(), Failure> {
         }
         Command::Config { what } => match what {
             ConfigCommand::Example => {
-                print!("{}", config::example_toml().map_err(anyhow::Error::msg)?);
+                print!("{}", config::example_toml()?);
                 Ok(())
             }
             ConfigCommand::Check => {

@@ -4,7 +4,21 @@ use std::fmt::Write as _;
 
 use super::{Config, DOCS};
 
-fn doc(key: &str) -> Result<&'static str, String> {
+/// Why the example configuration cannot be rendered: the defaults and [`DOCS`] disagree.
+#[derive(Debug, thiserror::Error)]
+pub enum ExampleError {
+    /// A setting with no text in [`DOCS`].
+    #[error("setting `{0}` has no documentation in config::DOCS")]
+    Undocumented(String),
+    /// A text in [`DOCS`] for a key that is not a setting.
+    #[error("config::DOCS documents `{0}`, which is not a setting")]
+    Stale(String),
+    /// The defaults do not serialize as TOML.
+    #[error("the defaults as TOML: {0}")]
+    Serialize(#[from] toml::ser::Error),
+}
+
+fn doc(key: &str) -> Result<&'static str, ExampleError> {
     let generic = match key.split('.').collect::<Vec<_>>().as_slice() {
         ["policy", _, field] => format!("policy.*.{field}"),
         _ => String::new(),
@@ -13,7 +27,7 @@ fn doc(key: &str) -> Result<&'static str, String> {
         .find(|(k, _)| *k == key)
         .or_else(|| DOCS.iter().find(|(k, _)| *k == generic))
         .map(|(_, d)| *d)
-        .ok_or_else(|| format!("setting `{key}` has no documentation in config::DOCS"))
+        .ok_or_else(|| ExampleError::Undocumented(key.to_owned()))
 }
 
 fn comment(out: &mut String, text: &str) {
@@ -24,8 +38,8 @@ fn comment(out: &mut String, text: &str) {
 
 /// Renders the example configuration from the defaults and [`DOCS`]. Fails if a setting is undocumented
 /// or a documented key no longer exists.
-pub fn example_toml() -> Result<String, String> {
-    let table = toml::Table::try_from(Config::default()).map_err(|e| e.to_string())?;
+pub fn example_toml() -> Result<String, ExampleError> {
+    let table = toml::Table::try_from(Config::default())?;
     let mut out = String::from(
         "# memwatch configuration. Every setting is shown with its default value.\n\
          # Default location: /etc/memwatch/memwatch.toml (or pass --config PATH).\n\
@@ -38,9 +52,7 @@ pub fn example_toml() -> Result<String, String> {
             .any(|s| s == k || (k.starts_with("policy.*.") && s.ends_with(&k[8..])))
     };
     if let Some((stale, _)) = DOCS.iter().find(|(k, _)| !used(k)) {
-        return Err(format!(
-            "config::DOCS documents `{stale}`, which is not a setting"
-        ));
+        return Err(ExampleError::Stale((*stale).to_owned()));
     }
     Ok(out)
 }
@@ -51,7 +63,7 @@ fn emit(
     prefix: &str,
     table: &toml::Table,
     seen: &mut Vec<String>,
-) -> Result<(), String> {
+) -> Result<(), ExampleError> {
     let dotted = |k: &str| {
         if prefix.is_empty() {
             k.to_owned()

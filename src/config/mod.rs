@@ -18,7 +18,7 @@ mod slurm;
 mod way_out;
 
 pub use docs::DOCS;
-pub use example::example_toml;
+pub use example::{ExampleError, example_toml};
 pub use load::{ConfigError, ParseError, load, parse};
 
 pub use notify::{Channel, ChannelKind, NoticeKind, Notify, Secret};

@@ -14,6 +14,45 @@ use std::time::Duration;
 
 use wait_timeout::ChildExt;
 
+/// Why systemd's answer about this unit's job could not be had.
+#[derive(Debug, thiserror::Error)]
+enum AskError {
+    /// busctl could not be run or read.
+    #[error("busctl: {0}")]
+    Spawn(std::io::Error),
+    /// busctl did not finish in time (and was killed).
+    #[error("busctl {0}: no answer in time")]
+    Late(String),
+    /// busctl failed.
+    #[error("busctl {call}: {status}: {stderr}")]
+    Failed {
+        /// Its arguments.
+        call: String,
+        /// Its exit status.
+        status: std::process::ExitStatus,
+        /// What it printed.
+        stderr: String,
+    },
+    /// busctl's output is not JSON.
+    #[error("busctl {call}: {source}")]
+    Json {
+        /// Its arguments.
+        call: String,
+        /// The parser's error.
+        source: serde_json::Error,
+    },
+    /// A reply without the value asked for.
+    #[error("{asked}: no {what} in {reply}")]
+    Missing {
+        /// What was asked (a call with its pid, a unit or a job's object path).
+        asked: String,
+        /// The value that is missing.
+        what: &'static str,
+        /// The reply.
+        reply: serde_json::Value,
+    },
+}
+
 /// How long each question to systemd may take.
 const ASK: Duration = Duration::from_secs(2);
 
@@ -36,7 +75,7 @@ pub fn restart_pending() -> bool {
 }
 
 /// The type of the job systemd runs for this process's unit ("stop", "restart", …).
-fn job_type() -> Result<String, String> {
+fn job_type() -> Result<String, AskError> {
     let pid = std::process::id().to_string();
     let unit = busctl(&[
         "call",
@@ -49,7 +88,11 @@ fn job_type() -> Result<String, String> {
     ])?;
     let unit = first_data(&unit)
         .and_then(|v| v.as_str().map(str::to_owned))
-        .ok_or_else(|| format!("GetUnitByPID {pid}: no unit path in {unit}"))?;
+        .ok_or_else(|| AskError::Missing {
+            asked: format!("GetUnitByPID {pid}"),
+            what: "unit path",
+            reply: unit.clone(),
+        })?;
     let job = busctl(&[
         "get-property",
         "org.freedesktop.systemd1",
@@ -57,7 +100,11 @@ fn job_type() -> Result<String, String> {
         "org.freedesktop.systemd1.Unit",
         "Job",
     ])?;
-    let path = job_path(&job).ok_or_else(|| format!("{unit}: no job in {job}"))?;
+    let path = job_path(&job).ok_or_else(|| AskError::Missing {
+        asked: unit.clone(),
+        what: "job",
+        reply: job.clone(),
+    })?;
     let kind = busctl(&[
         "get-property",
         "org.freedesktop.systemd1",
@@ -67,11 +114,15 @@ fn job_type() -> Result<String, String> {
     ])?;
     first_data(&kind)
         .and_then(|v| v.as_str().map(str::to_owned))
-        .ok_or_else(|| format!("{path}: no JobType in {kind}"))
+        .ok_or_else(|| AskError::Missing {
+            asked: path.clone(),
+            what: "JobType",
+            reply: kind.clone(),
+        })
 }
 
 /// `busctl --system -j ARGS…`, its output parsed as JSON.
-fn busctl(args: &[&str]) -> Result<serde_json::Value, String> {
+fn busctl(args: &[&str]) -> Result<serde_json::Value, AskError> {
     let mut child = Command::new("busctl")
         .args(["--system", "--json=short", "--timeout=2"])
         .args(args)
@@ -79,26 +130,27 @@ fn busctl(args: &[&str]) -> Result<serde_json::Value, String> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("busctl: {e}"))?;
+        .map_err(AskError::Spawn)?;
     let status = match child.wait_timeout(ASK + Duration::from_secs(1)) {
         Ok(Some(status)) => status,
         Ok(None) | Err(_) => {
             let _ = child.kill();
             let _ = child.wait();
-            return Err(format!("busctl {}: no answer in time", args.join(" ")));
+            return Err(AskError::Late(args.join(" ")));
         }
     };
-    let out = child
-        .wait_with_output()
-        .map_err(|e| format!("busctl: {e}"))?;
+    let out = child.wait_with_output().map_err(AskError::Spawn)?;
     if !status.success() {
-        return Err(format!(
-            "busctl {}: {status}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+        return Err(AskError::Failed {
+            call: args.join(" "),
+            status,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
     }
-    serde_json::from_slice(&out.stdout).map_err(|e| format!("busctl {}: {e}", args.join(" ")))
+    serde_json::from_slice(&out.stdout).map_err(|source| AskError::Json {
+        call: args.join(" "),
+        source,
+    })
 }
 
 /// A reply's first value: `{"data": [v, …]}` for a call, `{"data": v}` for a property.

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod cgroup;
+pub mod command;
 mod daemon;
 pub mod netns;
 pub mod prometheus;

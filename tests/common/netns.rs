@@ -14,25 +14,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use super::command::CommandError;
 use super::eventually;
 
 /// Runs a command; its stdout, or what went wrong as the error.
-pub fn sh(program: &str, args: &[&str]) -> Result<String, String> {
-    let out = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("{program} {}: {e}", args.join(" ")))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(format!(
-            "{program} {}: {}{}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ))
-    }
+pub fn sh(program: &str, args: &[&str]) -> Result<String, CommandError> {
+    super::command::output(program, args, |_| {})
 }
 
 /// Runs a command that must succeed (setting up the network); panics saying which failed.
@@ -187,7 +174,7 @@ impl Machine {
     }
 
     /// Runs a command in this machine; its stdout, or what went wrong.
-    pub fn run(&self, program: &str, args: &[&str]) -> Result<String, String> {
+    pub fn run(&self, program: &str, args: &[&str]) -> Result<String, CommandError> {
         let enter = self.enter();
         let mut all: Vec<&str> = enter[1..].iter().map(String::as_str).collect();
         all.push(program);

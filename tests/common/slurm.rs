@@ -4,8 +4,9 @@
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 
+use super::command::CommandError;
 use super::{Daemon, Opts, bin, eventually};
 
 pub struct Cluster {
@@ -230,17 +231,10 @@ impl Cluster {
     }
 
     /// Runs a Slurm client command against this cluster; its stdout, or its stderr as the error.
-    pub fn run(&self, program: &str, args: &[&str]) -> Result<String, String> {
-        let out: Output = Command::new(program)
-            .args(args)
-            .env("SLURM_CONF", &self.conf)
-            .output()
-            .map_err(|e| format!("{program}: {e}"))?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
+    pub fn run(&self, program: &str, args: &[&str]) -> Result<String, CommandError> {
+        super::command::output(program, args, |c| {
+            c.env("SLURM_CONF", &self.conf);
+        })
     }
 
     /// Submits a batch script; returns the job id.

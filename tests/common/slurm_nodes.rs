@@ -10,6 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
+use super::command::CommandError;
 use super::netns::{Machine, Net};
 use super::slurm::{free_port, munged_and_slurmctld, script};
 use super::{Daemon, Opts, eventually};
@@ -224,18 +225,10 @@ impl Nodes {
 
     /// Runs a Slurm client command against this cluster (from the root namespace); its stdout, or
     /// its stderr as the error.
-    pub fn run(&self, program: &str, args: &[&str]) -> Result<String, String> {
-        let out = Command::new(program)
-            .args(args)
-            .env("SLURM_CONF", &self.conf)
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| format!("{program}: {e}"))?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
+    pub fn run(&self, program: &str, args: &[&str]) -> Result<String, CommandError> {
+        super::command::output(program, args, |c| {
+            c.env("SLURM_CONF", &self.conf);
+        })
     }
 
     /// Submits a batch script to both nodes (`-N2 -w node1,node2`; the script runs on node 0);

@@ -1,6 +1,7 @@
 //! The cgroup a launched job runs in: one of its own (v2, or v1 memory + freezer), or inside a Slurm
 //! allocation, the Slurm job's own.
 
+use super::error::LaunchError;
 use crate::sample::cgroup::Version;
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
@@ -22,14 +23,12 @@ impl JobCgroup {
     /// a cgroup of its own would take it out of Slurm's accounting. memwatch knows it as part of the
     /// Slurm job (its origin), so a pause suspends the whole job through Slurm and the way out
     /// requeues it.
-    pub(super) fn in_slurm_job(id: &str, memory_max: bool) -> Result<JobCgroup, String> {
+    pub(super) fn in_slurm_job(id: &str, memory_max: bool) -> Result<JobCgroup, LaunchError> {
         if memory_max {
-            return Err(format!(
-                "inside Slurm job {id}, Slurm's --mem sets the limit: leave out --memory-max"
-            ));
+            return Err(LaunchError::MemoryMaxInSlurm(id.to_owned()));
         }
         let job = crate::slurm::find_job(Path::new("/"), id)
-            .ok_or_else(|| format!("Slurm job {id} has no cgroup on this node"))?;
+            .ok_or_else(|| LaunchError::NoSlurmCgroup(id.to_owned()))?;
         Ok(JobCgroup {
             events: job.memory.dir.join(if job.memory.version == Version::V1 {
                 "memory.oom_control"
@@ -52,7 +51,7 @@ impl JobCgroup {
         }
     }
 
-    pub(super) fn create(name: &str, memory_max: Option<u64>) -> Result<JobCgroup, String> {
+    pub(super) fn create(name: &str, memory_max: Option<u64>) -> Result<JobCgroup, LaunchError> {
         let leaf = format!("{name}-{}", std::process::id());
         let fs = Path::new("/sys/fs/cgroup");
         let v2_root = [fs.join("unified"), fs.to_owned()].into_iter().find(|d| {
@@ -60,11 +59,9 @@ impl JobCgroup {
                 .is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"))
         });
         let make = |dir: &Path| {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                format!(
-                    "cannot create the job's cgroup {}: {e} (run as root, or in a delegated cgroup)",
-                    dir.display()
-                )
+            std::fs::create_dir_all(dir).map_err(|source| LaunchError::CreateCgroup {
+                dir: dir.to_owned(),
+                source,
             })
         };
         let cg = if let Some(root) = v2_root {
@@ -95,7 +92,7 @@ impl JobCgroup {
                 owned: true,
             }
         } else {
-            return Err("no memory cgroup controller to put the job in".into());
+            return Err(LaunchError::NoMemoryController);
         };
         if let Some(bytes) = memory_max {
             let (file, dir) = if cg.v2 {
@@ -103,8 +100,12 @@ impl JobCgroup {
             } else {
                 ("memory.limit_in_bytes", &cg.dirs[0])
             };
-            std::fs::write(dir.join(file), bytes.to_string())
-                .map_err(|e| format!("cannot set {}: {e}", dir.join(file).display()))?;
+            std::fs::write(dir.join(file), bytes.to_string()).map_err(|source| {
+                LaunchError::SetLimit {
+                    file: dir.join(file),
+                    source,
+                }
+            })?;
         }
         Ok(cg)
     }
@@ -149,12 +150,12 @@ impl JobCgroup {
     }
 
     /// The `cgroup.procs` files the child writes itself into.
-    pub(super) fn procs_files(&self) -> Result<Vec<CString>, String> {
+    pub(super) fn procs_files(&self) -> Result<Vec<CString>, LaunchError> {
         self.dirs
             .iter()
             .map(|d| {
                 CString::new(d.join("cgroup.procs").as_os_str().as_encoded_bytes())
-                    .map_err(|_| format!("{}: a path with a NUL byte", d.display()))
+                    .map_err(|_| LaunchError::NulByte(d.display().to_string()))
             })
             .collect()
     }

@@ -16,9 +16,11 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 
 mod cgroup;
+mod error;
 mod scope;
 
 use cgroup::JobCgroup;
+use error::LaunchError;
 
 use super::{Failure, SocketArg, usage};
 use crate::control::Request;
@@ -128,14 +130,11 @@ pub fn run(cli: &super::Cli, a: &LaunchArgs) -> Result<u8, Failure> {
     // Inside a Slurm allocation, Slurm's cgroup; where systemd runs the machine, a scope of its own
     // per run; else a cgroup of its own.
     let place = match slurm_allocation() {
-        Some(id) => Place::Cgroup(
-            JobCgroup::in_slurm_job(&id, a.memory_max.is_some())
-                .map_err(|e| usage(anyhow::anyhow!(e)))?,
-        ),
-        None if scope::systemd_runs_here() => Place::Scope,
-        None => {
-            Place::Cgroup(JobCgroup::create(&name, a.memory_max).map_err(|e| anyhow::anyhow!(e))?)
+        Some(id) => {
+            Place::Cgroup(JobCgroup::in_slurm_job(&id, a.memory_max.is_some()).map_err(usage)?)
         }
+        None if scope::systemd_runs_here() => Place::Scope,
+        None => Place::Cgroup(JobCgroup::create(&name, a.memory_max).map_err(anyhow::Error::from)?),
     };
     // A private directory of a new name (mkdtemp: mode 0700, never an existing one): a launch killed
     // before it could remove its own leaves it behind, and its pid comes round again.
@@ -199,9 +198,9 @@ fn runs(
                 token_file.to_string_lossy().into_owned(),
             ));
         }
-        let exec = Exec::new(&a.command[0], &args, &env).map_err(|e| anyhow::anyhow!(e))?;
+        let exec = Exec::new(&a.command[0], &args, &env).map_err(anyhow::Error::from)?;
         let procs = match place {
-            Place::Cgroup(cg) => cg.procs_files().map_err(|e| anyhow::anyhow!(e))?,
+            Place::Cgroup(cg) => cg.procs_files().map_err(anyhow::Error::from)?,
             Place::Scope => Vec::new(),
         };
         let oom_before = match place {
@@ -222,7 +221,7 @@ fn runs(
                         nix::sys::signal::Signal::SIGKILL,
                     );
                     let _ = started.go().and_then(|p| p.wait());
-                    return Err(anyhow::anyhow!(e).into());
+                    return Err(anyhow::Error::from(e).into());
                 }
             },
             Place::Cgroup(_) => None,
@@ -390,8 +389,8 @@ struct Running {
 }
 
 impl Exec {
-    fn new(program: &str, args: &[String], env: &[(String, String)]) -> Result<Exec, String> {
-        let c = |s: &str| CString::new(s).map_err(|_| format!("{s:?}: a NUL byte"));
+    fn new(program: &str, args: &[String], env: &[(String, String)]) -> Result<Exec, LaunchError> {
+        let c = |s: &str| CString::new(s).map_err(|_| LaunchError::NulByte(format!("{s:?}")));
         let path = if program.contains('/') {
             PathBuf::from(program)
         } else {
@@ -401,10 +400,10 @@ impl Exec {
                 .split(':')
                 .map(|d| Path::new(d).join(program))
                 .find(|p| p.is_file())
-                .ok_or_else(|| format!("{program}: not found on PATH"))?
+                .ok_or_else(|| LaunchError::NotOnPath(program.to_owned()))?
         };
         let path = CString::new(path.as_os_str().as_encoded_bytes())
-            .map_err(|_| format!("{}: a NUL byte", path.display()))?;
+            .map_err(|_| LaunchError::NulByte(path.display().to_string()))?;
         let mut argv = vec![c(program)?];
         for a in args {
             argv.push(c(a)?);

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 
 use wait_timeout::ChildExt;
 
+use super::error::LaunchError;
+
 /// How long systemd may take to start the scope.
 const START: Duration = Duration::from_secs(10);
 
@@ -89,7 +91,7 @@ fn busctl_args(unit: &str, pid: u32, memory_max: Option<u64>, user: bool) -> Vec
 
 /// Asks systemd for `unit` around `pid` (held at its gate) and waits until the process is in it;
 /// returns the scope's cgroup directory.
-pub(super) fn start(unit: &str, pid: u32, memory_max: Option<u64>) -> Result<PathBuf, String> {
+pub(super) fn start(unit: &str, pid: u32, memory_max: Option<u64>) -> Result<PathBuf, LaunchError> {
     let user = !nix::unistd::Uid::effective().is_root();
     let args = busctl_args(unit, pid, memory_max, user);
     let shown = format!("busctl {}", args.join(" "));
@@ -99,7 +101,7 @@ pub(super) fn start(unit: &str, pid: u32, memory_max: Option<u64>) -> Result<Pat
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot run busctl to ask systemd for a scope: {e}"))?;
+        .map_err(LaunchError::Busctl)?;
     match child.wait_timeout(START) {
         Ok(Some(status)) if status.success() => {}
         Ok(Some(status)) => {
@@ -107,17 +109,21 @@ pub(super) fn start(unit: &str, pid: u32, memory_max: Option<u64>) -> Result<Pat
             if let Some(mut e) = child.stderr.take() {
                 let _ = std::io::Read::read_to_string(&mut e, &mut err);
             }
-            return Err(format!(
-                "systemd would not start the job's scope ({status}): {} [{shown}]",
-                err.trim()
-            ));
+            return Err(LaunchError::ScopeRefused {
+                status,
+                stderr: err.trim().to_owned(),
+                call: shown,
+            });
         }
         Ok(None) => {
             let _ = child.kill();
             let _ = child.wait();
-            return Err(format!("systemd did not answer within {START:?} [{shown}]"));
+            return Err(LaunchError::ScopeLate {
+                after: START,
+                call: shown,
+            });
         }
-        Err(e) => return Err(format!("busctl: {e}")),
+        Err(e) => return Err(LaunchError::Busctl(e)),
     }
     // The job is in the scope once its /proc/PID/cgroup names it.
     let started = Instant::now();
@@ -131,10 +137,10 @@ pub(super) fn start(unit: &str, pid: u32, memory_max: Option<u64>) -> Result<Pat
             return Ok(Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/')));
         }
         if started.elapsed() >= START {
-            return Err(format!(
-                "the job never appeared in its scope {unit} (its cgroup: {})",
-                text.trim()
-            ));
+            return Err(LaunchError::NotInScope {
+                unit: unit.to_owned(),
+                cgroup: text.trim().to_owned(),
+            });
         }
         std::thread::sleep(Duration::from_millis(5));
     }

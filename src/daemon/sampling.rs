@@ -1,0 +1,101 @@
+//! The two ways the owner task reads the machine: the full sample (host, GPUs and every job's tree,
+//! on the blocking pool) and the cheap probe (MemAvailable and each job's cgroup usage, inline).
+
+use tokio::task::JoinHandle;
+
+use crate::engine::{Engine, Measured};
+use crate::sample::{Sample, Sampler, cgroup, meminfo};
+
+/// The sampler back, its sample, each job's measurement, and when the sample was taken (measuring
+/// the jobs after it can take a while: the host's numbers are as old as the sample).
+pub(super) type FullResult = (Sampler, Sample, Vec<Measured>, std::time::Instant);
+
+/// Awaits the in-flight full sample, or never when there is none.
+pub(super) async fn in_flight(
+    h: &mut Option<JoinHandle<FullResult>>,
+) -> Result<FullResult, tokio::task::JoinError> {
+    match h {
+        Some(h) => h.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Takes a full sample and measures every job, on the blocking pool.
+pub(super) fn spawn_full(
+    mut sampler: Sampler,
+    engine: &mut Engine,
+    now_ms: u64,
+    process_root: std::path::PathBuf,
+) -> JoinHandle<FullResult> {
+    let plan = engine.measure_plan(now_ms);
+    tokio::task::spawn_blocking(move || {
+        let sample = sampler.sample();
+        let taken = std::time::Instant::now();
+        let now = sample.timestamp_ms;
+        let jobs = plan
+            .into_iter()
+            .map(|p| {
+                let m = crate::job::measure::measure(
+                    &process_root,
+                    p.root,
+                    p.cgroup.as_ref(),
+                    p.members.as_deref(),
+                    &sample.gpus,
+                    now,
+                    p.previous.as_ref(),
+                );
+                // Which cgroup a pause would freeze is decided here, once per full sample, so the
+                // pause itself walks nothing.
+                let freezer = m.as_ref().and_then(|m| {
+                    let pids: Vec<u32> = m.processes.iter().map(|p| p.pid).collect();
+                    crate::act::freeze::owned(&process_root, &pids, p.owner)
+                });
+                // A Slurm job (its members are its cgroup's): is Slurm holding it suspended here?
+                let slurm_suspended = p
+                    .members
+                    .as_ref()
+                    .and(p.cgroup.as_ref())
+                    .map(|c| crate::slurm::suspended_here(&process_root, c));
+                Measured {
+                    name: p.name,
+                    sample: m,
+                    freezer,
+                    slurm_suspended,
+                }
+            })
+            .collect();
+        (sampler, sample, jobs, taken)
+    })
+}
+
+/// What a probe saw: (MemAvailable, MemTotal), and each job's cgroup.
+pub(super) type Probe = (Option<(u64, u64)>, Vec<(String, cgroup::CgroupMemory)>);
+
+/// The cheap probe: MemAvailable and every job's cgroup. Small reads, done inline.
+/// Only the usage file is read (one small read); limit and inactive file cache come from the last full
+/// read of the cgroup, which every full sample refreshes.
+pub(super) fn probe(engine: &Engine, host_meminfo: &mut meminfo::MeminfoFile, now: u64) -> Probe {
+    let host = engine
+        .probe_host(now)
+        .then(|| host_meminfo.read().ok())
+        .flatten()
+        .map(|m| (m.available_bytes, m.total_bytes));
+    let cgroups = engine
+        .probe_plan()
+        .into_iter()
+        .filter_map(|(name, dir, last)| {
+            // Usage, and the OOM kills: a job the OOM killer ends may take its cgroup with it
+            // before the next full sample reads them.
+            let fresh = match last {
+                Some(last) => cgroup::CgroupMemory {
+                    usage_bytes: cgroup::read_usage(&dir).ok()?,
+                    oom_kills: cgroup::read_oom_kills(&dir).or(last.oom_kills),
+                    ..last
+                },
+                None => cgroup::read_dir(&dir).ok()?,
+            };
+            Some((name, fresh))
+        })
+        .collect();
+    (host, cgroups)
+}

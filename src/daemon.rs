@@ -9,8 +9,8 @@ use anyhow::Context as _;
 
 use crate::act::persist::{self, StateLock};
 use crate::clock::Clock;
-use crate::config::Config;
-use crate::engine::Engine;
+use crate::config::{self, Config};
+use crate::engine::{Engine, Settings};
 use crate::guardian::Guardian;
 use crate::sample::Sampler;
 use crate::sample::gpu::GpuSource;
@@ -29,15 +29,14 @@ use watches::Watches;
 pub use crate::shared::{Shared, Snapshot, stale_after_ms};
 
 /// Builds the sampler the configuration asks for.
-pub fn sampler(config: &Config) -> Sampler {
-    let gpu: Option<Box<dyn GpuSource>> = config
-        .gpu
+pub fn sampler(host: &config::Host, gpu: &config::Gpu) -> Sampler {
+    let source: Option<Box<dyn GpuSource>> = gpu
         .enabled
-        .then(|| Box::new(NvmlSource::new(config.gpu.library.clone())) as Box<dyn GpuSource>);
-    if !config.gpu.enabled {
+        .then(|| Box::new(NvmlSource::new(gpu.library.clone())) as Box<dyn GpuSource>);
+    if !gpu.enabled {
         tracing::info!("GPU sampling disabled by configuration");
     }
-    Sampler::new(config.host.root.clone(), gpu)
+    Sampler::new(host.root.clone(), source)
 }
 
 /// Resolves when SIGTERM or SIGINT arrives.
@@ -72,11 +71,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // its own.
     let armory = Arc::new(crate::reflex::Armory::default());
     let host = crate::act::driver::Host::with_armory(&config.host.process_root, armory.clone());
-    let mut engine = Engine::with_host(config.clone(), Some(anchor), Arc::new(host));
+    let mut engine = Engine::with_host(Settings::from(&config), Some(anchor), Arc::new(host));
     engine.recover(previous, clock.now_ms());
     let bound = servers::bind(&config).await?;
     let guardian = guardian(&config);
-    let shared = Arc::new(Shared::new(&config));
+    let shared = Arc::new(Shared::new(&config.sampling));
     notifications(&config, &shared, &mut engine);
     shared.publish_view(engine.view());
     let (servers, requests) = bound.serve(&config, shared.clone());
@@ -84,9 +83,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let (executor, outcomes) = Executor::start(&config.host.process_root);
     let woken = Arc::new(tokio::sync::Notify::new());
     let (counts, wake) = (shared.kernel.clone(), woken.clone());
-    let watches = Watches::start(&config, &mut engine, wake, counts, armory);
+    let watches = Watches::start(&config.host, &mut engine, wake, counts, armory);
     let mut owner = Owner::new(owner::Parts {
-        config,
+        sampling: config.sampling,
+        host: config.host,
+        gpu: config.gpu,
         clock,
         engine,
         shared,

@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, RwLock};
 
-use crate::config::Config;
+use crate::config::Sampling;
 use crate::engine::View;
 use crate::history::{History, Point};
 use crate::sample::Sample;
@@ -46,24 +46,18 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// Empty, sized from the config.
-    pub fn new(config: &Config) -> Self {
+    /// Empty, sized from the sampling settings.
+    pub fn new(sampling: &Sampling) -> Self {
         Shared {
             snapshot: RwLock::new(Arc::new(Snapshot::default())),
-            history: RwLock::new(History::new(config.sampling.history_len())),
-            history_seconds: config.sampling.history_seconds.0,
-            stale_after_ms: stale_after_ms(
-                config
-                    .sampling
-                    .calm_interval_ms
-                    .0
-                    .max(config.sampling.interval_ms.0),
-            ),
+            history: RwLock::new(History::new(sampling.history_len())),
+            history_seconds: sampling.history_seconds.0,
+            stale_after_ms: stale_after_ms(sampling.calm_interval_ms.0.max(sampling.interval_ms.0)),
             notify: Arc::default(),
             kernel: Arc::default(),
             demand: tokio::sync::Notify::new(),
-            fresh_ms: config.sampling.interval_ms.0,
-            sample_interval_ms: config.sampling.interval_ms.0.into(),
+            fresh_ms: sampling.interval_ms.0,
+            sample_interval_ms: sampling.interval_ms.0.into(),
             published: tokio::sync::watch::Sender::new(0),
         }
     }

@@ -136,7 +136,10 @@ fn the_control_protocol_never_panics() {
         state.path()
     );
     let config = memwatch::config::parse(&text).unwrap();
-    let engine = std::cell::RefCell::new(memwatch::engine::Engine::new(config, None));
+    let engine = std::cell::RefCell::new(memwatch::engine::Engine::new(
+        memwatch::engine::Settings::from(&config),
+        None,
+    ));
     let callers = prop_oneof![Just(0u32), Just(1000u32), any::<u32>()];
     run(
         "control: requests",

@@ -14,7 +14,7 @@ use super::executor::Executor;
 use super::sampling::{self, FullResult};
 use super::watches::Watches;
 use crate::clock::Clock;
-use crate::config::Config;
+use crate::config::{Gpu, Host, Sampling};
 use crate::control::server::Envelope;
 use crate::engine::{Engine, Outcome, Wake, WakeAnswer};
 use crate::guardian::Guardian;
@@ -51,7 +51,9 @@ enum Input {
 
 /// Where the owner task's parts come from; see [`Owner::new`].
 pub(super) struct Parts {
-    pub(super) config: Config,
+    pub(super) sampling: Sampling,
+    pub(super) host: Host,
+    pub(super) gpu: Gpu,
     pub(super) clock: Clock,
     pub(super) engine: Engine,
     pub(super) shared: Arc<Shared>,
@@ -65,7 +67,11 @@ pub(super) struct Parts {
 
 /// The owner task's state: the engine, what feeds it, and the sampling cadence.
 pub(super) struct Owner {
-    config: Config,
+    /// The cadence's settings, where the machine is read, and the GPUs' (a sampler that panicked
+    /// is made again from them).
+    sampling: Sampling,
+    host: Host,
+    gpu: Gpu,
     clock: Clock,
     engine: Engine,
     shared: Arc<Shared>,
@@ -110,9 +116,11 @@ impl Owner {
         let period = watchdog_every.unwrap_or(Duration::from_secs(3600));
         let jobs_notified = p.shared.kernel.jobs();
         Owner {
-            sampler: Some(super::sampler(&p.config)),
-            host_meminfo: meminfo::MeminfoFile::new(&p.config.host.root),
-            config: p.config,
+            sampler: Some(super::sampler(&p.host, &p.gpu)),
+            host_meminfo: meminfo::MeminfoFile::new(&p.host.root),
+            sampling: p.sampling,
+            host: p.host,
+            gpu: p.gpu,
             clock: p.clock,
             engine: p.engine,
             shared: p.shared,
@@ -182,7 +190,7 @@ impl Owner {
             _ = tokio::time::sleep_until(next_full), if sampling => {
                 // On cadence unless more than an interval late.
                 let late = Instant::now().saturating_duration_since(next_full);
-                let interval = Duration::from_millis(self.config.sampling.interval_ms.0);
+                let interval = Duration::from_millis(self.sampling.interval_ms.0);
                 self.full_started = Some(if late < interval { next_full } else { Instant::now() });
                 Input::FullDue
             }
@@ -214,7 +222,7 @@ impl Owner {
             Input::FullDue => {
                 self.demanded = false;
                 if let Some(s) = self.sampler.take() {
-                    let root = self.config.host.process_root.clone();
+                    let root = self.host.process_root.clone();
                     self.full = Some(sampling::spawn_full(s, &mut self.engine, now, root));
                 }
             }
@@ -300,7 +308,7 @@ impl Owner {
                     )));
                 }
                 tracing::error!(error = %e, panics, "the sampler panicked; starting a new one");
-                self.sampler = Some(super::sampler(&self.config));
+                self.sampler = Some(super::sampler(&self.host, &self.gpu));
                 return Flow::Go;
             }
         };
@@ -333,7 +341,7 @@ impl Owner {
         let wait = self
             .engine
             .probe_interval_ms(now)
-            .unwrap_or(self.config.sampling.probe_interval_ms.0);
+            .unwrap_or(self.sampling.probe_interval_ms.0);
         self.next_probe = Instant::now() + Duration::from_millis(wait);
     }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::sample::cgroup::Version;
 
-use crate::config::Config;
+use crate::config::Host;
 use crate::engine::Engine;
 
 /// PSI triggers: 100 ms of "some" stall within 2 s. A window that is a multiple of 2 s is what the
@@ -31,7 +31,7 @@ pub(super) struct Watches {
 
 impl Watches {
     pub(super) fn start(
-        config: &Config,
+        host: &Host,
         engine: &mut Engine,
         woken: Arc<tokio::sync::Notify>,
         counts: Arc<crate::wake::Notified>,
@@ -45,7 +45,7 @@ impl Watches {
             }
         };
         if let Some(w) = &wakers {
-            let psi = config.host.root.join("proc/pressure/memory");
+            let psi = host.root.join("proc/pressure/memory");
             if crate::wake::on_kernel_fs(&psi) {
                 match w.watch_psi(None, &psi, PSI_STALL_US, PSI_WINDOW_US) {
                     Ok(()) => engine.set_host_watched(true),
@@ -58,7 +58,7 @@ impl Watches {
         Watches {
             wakers,
             armory,
-            process_root: config.host.process_root.clone(),
+            process_root: host.process_root.clone(),
             jobs: Default::default(),
             limit_unknown: false,
         }

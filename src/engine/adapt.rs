@@ -438,7 +438,7 @@ impl Engine {
                 adapt: self.cfg.adapt.clone(),
                 dry_run: self.cfg.policy.dry_run,
                 generation: c.generation + 1,
-                journal: self.cfg.control.state_dir.join(JOURNAL),
+                journal: self.cfg.state_dir.join(JOURNAL),
             };
             self.adapting.insert(name);
             self.emit(super::Effect::Adapt(Box::new(task)));
@@ -523,7 +523,7 @@ impl Engine {
                 );
                 c.directives.push(d);
                 // Bounded: the oldest acknowledged directives go first.
-                let cap = self.cfg.control.max_directives_per_job.get();
+                let cap = self.cfg.max_directives_per_job;
                 while c.directives.len() > cap {
                     match c.directives.iter().position(|d| d.applied_epoch.is_some()) {
                         Some(i) => c.directives.remove(i),

@@ -441,7 +441,7 @@ impl Engine {
                 j.name
             )));
         }
-        let cap = self.cfg.control.max_jobs_per_uid.get();
+        let cap = self.cfg.max_jobs_per_uid;
         if !caller.is_root()
             && self
                 .jobs

@@ -334,7 +334,7 @@ impl Engine {
         self.state
             .write(&state)
             .map_err(|e| persist::StateWriteError {
-                path: self.cfg.control.state_dir.join(persist::STATE_FILE),
+                path: self.cfg.state_dir.join(persist::STATE_FILE),
                 reason: e.to_string(),
             })
     }
@@ -418,9 +418,7 @@ impl Engine {
                 if let Some(c) = job.config.as_mut() {
                     // A rewrite may have landed after the last state save: the journal knows.
                     let intents = intents.get_or_insert_with(|| {
-                        super::adapt::Intents::read(
-                            &self.cfg.control.state_dir.join(super::adapt::JOURNAL),
-                        )
+                        super::adapt::Intents::read(&self.cfg.state_dir.join(super::adapt::JOURNAL))
                     });
                     c.unconfirmed = intents.find(&pj.name, &c.file, c.generation + 1);
                 }
@@ -467,7 +465,7 @@ impl Engine {
             .values()
             .filter_map(|j| j.way_out.as_ref()?.swap.clone())
             .collect();
-        self.leftover_swaps = crate::act::swap::recorded(&self.cfg.control.state_dir)
+        self.leftover_swaps = crate::act::swap::recorded(&self.cfg.state_dir)
             .into_iter()
             .filter(|r| !held.contains(r))
             .collect();

@@ -13,6 +13,7 @@ mod notice;
 mod observe;
 mod pausing;
 mod reflex;
+mod settings;
 mod slurm;
 mod timeout;
 mod way_out;
@@ -23,6 +24,7 @@ pub use effect::{Effect, Ending, Outcome, SlurmRequest};
 pub use effects::PauseError;
 pub use observe::Measured;
 pub use reflex::{ArmError, Armed, ReflexHow, ReflexPlan};
+pub use settings::Settings;
 pub use way_out::{NoSwap, WayOutDone, WayOutTask, WhyNot, run_way_out_task};
 
 use std::collections::BTreeMap;
@@ -32,7 +34,6 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::act::audit::{Action, Audit, Event, Reason};
-use crate::config::Config;
 use crate::job::{EndedJob, Growth, Job, JobView};
 use crate::policy;
 use crate::sample::Sample;
@@ -150,7 +151,8 @@ const DETAILED_CALM_MS: u64 = 300_000;
 /// The owner task's state: the attached jobs, the policy's memory, the audit log and what is due.
 /// Only the owner task touches it; every other task sends it requests.
 pub struct Engine {
-    cfg: Config,
+    /// What it reads of the configuration.
+    cfg: Settings,
     process_root: PathBuf,
     jobs: BTreeMap<String, Job>,
     policy: policy::State,
@@ -215,20 +217,20 @@ pub const ENDED_KEPT: usize = 32;
 impl Engine {
     /// An engine with no jobs; `clock_anchor` continues the clock of a daemon that ran before on
     /// this boot.
-    pub fn new(cfg: Config, clock_anchor: Option<crate::act::persist::ClockAnchor>) -> Self {
-        let host = Arc::new(crate::act::driver::Host::new(&cfg.host.process_root));
+    pub fn new(cfg: Settings, clock_anchor: Option<crate::act::persist::ClockAnchor>) -> Self {
+        let host = Arc::new(crate::act::driver::Host::new(&cfg.process_root));
         Self::with_host(cfg, clock_anchor, host)
     }
 
     /// An engine that acts on the host through `host` (a test's driver records instead).
     pub fn with_host(
-        cfg: Config,
+        cfg: Settings,
         clock_anchor: Option<crate::act::persist::ClockAnchor>,
         host: Arc<dyn crate::act::driver::HostDriver>,
     ) -> Self {
-        let audit = Audit::open(&cfg.control.state_dir, cfg.control.audit_max_bytes.0);
+        let audit = Audit::open(&cfg.state_dir, cfg.audit_max_bytes);
         Engine {
-            state: crate::act::persist::StateWriter::new(&cfg.control.state_dir),
+            state: crate::act::persist::StateWriter::new(&cfg.state_dir),
             clock_anchor,
             effects: Default::default(),
             host,
@@ -242,7 +244,7 @@ impl Engine {
             timeouts_handled_ms: None,
             adapting: Default::default(),
             host_watched: false,
-            process_root: cfg.host.process_root.clone(),
+            process_root: cfg.process_root.clone(),
             host_used: Growth::stepped(
                 cfg.sampling.growth_window_ms.0.max(HOST_WINDOW_MS),
                 HOST_STEP_MS,
@@ -507,10 +509,10 @@ mod tests {
 
     fn engine(critical: f64, available: u64, total: u64) -> (Engine, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
-        let mut cfg = Config::default();
+        let mut cfg = crate::config::Config::default();
         cfg.control.state_dir = dir.path().to_owned();
         cfg.policy.host_memory.critical = crate::config::Ratio(critical);
-        let mut e = Engine::new(cfg, None);
+        let mut e = Engine::new(Settings::from(&cfg), None);
         e.host_memory = Some((available, total));
         (e, dir)
     }

@@ -63,7 +63,7 @@ impl Engine {
     /// long again ([`NearWatch`]); and
     /// `collector_down` / `collector_up` when a collector starts or stops failing.
     pub(super) fn watch_for_notices(&mut self, now_ms: u64) {
-        let near_s = self.cfg.notify.near_exhaustion_seconds as f64;
+        let near_s = self.cfg.near_exhaustion_seconds as f64;
         let mut found = Vec::new();
         for j in self.jobs.values().filter(|j| j.pause.is_none()) {
             let soonest = self

@@ -96,7 +96,7 @@ impl Engine {
         let w = &self.cfg.way_out;
         swap::Plan {
             root: self.process_root.clone(),
-            state_dir: self.cfg.control.state_dir.clone(),
+            state_dir: self.cfg.state_dir.clone(),
             zram: w.zram,
             swapfile_dir: (!w.swapfile_dir.as_os_str().is_empty()).then(|| w.swapfile_dir.clone()),
         }

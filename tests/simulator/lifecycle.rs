@@ -155,12 +155,14 @@ fn recovery_undoes_version_1_and_version_2_records() {
         let again: memwatch::act::persist::Persisted = serde_json::from_str(&v2).unwrap();
         assert_eq!(again, old, "version 2 round trip");
         let mut fresh = memwatch::engine::Engine::with_host(
-            memwatch::config::parse(&format!(
-                "[host]\nprocess_root = {:?}\n[control]\nstate_dir = {:?}\n",
-                s.root(),
-                s.host.state_dir
-            ))
-            .unwrap(),
+            memwatch::engine::Settings::from(
+                &memwatch::config::parse(&format!(
+                    "[host]\nprocess_root = {:?}\n[control]\nstate_dir = {:?}\n",
+                    s.root(),
+                    s.host.state_dir
+                ))
+                .unwrap(),
+            ),
             None,
             s.host.clone(),
         );

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use memwatch::act::driver::{SlurmAnswer, SlurmCall};
-use memwatch::engine::{Effect, Engine, Outcome};
+use memwatch::engine::{Effect, Engine, Outcome, Settings};
 
 use super::host::FakeHost;
 
@@ -165,7 +165,7 @@ impl Sim {
         let cfg = memwatch::config::parse(&text).unwrap();
         let config = text.clone();
         let host = FakeHost::new(r, state.path());
-        let engine = Engine::with_host(cfg, None, host.clone());
+        let engine = Engine::with_host(Settings::from(&cfg), None, host.clone());
         let mut sim = Sim {
             _root: root,
             _state: state,
@@ -194,7 +194,7 @@ impl Sim {
     pub fn restart(&mut self) {
         let cfg = memwatch::config::parse(&self.config).unwrap();
         let state = memwatch::act::persist::load(&self.host.state_dir).unwrap();
-        self.engine = Engine::with_host(cfg, None, self.host.clone());
+        self.engine = Engine::with_host(Settings::from(&cfg), None, self.host.clone());
         self.engine.recover(state, self.now);
         self.drain();
         self.check();

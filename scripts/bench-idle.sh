@@ -6,13 +6,15 @@
 # where v1's cpuacct is mounted, else its live threads' schedstat), wakeups (voluntary and involuntary
 # context switches of its live threads), and VmRSS at the end; target/bench-idle/calm.log says when
 # each daemon left or entered calm, and why, and when the host's pressure trigger woke it while calm.
+# One more row, memwatch-scraped: the 8-process job again, with /metrics fetched every SCRAPE s
+# (curl, as a Prometheus scrape would; the scraper's own CPU is not counted).
 # Root; a release build of memwatch; earlyoom on PATH (Debian's `earlyoom` package; this script
 # installs nothing).
 #
-#   ./scripts/bench-idle.sh                 WINDOWS=2 SECS=60 (each watcher gets WINDOWS windows)
+#   ./scripts/bench-idle.sh                 WINDOWS=2 SECS=60 SCRAPE=15 (each watcher gets WINDOWS windows)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-WINDOWS=${WINDOWS:-2} SECS=${SECS:-60} SETTLE=${SETTLE:-5} LARGE=${LARGE:-1024}
+WINDOWS=${WINDOWS:-2} SECS=${SECS:-60} SETTLE=${SETTLE:-5} LARGE=${LARGE:-1024} SCRAPE=${SCRAPE:-15}
 command -v earlyoom >/dev/null || { echo "earlyoom is not on PATH (apt-get install earlyoom)" >&2; exit 2; }
 cargo build --release --locked -p memwatch -p memwatch-memhog >/dev/null
 mw=target/release/memwatch hog=target/release/memhog
@@ -73,19 +75,28 @@ for w in $(seq 1 "$WINDOWS"); do
   measure earlyoom "$eo"
   kill "$eo"
   wait "$eo" 2>/dev/null || true
-  # memwatch with one calm job of 8 processes, then of LARGE
-  for n in 8 "$LARGE"; do
+  # memwatch with one calm job of 8 processes, then of LARGE, then of 8 scraped
+  for n in 8 "$LARGE" scraped; do
+    procs=$n row=memwatch-calm-$n scraper=
+    [ "$n" = scraped ] && procs=8 row=memwatch-scraped
     start_memwatch
-    "$hog" --rate-mib 256 --total-mib 64 --workers $((n - 1)) --hold-ms $(((SETTLE + SECS + 30) * 1000)) >/dev/null &
+    "$hog" --rate-mib 256 --total-mib 64 --workers $((procs - 1)) --hold-ms $(((SETTLE + SECS + 30) * 1000)) >/dev/null &
     job=$!
-    sleep $((1 + n / 256))
+    sleep $((1 + procs / 256))
     "$mw" --config "$work/memwatch.toml" attach "$job" --name calm >/dev/null
-    measure "memwatch-calm-$n" "$pid"
+    if [ "$n" = scraped ]; then
+      addr=$(sed -n 's/.*listening addr=\([0-9.:]*\).*/\1/p' "$work/log" | head -n 1)
+      [ -n "$addr" ] || { echo "no listening address in the daemon's log" >&2; exit 1; }
+      (while :; do curl -sf "http://$addr/metrics" >/dev/null; sleep "$SCRAPE"; done) &
+      scraper=$!
+    fi
+    measure "$row" "$pid"
+    [ -z "$scraper" ] || { kill "$scraper"; wait "$scraper" 2>/dev/null || true; }
     # The workers first: once memhog is gone they are init's, and -P finds none.
     pkill -P "$job" 2>/dev/null || true
     kill "$job" 2>/dev/null || true
     wait "$job" 2>/dev/null || true
-    stop_memwatch "memwatch-calm-$n"
+    stop_memwatch "$row"
   done
 done
 
@@ -93,7 +104,7 @@ how=schedstat
 [ -z "$acct" ] || how=cpuacct
 echo "| watcher | windows | CPU of a core, median ($how) | wakeups/s, median | VmRSS, median | 1-min load |"
 echo "|---|---|---|---|---|---|"
-for n in memwatch-idle memwatch-calm-8 "memwatch-calm-$LARGE" earlyoom; do
+for n in memwatch-idle memwatch-calm-8 "memwatch-calm-$LARGE" memwatch-scraped earlyoom; do
   awk -v n="$n" 'BEGIN {k = 0} $1 == n {c[k] = $2; x[k] = $3; r[k] = $4; l = l (l ? ", " : "") $5; k++}
     function med(a, m,   i, j, t) { for (i = 0; i < m; i++) for (j = i + 1; j < m; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
       return (m % 2) ? a[int(m / 2)] : (a[m / 2 - 1] + a[m / 2]) / 2 }

@@ -256,11 +256,7 @@ impl Owner {
     /// The kernel saw a crossing: what a reflex stopped is taken over first, then a probe now, on
     /// this very turn (or one full sample, for the host's pressure alone while calm).
     fn woken(&mut self, now: u64) {
-        let fired = self.watches.take_fired();
-        let any = !fired.is_empty();
-        for f in fired {
-            self.engine.handle_reflex(f, now);
-        }
+        let any = self.take_over_fired(now);
         let jobs = self.shared.kernel.jobs();
         let wake = if std::mem::replace(&mut self.jobs_notified, jobs) == jobs {
             Wake::HostPressure
@@ -274,6 +270,17 @@ impl Owner {
         if any {
             self.watches.sync(&mut self.engine);
         }
+    }
+
+    /// Hands the engine what the reflexes stopped since the last call. `true` when one had fired
+    /// (the watches need a sync).
+    fn take_over_fired(&mut self, now: u64) -> bool {
+        let fired = self.watches.take_fired();
+        let any = !fired.is_empty();
+        for f in fired {
+            self.engine.handle_reflex(f, now);
+        }
+        any
     }
 
     fn command(&mut self, env: Envelope, now: u64) {
@@ -358,9 +365,7 @@ impl Owner {
     pub(super) fn stop(mut self, restart: bool) {
         let now = self.clock.now_ms();
         self.watches.disarm_all(&mut self.engine);
-        for f in self.watches.take_fired() {
-            self.engine.handle_reflex(f, now);
-        }
+        self.take_over_fired(now);
         let kept = self.engine.shutdown(now, restart);
         let clock = self.clock;
         self.executor

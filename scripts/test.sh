@@ -83,7 +83,7 @@ fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets "${features[@]}" --locked -- -D warnings
 # Every public item is documented (missing_docs in src/lib.rs) and the docs' links resolve.
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --lib --locked -p memwatch
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --lib --locked -p memwatch-core -p memwatch
 # The users the tests act as, made once here so that tests running in parallel never race to make them.
 [ "$(id -u)" != 0 ] || ./scripts/test-users.sh
 cargo test --workspace "${features[@]}" --locked

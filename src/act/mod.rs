@@ -18,4 +18,4 @@ pub mod slurm_holds;
 pub mod swap;
 pub mod systemd;
 
-pub use crate::config::signal_by_name;
+pub use signal::signal_by_name;

@@ -27,6 +27,13 @@ pub enum SignalError {
     },
 }
 
+/// The signal a configuration names ("SIGUSR1", "usr1", "10"), as nix's [`Signal`]: memwatch-core's
+/// table ([`SignalName`](crate::config::SignalName)) gives the number, nix the signal.
+pub fn signal_by_name(name: &str) -> Option<Signal> {
+    let s = crate::config::SignalName::parse(name)?;
+    Signal::try_from(s.number()).ok()
+}
+
 /// Whether a process of user `owner` could signal process `pid` itself, by kill(2)'s rule for an
 /// unprivileged sender: its uid is the target's real or saved uid. Root (`owner` 0) may signal any
 /// process; a process that became root (sudo, su, a set-uid program that called setresuid) is out of
@@ -171,11 +178,29 @@ mod tests {
 
     #[test]
     fn names() {
-        use crate::config::signal_by_name;
         assert_eq!(signal_by_name("SIGUSR1"), Some(Signal::SIGUSR1));
         assert_eq!(signal_by_name("usr2"), Some(Signal::SIGUSR2));
         assert_eq!(signal_by_name("10"), Some(Signal::SIGUSR1));
         assert_eq!(signal_by_name("SIGNOPE"), None);
+    }
+
+    /// memwatch-core's table of names and numbers is nix's (the C library's) on this architecture:
+    /// every signal nix knows has the same number under its name in the table, and back.
+    #[test]
+    fn the_cores_signal_table_is_nixs() {
+        use crate::config::SignalName;
+        let mut seen = 0;
+        for sig in Signal::iterator() {
+            let core = SignalName::parse(sig.as_str())
+                .unwrap_or_else(|| panic!("{sig} is not in memwatch-core's table"));
+            assert_eq!(core.number(), sig as i32, "{sig}");
+            assert_eq!(core.name(), sig.as_str());
+            seen += 1;
+        }
+        assert_eq!(seen, SignalName::all().count());
+        for s in SignalName::all() {
+            assert_eq!(signal_by_name(s.name()).map(|x| x as i32), Some(s.number()));
+        }
     }
 
     #[test]

@@ -49,7 +49,7 @@ impl Engine {
             }
             Decision::Checkpoint { job, cause, reason } => {
                 let name = self.cfg.policy.checkpoint_signal.clone();
-                let sig = crate::config::signal_by_name(&name);
+                let sig = crate::act::signal_by_name(&name);
                 if let (Some(sig), Some(j), false) = (sig, self.jobs.get(&job), dry) {
                     // A Slurm job attached by id: every step's tasks, on every node (its leader
                     // alone when Slurm fails).

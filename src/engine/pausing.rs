@@ -419,7 +419,7 @@ impl Engine {
             }
             (SlurmCall::Signal(_), Err(e)) => {
                 tracing::warn!(job = name, error = %e, "cannot signal the Slurm job; signalling its leader");
-                let sig = crate::config::signal_by_name(&self.cfg.policy.checkpoint_signal);
+                let sig = crate::act::signal_by_name(&self.cfg.policy.checkpoint_signal);
                 if let (Some(sig), Some(j)) = (sig, self.jobs.get(name)) {
                     if let Err(e) = self.signal_root(j, sig) {
                         tracing::warn!(job = name, error = %e, "checkpoint signal failed");

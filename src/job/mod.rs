@@ -1,7 +1,6 @@
 //! Attached jobs: who they are (root process, owner), what was measured, how fast they grow, and
 //! whether memwatch holds them paused.
 
-mod growth;
 pub mod held;
 pub mod measure;
 pub mod origin;
@@ -10,8 +9,8 @@ pub mod way_out;
 
 use serde::{Deserialize, Serialize};
 
-pub use growth::Growth;
 pub use measure::{JobSample, ProcessSample};
+pub use memwatch_core::growth::Growth;
 
 use crate::policy::By;
 use crate::proc::ProcRef;

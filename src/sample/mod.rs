@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 pub use error::ReadError;
 use gpu::{GpuSample, GpuSource};
+pub use memwatch_core::collector::Collector;
 
 /// Everything memwatch knows about the host at one moment.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -74,52 +75,6 @@ pub struct Sample {
     pub gpus: Vec<GpuSample>,
     /// How each collector did.
     pub collectors: Vec<CollectorStatus>,
-}
-
-/// A collector: one group of readers, timed, counted and reported together.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Collector {
-    /// /proc/meminfo.
-    Meminfo,
-    /// /proc/vmstat.
-    Vmstat,
-    /// /proc/pressure.
-    Pressure,
-    /// The daemon's own cgroup.
-    Cgroup,
-    /// hwmon and thermal zones.
-    Thermal,
-    /// NVML.
-    Gpu,
-}
-
-impl Collector {
-    /// Every collector, in the order they run and are reported.
-    pub const ALL: [Collector; 6] = [
-        Collector::Meminfo,
-        Collector::Vmstat,
-        Collector::Pressure,
-        Collector::Cgroup,
-        Collector::Thermal,
-        Collector::Gpu,
-    ];
-
-    /// The collector of that name (as `name` gives it).
-    pub fn by_name(name: &str) -> Option<Collector> {
-        Collector::ALL.into_iter().find(|c| c.name() == name)
-    }
-
-    /// Its name in `memwatch_collector_*{collector}` and the API.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Collector::Meminfo => "meminfo",
-            Collector::Vmstat => "vmstat",
-            Collector::Pressure => "pressure",
-            Collector::Cgroup => "cgroup",
-            Collector::Thermal => "thermal",
-            Collector::Gpu => "gpu",
-        }
-    }
 }
 
 #[derive(Default)]

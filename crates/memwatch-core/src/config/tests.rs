@@ -90,14 +90,14 @@ fn errors_name_the_key_however_it_is_written() {
 #[test]
 fn example_file_matches_defaults() {
     let example = example_toml().unwrap();
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("memwatch.example.toml");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../memwatch.example.toml");
     if std::env::var_os("MEMWATCH_BLESS").is_some() {
         std::fs::write(&path, &example).unwrap();
     }
     let on_disk = std::fs::read_to_string(&path).unwrap();
     assert_eq!(
         on_disk, example,
-        "memwatch.example.toml drifted from the defaults: run `MEMWATCH_BLESS=1 cargo test -p memwatch example_file`"
+        "memwatch.example.toml drifted from the defaults: run `MEMWATCH_BLESS=1 cargo test -p memwatch-core example_file`"
     );
     assert_eq!(parse(&on_disk).unwrap(), Config::default());
 }

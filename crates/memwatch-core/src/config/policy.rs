@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Deserializer, Serialize};
 
+use super::SignalName;
+
 /// The longest pause allowed without `allow_long_pause`: 9 minutes, a minute under PyTorch's default
 /// NCCL watchdog (10 minutes), which ends a distributed job whose ranks stop answering.
 pub const MAX_PAUSE_CEILING_SECONDS: u64 = 540;
@@ -332,8 +334,7 @@ impl Policy {
             }
         }
         if !self.checkpoint_signal.is_empty() {
-            use nix::sys::signal::Signal;
-            match signal_by_name(&self.checkpoint_signal) {
+            match SignalName::parse(&self.checkpoint_signal) {
                 None => {
                     return Err((
                         "policy.checkpoint_signal".into(),
@@ -343,14 +344,7 @@ impl Policy {
                         ),
                     ));
                 }
-                Some(
-                    s @ (Signal::SIGSTOP
-                    | Signal::SIGTSTP
-                    | Signal::SIGTTIN
-                    | Signal::SIGTTOU
-                    | Signal::SIGCONT
-                    | Signal::SIGKILL),
-                ) => {
+                Some(s) if s.stops_continues_or_kills() => {
                     return Err((
                         "policy.checkpoint_signal".into(),
                         format!(
@@ -439,18 +433,4 @@ impl Policy {
         }
         Ok(())
     }
-}
-
-/// Parses "SIGUSR1", "USR1" or a number.
-pub fn signal_by_name(name: &str) -> Option<nix::sys::signal::Signal> {
-    if let Ok(n) = name.parse::<i32>() {
-        return nix::sys::signal::Signal::try_from(n).ok();
-    }
-    let upper = name.trim().to_ascii_uppercase();
-    let full = if upper.starts_with("SIG") {
-        upper
-    } else {
-        format!("SIG{upper}")
-    };
-    full.parse::<nix::sys::signal::Signal>().ok()
 }

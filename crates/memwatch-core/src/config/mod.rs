@@ -14,6 +14,7 @@ mod example;
 mod load;
 mod notify;
 mod policy;
+mod signal;
 mod slurm;
 mod way_out;
 
@@ -22,7 +23,8 @@ pub use example::{ExampleError, example_toml};
 pub use load::{ConfigError, ParseError, load, parse};
 
 pub use notify::{Channel, ChannelKind, NoticeKind, Notify, Secret};
-pub use policy::{Action, OnMaxPause, Policy, Ratio, RatioPolicy, TempPolicy, signal_by_name};
+pub use policy::{Action, OnMaxPause, Policy, Ratio, RatioPolicy, TempPolicy};
+pub use signal::SignalName;
 pub use slurm::Slurm;
 pub use way_out::{Step, WayOut};
 
@@ -219,7 +221,8 @@ pub struct Log {
 }
 
 /// `log.level`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum LogLevel {
     /// Errors only.
@@ -235,7 +238,8 @@ pub enum LogLevel {
 }
 
 /// `log.format`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     /// For people.

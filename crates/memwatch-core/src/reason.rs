@@ -8,9 +8,9 @@ use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::collector::Collector;
 use crate::config::Step;
 use crate::policy::{Cause, Resource, Resumed};
-use crate::sample::Collector;
 
 /// Declares `Reason` with its labels and `Reason::ALL` from one list, so that a new reason is in
 /// `ALL` (and so in the test that docs/api.md lists it) by construction.
@@ -222,7 +222,7 @@ mod tests {
     /// The labels docs/api.md's `/api/v1/events` section lists in its table of reasons (the one
     /// whose header begins "| `reason` |"): the first cell of each row, a single `label`.
     fn documented() -> Vec<String> {
-        let doc = include_str!("../docs/api.md");
+        let doc = include_str!("../../../docs/api.md");
         let start = doc
             .find("\n## `/api/v1/events`")
             .expect("docs/api.md has a /api/v1/events section");

@@ -14,6 +14,7 @@ use nix::sys::signal::Signal;
 use super::cgroup_error::CgroupError;
 use super::signal::SignalError;
 use super::slurm::SlurmError;
+use super::{freeze::Freezing as _, lend::Lending as _, oomd::Marking as _, slurm::Scontrol as _};
 pub use crate::job::held::Mechanism;
 use crate::job::held::{Fired, Frozen, Loan, OomdMark, Slurmctl};
 use crate::proc::ProcRef;

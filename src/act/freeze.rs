@@ -64,17 +64,36 @@ pub fn owned(root: &Path, tree: &[u32], owner: u32) -> Option<Frozen> {
     })
 }
 
-impl Frozen {
+/// The freezer's work on a frozen cgroup's record (`job::held::Frozen`, plain data in memwatch-core):
+/// reading its members, writing its freezer file, waiting for it to settle.
+pub trait Freezing {
     /// The pids in the cgroup and its children now (empty when it cannot be read).
-    pub fn members(&self) -> Vec<u32> {
+    fn members(&self) -> Vec<u32>;
+
+    /// Whether every process in the cgroup could be signalled by `owner` now (checked again just
+    /// before a freeze: a process may have become root since the last full sample).
+    fn within_reach(&self, root: &Path, owner: u32) -> bool;
+
+    /// Asks the kernel to freeze the cgroup and watches it settle for a few milliseconds (a freeze
+    /// usually settles in microseconds). `Ok(true)`: frozen. `Ok(false)`: still freezing; the caller
+    /// finishes the wait off its own thread with [`Freezing::settled_within`].
+    fn freeze(&self) -> std::io::Result<bool>;
+
+    /// Waits up to `wait` for the freeze to take; `false` if it did not.
+    fn settled_within(&self, wait: Duration) -> bool;
+
+    /// Thaws the cgroup; a cgroup that is gone is nothing to thaw.
+    fn thaw(&self) -> std::io::Result<()>;
+}
+
+impl Freezing for Frozen {
+    fn members(&self) -> Vec<u32> {
         let mut pids = Vec::new();
         pids_below(&self.dir, &mut pids);
         pids
     }
 
-    /// Whether every process in the cgroup could be signalled by `owner` now (checked again just
-    /// before a freeze: a process may have become root since the last full sample).
-    pub fn within_reach(&self, root: &Path, owner: u32) -> bool {
+    fn within_reach(&self, root: &Path, owner: u32) -> bool {
         if owner == 0 {
             return true;
         }
@@ -85,40 +104,15 @@ impl Frozen {
                 .all(|p| super::signal::owner_may_signal(root, *p, owner))
     }
 
-    fn is_frozen(&self) -> bool {
-        match self.version {
-            Version::V2 => read_text(&self.dir.join("cgroup.events"))
-                .is_ok_and(|t| t.lines().any(|l| l.trim() == "frozen 1")),
-            Version::V1 => {
-                read_text(&self.dir.join("freezer.state")).is_ok_and(|t| t.trim() == "FROZEN")
-            }
-        }
-    }
-
-    /// Writes the freezer's file; in a cgroup delegated to the job's user (a user's own systemd
-    /// manager made it), with that user's rights (`crate::delegated`).
-    fn write(&self, freeze: bool) -> std::io::Result<()> {
-        use std::io::Write as _;
-        let (file, value) = match self.version {
-            Version::V2 => ("cgroup.freeze", if freeze { "1" } else { "0" }),
-            Version::V1 => ("freezer.state", if freeze { "FROZEN" } else { "THAWED" }),
-        };
-        crate::delegated::open_write(&self.dir.join(file), false, 0)?.write_all(value.as_bytes())
-    }
-
-    /// Asks the kernel to freeze the cgroup and watches it settle for a few milliseconds (a freeze
-    /// usually settles in microseconds). `Ok(true)`: frozen. `Ok(false)`: still freezing; the caller
-    /// finishes the wait off its own thread with [`Frozen::settled_within`].
-    pub fn freeze(&self) -> std::io::Result<bool> {
-        self.write(true)?;
+    fn freeze(&self) -> std::io::Result<bool> {
+        write(self, true)?;
         Ok(self.settled_within(SETTLE_INLINE))
     }
 
-    /// Waits up to `wait` for the freeze to take; `false` if it did not.
-    pub fn settled_within(&self, wait: Duration) -> bool {
+    fn settled_within(&self, wait: Duration) -> bool {
         let start = Instant::now();
         loop {
-            if self.is_frozen() {
+            if is_frozen(self) {
                 return true;
             }
             if start.elapsed() >= wait {
@@ -128,11 +122,31 @@ impl Frozen {
         }
     }
 
-    /// Thaws the cgroup; a cgroup that is gone is nothing to thaw.
-    pub fn thaw(&self) -> std::io::Result<()> {
-        match self.write(false) {
+    fn thaw(&self) -> std::io::Result<()> {
+        match write(self, false) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             other => other,
         }
     }
+}
+
+fn is_frozen(cgroup: &Frozen) -> bool {
+    match cgroup.version {
+        Version::V2 => read_text(&cgroup.dir.join("cgroup.events"))
+            .is_ok_and(|t| t.lines().any(|l| l.trim() == "frozen 1")),
+        Version::V1 => {
+            read_text(&cgroup.dir.join("freezer.state")).is_ok_and(|t| t.trim() == "FROZEN")
+        }
+    }
+}
+
+/// Writes the freezer's file; in a cgroup delegated to the job's user (a user's own systemd
+/// manager made it), with that user's rights (`crate::delegated`).
+fn write(cgroup: &Frozen, freeze: bool) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let (file, value) = match cgroup.version {
+        Version::V2 => ("cgroup.freeze", if freeze { "1" } else { "0" }),
+        Version::V1 => ("freezer.state", if freeze { "FROZEN" } else { "THAWED" }),
+    };
+    crate::delegated::open_write(&cgroup.dir.join(file), false, 0)?.write_all(value.as_bytes())
 }

@@ -11,26 +11,25 @@ use std::path::{Path, PathBuf};
 
 pub use crate::job::held::Loan;
 
-impl Loan {
-    fn limit_file(&self) -> PathBuf {
-        self.dir.join(if self.version == Version::V1 {
-            "memory.limit_in_bytes"
-        } else {
-            "memory.max"
-        })
-    }
-
-    fn usage_file(&self) -> PathBuf {
-        self.dir.join(if self.version == Version::V1 {
-            "memory.usage_in_bytes"
-        } else {
-            "memory.current"
-        })
-    }
-
+/// A loan's work on its cgroup (`job::held::Loan`, plain data in memwatch-core): raising the limit, reading the usage, putting the limit back.
+pub trait Lending {
     /// Raises the limit, through the cgroup's owner. v1 also needs room under a memory+swap limit,
     /// which is raised first.
-    pub fn raise(&self) -> Result<(), CgroupError> {
+    fn raise(&self) -> Result<(), CgroupError>;
+
+    /// The cgroup's usage now; `None` when it is gone.
+    fn usage(&self) -> Option<u64>;
+
+    /// Puts the limit back, through the cgroup's owner, only when usage fits under it with `margin`
+    /// to spare: lowering a v2 limit below usage makes the kernel reclaim and then OOM-kill.
+    /// `Ok(false)`: not yet. A cgroup that is gone counts as settled; but a unit's property outlives
+    /// its cgroup (a stopped service keeps it until the next boot), so systemd is told even then,
+    /// and only a unit systemd no longer has is settled without it.
+    fn restore(&self, margin: u64) -> Result<bool, CgroupError>;
+}
+
+impl Lending for Loan {
+    fn raise(&self) -> Result<(), CgroupError> {
         if let CgroupOwner::Systemd { bus, unit } = &self.owner {
             return Ok(super::systemd::set_memory_max(*bus, unit, self.raised)?);
         }
@@ -41,20 +40,14 @@ impl Loan {
                 write(&memsw, m.saturating_add(extra))?;
             }
         }
-        write(&self.limit_file(), self.raised)
+        write(&limit_file(self), self.raised)
     }
 
-    /// The cgroup's usage now; `None` when it is gone.
-    pub fn usage(&self) -> Option<u64> {
-        read_u64(&self.usage_file())
+    fn usage(&self) -> Option<u64> {
+        read_u64(&usage_file(self))
     }
 
-    /// Puts the limit back, through the cgroup's owner, only when usage fits under it with `margin`
-    /// to spare: lowering a v2 limit below usage makes the kernel reclaim and then OOM-kill.
-    /// `Ok(false)`: not yet. A cgroup that is gone counts as settled; but a unit's property outlives
-    /// its cgroup (a stopped service keeps it until the next boot), so systemd is told even then,
-    /// and only a unit systemd no longer has is settled without it.
-    pub fn restore(&self, margin: u64) -> Result<bool, CgroupError> {
+    fn restore(&self, margin: u64) -> Result<bool, CgroupError> {
         let usage = self.usage();
         if usage.is_some_and(|u| u.saturating_add(margin) > self.original) {
             return Ok(false);
@@ -68,7 +61,7 @@ impl Loan {
         if usage.is_none() {
             return Ok(true);
         }
-        write(&self.limit_file(), self.original)?;
+        write(&limit_file(self), self.original)?;
         if self.version == Version::V1 {
             let memsw = self.dir.join("memory.memsw.limit_in_bytes");
             if let Some(m) = read_u64(&memsw).filter(|m| *m != u64::MAX && *m > self.original) {
@@ -79,6 +72,22 @@ impl Loan {
         }
         Ok(true)
     }
+}
+
+fn limit_file(loan: &Loan) -> PathBuf {
+    loan.dir.join(if loan.version == Version::V1 {
+        "memory.limit_in_bytes"
+    } else {
+        "memory.max"
+    })
+}
+
+fn usage_file(loan: &Loan) -> PathBuf {
+    loan.dir.join(if loan.version == Version::V1 {
+        "memory.usage_in_bytes"
+    } else {
+        "memory.current"
+    })
 }
 
 /// A job's own limit, if memwatch can lend to it: the directory's own limit file holds a number (not

@@ -101,9 +101,18 @@ pub fn read(dir: &Path) -> Result<Option<String>, CgroupError> {
     }
 }
 
-impl OomdMark {
+/// A mark's work on its cgroup (`job::held::OomdMark`, plain data in memwatch-core): setting `user.oomd_omit` and putting back what was there.
+pub trait Marking {
     /// Sets `user.oomd_omit=1` on the cgroup.
-    pub fn set(&self) -> Result<(), CgroupError> {
+    fn set(&self) -> Result<(), CgroupError>;
+
+    /// Puts back what the cgroup had before the mark: the old value, or no attribute. A cgroup that
+    /// is gone, or an attribute already gone, is done.
+    fn restore(&self) -> Result<(), CgroupError>;
+}
+
+impl Marking for OomdMark {
+    fn set(&self) -> Result<(), CgroupError> {
         rustix::fs::lsetxattr(&self.dir, OMIT, b"1", rustix::fs::XattrFlags::empty()).map_err(
             |errno| CgroupError::Xattr {
                 dir: self.dir.clone(),
@@ -113,9 +122,7 @@ impl OomdMark {
         )
     }
 
-    /// Puts back what the cgroup had before the mark: the old value, or no attribute. A cgroup that
-    /// is gone, or an attribute already gone, is done.
-    pub fn restore(&self) -> Result<(), CgroupError> {
+    fn restore(&self) -> Result<(), CgroupError> {
         let r = match &self.previous {
             Some(v) => rustix::fs::lsetxattr(
                 &self.dir,

@@ -83,6 +83,7 @@ pub fn undo_pause(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::act::oomd::Marking as _;
     use crate::act::persist::{HoldRecord, PersistedPause, PhaseRecord};
     use crate::proc::ProcRef;
 

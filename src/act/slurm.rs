@@ -141,97 +141,51 @@ pub fn node_name(cfg: &crate::config::Slurm) -> String {
 /// between: its read, our write, its write).
 const HOLD_TRIES: usize = 3;
 
-impl Slurmctl {
-    /// The commands, timeout and holds from `[slurm]`; `node` is this node's name ([`node_name`],
-    /// which the engine reads once), its name in the holds when they are kept.
-    pub fn new(cfg: &crate::config::Slurm, node: &str) -> Self {
-        Slurmctl {
-            scontrol: cfg.scontrol.clone(),
-            scancel: cfg.scancel.clone(),
-            timeout_ms: cfg.command_timeout_ms,
-            holder: if cfg.holds {
-                node.to_owned()
-            } else {
-                String::new()
-            },
-            hold_seconds: cfg.hold_seconds,
-        }
-    }
-
-    /// The job's one line from `scontrol show job -o`.
-    fn show(&self, id: &str) -> Result<String, SlurmError> {
-        self.scontrol(&["show", "job", "-o", id])
-    }
-
-    /// The job's holds as Slurm has them.
-    fn holds(&self, id: &str) -> Result<Holds, SlurmError> {
-        self.show(id)
-            .map(|line| Holds::parse(slurm_holds::admin_comment(&line)))
-    }
-
-    /// Writes `change` of the job's holds, read back until it is there (another node may write the
-    /// comment between our read and our write); the holds as last read.
-    fn update_holds(
-        &self,
-        id: &str,
-        change: impl Fn(&Holds) -> Holds,
-        there: impl Fn(&Holds) -> bool,
-    ) -> Result<Holds, SlurmError> {
-        let mut holds = self.holds(id)?;
-        for _ in 0..HOLD_TRIES {
-            if there(&holds) {
-                return Ok(holds);
-            }
-            let value = format!("AdminComment={}", change(&holds).render());
-            self.scontrol(&["update", &format!("JobId={id}"), &value])?;
-            holds = self.holds(id)?;
-        }
-        if there(&holds) {
-            Ok(holds)
-        } else {
-            Err(SlurmError::HoldsRace)
-        }
-    }
-
-    /// Records this node's hold on the job's suspension (renewed: it counts `hold_seconds` from
-    /// now). A failure is logged: the suspension is made all the same, and the holds only decide
-    /// who may resume it.
-    fn take_hold(&self, id: &str) {
-        if self.holder.is_empty() {
-            return;
-        }
-        let now = unix_now();
-        let until = now + self.hold_seconds;
-        let written = self.update_holds(
-            id,
-            |h| h.with(&self.holder, until, now),
-            |h| h.of(&self.holder, now).is_some_and(|h| h.until >= until),
-        );
-        if let Err(e) = written {
-            tracing::warn!(slurm_job_id = id, node = self.holder, error = %e, "cannot record this node's hold on the Slurm job's suspension");
-        }
-    }
-
-    fn scontrol(&self, args: &[&str]) -> Result<String, SlurmError> {
-        run(&self.scontrol, args, Duration::from_millis(self.timeout_ms))
-    }
-
+/// Slurm's commands run for a job from a `job::held::Slurmctl` (plain data in memwatch-core): suspend, resume, hold, requeue, cancel, signal, list the pids, each bounded by the record's timeout.
+pub trait Scontrol {
     /// Suspends the whole job, on every node (`scontrol suspend`). Slurm's word is checked, not
     /// assumed: a call that gave no answer in time is settled by the job's state read back.
     /// This node's hold is recorded once the job is suspended (`act::slurm_holds`).
-    pub fn suspend(&self, id: &str) -> Result<(), SlurmError> {
-        self.checked(&["suspend", id], id, "SUSPENDED")?;
-        self.take_hold(id);
-        Ok(())
-    }
+    fn suspend(&self, id: &str) -> Result<(), SlurmError>;
 
     /// Releases this node's hold and resumes the job (`scontrol resume`, checked like
     /// [`Slurmctl::suspend`]) unless other nodes still hold it: then it stays suspended, and the
     /// last of them resumes it. Holds that cannot be read do not keep a job suspended.
-    pub fn resume(&self, id: &str) -> Result<SlurmAnswer, SlurmError> {
+    fn resume(&self, id: &str) -> Result<SlurmAnswer, SlurmError>;
+
+    /// While this node holds the job: reads its state back, suspends it again if it runs (resumed
+    /// behind this node's back: by a person, or by a node that did not see this node's hold), and
+    /// renews this node's hold once half its time has passed.
+    fn hold(&self, id: &str) -> Result<SlurmAnswer, SlurmError>;
+
+    /// The nodes whose holds on job `id` count now (read only: `SlurmCall::Holders`).
+    fn holders(&self, id: &str) -> Result<SlurmAnswer, SlurmError>;
+
+    /// Puts the job back in the queue: its processes are ended and it runs again when scheduled.
+    fn requeue(&self, id: &str) -> Result<(), SlurmError>;
+
+    /// Cancels the job.
+    fn cancel(&self, id: &str) -> Result<(), SlurmError>;
+
+    /// Sends `signal` (a name such as "USR1") to every step's tasks, the batch script included.
+    fn signal(&self, id: &str, signal: &str) -> Result<(), SlurmError>;
+
+    /// The job's pids on this node, from `scontrol listpids`.
+    fn listpids(&self, id: &str) -> Result<Vec<u32>, SlurmError>;
+}
+
+impl Scontrol for Slurmctl {
+    fn suspend(&self, id: &str) -> Result<(), SlurmError> {
+        checked(self, &["suspend", id], id, "SUSPENDED")?;
+        take_hold(self, id);
+        Ok(())
+    }
+
+    fn resume(&self, id: &str) -> Result<SlurmAnswer, SlurmError> {
         if !self.holder.is_empty() {
             let now = unix_now();
-            let released = self.update_holds(
+            let released = update_holds(
+                self,
                 id,
                 |h| h.without(&self.holder, now),
                 |h| h.of(&self.holder, now).is_none(),
@@ -248,15 +202,11 @@ impl Slurmctl {
                 }
             }
         }
-        self.checked(&["resume", id], id, "RUNNING")
-            .map(|()| SlurmAnswer::Done)
+        checked(self, &["resume", id], id, "RUNNING").map(|()| SlurmAnswer::Done)
     }
 
-    /// While this node holds the job: reads its state back, suspends it again if it runs (resumed
-    /// behind this node's back: by a person, or by a node that did not see this node's hold), and
-    /// renews this node's hold once half its time has passed.
-    pub fn hold(&self, id: &str) -> Result<SlurmAnswer, SlurmError> {
-        let line = self.show(id)?;
+    fn hold(&self, id: &str) -> Result<SlurmAnswer, SlurmError> {
+        let line = show(self, id)?;
         let now = unix_now();
         let holds = Holds::parse(slurm_holds::admin_comment(&line));
         match parse_job_state(&line) {
@@ -267,7 +217,7 @@ impl Slurmctl {
                 let mut holders = holds.others(&self.holder, now);
                 if !self.holder.is_empty() {
                     if !fresh {
-                        self.take_hold(id);
+                        take_hold(self, id);
                     }
                     holders.insert(0, self.holder.clone());
                 }
@@ -279,55 +229,21 @@ impl Slurmctl {
         }
     }
 
-    /// The nodes whose holds on job `id` count now (read only: `SlurmCall::Holders`).
-    pub fn holders(&self, id: &str) -> Result<SlurmAnswer, SlurmError> {
-        let line = self.show(id)?;
+    fn holders(&self, id: &str) -> Result<SlurmAnswer, SlurmError> {
+        let line = show(self, id)?;
         let holds = Holds::parse(slurm_holds::admin_comment(&line));
         Ok(SlurmAnswer::Holders(holds.others("", unix_now())))
     }
 
-    /// Runs `args`; when it fails or does not finish in time (slurmctld busy: the request may have
-    /// been carried out all the same; a resume of a job another node already resumed), reads the
-    /// job's state back and counts the call done when the job is in `wanted`, failed otherwise. What
-    /// this cannot see: a request still queued in slurmctld that takes effect after the read.
-    fn checked(&self, args: &[&str], id: &str, wanted: &str) -> Result<(), SlurmError> {
-        let timeout = Duration::from_millis(self.timeout_ms);
-        match run(&self.scontrol, args, timeout) {
-            Ok(_) => Ok(()),
-            Err(e) => {
-                let shown = run(&self.scontrol, &["show", "job", "-o", id], timeout);
-                let not_as_asked = |state| SlurmError::NotAsAsked {
-                    call: Box::new(e.clone()),
-                    state: Box::new(state),
-                };
-                match shown.as_deref().map(parse_job_state) {
-                    Ok(Some(state)) if state == wanted => {
-                        tracing::warn!(slurm_job_id = id, error = %e, state, "Slurm answered late or not at all, but the job is as asked: done");
-                        Ok(())
-                    }
-                    Ok(Some(state)) => Err(not_as_asked(SlurmError::State(state.to_owned()))),
-                    Ok(None) => Err(not_as_asked(SlurmError::NoState)),
-                    Err(q) => Err(SlurmError::Unreadable {
-                        call: Box::new(e),
-                        read: Box::new(q.clone()),
-                    }),
-                }
-            }
-        }
+    fn requeue(&self, id: &str) -> Result<(), SlurmError> {
+        scontrol(self, &["requeue", id]).map(drop)
     }
 
-    /// Puts the job back in the queue: its processes are ended and it runs again when scheduled.
-    pub fn requeue(&self, id: &str) -> Result<(), SlurmError> {
-        self.scontrol(&["requeue", id]).map(drop)
-    }
-
-    /// Cancels the job.
-    pub fn cancel(&self, id: &str) -> Result<(), SlurmError> {
+    fn cancel(&self, id: &str) -> Result<(), SlurmError> {
         run(&self.scancel, &[id], Duration::from_millis(self.timeout_ms)).map(drop)
     }
 
-    /// Sends `signal` (a name such as "USR1") to every step's tasks, the batch script included.
-    pub fn signal(&self, id: &str, signal: &str) -> Result<(), SlurmError> {
+    fn signal(&self, id: &str, signal: &str) -> Result<(), SlurmError> {
         run(
             &self.scancel,
             &["--full", &format!("--signal={signal}"), id],
@@ -336,10 +252,96 @@ impl Slurmctl {
         .map(drop)
     }
 
-    /// The job's pids on this node, from `scontrol listpids`.
-    pub fn listpids(&self, id: &str) -> Result<Vec<u32>, SlurmError> {
-        self.scontrol(&["listpids", id])
-            .map(|t| crate::slurm::parse_listpids(&t))
+    fn listpids(&self, id: &str) -> Result<Vec<u32>, SlurmError> {
+        scontrol(self, &["listpids", id]).map(|t| crate::slurm::parse_listpids(&t))
+    }
+}
+
+/// The job's one line from `scontrol show job -o`.
+fn show(ctl: &Slurmctl, id: &str) -> Result<String, SlurmError> {
+    scontrol(ctl, &["show", "job", "-o", id])
+}
+
+/// The job's holds as Slurm has them.
+fn read_holds(ctl: &Slurmctl, id: &str) -> Result<Holds, SlurmError> {
+    show(ctl, id).map(|line| Holds::parse(slurm_holds::admin_comment(&line)))
+}
+
+/// Writes `change` of the job's holds, read back until it is there (another node may write the
+/// comment between our read and our write); the holds as last read.
+fn update_holds(
+    ctl: &Slurmctl,
+    id: &str,
+    change: impl Fn(&Holds) -> Holds,
+    there: impl Fn(&Holds) -> bool,
+) -> Result<Holds, SlurmError> {
+    let mut holds = read_holds(ctl, id)?;
+    for _ in 0..HOLD_TRIES {
+        if there(&holds) {
+            return Ok(holds);
+        }
+        let value = format!("AdminComment={}", change(&holds).render());
+        scontrol(ctl, &["update", &format!("JobId={id}"), &value])?;
+        holds = read_holds(ctl, id)?;
+    }
+    if there(&holds) {
+        Ok(holds)
+    } else {
+        Err(SlurmError::HoldsRace)
+    }
+}
+
+/// Records ctl node's hold on the job's suspension (renewed: it counts `hold_seconds` from
+/// now). A failure is logged: the suspension is made all the same, and the holds only decide
+/// who may resume it.
+fn take_hold(ctl: &Slurmctl, id: &str) {
+    if ctl.holder.is_empty() {
+        return;
+    }
+    let now = unix_now();
+    let until = now + ctl.hold_seconds;
+    let written = update_holds(
+        ctl,
+        id,
+        |h| h.with(&ctl.holder, until, now),
+        |h| h.of(&ctl.holder, now).is_some_and(|h| h.until >= until),
+    );
+    if let Err(e) = written {
+        tracing::warn!(slurm_job_id = id, node = ctl.holder, error = %e, "cannot record ctl node's hold on the Slurm job's suspension");
+    }
+}
+
+fn scontrol(ctl: &Slurmctl, args: &[&str]) -> Result<String, SlurmError> {
+    run(&ctl.scontrol, args, Duration::from_millis(ctl.timeout_ms))
+}
+
+/// Runs `args`; when it fails or does not finish in time (slurmctld busy: the request may have
+/// been carried out all the same; a resume of a job another node already resumed), reads the
+/// job's state back and counts the call done when the job is in `wanted`, failed otherwise. What
+/// ctl cannot see: a request still queued in slurmctld that takes effect after the read.
+fn checked(ctl: &Slurmctl, args: &[&str], id: &str, wanted: &str) -> Result<(), SlurmError> {
+    let timeout = Duration::from_millis(ctl.timeout_ms);
+    match run(&ctl.scontrol, args, timeout) {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            let shown = run(&ctl.scontrol, &["show", "job", "-o", id], timeout);
+            let not_as_asked = |state| SlurmError::NotAsAsked {
+                call: Box::new(e.clone()),
+                state: Box::new(state),
+            };
+            match shown.as_deref().map(parse_job_state) {
+                Ok(Some(state)) if state == wanted => {
+                    tracing::warn!(slurm_job_id = id, error = %e, state, "Slurm answered late or not at all, but the job is as asked: done");
+                    Ok(())
+                }
+                Ok(Some(state)) => Err(not_as_asked(SlurmError::State(state.to_owned()))),
+                Ok(None) => Err(not_as_asked(SlurmError::NoState)),
+                Err(q) => Err(SlurmError::Unreadable {
+                    call: Box::new(e),
+                    read: Box::new(q.clone()),
+                }),
+            }
+        }
     }
 }
 

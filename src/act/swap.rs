@@ -114,38 +114,6 @@ fn io(path: &Path) -> impl Fn(std::io::Error) -> SwapError + '_ {
     }
 }
 
-impl Device {
-    /// The name /proc/swaps gives it (relative to the process root for zram).
-    pub fn path(&self, root: &Path) -> PathBuf {
-        match self {
-            Device::Zram(n) => root.join(format!("dev/zram{n}")),
-            Device::File(p) => p.clone(),
-        }
-    }
-
-    fn record_name(&self) -> String {
-        match self {
-            Device::Zram(n) => format!("zram{n}.json"),
-            Device::File(p) => format!(
-                "file-{}.json",
-                p.to_string_lossy()
-                    .chars()
-                    .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-                    .collect::<String>()
-            ),
-        }
-    }
-}
-
-impl std::fmt::Display for Device {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Device::Zram(n) => write!(f, "/dev/zram{n}"),
-            Device::File(p) => write!(f, "{}", p.display()),
-        }
-    }
-}
-
 /// How emergency swap may be made.
 #[derive(Debug, Clone)]
 pub struct Plan {

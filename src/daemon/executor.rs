@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use crate::act::driver::{Host, HostDriver};
+use crate::act::freeze::Freezing as _;
 use crate::engine::{Effect, Engine, Outcome, SlurmRequest};
 
 /// Outcomes that may wait for the owner task at once.

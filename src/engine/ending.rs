@@ -5,6 +5,7 @@ use nix::sys::signal::Signal;
 
 use super::Engine;
 use crate::act::audit::{Action, Reason};
+use crate::act::freeze::Freezing as _;
 use crate::act::signal;
 use crate::job::{EndedJob, Job};
 use crate::policy;

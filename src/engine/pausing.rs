@@ -12,6 +12,7 @@ use super::effect::Effect;
 use super::{Engine, PauseError};
 use crate::act::audit::{Action, Reason};
 use crate::act::driver::{Mechanism, SlurmAnswer, SlurmCall};
+use crate::act::freeze::Freezing as _;
 use crate::act::freeze::Frozen;
 use crate::job::{Pause, PausePhase};
 

@@ -4,6 +4,7 @@
 use super::Engine;
 use crate::act::audit::{Action, Reason};
 use crate::act::signal;
+use crate::act::slurm::Scontrol as _;
 use crate::act::slurm::{Slurmctl, Suspended};
 use crate::control::{Caller, Refusal};
 use crate::job::Job;

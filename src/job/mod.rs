@@ -1,16 +1,15 @@
 //! Attached jobs: who they are (root process, owner), what was measured, how fast they grow, and
 //! whether memwatch holds them paused.
 
-pub mod held;
 pub mod measure;
 pub mod origin;
 pub mod owner;
-pub mod way_out;
 
 use serde::{Deserialize, Serialize};
 
 pub use measure::{JobSample, ProcessSample};
 pub use memwatch_core::growth::Growth;
+pub use memwatch_core::{held, way_out};
 
 use crate::policy::By;
 use crate::proc::ProcRef;

@@ -15,15 +15,7 @@ use crate::sample::error::{ReadError, parse_u64, read_text};
 pub use tree::{Tree, descendants};
 pub(crate) use tree::{children_files, parent_map};
 
-/// A process that cannot be confused with a later one that reuses its pid: pid plus start time
-/// (clock ticks after boot, field 22 of /proc/PID/stat).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct ProcRef {
-    /// The process id.
-    pub pid: u32,
-    /// Its start time, clock ticks after boot.
-    pub start_time: u64,
-}
+pub use memwatch_core::host::ProcRef;
 
 /// The parts of /proc/PID/stat memwatch uses.
 #[derive(Debug, Clone, PartialEq, Eq)]

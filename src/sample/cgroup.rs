@@ -11,47 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::error::{ReadError, parse_u64, read_text};
 use super::keyed::{key_value, key_values, read_u64};
 
-/// A cgroup hierarchy's version: where its files are and what they are called. Serialized as the
-/// number (1 or 2), in the API and in the state file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(into = "u8", try_from = "u8")]
-pub enum Version {
-    /// cgroup v1: one hierarchy per controller (`memory/`, `freezer/`).
-    V1,
-    /// cgroup v2: the unified hierarchy.
-    V2,
-}
-
-impl From<Version> for u8 {
-    fn from(v: Version) -> u8 {
-        match v {
-            Version::V1 => 1,
-            Version::V2 => 2,
-        }
-    }
-}
-
-/// A cgroup version that is neither 1 nor 2 (in a state file, say).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("cgroup version {0} is neither 1 nor 2")]
-pub struct UnknownVersion(pub u8);
-
-impl TryFrom<u8> for Version {
-    type Error = UnknownVersion;
-    fn try_from(n: u8) -> Result<Self, UnknownVersion> {
-        match n {
-            1 => Ok(Version::V1),
-            2 => Ok(Version::V2),
-            _ => Err(UnknownVersion(n)),
-        }
-    }
-}
-
-impl std::fmt::Display for Version {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", u8::from(*self))
-    }
-}
+pub use memwatch_core::host::{UnknownVersion, Version};
 
 /// Usage and limit of a memory cgroup.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

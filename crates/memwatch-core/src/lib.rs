@@ -14,5 +14,8 @@
 pub mod collector;
 pub mod config;
 pub mod growth;
+pub mod held;
+pub mod host;
 pub mod policy;
 pub mod reason;
+pub mod way_out;

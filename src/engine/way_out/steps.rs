@@ -9,6 +9,7 @@ use crate::policy;
 use crate::sample::cgroup::Version;
 
 use super::{NoSwap, WayOutTask, WhyNot};
+use crate::act::freeze::Freezing as _;
 
 impl Engine {
     /// The urgent fix a job could take now: the generation of its newest pending change, if its

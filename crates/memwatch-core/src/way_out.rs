@@ -3,8 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::held::{self as swap, Loan};
 use crate::config::Step;
+use crate::held::{self as swap, Loan};
 
 /// Where a job is on the ladder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

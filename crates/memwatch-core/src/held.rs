@@ -1,10 +1,12 @@
-//! What memwatch holds for a job, as records: the mechanism that holds its pause, a cgroup it froze, an emergency swap device, a limit it
-//! lent, a Slurm job it suspended. Plain data, kept in the job, the state file and the API; `act`
-//! does the work (its `impl` blocks for these types live there), so the job's model never imports
-//! the code that acts.
+//! What memwatch holds for a job, as records: the mechanism that holds its pause, a cgroup it froze,
+//! an emergency swap device, a limit it lent, a mark for systemd-oomd, a Slurm job it suspended.
+//! Plain data, kept in the job, the state file and the API. The work on them is `memwatch::act`'s,
+//! through traits whose names say they act (`Freezing` for a [`Frozen`], `Lending` for a [`Loan`],
+//! `Marking` for an [`OomdMark`], `Scontrol` for a [`Slurmctl`]); what is here only computes (a
+//! device's path and record name, a `Slurmctl` from `[slurm]`).
 
-use crate::sample::cgroup::Version;
-use std::path::PathBuf;
+use crate::host::Version;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -23,7 +25,7 @@ pub enum ReflexHow {
     /// Freeze the job's own v1 freezer cgroup.
     Freeze(Frozen),
     /// SIGSTOP the root through its pidfd; the engine stops the rest of the tree once told.
-    Stop(crate::proc::ProcRef),
+    Stop(crate::host::ProcRef),
 }
 
 /// What a fired reflex did (`crate::reflex`).
@@ -32,7 +34,7 @@ pub enum Done {
     /// Froze this v1 freezer cgroup.
     Froze(PathBuf),
     /// Stopped the job's root (SIGSTOP through its pidfd).
-    Stopped(crate::proc::ProcRef),
+    Stopped(crate::host::ProcRef),
 }
 
 /// A reflex that fired, for the engine to take over.
@@ -97,6 +99,39 @@ pub enum Device {
     Zram(u32),
     /// A swapfile memwatch created.
     File(PathBuf),
+}
+
+impl Device {
+    /// The name /proc/swaps gives it (relative to the process root for zram).
+    pub fn path(&self, root: &Path) -> PathBuf {
+        match self {
+            Device::Zram(n) => root.join(format!("dev/zram{n}")),
+            Device::File(p) => p.clone(),
+        }
+    }
+
+    /// The name of its record in the swap directory (`zram0.json`, `file-_swap_memwatch.json`).
+    pub fn record_name(&self) -> String {
+        match self {
+            Device::Zram(n) => format!("zram{n}.json"),
+            Device::File(p) => format!(
+                "file-{}.json",
+                p.to_string_lossy()
+                    .chars()
+                    .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+                    .collect::<String>()
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Zram(n) => write!(f, "/dev/zram{n}"),
+            Device::File(p) => write!(f, "{}", p.display()),
+        }
+    }
 }
 
 /// A recorded emergency swap device: for which job, and how big.
@@ -212,6 +247,24 @@ pub struct Slurmctl {
     /// How long this node's hold counts without being renewed, in seconds.
     #[serde(default)]
     pub hold_seconds: u64,
+}
+
+impl Slurmctl {
+    /// The commands, timeout and holds from `[slurm]`; `node` is this node's name (`act::slurm::node_name`,
+    /// which the engine reads once), its name in the holds when they are kept.
+    pub fn new(cfg: &crate::config::Slurm, node: &str) -> Self {
+        Slurmctl {
+            scontrol: cfg.scontrol.clone(),
+            scancel: cfg.scancel.clone(),
+            timeout_ms: cfg.command_timeout_ms,
+            holder: if cfg.holds {
+                node.to_owned()
+            } else {
+                String::new()
+            },
+            hold_seconds: cfg.hold_seconds,
+        }
+    }
 }
 
 /// What holds one job's pause: a closed set, chosen per job by [`Mechanism::choose`]. Signals are

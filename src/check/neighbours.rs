@@ -11,7 +11,7 @@
 
 use serde::Serialize;
 
-use crate::config::{Action, RatioPolicy};
+use crate::config::{OnCritical, RatioPolicy};
 use crate::proc::neighbours::Neighbours;
 
 /// How far below earlyoom's line memwatch's critical level is advised to be (a share of MemTotal):
@@ -138,7 +138,7 @@ pub fn notes(n: &Neighbours, host: &RatioPolicy, mem_total_bytes: u64) -> Vec<No
         (advise - 0.05).max(0.0),
         (advise - 0.10).max(0.0)
     );
-    let (warning, text) = if host.action != Action::Pause {
+    let (warning, text) = if host.action != OnCritical::Pause {
         (
             true,
             format!(
@@ -263,7 +263,7 @@ mod tests {
         host.critical = crate::config::Ratio(0.85);
         let n = notes(&earlyoom("earlyoom -m 10"), &host, TOTAL);
         assert!(!n[0].warning && n[0].text.contains("pauses first"), "{n:?}");
-        host.action = Action::Warn;
+        host.action = OnCritical::Warn;
         let n = notes(&earlyoom("earlyoom -m 10"), &host, TOTAL);
         assert!(
             n[0].warning && n[0].text.contains("action = \"pause\""),

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use super::Engine;
 use crate::act::audit::{self, Reason};
-use crate::config::Action;
+use crate::config::OnCritical;
 use crate::job::{JobSample, Limit};
 
 /// One job's full measurement, from the blocking pool.
@@ -336,7 +336,7 @@ impl Engine {
         v
     }
 
-    fn action_of(&self, limit: &str) -> Action {
+    fn action_of(&self, limit: &str) -> OnCritical {
         let p = &self.cfg.policy;
         match limit {
             "cgroup" => p.job_cgroup.action,
@@ -431,7 +431,7 @@ impl Engine {
                 let limits: Vec<Limit> = self
                     .limits_with(j, true)
                     .into_iter()
-                    .filter(|l| self.action_of(&l.limit) == Action::Pause)
+                    .filter(|l| self.action_of(&l.limit) == OnCritical::Pause)
                     .filter(|l| !(on_room && (l.limit == "cgroup" || l.limit == "host")))
                     .collect();
                 let projections = limits

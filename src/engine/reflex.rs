@@ -92,7 +92,7 @@ impl Engine {
         let p = &self.cfg.policy;
         if !p.reflex
             || p.dry_run
-            || p.job_cgroup.action != crate::config::Action::Pause
+            || p.job_cgroup.action != crate::config::OnCritical::Pause
             || p.job_cgroup.enter_hold_ms != 0
             || !p.checkpoint_signal.is_empty()
             || j.pause.is_some()

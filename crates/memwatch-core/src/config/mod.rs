@@ -23,7 +23,7 @@ pub use example::{ExampleError, example_toml};
 pub use load::{ConfigError, ParseError, load, parse};
 
 pub use notify::{Channel, ChannelKind, NoticeKind, Notify, Secret};
-pub use policy::{Action, OnMaxPause, Policy, Ratio, RatioPolicy, TempPolicy};
+pub use policy::{OnCritical, OnMaxPause, Policy, Ratio, RatioPolicy, TempPolicy};
 pub use signal::SignalName;
 pub use slurm::Slurm;
 pub use way_out::{Step, WayOut};

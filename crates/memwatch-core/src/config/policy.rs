@@ -12,7 +12,7 @@ pub const MAX_PAUSE_CEILING_SECONDS: u64 = 540;
 /// What memwatch does when a resource turns critical.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Action {
+pub enum OnCritical {
     /// Pause the jobs the resource concerns; resume when it has recovered.
     Pause,
     /// Record and report only.
@@ -52,7 +52,7 @@ impl<'de> Deserialize<'de> for Ratio {
 #[serde(deny_unknown_fields)]
 pub struct RatioPolicy {
     /// pause: pause the jobs the resource concerns; warn: record and report only.
-    pub action: Action,
+    pub action: OnCritical,
     /// Enter warn at this ratio (0-1).
     pub warn: Ratio,
     /// Leave warn below this ratio.
@@ -73,7 +73,7 @@ pub struct RatioPolicy {
 #[serde(deny_unknown_fields)]
 pub struct TempPolicy {
     /// pause: pause the jobs the resource concerns; warn: record and report only.
-    pub action: Action,
+    pub action: OnCritical,
     /// Warn this many degrees below the slowdown point.
     pub warn_below_slowdown: f64,
     /// Critical this many degrees below the shutdown point.
@@ -153,12 +153,12 @@ pub struct Policy {
 mod given {
     use serde::{Deserialize, Deserializer};
 
-    use super::{Action, Policy, Ratio, RatioPolicy, TempPolicy};
+    use super::{OnCritical, Policy, Ratio, RatioPolicy, TempPolicy};
 
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields)]
     struct RatioGiven {
-        action: Option<Action>,
+        action: Option<OnCritical>,
         warn: Option<Ratio>,
         warn_leave: Option<Ratio>,
         critical: Option<Ratio>,
@@ -184,7 +184,7 @@ mod given {
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields)]
     struct TempGiven {
-        action: Option<Action>,
+        action: Option<OnCritical>,
         warn_below_slowdown: Option<f64>,
         critical_below_shutdown: Option<f64>,
         resume_below_slowdown: Option<f64>,
@@ -236,7 +236,15 @@ mod given {
     }
 }
 
-fn ratio(action: Action, w: f64, wl: f64, c: f64, cl: f64, enter: u64, leave: u64) -> RatioPolicy {
+fn ratio(
+    action: OnCritical,
+    w: f64,
+    wl: f64,
+    c: f64,
+    cl: f64,
+    enter: u64,
+    leave: u64,
+) -> RatioPolicy {
     RatioPolicy {
         action,
         warn: Ratio(w),
@@ -260,13 +268,13 @@ impl Default for Policy {
             on_max_pause: OnMaxPause::Resume,
             checkpoint_signal: String::new(),
             checkpoint_grace_ms: 10_000,
-            host_memory: ratio(Action::Pause, 0.80, 0.75, 0.90, 0.85, 0, 5000),
-            swap: ratio(Action::Warn, 0.50, 0.40, 0.90, 0.80, 0, 10_000),
-            pressure: ratio(Action::Pause, 0.10, 0.05, 0.40, 0.10, 2000, 10_000),
-            job_cgroup: ratio(Action::Pause, 0.80, 0.70, 0.95, 0.85, 0, 2000),
-            gpu_memory: ratio(Action::Warn, 0.90, 0.85, 0.97, 0.93, 0, 5000),
+            host_memory: ratio(OnCritical::Pause, 0.80, 0.75, 0.90, 0.85, 0, 5000),
+            swap: ratio(OnCritical::Warn, 0.50, 0.40, 0.90, 0.80, 0, 10_000),
+            pressure: ratio(OnCritical::Pause, 0.10, 0.05, 0.40, 0.10, 2000, 10_000),
+            job_cgroup: ratio(OnCritical::Pause, 0.80, 0.70, 0.95, 0.85, 0, 2000),
+            gpu_memory: ratio(OnCritical::Warn, 0.90, 0.85, 0.97, 0.93, 0, 5000),
             gpu_temperature: TempPolicy {
-                action: Action::Pause,
+                action: OnCritical::Pause,
                 warn_below_slowdown: 3.0,
                 critical_below_shutdown: 5.0,
                 resume_below_slowdown: 5.0,
@@ -276,7 +284,7 @@ impl Default for Policy {
                 leave_hold_ms: 10_000,
             },
             cpu_temperature: TempPolicy {
-                action: Action::Pause,
+                action: OnCritical::Pause,
                 warn_below_slowdown: 0.0,
                 critical_below_shutdown: 5.0,
                 resume_below_slowdown: 5.0,

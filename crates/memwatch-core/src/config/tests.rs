@@ -25,7 +25,7 @@ fn a_policy_table_keeps_the_defaults_of_the_keys_it_does_not_give() {
         }
     );
     assert_eq!(c.policy.swap, d.swap);
-    assert_eq!(c.policy.gpu_temperature.action, Action::Warn);
+    assert_eq!(c.policy.gpu_temperature.action, OnCritical::Warn);
     assert_eq!(
         c.policy.gpu_temperature.leave_hold_ms,
         d.gpu_temperature.leave_hold_ms

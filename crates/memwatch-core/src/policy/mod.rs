@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Action, OnMaxPause, Policy, RatioPolicy, TempPolicy};
+use crate::config::{OnCritical, OnMaxPause, Policy, RatioPolicy, TempPolicy};
 pub use level::{Level, LevelState, Reading, Thresholds};
 pub use resource::{Cause, KeyError, Resource, Resumed};
 
@@ -265,7 +265,7 @@ pub fn temp_thresholds(t: &Temperature, p: &TempPolicy) -> Thresholds {
 }
 
 /// The level keys, with their reading, thresholds and action, for one observation.
-fn resources(obs: &Observation, cfg: &Policy) -> Vec<(Resource, Reading, Thresholds, Action)> {
+fn resources(obs: &Observation, cfg: &Policy) -> Vec<(Resource, Reading, Thresholds, OnCritical)> {
     let mut v = vec![
         (
             Resource::HostMemory,
@@ -371,7 +371,7 @@ pub fn evaluate(prev: &State, obs: &Observation, cfg: &Policy) -> (State, Vec<De
                 value: after.value,
             });
         }
-        if after.level == Level::Critical && action == Action::Pause {
+        if after.level == Level::Critical && action == OnCritical::Pause {
             pausing.insert(key.clone());
         }
         state.levels.insert(key, after);

@@ -10,7 +10,7 @@ use anyhow::Context as _;
 use crate::act::persist::{self, StateLock};
 use crate::clock::Clock;
 use crate::config::{self, Config};
-use crate::engine::{Engine, Settings};
+use crate::engine::{Engine, Settings, Stores};
 use crate::guardian::Guardian;
 use crate::sample::Sampler;
 use crate::sample::gpu::GpuSource;
@@ -71,7 +71,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // its own.
     let armory = Arc::new(crate::reflex::Armory::default());
     let host = crate::act::driver::Host::with_armory(&config.host.process_root, armory.clone());
-    let mut engine = Engine::with_host(Settings::from(&config), Some(anchor), Arc::new(host));
+    let settings = Settings::from(&config);
+    let stores = Stores::open(&settings);
+    let mut engine = Engine::with_host(settings, Some(anchor), Arc::new(host), stores);
     engine.recover(previous, clock.now_ms());
     let bound = servers::bind(&config).await?;
     let guardian = guardian(&config);

@@ -15,6 +15,7 @@ mod pausing;
 mod reflex;
 mod settings;
 mod slurm;
+mod stores;
 mod timeout;
 mod way_out;
 
@@ -25,6 +26,7 @@ pub use effects::PauseError;
 pub use observe::Measured;
 pub use reflex::{ArmError, Armed, ReflexHow, ReflexPlan};
 pub use settings::Settings;
+pub use stores::Stores;
 pub use way_out::{NoSwap, WayOutDone, WayOutTask, WhyNot, run_way_out_task};
 
 use std::collections::BTreeMap;
@@ -215,22 +217,30 @@ pub struct Engine {
 pub const ENDED_KEPT: usize = 32;
 
 impl Engine {
-    /// An engine with no jobs; `clock_anchor` continues the clock of a daemon that ran before on
-    /// this boot.
-    pub fn new(cfg: Settings, clock_anchor: Option<crate::act::persist::ClockAnchor>) -> Self {
+    /// An engine with no jobs on the real host, its [`Stores`] opened in `state_dir` (a thread
+    /// started, files read); `clock_anchor` continues the clock of a daemon that ran before on this
+    /// boot.
+    pub fn open(cfg: Settings, clock_anchor: Option<crate::act::persist::ClockAnchor>) -> Self {
         let host = Arc::new(crate::act::driver::Host::new(&cfg.process_root));
-        Self::with_host(cfg, clock_anchor, host)
+        let stores = Stores::open(&cfg);
+        Self::with_host(cfg, clock_anchor, host, stores)
     }
 
-    /// An engine that acts on the host through `host` (a test's driver records instead).
+    /// An engine with no jobs that acts on the host through `host` (a test's driver records
+    /// instead) and writes to `stores`. It does no I/O of its own.
     pub fn with_host(
         cfg: Settings,
         clock_anchor: Option<crate::act::persist::ClockAnchor>,
         host: Arc<dyn crate::act::driver::HostDriver>,
+        stores: Stores,
     ) -> Self {
-        let audit = Audit::open(&cfg.state_dir, cfg.audit_max_bytes);
+        let Stores {
+            state,
+            audit,
+            slurm_node,
+        } = stores;
         Engine {
-            state: crate::act::persist::StateWriter::new(&cfg.state_dir),
+            state,
             clock_anchor,
             effects: Default::default(),
             host,
@@ -240,7 +250,7 @@ impl Engine {
             leftover_loans: Vec::new(),
             pending_slurm: BTreeMap::new(),
             slurm_checking: std::collections::BTreeSet::new(),
-            slurm_node: crate::act::slurm::node_name(&cfg.slurm),
+            slurm_node,
             timeouts_handled_ms: None,
             adapting: Default::default(),
             host_watched: false,
@@ -512,7 +522,7 @@ mod tests {
         let mut cfg = crate::config::Config::default();
         cfg.control.state_dir = dir.path().to_owned();
         cfg.policy.host_memory.critical = crate::config::Ratio(critical);
-        let mut e = Engine::new(Settings::from(&cfg), None);
+        let mut e = Engine::open(Settings::from(&cfg), None);
         e.host_memory = Some((available, total));
         (e, dir)
     }

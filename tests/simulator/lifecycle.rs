@@ -154,18 +154,16 @@ fn recovery_undoes_version_1_and_version_2_records() {
         let v2 = serde_json::to_string(&old).unwrap();
         let again: memwatch::act::persist::Persisted = serde_json::from_str(&v2).unwrap();
         assert_eq!(again, old, "version 2 round trip");
-        let mut fresh = memwatch::engine::Engine::with_host(
-            memwatch::engine::Settings::from(
-                &memwatch::config::parse(&format!(
-                    "[host]\nprocess_root = {:?}\n[control]\nstate_dir = {:?}\n",
-                    s.root(),
-                    s.host.state_dir
-                ))
-                .unwrap(),
-            ),
-            None,
-            s.host.clone(),
+        let settings = memwatch::engine::Settings::from(
+            &memwatch::config::parse(&format!(
+                "[host]\nprocess_root = {:?}\n[control]\nstate_dir = {:?}\n",
+                s.root(),
+                s.host.state_dir
+            ))
+            .unwrap(),
         );
+        let stores = memwatch::engine::Stores::open(&settings);
+        let mut fresh = memwatch::engine::Engine::with_host(settings, None, s.host.clone(), stores);
         fresh.recover(Some(again), 5);
         let acts = s.host.acts();
         assert!(

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use memwatch::act::driver::{SlurmAnswer, SlurmCall};
-use memwatch::engine::{Effect, Engine, Outcome, Settings};
+use memwatch::engine::{Effect, Engine, Outcome, Settings, Stores};
 
 use super::host::FakeHost;
 
@@ -165,7 +165,9 @@ impl Sim {
         let cfg = memwatch::config::parse(&text).unwrap();
         let config = text.clone();
         let host = FakeHost::new(r, state.path());
-        let engine = Engine::with_host(Settings::from(&cfg), None, host.clone());
+        let settings = Settings::from(&cfg);
+        let stores = Stores::open(&settings);
+        let engine = Engine::with_host(settings, None, host.clone(), stores);
         let mut sim = Sim {
             _root: root,
             _state: state,
@@ -194,7 +196,9 @@ impl Sim {
     pub fn restart(&mut self) {
         let cfg = memwatch::config::parse(&self.config).unwrap();
         let state = memwatch::act::persist::load(&self.host.state_dir).unwrap();
-        self.engine = Engine::with_host(Settings::from(&cfg), None, self.host.clone());
+        let settings = Settings::from(&cfg);
+        let stores = Stores::open(&settings);
+        self.engine = Engine::with_host(settings, None, self.host.clone(), stores);
         self.engine.recover(state, self.now);
         self.drain();
         self.check();

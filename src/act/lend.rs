@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 
 pub use crate::job::held::Loan;
 
-/// A loan's work on its cgroup (`job::held::Loan`, plain data in memwatch-core): raising the limit, reading the usage, putting the limit back.
+/// A loan's work on its cgroup (`job::held::Loan`, plain data in memwatch-core): raising the limit,
+/// reading the usage, putting the limit back.
 pub trait Lending {
     /// Raises the limit, through the cgroup's owner. v1 also needs room under a memory+swap limit,
     /// which is raised first.

@@ -101,7 +101,8 @@ pub fn read(dir: &Path) -> Result<Option<String>, CgroupError> {
     }
 }
 
-/// A mark's work on its cgroup (`job::held::OomdMark`, plain data in memwatch-core): setting `user.oomd_omit` and putting back what was there.
+/// A mark's work on its cgroup (`job::held::OomdMark`, plain data in memwatch-core): setting
+/// `user.oomd_omit` and putting back what was there.
 pub trait Marking {
     /// Sets `user.oomd_omit=1` on the cgroup.
     fn set(&self) -> Result<(), CgroupError>;

@@ -141,7 +141,9 @@ pub fn node_name(cfg: &crate::config::Slurm) -> String {
 /// between: its read, our write, its write).
 const HOLD_TRIES: usize = 3;
 
-/// Slurm's commands run for a job from a `job::held::Slurmctl` (plain data in memwatch-core): suspend, resume, hold, requeue, cancel, signal, list the pids, each bounded by the record's timeout.
+/// Slurm's commands for a job, run from a `job::held::Slurmctl` (plain data in memwatch-core):
+/// suspend, resume, hold, requeue, cancel, signal, list the pids, each bounded by the record's
+/// timeout.
 pub trait Scontrol {
     /// Suspends the whole job, on every node (`scontrol suspend`). Slurm's word is checked, not
     /// assumed: a call that gave no answer in time is settled by the job's state read back.
@@ -149,7 +151,7 @@ pub trait Scontrol {
     fn suspend(&self, id: &str) -> Result<(), SlurmError>;
 
     /// Releases this node's hold and resumes the job (`scontrol resume`, checked like
-    /// [`Slurmctl::suspend`]) unless other nodes still hold it: then it stays suspended, and the
+    /// [`Scontrol::suspend`]) unless other nodes still hold it: then it stays suspended, and the
     /// last of them resumes it. Holds that cannot be read do not keep a job suspended.
     fn resume(&self, id: &str) -> Result<SlurmAnswer, SlurmError>;
 

@@ -250,8 +250,9 @@ pub struct Slurmctl {
 }
 
 impl Slurmctl {
-    /// The commands, timeout and holds from `[slurm]`; `node` is this node's name (`act::slurm::node_name`,
-    /// which the engine reads once), its name in the holds when they are kept.
+    /// The commands, timeout and holds from `[slurm]`; `node` is this node's name
+    /// (`memwatch::act::slurm::node_name`, which the engine's `Stores` read once), its name in the
+    /// holds when they are kept.
     pub fn new(cfg: &crate::config::Slurm, node: &str) -> Self {
         Slurmctl {
             scontrol: cfg.scontrol.clone(),

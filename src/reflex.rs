@@ -1,17 +1,28 @@
-//! The reflex: a job's stop at its critical line, decided ahead and made in the thread that reads
-//! the kernel's threshold notification, with no hop to the owner task (channel, policy, state file).
+//! The reflex: a job's stop at its critical line, decided ahead and made in the wake thread, with no
+//! hop to the owner task (channel, policy, state file).
 //!
 //! The engine decides, whenever a job's limit, line or reach changes, what would stop the job at
 //! critical (`engine::reflex`), and records it in the state file as a pause in phase `armed` before
 //! it is handed over: a daemon killed after the reflex fired leaves a record of what it may have
 //! stopped, and recovery and the guardian undo it as a pause being made. The wake thread then holds
-//! a [`Reflex`]: the job's usage and memory.stat kept open, and what to act on, open too (the v1
-//! freezer's `freezer.state`, or the pidfd pinned on the job's root since attach). On each crossing
-//! of the job's thresholds it reads the working set (usage less inactive file cache, as the engine
-//! counts it); at critical it fires once: freezes the cgroup, or stops the root through its pidfd
-//! after the uid check on the pinned process. It then wakes the owner task, which takes the stop
-//! over as the policy's own pause (write-ahead record, the rest of the tree, the way out), or undoes
-//! it where the job is gone or someone else paused it first.
+//! a [`Reflex`]: the job's usage and memory.stat kept open, and what to act on, open too (the job's
+//! own freezer cgroup's `freezer.state` (v1) or `cgroup.freeze` (v2), or the pidfd pinned on the
+//! job's root since attach). It reads the working set (usage less inactive file cache, as the engine
+//! counts it) when woken; at critical it fires once: freezes the cgroup, or stops the root through
+//! its pidfd after the uid check on the pinned process. It then wakes the owner task, which takes the
+//! stop over as the policy's own pause (write-ahead record, the rest of the tree, the way out), or
+//! undoes it where the job is gone or someone else paused it first.
+//!
+//! What wakes it differs by cgroup version:
+//! - v1: each crossing of the job's memory thresholds (the kernel's eventfd).
+//! - v2, which has no usage thresholds: its own timer. It reads `memory.current` (one pread of a
+//!   file kept open) and reads again after the time the fastest growth memwatch plans for
+//!   ([`FASTEST_GROWTH`], 4 GiB/s) would take to cover the room left to the line and half the margin
+//!   from the line to the limit, between [`POLL_MIN`] and [`POLL_MAX`] ([`poll_after`]): rarely
+//!   while the job is far from its line, every few milliseconds next to it (a 512 MiB limit: 3 ms).
+//!   Growth at 4 GiB/s is caught before it is halfway from the line to the limit; slower growth
+//!   nearer the line. Each read costs a wake-up of the thread (BENCHMARKS.md: its cost by fill).
+//!   Nothing is written to the job's cgroup to arm it.
 //!
 //! A freezer reflex of a job not owned by root checks every member of the cgroup at firing (its
 //! user could signal each), so a cgroup that came to hold another user's process is left to the
@@ -22,23 +33,25 @@ use std::io::Write as _;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
+use crate::job::held::Frozen;
 use crate::proc::ProcRef;
+use crate::sample::cgroup::Version;
 
 pub use crate::job::held::{Done, Fired};
 use crate::sample::kept::KeptFile;
 
 /// What a reflex acts on.
 pub enum Act {
-    /// A cgroup v1 freezer directory, its `freezer.state` open for writing, its members' list kept
-    /// open to check them at firing.
+    /// The job's own freezer cgroup, its state file open for writing, its members' list kept open to
+    /// check them at firing.
     Freeze {
-        /// The freezer cgroup's directory.
-        dir: PathBuf,
-        /// `freezer.state`, open for writing.
+        /// The cgroup and its version.
+        frozen: Frozen,
+        /// `freezer.state` (v1) or `cgroup.freeze` (v2), open for writing.
         state: std::fs::File,
         /// `cgroup.procs` of the freezer cgroup.
         procs: KeptFile,
@@ -57,44 +70,93 @@ pub struct Reflex {
     job: String,
     /// The working set at which it fires (bytes).
     critical_bytes: u64,
+    /// Its cgroup's limit less its line (bytes).
+    margin: u64,
     /// The job's owner: the reflex acts only where that user could.
     owner: u32,
     /// Where `/proc` lies (`/` but in tests).
     process_root: PathBuf,
     usage: KeptFile,
     stat: KeptFile,
+    /// memory.stat's key for inactive file cache (`total_inactive_file` on v1, `inactive_file` on v2).
+    inactive_key: &'static str,
+    /// v2: when the wake thread reads the job's usage next (v1 waits for the kernel's thresholds).
+    due: Option<Instant>,
     act: Act,
 }
 
+/// The fastest growth a v2 reflex's reads keep up with (bytes/s), and the engine's probing: one
+/// process touching fresh pages on one core reaches about 2.7 GiB/s on the development machine.
+pub const FASTEST_GROWTH: f64 = 4.0 * 1024.0 * 1024.0 * 1024.0;
+/// The shortest time between two reads of a v2 job's usage: 4 MiB of growth at 4 GiB/s.
+pub const POLL_MIN: Duration = Duration::from_millis(1);
+/// The longest: the room of 4 GiB to the line, or more.
+pub const POLL_MAX: Duration = Duration::from_secs(1);
+/// After a read that failed or an act that was refused, the next read (the engine's probe decides
+/// meanwhile).
+const POLL_AFTER_ERROR: Duration = Duration::from_millis(100);
+
+/// What one look at the job found.
+enum Look {
+    /// At critical: the act made.
+    Fired(Fired),
+    /// Below the line by this many bytes.
+    Below(u64),
+    /// Not read, or at critical but the act was refused or failed: the engine's probe decides.
+    Nothing,
+}
+
+/// The time until a v2 reflex reads again, with `room` bytes left below its line and `margin` bytes
+/// from the line to the limit: the time growth at [`FASTEST_GROWTH`] takes to cover the room and
+/// half the margin.
+pub fn poll_after(room: u64, margin: u64) -> Duration {
+    Duration::from_secs_f64((room + margin / 2) as f64 / FASTEST_GROWTH).clamp(POLL_MIN, POLL_MAX)
+}
+
 impl Reflex {
-    /// Opens what the reflex reads and acts on: the v1 memory cgroup `memory_dir`'s usage and
-    /// memory.stat, and `act`'s target.
+    /// Opens what the reflex reads and acts on: the memory cgroup `memory_dir`'s usage and
+    /// memory.stat (of cgroup `version`, limited to `limit_bytes`), and `act`'s target. A v2 reflex
+    /// reads at once when its wake thread next turns.
+    #[allow(clippy::too_many_arguments)]
     pub fn open(
         job: &str,
         memory_dir: &Path,
+        version: Version,
         critical_bytes: u64,
+        limit_bytes: u64,
         owner: u32,
         process_root: &Path,
         act: Act,
     ) -> Reflex {
+        let (usage, inactive_key, due) = match version {
+            Version::V1 => ("memory.usage_in_bytes", "total_inactive_file", None),
+            Version::V2 => ("memory.current", "inactive_file", Some(Instant::now())),
+        };
         Reflex {
             job: job.to_owned(),
             critical_bytes,
+            margin: limit_bytes.saturating_sub(critical_bytes),
             owner,
             process_root: process_root.to_owned(),
-            usage: KeptFile::new(memory_dir.join("memory.usage_in_bytes")),
+            usage: KeptFile::new(memory_dir.join(usage)),
             stat: KeptFile::new(memory_dir.join("memory.stat")),
+            inactive_key,
+            due,
             act,
         }
     }
 
-    /// The freezer act on the v1 freezer directory `dir`, if its state file opens for writing.
-    pub fn freezer(dir: &Path) -> std::io::Result<Act> {
-        let state = crate::delegated::open_write(&dir.join("freezer.state"), false, 0)?;
+    /// The freezer act on the job's own cgroup `f`, if its state file opens for writing.
+    pub fn freezer(f: &Frozen) -> std::io::Result<Act> {
+        let file = match f.version {
+            Version::V1 => "freezer.state",
+            Version::V2 => "cgroup.freeze",
+        };
+        let state = crate::delegated::open_write(&f.dir.join(file), false, 0)?;
         Ok(Act::Freeze {
-            dir: dir.to_owned(),
+            frozen: f.clone(),
             state,
-            procs: KeptFile::new(dir.join("cgroup.procs")),
+            procs: KeptFile::new(f.dir.join("cgroup.procs")),
         })
     }
 
@@ -105,7 +167,7 @@ impl Reflex {
             return Some(usage);
         }
         let (path, stat) = self.stat.read().ok()?;
-        let [inactive] = crate::sample::keyed::stat_values(path, stat, ["total_inactive_file"]);
+        let [inactive] = crate::sample::keyed::stat_values(path, stat, [self.inactive_key]);
         let inactive = inactive.unwrap_or(0);
         Some(usage.saturating_sub(inactive))
     }
@@ -126,23 +188,33 @@ impl Reflex {
             .all(|pid| crate::act::signal::owner_may_signal(&self.process_root, pid, self.owner))
     }
 
-    /// Reads the job's working set and, at critical, acts: what it did, or `None` (below the line,
-    /// or the act was refused or failed: the engine's probe decides then).
-    fn try_fire(&mut self, woke: Instant) -> Option<Fired> {
-        let working_set = self.working_set()?;
-        if working_set < self.critical_bytes || !self.members_within_reach() {
-            tracing::debug!(
+    /// Reads the job's working set and, at critical, acts.
+    fn look(&mut self, woke: Instant) -> Look {
+        let Some(working_set) = self.working_set() else {
+            return Look::Nothing;
+        };
+        if working_set < self.critical_bytes {
+            tracing::trace!(
                 job = self.job,
                 working_set,
                 critical = self.critical_bytes,
-                "a crossing below the reflex's line"
+                "below the reflex's line"
             );
-            return None;
+            return Look::Below(self.critical_bytes - working_set);
+        }
+        if !self.members_within_reach() {
+            return Look::Nothing;
         }
         let done = match &mut self.act {
-            Act::Freeze { dir, state, .. } => {
-                state.write_all(b"FROZEN").ok()?;
-                Done::Froze(dir.clone())
+            Act::Freeze { frozen, state, .. } => {
+                let word: &[u8] = match frozen.version {
+                    Version::V1 => b"FROZEN",
+                    Version::V2 => b"1",
+                };
+                if state.write_all(word).is_err() {
+                    return Look::Nothing;
+                }
+                Done::Froze(frozen.clone())
             }
             Act::Stop { root, pidfd } => {
                 if !crate::act::signal::alive(pidfd, root.pid)
@@ -151,14 +223,14 @@ impl Reflex {
                         root.pid,
                         self.owner,
                     )
+                    || crate::act::signal::send_pinned(pidfd, root.pid, Signal::SIGSTOP).is_err()
                 {
-                    return None;
+                    return Look::Nothing;
                 }
-                crate::act::signal::send_pinned(pidfd, root.pid, Signal::SIGSTOP).ok()?;
                 Done::Stopped(*root)
             }
         };
-        Some(Fired {
+        Look::Fired(Fired {
             job: self.job.clone(),
             done,
             working_set,
@@ -236,7 +308,7 @@ impl Armory {
         let Ok(mut armed) = self.armed.lock() else {
             return false;
         };
-        let Some(fired) = armed.get_mut(job).and_then(|r| r.try_fire(woke)) else {
+        let Some(Look::Fired(fired)) = armed.get_mut(job).map(|r| r.look(woke)) else {
             return false;
         };
         armed.remove(job);
@@ -246,5 +318,207 @@ impl Armory {
             f.push(fired);
         }
         true
+    }
+
+    /// When the wake thread must next read a v2 job's usage (`None`: no v2 reflex is armed).
+    pub fn next_due(&self) -> Option<Instant> {
+        let armed = self.armed.lock().ok()?;
+        armed.values().filter_map(|r| r.due).min()
+    }
+
+    /// Reads the usage of every v2 job whose time has come, at `now`: fires each at critical (once:
+    /// a fired reflex is disarmed) and sets the next read of the others by their room to the line.
+    /// `true` when one fired.
+    pub fn poll(&self, now: Instant) -> bool {
+        let Ok(mut armed) = self.armed.lock() else {
+            return false;
+        };
+        let mut fired = Vec::new();
+        for r in armed.values_mut() {
+            if r.due.is_none_or(|d| d > now) {
+                continue;
+            }
+            match r.look(now) {
+                Look::Fired(f) => fired.push(f),
+                Look::Below(room) => r.due = Some(Instant::now() + poll_after(room, r.margin)),
+                Look::Nothing => r.due = Some(Instant::now() + POLL_AFTER_ERROR),
+            }
+        }
+        if fired.is_empty() {
+            return false;
+        }
+        for f in &fired {
+            armed.remove(&f.job);
+        }
+        if let Ok(mut done) = self.fired.lock() {
+            done.extend(fired);
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    /// A v2 job's cgroup on a fixture tree: usage, memory.stat, `cgroup.freeze` (0) and one member.
+    fn v2_cgroup(usage: u64, inactive_file: u64) -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        set(d.path(), usage, inactive_file);
+        std::fs::write(d.path().join("cgroup.freeze"), "0").unwrap();
+        std::fs::write(d.path().join("cgroup.procs"), "4242\n").unwrap();
+        d
+    }
+
+    fn set(dir: &Path, usage: u64, inactive_file: u64) {
+        std::fs::write(dir.join("memory.current"), format!("{usage}\n")).unwrap();
+        std::fs::write(
+            dir.join("memory.stat"),
+            format!("anon {usage}\nfile 0\ninactive_file {inactive_file}\n"),
+        )
+        .unwrap();
+    }
+
+    /// Root's v2 reflex freezing `dir` at 950 MiB of a 1000 MiB limit.
+    fn armed(dir: &Path) -> Armory {
+        let frozen = Frozen {
+            version: Version::V2,
+            dir: dir.to_owned(),
+        };
+        let act = Reflex::freezer(&frozen).unwrap();
+        let armory = Armory::default();
+        armory.arm(Reflex::open(
+            "job",
+            dir,
+            Version::V2,
+            950 * MIB,
+            1000 * MIB,
+            0,
+            Path::new("/"),
+            act,
+        ));
+        armory
+    }
+
+    fn freeze_word(dir: &Path) -> String {
+        std::fs::read_to_string(dir.join("cgroup.freeze")).unwrap()
+    }
+
+    #[test]
+    fn the_time_between_reads_is_the_fastest_growths_time_to_the_line_and_half_the_margin() {
+        assert_eq!(poll_after(0, 0), POLL_MIN);
+        assert_eq!(poll_after(MIB, 0), POLL_MIN, "1 MiB at 4 GiB/s is 0.24 ms");
+        // At the line of a 512 MiB limit (95 %): half of its 25.6 MiB margin, 3.1 ms at 4 GiB/s.
+        let margin = 512 * MIB - (512.0 * MIB as f64 * 0.95).ceil() as u64;
+        let at_line = poll_after(0, margin);
+        assert!(
+            at_line > Duration::from_millis(3) && at_line < Duration::from_millis(4),
+            "{at_line:?}"
+        );
+        assert_eq!(
+            poll_after(40 * MIB, 0),
+            Duration::from_secs_f64(40.0 / 4096.0)
+        );
+        assert_eq!(poll_after(768 << 20, 512 << 20), Duration::from_millis(250));
+        assert_eq!(poll_after(64 << 30, 0), POLL_MAX);
+    }
+
+    #[test]
+    fn a_v2_reflex_reads_at_once_then_as_its_room_to_the_line_allows() {
+        let d = v2_cgroup(200 * MIB, 0);
+        let armory = armed(d.path());
+        let now = Instant::now();
+        assert!(armory.next_due().is_some_and(|due| due <= now + POLL_MIN));
+        assert!(!armory.poll(now), "750 MiB below the line");
+        let due = armory.next_due().unwrap();
+        let wait = due.saturating_duration_since(now);
+        let want = poll_after(750 * MIB, 50 * MIB);
+        assert!(
+            wait >= want && wait < want + Duration::from_millis(50),
+            "{wait:?} against {want:?}"
+        );
+        // Not due yet: nothing is read, the job grows unseen until then.
+        set(d.path(), 990 * MIB, 0);
+        assert!(!armory.poll(now), "a read before its time");
+        assert_eq!(freeze_word(d.path()), "0");
+        assert!(armory.poll(due), "due: read, past the line, frozen");
+        assert_eq!(freeze_word(d.path()), "1");
+        let fired = armory.take_fired();
+        assert_eq!(fired.len(), 1);
+        assert_eq!(
+            fired[0].done,
+            Done::Froze(Frozen {
+                version: Version::V2,
+                dir: d.path().to_owned()
+            })
+        );
+        assert_eq!(fired[0].working_set, 990 * MIB);
+        assert!(armory.next_due().is_none(), "fired once, then disarmed");
+        assert!(armory.armed_jobs().is_empty());
+    }
+
+    #[test]
+    fn inactive_file_cache_over_the_line_is_not_a_crossing_and_sets_the_next_read() {
+        // 990 MiB charged, 300 MiB of it inactive file cache the kernel would reclaim first: a
+        // working set of 690 MiB, 260 MiB below the line.
+        let d = v2_cgroup(990 * MIB, 300 * MIB);
+        let armory = armed(d.path());
+        let now = Instant::now();
+        assert!(!armory.poll(now));
+        assert_eq!(freeze_word(d.path()), "0");
+        let wait = armory.next_due().unwrap().saturating_duration_since(now);
+        assert!(wait >= poll_after(260 * MIB, 50 * MIB), "{wait:?}");
+        // The cache turns into anonymous memory: at the line.
+        set(d.path(), 990 * MIB, 10 * MIB);
+        assert!(armory.poll(now + POLL_MAX));
+        assert_eq!(freeze_word(d.path()), "1");
+        assert_eq!(armory.take_fired()[0].working_set, 980 * MIB);
+    }
+
+    #[test]
+    fn a_v2_reflex_that_cannot_read_retries_and_a_v1_reflex_waits_for_the_kernel() {
+        let d = v2_cgroup(990 * MIB, 0);
+        std::fs::remove_file(d.path().join("memory.current")).unwrap();
+        let armory = armed(d.path());
+        let now = Instant::now();
+        assert!(!armory.poll(now));
+        let wait = armory.next_due().unwrap().saturating_duration_since(now);
+        assert!(wait >= POLL_AFTER_ERROR, "{wait:?}");
+        assert!(armory.disarm("job"));
+        assert!(armory.next_due().is_none());
+
+        // A v1 reflex has no timer: only a crossing of its thresholds reads it.
+        let v1 = tempfile::tempdir().unwrap();
+        std::fs::write(
+            v1.path().join("memory.usage_in_bytes"),
+            format!("{}\n", 990 * MIB),
+        )
+        .unwrap();
+        std::fs::write(v1.path().join("memory.stat"), "total_inactive_file 0\n").unwrap();
+        std::fs::write(v1.path().join("freezer.state"), "THAWED").unwrap();
+        let frozen = Frozen {
+            version: Version::V1,
+            dir: v1.path().to_owned(),
+        };
+        let act = Reflex::freezer(&frozen).unwrap();
+        armory.arm(Reflex::open(
+            "v1",
+            v1.path(),
+            Version::V1,
+            950 * MIB,
+            1000 * MIB,
+            0,
+            Path::new("/"),
+            act,
+        ));
+        assert!(armory.next_due().is_none());
+        assert!(!armory.poll(now + POLL_MAX));
+        assert!(armory.crossing("v1", now));
+        assert_eq!(
+            std::fs::read_to_string(v1.path().join("freezer.state")).unwrap(),
+            "FROZEN"
+        );
     }
 }

@@ -9,7 +9,8 @@
 //!   for 100 ms in 2 s), so they wake fast probing; they cannot stop a fast OOM by themselves.
 //!
 //! A job whose stop at critical is armed ahead (`crate::reflex`) is stopped by this thread itself,
-//! right after the read of its threshold's eventfd, before the owner task is woken.
+//! before the owner task is woken: on v1 right after the read of its threshold's eventfd, on v2 by
+//! this thread's own reads of its usage, timed by the room left to its line (the poll's timeout).
 //!
 //! One thread polls every descriptor and wakes the owner task, which probes at once: wake-ups coalesce
 //! into one pending permit (a `Notify`), so a storm of crossings costs one probe and no memory. Polling
@@ -158,6 +159,12 @@ impl Wakers {
         Ok(())
     }
 
+    /// Interrupts the thread's poll so it takes a reflex just armed into its timing (a v2 reflex
+    /// reads at once).
+    pub fn rearm(&self) {
+        let _ = nix::unistd::write(&self.kick, &[1u8]);
+    }
+
     /// Drops the job's watches (the kernel removes a threshold when its eventfd closes).
     pub fn unwatch(&self, job: &str) {
         self.send(Cmd::Unwatch(Some(job.to_owned())));
@@ -226,9 +233,27 @@ fn run(
                 revents: 0,
             });
         }
-        // SAFETY: `polls` is a valid array of pollfd for its length.
-        let n =
-            unsafe { nix::libc::poll(polls.as_mut_ptr(), polls.len() as nix::libc::nfds_t, -1) };
+        // Until the next v2 reflex's read is due, or for ever.
+        let timeout = armory.next_due().map(|due| {
+            let left = due.saturating_duration_since(std::time::Instant::now());
+            nix::libc::timespec {
+                tv_sec: left.as_secs() as nix::libc::time_t,
+                tv_nsec: nix::libc::c_long::from(left.subsec_nanos() as i32),
+            }
+        });
+        let timeout_ptr = timeout
+            .as_ref()
+            .map_or(std::ptr::null(), |t| t as *const nix::libc::timespec);
+        // SAFETY: `polls` is a valid array of pollfd for its length; the timeout is null or points
+        // to a timespec that lives through the call; no signal mask is given.
+        let n = unsafe {
+            nix::libc::ppoll(
+                polls.as_mut_ptr(),
+                polls.len() as nix::libc::nfds_t,
+                timeout_ptr,
+                std::ptr::null(),
+            )
+        };
         let woke = std::time::Instant::now();
         if n < 0 {
             if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
@@ -283,6 +308,10 @@ fn run(
                     );
                 }
             }
+        }
+        // The v2 reflexes whose read is due (after the thresholds' crossings: a v1 stop first).
+        if armory.poll(std::time::Instant::now()) {
+            out.notify_one();
         }
         for key in dead {
             watches.remove(&key);

@@ -11,7 +11,10 @@
 //! by that user: each paused by hand and by the policy, by the freezer where the attached tree owns its
 //! cgroup and by signals where it does not, resumed, detached, alive, never OOM-killed; the user may
 //! not attach or pause root's job), `reaction-v2` (20 runs into MemoryMax=512M with the package's
-//! config: none OOM-killed; 20 with a level-only policy: the crossing-to-pause times, a benchmark; an attached job that does reach its limit is reported
+//! config: none OOM-killed; 10 with a level-only policy: the crossing-to-pause times, a benchmark,
+//! and the reflex, whose reads of memory.current freeze the job at its line, makes the stop in at
+//! least one of them; 10 more with the reflex off, side by side; an attached job that does reach
+//! its limit is reported
 //! OOM-killed; the PSI trigger on a job's cgroup wakes the daemon), `oomd` and `earlyoom` (each kills
 //! a job alone; with memwatch the job is paused first, marked `user.oomd_omit` while held, and
 //! survives), `way-out-v2` (the way out of a unit's memory pause: a limit
@@ -147,13 +150,18 @@ fn the_package_runs_under_systemd_and_freezes_with_cgroup_v2_on_debian_13() {
 /// Jobs as users start them (system and user services, scopes, a container's scope), each held by
 /// the mechanism its cgroup allows, by hand and by the policy, never OOM-killed; at the rates the
 /// guest reaches, 20 runs into a 512 MiB limit with the package's config, none OOM-killed (the
-/// level-only runs are figures); an OOM kill memwatch let happen
-/// is reported; the job cgroup's PSI trigger wakes the daemon.
+/// level-only runs are figures, but the reflex must make the stop in some of them); an OOM kill
+/// memwatch let happen is reported; the job cgroup's PSI trigger wakes the daemon.
 #[test]
 fn jobs_as_users_start_them_are_held_and_fast_growth_is_survived_on_cgroup_v2() {
     let Some(outcomes) = vm() else { return };
     assert_ok(outcomes, &["user-jobs", "reaction-v2"], &[]);
-    for check in ["shipped-4096: ", "oom-reported: ", "psi-wake: "] {
+    for check in [
+        "shipped-4096: ",
+        "reflex-v2: ",
+        "oom-reported: ",
+        "psi-wake: ",
+    ] {
         assert!(
             outcomes
                 .iter()

@@ -258,7 +258,8 @@ impl Owner {
     fn woken(&mut self, now: u64) {
         let any = self.take_over_fired(now);
         let jobs = self.shared.kernel.jobs();
-        let wake = if std::mem::replace(&mut self.jobs_notified, jobs) == jobs {
+        // A v2 reflex fires on the wake thread's own read, not on a notification it counts.
+        let wake = if std::mem::replace(&mut self.jobs_notified, jobs) == jobs && !any {
             Wake::HostPressure
         } else {
             Wake::Job

@@ -1,6 +1,6 @@
 //! The kernel notifications the daemon asks for (v1 memory thresholds, PSI triggers on the host and on
-//! v2 job cgroups), and the reflexes the wake thread holds on v1 thresholds, kept in step with the
-//! attached jobs.
+//! v2 job cgroups), and the reflexes the wake thread holds (on v1 thresholds, or its own reads of a v2
+//! job's usage), kept in step with the attached jobs.
 
 use std::sync::Arc;
 
@@ -101,20 +101,24 @@ impl Watches {
                 engine.set_watched(&p.job, watched);
                 self.jobs.insert(p.job.clone(), key);
             }
-            // A reflex rides on the job's thresholds.
-            let thresholds = p.dir.version == Version::V1
-                && !p.thresholds.is_empty()
-                && !p.limitless
-                && engine.is_watched(&p.job);
-            let reflex = p.reflex.as_ref().filter(|_| thresholds);
-            arm(
+            // On v1 a reflex rides on the job's thresholds; on v2 the wake thread reads the job's
+            // usage itself.
+            let woken = !p.limitless
+                && match p.dir.version {
+                    Version::V1 => !p.thresholds.is_empty() && engine.is_watched(&p.job),
+                    Version::V2 => crate::wake::on_kernel_fs(&p.dir.dir),
+                };
+            let reflex = p.reflex.as_ref().filter(|_| woken);
+            if arm(
                 &self.armory,
                 engine,
                 &p.job,
-                &p.dir.dir,
+                &p.dir,
                 reflex,
                 &self.process_root,
-            );
+            ) {
+                w.rearm();
+            }
         }
         self.jobs.retain(|job, _| {
             let keep = plan.iter().any(|p| &p.job == job);
@@ -146,24 +150,25 @@ impl Watches {
 }
 
 /// Brings the job's reflex in the wake thread in step with `want`: armed (recorded first), changed,
-/// or disarmed. A reflex that fired meanwhile is left for the engine, which takes it over.
+/// or disarmed. A reflex that fired meanwhile is left for the engine, which takes it over. `true`
+/// when one was armed.
 fn arm(
     armory: &crate::reflex::Armory,
     engine: &mut Engine,
     job: &str,
-    memory_dir: &std::path::Path,
+    memory: &crate::sample::cgroup::CgroupDir,
     want: Option<&crate::engine::ReflexPlan>,
     process_root: &std::path::Path,
-) {
+) -> bool {
     let armed = engine.armed_reflex(job).cloned();
     match want {
-        Some(plan) if plan.is(armed.as_ref()) => {}
+        Some(plan) if plan.is(armed.as_ref()) => false,
         Some(plan) => {
             if armed.is_some() && !armory.disarm(job) {
-                return; // it fired: the engine takes it over first
+                return false; // it fired: the engine takes it over first
             }
             let act = match &plan.how {
-                crate::engine::ReflexHow::Freeze(f) => crate::reflex::Reflex::freezer(&f.dir),
+                crate::engine::ReflexHow::Freeze(f) => crate::reflex::Reflex::freezer(f),
                 crate::engine::ReflexHow::Stop(root) => match &plan.pidfd {
                     Some(pidfd) => Ok(crate::reflex::Act::Stop {
                         root: *root,
@@ -177,24 +182,31 @@ fn arm(
                 Err(e) => {
                     tracing::info!(job, error = %e, "no reflex for this job; its probe decides");
                     engine.disarm_reflex(job);
-                    return;
+                    return false;
                 }
             };
             if let Err(e) = engine.arm_reflex(job, plan) {
                 tracing::warn!(job, error = %e, "the reflex is not armed: it could not be recorded");
-                return;
+                return false;
             }
             armory.arm(crate::reflex::Reflex::open(
                 job,
-                memory_dir,
+                &memory.dir,
+                memory.version,
                 plan.critical_bytes,
+                plan.limit_bytes,
                 plan.owner,
                 process_root,
                 act,
             ));
             tracing::debug!(job, critical_bytes = plan.critical_bytes, how = ?plan.how, "reflex armed");
+            true
         }
-        None if armed.is_some() && armory.disarm(job) => engine.disarm_reflex(job),
-        None => {}
+        None => {
+            if armed.is_some() && armory.disarm(job) {
+                engine.disarm_reflex(job);
+            }
+            false
+        }
     }
 }

@@ -118,7 +118,7 @@ pub struct WakePlan {
     /// The cgroup is known to have no limit: nothing there can run out, so nothing to watch or probe
     /// (the host's memory is watched on its own).
     pub limitless: bool,
-    /// The reflex to arm in the wake thread, where the thresholds are watched.
+    /// The reflex to arm in the wake thread (on v1 where the thresholds are watched).
     pub reflex: Option<ReflexPlan>,
 }
 
@@ -139,8 +139,9 @@ const HOST_WINDOW_MS: u64 = 5000;
 const HOST_STEP_MS: u64 = 1000;
 
 /// The fastest growth the host's probing plans for, bytes/s: one process touching fresh pages on
-/// one core reaches about 2.7 GiB/s on the development machine (BENCHMARKS.md).
-const FASTEST_GROWTH: f64 = 4.0 * 1024.0 * 1024.0 * 1024.0;
+/// one core reaches about 2.7 GiB/s on the development machine (BENCHMARKS.md). The v2 reflex's reads
+/// plan for the same.
+const FASTEST_GROWTH: f64 = crate::reflex::FASTEST_GROWTH;
 
 /// smaps_rollup (PSS, swap) is read at least this often; RSS every sample.
 const DETAILED_EVERY_MS: u64 = 5000;

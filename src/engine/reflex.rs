@@ -1,7 +1,8 @@
 //! The reflex as the engine decides it (the wake thread's side is `crate::reflex`): for each job
-//! whose cgroup v1 limit is watched by the kernel's thresholds, what would stop it at its critical
-//! line, armed ahead with a write-ahead record (a pause in phase `armed`), and, once it fired, the
-//! stop taken over as the policy's own pause, or undone.
+//! whose cgroup has a limit (on v1 one the kernel's thresholds watch; on v2 the wake thread reads
+//! the usage itself), what would stop it at its critical line, armed ahead with a write-ahead record
+//! (a pause in phase `armed`), and, once it fired, the stop taken over as the policy's own pause, or
+//! undone.
 //!
 //! A reflex is armed only where the policy would pause at the crossing itself: `policy.reflex` on,
 //! no dry run, `[policy.job_cgroup]` pausing with no enter hold, no checkpoint signal to send first,
@@ -16,7 +17,6 @@ use nix::sys::signal::Signal;
 use super::Engine;
 use crate::act::audit::{Action, Reason};
 use crate::act::driver::Mechanism;
-use crate::act::freeze::Frozen;
 use crate::act::persist::{HoldRecord, PersistedPause, PhaseRecord};
 use crate::job::Job;
 pub use crate::job::held::{Armed, ReflexHow};
@@ -40,6 +40,9 @@ use crate::sample::cgroup::Version;
 pub struct ReflexPlan {
     /// The working set at which it fires (bytes).
     pub critical_bytes: u64,
+    /// The cgroup's limit (bytes): a v2 reflex's reads are timed to catch 4 GiB/s of growth before
+    /// it is halfway from the line to the limit.
+    pub limit_bytes: u64,
     /// What it acts on.
     pub how: ReflexHow,
     /// The job's owner.
@@ -68,7 +71,10 @@ impl ReflexPlan {
 /// being made.
 pub(super) fn record(armed: &Armed, job: &str) -> PersistedPause {
     let (hold, stopped) = match &armed.how {
-        ReflexHow::Freeze(f) => (HoldRecord::CgroupV1Freezer { dir: f.dir.clone() }, vec![]),
+        ReflexHow::Freeze(f) => (
+            HoldRecord::from(&Mechanism::choose(None, Some(f.clone()))),
+            vec![],
+        ),
         ReflexHow::Stop(root) => (HoldRecord::Signals, vec![*root]),
     };
     PersistedPause {
@@ -102,9 +108,6 @@ impl Engine {
             return None;
         }
         let dir = j.cgroup_dir.as_ref()?;
-        if dir.version != Version::V1 {
-            return None;
-        }
         let limit = j.cgroup().and_then(|c| c.limit_bytes)?;
         let key = Resource::JobCgroup(j.name.clone());
         if self
@@ -120,12 +123,13 @@ impl Engine {
         {
             return None;
         }
-        // A freezer whose members the owner could all signal at the last full sample; for a job not
-        // root's, one cgroup without children (the reflex checks its members again when it fires).
+        // A freezer of the memory cgroup's version whose members the owner could all signal at the
+        // last full sample; for a job not root's, one cgroup without children (the reflex checks its
+        // members again when it fires).
         let freezer = j
             .freezer
             .clone()
-            .filter(|f| f.version == Version::V1 && (j.owner_uid == 0 || !has_child_dirs(&f.dir)));
+            .filter(|f| f.version == dir.version && (j.owner_uid == 0 || !has_child_dirs(&f.dir)));
         let how = match freezer {
             Some(f) => ReflexHow::Freeze(f),
             None if j.pidfd.is_some() => ReflexHow::Stop(j.root),
@@ -133,6 +137,7 @@ impl Engine {
         };
         Some(ReflexPlan {
             critical_bytes: (limit as f64 * p.job_cgroup.critical.0).ceil() as u64,
+            limit_bytes: limit,
             how,
             owner: j.owner_uid,
             pidfd: j.pidfd.clone(),
@@ -209,8 +214,9 @@ impl Engine {
         };
         let cause = Cause::Resource(Resource::JobCgroup(name.clone()));
         let reason = format!(
-            "job cgroup at {percent:.1} % (stopped by the reflex {} µs after the kernel's notification)",
-            fired.took_us
+            "job cgroup at {percent:.1} % (stopped by the reflex {} µs after {})",
+            fired.took_us,
+            self.woken_by(&fired.job)
         );
         tracing::info!(job = name, took_us = fired.took_us, done = ?fired.done, "the reflex stopped the job at its critical line");
         let state = PauseState {
@@ -251,10 +257,7 @@ impl Engine {
     /// root that is still the job's).
     fn fired_mechanism(&self, fired: &Fired) -> Option<Mechanism> {
         match &fired.done {
-            Done::Froze(dir) => Some(Mechanism::FreezeV1(Frozen {
-                version: Version::V1,
-                dir: dir.clone(),
-            })),
+            Done::Froze(f) => Some(Mechanism::choose(None, Some(f.clone()))),
             Done::Stopped(root) => self
                 .jobs
                 .get(&fired.job)
@@ -289,24 +292,30 @@ impl Engine {
             state.reasons.push(cause);
         }
         reason.push_str(&format!(
-            " (stopped by the reflex {} µs after the kernel's notification)",
-            fired.took_us
+            " (stopped by the reflex {} µs after {})",
+            fired.took_us,
+            self.woken_by(name)
         ));
         Some((mechanism, fired))
+    }
+
+    /// What woke the job's reflex: the kernel's threshold (v1) or the wake thread's own read of the
+    /// usage (v2).
+    fn woken_by(&self, job: &str) -> &'static str {
+        match self.jobs.get(job).and_then(|j| j.cgroup_dir.as_ref()) {
+            Some(d) if d.version == Version::V2 => "its read of memory.current",
+            _ => "the kernel's notification",
+        }
     }
 
     /// Undoes what a fired reflex did, unless the job's pause now holds it the same way.
     pub(super) fn undo_fired(&self, fired: &Fired) {
         let pause = self.jobs.get(&fired.job).and_then(|j| j.pause.as_ref());
         match &fired.done {
-            Done::Froze(dir) => {
-                let f = Frozen {
-                    version: Version::V1,
-                    dir: dir.clone(),
-                };
-                if pause.and_then(|p| p.frozen()) != Some(&f) {
-                    if let Err(e) = self.host.thaw(&f) {
-                        tracing::warn!(cgroup = %dir.display(), error = %e, "cannot thaw what the reflex froze");
+            Done::Froze(f) => {
+                if pause.and_then(|p| p.frozen()) != Some(f) {
+                    if let Err(e) = self.host.thaw(f) {
+                        tracing::warn!(cgroup = %f.dir.display(), error = %e, "cannot thaw what the reflex froze");
                     }
                 }
             }

@@ -88,7 +88,7 @@ fn series(w: &mut Writer, v: &View) {
         ),
         (
             "memwatch_job_reflex_armed",
-            "1 while a reflex is armed to stop the job at its cgroup's critical line in the thread that reads the kernel's notification (policy.reflex), else 0.",
+            "1 while a reflex is armed to stop the job at its cgroup's critical line in the daemon's wake thread (policy.reflex: on a v1 threshold's notification, or by its own reads of a v2 cgroup's memory.current), else 0.",
             |j| Some(if j.reflex.is_some() { 1.0 } else { 0.0 }),
         ),
         (

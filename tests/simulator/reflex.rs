@@ -20,24 +20,26 @@ fn root() -> ProcRef {
     }
 }
 
-/// Arms the job's reflex the way `kind` would be held (signals: its root; V1: its freezer), and
-/// checks its record is in the state file.
+/// Arms the job's reflex the way `kind` would be held (signals: its root; V1, V2: its cgroup's
+/// freezer), and checks its record is in the state file.
 fn arm(s: &mut Sim) -> Done {
     let (how, done) = match s.kind {
-        Kind::V1 => {
-            let dir = cgroup_dir(&s.root(), Kind::V1).unwrap();
-            (
-                ReflexHow::Freeze(Frozen {
-                    version: Version::V1,
-                    dir: dir.clone(),
-                }),
-                Done::Froze(dir),
-            )
+        Kind::V1 | Kind::V2 => {
+            let f = Frozen {
+                version: if s.kind == Kind::V1 {
+                    Version::V1
+                } else {
+                    Version::V2
+                },
+                dir: cgroup_dir(&s.root(), s.kind).unwrap(),
+            };
+            (ReflexHow::Freeze(f.clone()), Done::Froze(f))
         }
         _ => (ReflexHow::Stop(root()), Done::Stopped(root())),
     };
     let plan = ReflexPlan {
         critical_bytes: 95 << 20,
+        limit_bytes: 100 << 20,
         how,
         owner: OWNER,
         pidfd: None,
@@ -57,7 +59,13 @@ fn arm(s: &mut Sim) -> Done {
 /// The wake thread's act, played on the fixture.
 fn fire(s: &Sim, done: &Done) {
     match done {
-        Done::Froze(dir) => std::fs::write(dir.join("freezer.state"), "FROZEN").unwrap(),
+        Done::Froze(f) if f.version == Version::V1 => {
+            std::fs::write(f.dir.join("freezer.state"), "FROZEN").unwrap()
+        }
+        Done::Froze(f) => {
+            std::fs::write(f.dir.join("cgroup.freeze"), "1\n").unwrap();
+            std::fs::write(f.dir.join("cgroup.events"), "populated 1\nfrozen 1\n").unwrap();
+        }
         Done::Stopped(r) => s.host.set_state(r.pid, 'T'),
     }
 }
@@ -80,7 +88,7 @@ fn said_and_resumed(s: &mut Sim, said: &str) {
 /// stopped it and when, and a resume undoes it whole.
 #[test]
 fn a_fired_reflex_becomes_the_policys_pause_held_the_same_way() {
-    for kind in [Kind::Signals, Kind::V1] {
+    for kind in [Kind::Signals, Kind::V1, Kind::V2] {
         let mut s = Sim::new(kind);
         let done = arm(&mut s);
         fire(&s, &done);
@@ -121,7 +129,7 @@ fn a_fired_reflex_becomes_the_policys_pause_held_the_same_way() {
 /// The stop is taken over once: the hand-over that follows finds nothing left.
 #[test]
 fn a_policy_pause_decided_while_the_reflexs_stop_waits_is_that_stop() {
-    for kind in [Kind::Signals, Kind::V1] {
+    for kind in [Kind::Signals, Kind::V1, Kind::V2] {
         let mut s = Sim::new(kind);
         let done = arm(&mut s);
         fire(&s, &done);
@@ -207,7 +215,7 @@ fn a_reflex_not_the_policys_to_make_is_undone_or_left_to_the_pause_that_holds() 
 /// thawed), and nothing of the job stays stopped.
 #[test]
 fn a_restarted_daemon_undoes_an_armed_record_that_may_have_fired() {
-    for kind in [Kind::Signals, Kind::V1] {
+    for kind in [Kind::Signals, Kind::V1, Kind::V2] {
         let mut s = Sim::new(kind);
         let done = arm(&mut s);
         fire(&s, &done);
@@ -216,12 +224,54 @@ fn a_restarted_daemon_undoes_an_armed_record_that_may_have_fired() {
         assert!(s.all_running(), "{kind:?}: {:?}", s.host.acts());
         assert!(s.pause().is_none());
         match kind {
-            Kind::V1 => assert!(
+            Kind::V1 | Kind::V2 => assert!(
                 s.host
                     .acts()
                     .contains(&Act::Thaw(cgroup_dir(&s.root(), kind).unwrap()))
             ),
             _ => assert!(s.host.acts().contains(&Act::Continue(vec![PID]))),
         }
+    }
+}
+
+/// The engine plans a reflex for a job whose cgroup v2 has a limit (v1's: tests/reflex.rs, on a real
+/// v1 cgroup): by the job's own `cgroup.freeze` (the wake thread then reads its `memory.current`),
+/// at the critical line of the limit; none without a limit, and none with `policy.reflex` off.
+#[test]
+fn a_reflex_is_planned_for_a_limited_v2_cgroup() {
+    {
+        let kind = Kind::V2;
+        let mut s = Sim::new(kind);
+        s.oom_kills = Some(0);
+        s.sample(0.1);
+        let plan = s.engine.wake_plan();
+        let p = plan.iter().find(|p| p.job == "sim").expect("a wake plan");
+        assert!(p.reflex.is_none(), "{kind:?}: no limit, no line");
+
+        s.cgroup_limit = Some(4 << 30);
+        s.now += 1000;
+        s.sample(0.1);
+        let plan = s.engine.wake_plan();
+        let p = plan.iter().find(|p| p.job == "sim").expect("a wake plan");
+        let r = p.reflex.as_ref().expect("a reflex with a limit");
+        assert_eq!(
+            r.how,
+            ReflexHow::Freeze(Frozen {
+                version: Version::V2,
+                dir: cgroup_dir(&s.root(), kind).unwrap()
+            }),
+            "{kind:?}"
+        );
+        assert_eq!(r.critical_bytes, ((4u64 << 30) as f64 * 0.95).ceil() as u64);
+        assert_eq!(r.limit_bytes, 4 << 30);
+
+        let mut off = Sim::with(kind, "[policy]\nreflex = false\n", &[]);
+        off.cgroup_limit = Some(4 << 30);
+        off.sample(0.1);
+        let plan = off.engine.wake_plan();
+        assert!(
+            plan.iter().all(|p| p.reflex.is_none()),
+            "{kind:?}: reflex = false"
+        );
     }
 }

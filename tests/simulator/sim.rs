@@ -61,8 +61,11 @@ pub struct Sim {
     held: VecDeque<Outcome>,
     /// Freezes still settling, answered by `settle`.
     pub settling: VecDeque<(String, memwatch::job::held::Frozen)>,
-    /// The OOM kills the job's (unlimited) cgroup reports in each sample; `None`: no cgroup.
+    /// The OOM kills the job's cgroup reports in each sample; `None`: none (and no cgroup, unless
+    /// it has a limit).
     pub oom_kills: Option<u64>,
+    /// The job's cgroup limit in each sample (bytes); `None`: unlimited (or no cgroup).
+    pub cgroup_limit: Option<u64>,
     /// The job's root has exited: samples measure nothing of it.
     pub gone: bool,
     config: String,
@@ -183,6 +186,7 @@ impl Sim {
             held: VecDeque::new(),
             settling: VecDeque::new(),
             oom_kills: None,
+            cgroup_limit: None,
             gone: false,
             config,
         };
@@ -245,8 +249,8 @@ impl Sim {
             "timestamp_ms": self.now, "processes": [proc(PID), proc(PID + 1)], "process_count": 2,
             "rss_bytes": 8u64 << 30, "pss_bytes": 8u64 << 30, "pss_read_ms": self.now,
             "swap_bytes": 0, "gpu_bytes": null, "gpus": null,
-            "cgroup": self.oom_kills.map(|n| serde_json::json!({"version": 2, "path": "/sim",
-                "usage_bytes": 1u64 << 30, "limit_bytes": null, "oom_kills": n,
+            "cgroup": (self.oom_kills.is_some() || self.cgroup_limit.is_some()).then(|| serde_json::json!({"version": 2, "path": "/sim",
+                "usage_bytes": 1u64 << 30, "limit_bytes": self.cgroup_limit, "oom_kills": self.oom_kills.unwrap_or(0),
                 "inactive_file_bytes": 0, "anon_bytes": 1u64 << 30, "file_bytes": 0}))
         }))
         .unwrap();

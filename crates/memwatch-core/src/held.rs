@@ -22,7 +22,7 @@ pub struct Frozen {
 /// How an armed reflex stops a job (`crate::reflex`, `engine::reflex`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReflexHow {
-    /// Freeze the job's own v1 freezer cgroup.
+    /// Freeze the job's own cgroup: its v1 freezer's `freezer.state`, or v2's `cgroup.freeze`.
     Freeze(Frozen),
     /// SIGSTOP the root through its pidfd; the engine stops the rest of the tree once told.
     Stop(crate::host::ProcRef),
@@ -31,8 +31,8 @@ pub enum ReflexHow {
 /// What a fired reflex did (`crate::reflex`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Done {
-    /// Froze this v1 freezer cgroup.
-    Froze(PathBuf),
+    /// Froze this cgroup (v1 freezer or v2).
+    Froze(Frozen),
     /// Stopped the job's root (SIGSTOP through its pidfd).
     Stopped(crate::host::ProcRef),
 }
@@ -80,7 +80,8 @@ impl Armed {
 /// A job's armed reflex as the API shows it (`reflex` of a job).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ArmedView {
-    /// "freezer" (the job's own v1 freezer cgroup) or "signals" (SIGSTOP to the root's pidfd).
+    /// "freezer" (the job's own cgroup, v1 freezer or v2 `cgroup.freeze`) or "signals" (SIGSTOP to
+    /// the root's pidfd).
     pub how: String,
     /// The freezer cgroup it freezes.
     #[serde(default, skip_serializing_if = "Option::is_none")]

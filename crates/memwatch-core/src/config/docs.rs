@@ -141,10 +141,13 @@ interval_ms: never stretched.",
     ("policy.dry_run", "Decide and record, but send no signal."),
     (
         "policy.reflex",
-        "Stop a job whose cgroup v1 working set reaches its critical line in the thread that reads the\n\
-         kernel's threshold notification, with no hop to the engine: armed ahead (recorded in the state\n\
-         file), fired at the crossing, then taken over by the engine as its own pause. Off: the engine\n\
-         decides on its probe, as for every other line.",
+        "Stop a job whose cgroup's working set reaches its critical line in the wake thread, with no\n\
+         hop to the engine: on cgroup v1 when the kernel's threshold notification comes, on v2 by the\n\
+         thread's own reads of memory.current (timed for 4 GiB/s of growth to be caught before it is\n\
+         halfway from the line to the limit: every few ms next to the line, less often the farther the\n\
+         job is from it). Armed ahead (recorded in the state file), fired at the crossing,\n\
+         then taken over by the engine as its own pause. Off: the engine decides on its probe, as for\n\
+         every other line.",
     ),
     (
         "policy.reaction_ms",

@@ -96,10 +96,13 @@ pub struct TempPolicy {
 pub struct Policy {
     /// Decide and record, but send no signal.
     pub dry_run: bool,
-    /// Stop a job whose cgroup v1 working set reaches its critical line in the thread that reads the
-    /// kernel's threshold notification, with no hop to the engine: armed ahead (recorded in the state
-    /// file), fired at the crossing, then taken over by the engine as its own pause. Off: the engine
-    /// decides on its probe, as for every other line.
+    /// Stop a job whose cgroup's working set reaches its critical line in the wake thread, with no
+    /// hop to the engine: on cgroup v1 when the kernel's threshold notification comes, on v2 by the
+    /// thread's own reads of memory.current (timed for 4 GiB/s of growth to be caught before it is
+    /// halfway from the line to the limit: every few ms next to the line, less often the farther the
+    /// job is from it). Armed ahead (recorded in the state file), fired at the crossing,
+    /// then taken over by the engine as its own pause. Off: the engine decides on its probe, as for
+    /// every other line.
     pub reflex: bool,
     /// Pause when a job's memory is projected to hit its tightest limit (the host's MemAvailable,
     /// its cgroup limit) sooner than this, whatever the levels say. It covers a probe interval plus

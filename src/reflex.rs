@@ -128,9 +128,9 @@ impl Reflex {
         process_root: &Path,
         act: Act,
     ) -> Reflex {
-        let (usage, inactive_key, due) = match version {
-            Version::V1 => ("memory.usage_in_bytes", "total_inactive_file", None),
-            Version::V2 => ("memory.current", "inactive_file", Some(Instant::now())),
+        let (inactive_key, due) = match version {
+            Version::V1 => ("total_inactive_file", None),
+            Version::V2 => ("inactive_file", Some(Instant::now())),
         };
         Reflex {
             job: job.to_owned(),
@@ -138,7 +138,7 @@ impl Reflex {
             margin: limit_bytes.saturating_sub(critical_bytes),
             owner,
             process_root: process_root.to_owned(),
-            usage: KeptFile::new(memory_dir.join(usage)),
+            usage: KeptFile::new(memory_dir.join(crate::sample::cgroup::usage_file(version))),
             stat: KeptFile::new(memory_dir.join("memory.stat")),
             inactive_key,
             due,
@@ -148,10 +148,7 @@ impl Reflex {
 
     /// The freezer act on the job's own cgroup `f`, if its state file opens for writing.
     pub fn freezer(f: &Frozen) -> std::io::Result<Act> {
-        let file = match f.version {
-            Version::V1 => "freezer.state",
-            Version::V2 => "cgroup.freeze",
-        };
+        let (file, _) = crate::act::freeze::state_file(f.version, true);
         let state = crate::delegated::open_write(&f.dir.join(file), false, 0)?;
         Ok(Act::Freeze {
             frozen: f.clone(),
@@ -207,11 +204,8 @@ impl Reflex {
         }
         let done = match &mut self.act {
             Act::Freeze { frozen, state, .. } => {
-                let word: &[u8] = match frozen.version {
-                    Version::V1 => b"FROZEN",
-                    Version::V2 => b"1",
-                };
-                if state.write_all(word).is_err() {
+                let (_, word) = crate::act::freeze::state_file(frozen.version, true);
+                if state.write_all(word.as_bytes()).is_err() {
                     return Look::Nothing;
                 }
                 Done::Froze(frozen.clone())

@@ -140,13 +140,18 @@ fn is_frozen(cgroup: &Frozen) -> bool {
     }
 }
 
+/// The freezer's file in a cgroup of `version`, and what is written there to freeze (or thaw) it.
+pub fn state_file(version: Version, freeze: bool) -> (&'static str, &'static str) {
+    match version {
+        Version::V2 => ("cgroup.freeze", if freeze { "1" } else { "0" }),
+        Version::V1 => ("freezer.state", if freeze { "FROZEN" } else { "THAWED" }),
+    }
+}
+
 /// Writes the freezer's file; in a cgroup delegated to the job's user (a user's own systemd
 /// manager made it), with that user's rights (`crate::delegated`).
 fn write(cgroup: &Frozen, freeze: bool) -> std::io::Result<()> {
     use std::io::Write as _;
-    let (file, value) = match cgroup.version {
-        Version::V2 => ("cgroup.freeze", if freeze { "1" } else { "0" }),
-        Version::V1 => ("freezer.state", if freeze { "FROZEN" } else { "THAWED" }),
-    };
+    let (file, value) = state_file(cgroup.version, freeze);
     crate::delegated::open_write(&cgroup.dir.join(file), false, 0)?.write_all(value.as_bytes())
 }

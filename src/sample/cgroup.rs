@@ -177,13 +177,17 @@ pub fn locate(root: &Path, membership: &Membership) -> Option<CgroupDir> {
     None
 }
 
+/// The file that holds a cgroup's current usage, by version.
+pub fn usage_file(version: Version) -> &'static str {
+    match version {
+        Version::V1 => "memory.usage_in_bytes",
+        Version::V2 => "memory.current",
+    }
+}
+
 /// Reads only the cgroup's current usage: the cheap read probes make between full reads.
 pub fn read_usage(d: &CgroupDir) -> Result<u64, ReadError> {
-    read_u64(&d.dir.join(if d.version == Version::V1 {
-        "memory.usage_in_bytes"
-    } else {
-        "memory.current"
-    }))
+    read_u64(&d.dir.join(usage_file(d.version)))
 }
 
 /// Reads the processes the kernel's OOM killer killed in the cgroup (`oom_kill` of memory.events, or

@@ -1,7 +1,7 @@
-//! The cost of a v2 reflex's reads (reported in BENCHMARKS.md, not a test): the daemon's own wake
-//! thread (`memwatch::wake::Wakers`) with one v2 reflex armed (`memwatch::reflex::Armory`), the job
-//! held at a fill of its limit, and the thread's CPU and wake-ups counted from its own
-//! `/proc/self/task/TID/schedstat` over a window.
+//! The cost of a v2 job's reads (reported in BENCHMARKS.md, not a test): the daemon's own wake
+//! thread (`memwatch::wake::Wakers`) reading one v2 job's usage against the engine's lines, with its
+//! reflex armed (`memwatch::reflex::Armory`), the job held at a fill of its limit, and the thread's
+//! CPU and wake-ups counted from its own `/proc/self/task/TID/schedstat` over a window.
 //!
 //! cgroup v2 has no usage thresholds, so the wake thread reads the job's `memory.current` again
 //! after the time 4 GiB/s of growth would take to cover the room left to the line and half the margin
@@ -119,11 +119,14 @@ fn main() {
                 &dir,
                 Version::V2,
                 critical,
-                limit_b,
                 0,
                 Path::new("/"),
                 act,
             ));
+            let thresholds = [limit_b / 2, limit_b * 8 / 10, critical];
+            wakers
+                .read_usage("job", &dir, &thresholds, critical, limit_b)
+                .expect("memory.current opens");
             wakers.rearm();
             // Settle, then a window.
             std::thread::sleep(Duration::from_millis(200));
@@ -135,6 +138,7 @@ fn main() {
             let wakes = (n1 - n0) as f64;
             let cpu = (t1 - t0) as f64;
             armory.disarm("job");
+            wakers.unwatch("job");
             let room = critical.saturating_sub(usage);
             println!(
                 "| {limit} MiB | {fill} % | {:.1} MiB | {:.2} ms | {:.1} | {:.4} % | {:.1} µs |",

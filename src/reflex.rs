@@ -15,8 +15,9 @@
 //!
 //! What wakes it differs by cgroup version:
 //! - v1: each crossing of the job's memory thresholds (the kernel's eventfd).
-//! - v2, which has no usage thresholds: its own timer. It reads `memory.current` (one pread of a
-//!   file kept open) and reads again after the time the fastest growth memwatch plans for
+//! - v2, which has no usage thresholds: the wake thread's own reads of the job's `memory.current`
+//!   (`crate::wake::reads`), which stand in for v1's thresholds and look at the reflex whenever
+//!   usage is at or over its line. They come after the time the fastest growth memwatch plans for
 //!   ([`FASTEST_GROWTH`], 4 GiB/s) would take to cover the room left to the line and half the margin
 //!   from the line to the limit, between [`POLL_MIN`] and [`POLL_MAX`] ([`poll_after`]): rarely
 //!   while the job is far from its line, every few milliseconds next to it (a 512 MiB limit: 3 ms).
@@ -70,8 +71,6 @@ pub struct Reflex {
     job: String,
     /// The working set at which it fires (bytes).
     critical_bytes: u64,
-    /// Its cgroup's limit less its line (bytes).
-    margin: u64,
     /// The job's owner: the reflex acts only where that user could.
     owner: u32,
     /// Where `/proc` lies (`/` but in tests).
@@ -80,8 +79,6 @@ pub struct Reflex {
     stat: KeptFile,
     /// memory.stat's key for inactive file cache (`total_inactive_file` on v1, `inactive_file` on v2).
     inactive_key: &'static str,
-    /// v2: when the wake thread reads the job's usage next (v1 waits for the kernel's thresholds).
-    due: Option<Instant>,
     act: Act,
 }
 
@@ -94,7 +91,7 @@ pub const POLL_MIN: Duration = Duration::from_millis(1);
 pub const POLL_MAX: Duration = Duration::from_secs(1);
 /// After a read that failed or an act that was refused, the next read (the engine's probe decides
 /// meanwhile).
-const POLL_AFTER_ERROR: Duration = Duration::from_millis(100);
+pub const POLL_AFTER_ERROR: Duration = Duration::from_millis(100);
 
 /// What one look at the job found.
 enum Look {
@@ -106,6 +103,19 @@ enum Look {
     Nothing,
 }
 
+/// What a crossing did with the job's reflex ([`Armory::crossing`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Crossing {
+    /// It fired (and is disarmed): what it did is among [`Armory::take_fired`].
+    Fired,
+    /// The working set lies this many bytes below the line.
+    Below(u64),
+    /// Not read, or at critical but the act was refused or failed: the engine's probe decides.
+    Unread,
+    /// No reflex is armed for the job.
+    None,
+}
+
 /// The time until a v2 reflex reads again, with `room` bytes left below its line and `margin` bytes
 /// from the line to the limit: the time growth at [`FASTEST_GROWTH`] takes to cover the room and
 /// half the margin.
@@ -115,33 +125,28 @@ pub fn poll_after(room: u64, margin: u64) -> Duration {
 
 impl Reflex {
     /// Opens what the reflex reads and acts on: the memory cgroup `memory_dir`'s usage and
-    /// memory.stat (of cgroup `version`, limited to `limit_bytes`), and `act`'s target. A v2 reflex
-    /// reads at once when its wake thread next turns.
-    #[allow(clippy::too_many_arguments)]
+    /// memory.stat (of cgroup `version`), and `act`'s target.
     pub fn open(
         job: &str,
         memory_dir: &Path,
         version: Version,
         critical_bytes: u64,
-        limit_bytes: u64,
         owner: u32,
         process_root: &Path,
         act: Act,
     ) -> Reflex {
-        let (inactive_key, due) = match version {
-            Version::V1 => ("total_inactive_file", None),
-            Version::V2 => ("inactive_file", Some(Instant::now())),
+        let inactive_key = match version {
+            Version::V1 => "total_inactive_file",
+            Version::V2 => "inactive_file",
         };
         Reflex {
             job: job.to_owned(),
             critical_bytes,
-            margin: limit_bytes.saturating_sub(critical_bytes),
             owner,
             process_root: process_root.to_owned(),
             usage: KeptFile::new(memory_dir.join(crate::sample::cgroup::usage_file(version))),
             stat: KeptFile::new(memory_dir.join("memory.stat")),
             inactive_key,
-            due,
             act,
         }
     }
@@ -296,14 +301,19 @@ impl Armory {
             .unwrap_or_default()
     }
 
-    /// A crossing of `job`'s thresholds, read at `woke`: fires its reflex at critical (once: a
-    /// fired reflex is disarmed). `true` when it fired.
-    pub fn crossing(&self, job: &str, woke: Instant) -> bool {
+    /// A crossing of `job`'s line, read at `woke` (a v1 threshold's eventfd, or a v2 read of its
+    /// usage at or over the line): fires its reflex at critical (once: a fired reflex is disarmed).
+    pub fn crossing(&self, job: &str, woke: Instant) -> Crossing {
         let Ok(mut armed) = self.armed.lock() else {
-            return false;
+            return Crossing::Unread;
         };
-        let Some(Look::Fired(fired)) = armed.get_mut(job).map(|r| r.look(woke)) else {
-            return false;
+        let Some(look) = armed.get_mut(job).map(|r| r.look(woke)) else {
+            return Crossing::None;
+        };
+        let fired = match look {
+            Look::Fired(fired) => fired,
+            Look::Below(room) => return Crossing::Below(room),
+            Look::Nothing => return Crossing::Unread,
         };
         armed.remove(job);
         // Recorded before the lock on the armed set is let go: a disarm that finds the reflex gone
@@ -311,54 +321,18 @@ impl Armory {
         if let Ok(mut f) = self.fired.lock() {
             f.push(fired);
         }
-        true
-    }
-
-    /// When the wake thread must next read a v2 job's usage (`None`: no v2 reflex is armed).
-    pub fn next_due(&self) -> Option<Instant> {
-        let armed = self.armed.lock().ok()?;
-        armed.values().filter_map(|r| r.due).min()
-    }
-
-    /// Reads the usage of every v2 job whose time has come, at `now`: fires each at critical (once:
-    /// a fired reflex is disarmed) and sets the next read of the others by their room to the line.
-    /// `true` when one fired.
-    pub fn poll(&self, now: Instant) -> bool {
-        let Ok(mut armed) = self.armed.lock() else {
-            return false;
-        };
-        let mut fired = Vec::new();
-        for r in armed.values_mut() {
-            if r.due.is_none_or(|d| d > now) {
-                continue;
-            }
-            match r.look(now) {
-                Look::Fired(f) => fired.push(f),
-                Look::Below(room) => r.due = Some(Instant::now() + poll_after(room, r.margin)),
-                Look::Nothing => r.due = Some(Instant::now() + POLL_AFTER_ERROR),
-            }
-        }
-        if fired.is_empty() {
-            return false;
-        }
-        for f in &fired {
-            armed.remove(&f.job);
-        }
-        if let Ok(mut done) = self.fired.lock() {
-            done.extend(fired);
-        }
-        true
+        Crossing::Fired
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    const MIB: u64 = 1 << 20;
+    pub(crate) const MIB: u64 = 1 << 20;
 
     /// A v2 job's cgroup on a fixture tree: usage, memory.stat, `cgroup.freeze` (0) and one member.
-    fn v2_cgroup(usage: u64, inactive_file: u64) -> tempfile::TempDir {
+    pub(crate) fn v2_cgroup(usage: u64, inactive_file: u64) -> tempfile::TempDir {
         let d = tempfile::tempdir().unwrap();
         set(d.path(), usage, inactive_file);
         std::fs::write(d.path().join("cgroup.freeze"), "0").unwrap();
@@ -366,7 +340,7 @@ mod tests {
         d
     }
 
-    fn set(dir: &Path, usage: u64, inactive_file: u64) {
+    pub(crate) fn set(dir: &Path, usage: u64, inactive_file: u64) {
         std::fs::write(dir.join("memory.current"), format!("{usage}\n")).unwrap();
         std::fs::write(
             dir.join("memory.stat"),
@@ -376,7 +350,7 @@ mod tests {
     }
 
     /// Root's v2 reflex freezing `dir` at 950 MiB of a 1000 MiB limit.
-    fn armed(dir: &Path) -> Armory {
+    pub(crate) fn armed(dir: &Path) -> Armory {
         let frozen = Frozen {
             version: Version::V2,
             dir: dir.to_owned(),
@@ -388,7 +362,6 @@ mod tests {
             dir,
             Version::V2,
             950 * MIB,
-            1000 * MIB,
             0,
             Path::new("/"),
             act,
@@ -396,7 +369,7 @@ mod tests {
         armory
     }
 
-    fn freeze_word(dir: &Path) -> String {
+    pub(crate) fn freeze_word(dir: &Path) -> String {
         std::fs::read_to_string(dir.join("cgroup.freeze")).unwrap()
     }
 
@@ -420,24 +393,14 @@ mod tests {
     }
 
     #[test]
-    fn a_v2_reflex_reads_at_once_then_as_its_room_to_the_line_allows() {
+    fn a_v2_reflex_fires_once_past_its_line_and_is_disarmed() {
         let d = v2_cgroup(200 * MIB, 0);
         let armory = armed(d.path());
         let now = Instant::now();
-        assert!(armory.next_due().is_some_and(|due| due <= now + POLL_MIN));
-        assert!(!armory.poll(now), "750 MiB below the line");
-        let due = armory.next_due().unwrap();
-        let wait = due.saturating_duration_since(now);
-        let want = poll_after(750 * MIB, 50 * MIB);
-        assert!(
-            wait >= want && wait < want + Duration::from_millis(50),
-            "{wait:?} against {want:?}"
-        );
-        // Not due yet: nothing is read, the job grows unseen until then.
-        set(d.path(), 990 * MIB, 0);
-        assert!(!armory.poll(now), "a read before its time");
+        assert_eq!(armory.crossing("job", now), Crossing::Below(750 * MIB));
         assert_eq!(freeze_word(d.path()), "0");
-        assert!(armory.poll(due), "due: read, past the line, frozen");
+        set(d.path(), 990 * MIB, 0);
+        assert_eq!(armory.crossing("job", now), Crossing::Fired);
         assert_eq!(freeze_word(d.path()), "1");
         let fired = armory.take_fired();
         assert_eq!(fired.len(), 1);
@@ -449,41 +412,36 @@ mod tests {
             })
         );
         assert_eq!(fired[0].working_set, 990 * MIB);
-        assert!(armory.next_due().is_none(), "fired once, then disarmed");
+        assert_eq!(armory.crossing("job", now), Crossing::None, "fired once");
         assert!(armory.armed_jobs().is_empty());
     }
 
     #[test]
-    fn inactive_file_cache_over_the_line_is_not_a_crossing_and_sets_the_next_read() {
+    fn inactive_file_cache_over_the_line_is_not_a_crossing() {
         // 990 MiB charged, 300 MiB of it inactive file cache the kernel would reclaim first: a
         // working set of 690 MiB, 260 MiB below the line.
         let d = v2_cgroup(990 * MIB, 300 * MIB);
         let armory = armed(d.path());
         let now = Instant::now();
-        assert!(!armory.poll(now));
+        assert_eq!(armory.crossing("job", now), Crossing::Below(260 * MIB));
         assert_eq!(freeze_word(d.path()), "0");
-        let wait = armory.next_due().unwrap().saturating_duration_since(now);
-        assert!(wait >= poll_after(260 * MIB, 50 * MIB), "{wait:?}");
         // The cache turns into anonymous memory: at the line.
         set(d.path(), 990 * MIB, 10 * MIB);
-        assert!(armory.poll(now + POLL_MAX));
+        assert_eq!(armory.crossing("job", now), Crossing::Fired);
         assert_eq!(freeze_word(d.path()), "1");
         assert_eq!(armory.take_fired()[0].working_set, 980 * MIB);
     }
 
     #[test]
-    fn a_v2_reflex_that_cannot_read_retries_and_a_v1_reflex_waits_for_the_kernel() {
+    fn a_reflex_that_cannot_read_leaves_it_to_the_engine_and_a_v1_reflex_freezes_its_cgroup() {
         let d = v2_cgroup(990 * MIB, 0);
         std::fs::remove_file(d.path().join("memory.current")).unwrap();
         let armory = armed(d.path());
         let now = Instant::now();
-        assert!(!armory.poll(now));
-        let wait = armory.next_due().unwrap().saturating_duration_since(now);
-        assert!(wait >= POLL_AFTER_ERROR, "{wait:?}");
+        assert_eq!(armory.crossing("job", now), Crossing::Unread);
         assert!(armory.disarm("job"));
-        assert!(armory.next_due().is_none());
+        assert_eq!(armory.crossing("job", now), Crossing::None);
 
-        // A v1 reflex has no timer: only a crossing of its thresholds reads it.
         let v1 = tempfile::tempdir().unwrap();
         std::fs::write(
             v1.path().join("memory.usage_in_bytes"),
@@ -502,14 +460,11 @@ mod tests {
             v1.path(),
             Version::V1,
             950 * MIB,
-            1000 * MIB,
             0,
             Path::new("/"),
             act,
         ));
-        assert!(armory.next_due().is_none());
-        assert!(!armory.poll(now + POLL_MAX));
-        assert!(armory.crossing("v1", now));
+        assert_eq!(armory.crossing("v1", now), Crossing::Fired);
         assert_eq!(
             std::fs::read_to_string(v1.path().join("freezer.state")).unwrap(),
             "FROZEN"

@@ -15,7 +15,10 @@
 //! and the reflex, whose reads of memory.current freeze the job at its line, makes the stop in at
 //! least one of them; 10 more with the reflex off, side by side; an attached job that does reach
 //! its limit is reported
-//! OOM-killed; the PSI trigger on a job's cgroup wakes the daemon), `oomd` and `earlyoom` (each kills
+//! OOM-killed; the PSI trigger on a job's cgroup wakes the daemon), `calm-v2` (with a calm v2 job
+//! attached the daemon stretches its full samples, the wake thread's reads of the job's usage
+//! standing in for v1's thresholds; a read tells the daemon when the job grows past half its limit;
+//! its CPU idle and with the job, side by side), `oomd` and `earlyoom` (each kills
 //! a job alone; with memwatch the job is paused first, marked `user.oomd_omit` while held, and
 //! survives), `way-out-v2` (the way out of a unit's memory pause: a limit
 //! lent through systemd, which its reloads keep and which goes back to the unit's own; zram emergency
@@ -44,13 +47,14 @@ struct Outcome {
 }
 
 /// The scenarios of the one boot, in the order they run (the crashes last: they kill the daemon).
-const SCENARIOS: [&str; 13] = [
+const SCENARIOS: [&str; 14] = [
     "boot",
     "install",
     "freeze-v2",
     "launch-systemd",
     "user-jobs",
     "reaction-v2",
+    "calm-v2",
     "oomd",
     "earlyoom",
     "way-out-v2",
@@ -167,6 +171,23 @@ fn jobs_as_users_start_them_are_held_and_fast_growth_is_survived_on_cgroup_v2() 
                 .iter()
                 .any(|o| o.scenario == "reaction-v2" && o.ok && o.detail.starts_with(check)),
             "reaction-v2: no ok line starting {check:?}"
+        );
+    }
+}
+
+/// A calm v2 job lets the daemon be calm: the wake thread's reads of its memory.current stand in for
+/// v1's thresholds (the full samples stretch with the job attached, and a read tells of its growth
+/// past half its limit).
+#[test]
+fn a_calm_v2_job_is_watched_by_the_daemons_own_reads_and_lets_it_be_calm() {
+    let Some(outcomes) = vm() else { return };
+    assert_ok(outcomes, &["calm-v2"], &[]);
+    for check in ["calm: ", "crossing: ", "calm-again: "] {
+        assert!(
+            outcomes
+                .iter()
+                .any(|o| o.scenario == "calm-v2" && o.ok && o.detail.starts_with(check)),
+            "calm-v2: no ok line starting {check:?}"
         );
     }
 }

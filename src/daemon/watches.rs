@@ -1,6 +1,7 @@
 //! The kernel notifications the daemon asks for (v1 memory thresholds, PSI triggers on the host and on
-//! v2 job cgroups), and the reflexes the wake thread holds (on v1 thresholds, or its own reads of a v2
-//! job's usage), kept in step with the attached jobs.
+//! v2 job cgroups), the wake thread's own reads of a v2 job's usage that stand in for v1's thresholds,
+//! and the reflexes the wake thread holds (fired at a v1 threshold or a v2 read over the line), kept
+//! in step with the attached jobs.
 
 use std::sync::Arc;
 
@@ -22,8 +23,8 @@ pub(super) struct Watches {
     armory: Arc<crate::reflex::Armory>,
     /// Where `/proc` lies.
     process_root: std::path::PathBuf,
-    /// Per job: the thresholds registered (v1) or empty (a v2 PSI trigger, or no limit), and whether
-    /// the cgroup has no limit.
+    /// Per job: the thresholds registered (v1's, or read on v2) or empty (no limit, or not known
+    /// yet), and whether the cgroup has no limit.
     jobs: std::collections::HashMap<String, (Vec<u64>, bool)>,
     /// A v1 job's limit is not known yet: sync again after the next probe, which reads it.
     pub(super) limit_unknown: bool,
@@ -70,9 +71,7 @@ impl Watches {
             return;
         };
         let plan = engine.wake_plan();
-        self.limit_unknown = plan
-            .iter()
-            .any(|p| p.dir.version == Version::V1 && p.thresholds.is_empty() && !p.limitless);
+        self.limit_unknown = plan.iter().any(|p| p.thresholds.is_empty() && !p.limitless);
         for p in &plan {
             let key = (p.thresholds.clone(), p.limitless);
             if self.jobs.get(&p.job) != Some(&key) {
@@ -84,14 +83,22 @@ impl Watches {
                         w.watch_v1_thresholds(&p.job, &p.dir.dir, &p.thresholds)
                             .map(|()| true)
                     }
-                    Version::V2 if crate::wake::on_kernel_fs(&p.dir.dir) => w
-                        .watch_psi(
+                    Version::V2 if crate::wake::on_kernel_fs(&p.dir.dir) => {
+                        if let Err(e) = w.watch_psi(
                             Some(p.job.clone()),
                             &p.dir.dir.join("memory.pressure"),
                             PSI_STALL_US,
                             PSI_WINDOW_US,
-                        )
-                        .map(|()| false),
+                        ) {
+                            tracing::info!(job = %p.job, error = %e, "no PSI trigger on this job's cgroup");
+                        }
+                        match p.line {
+                            Some((critical, limit)) if !p.thresholds.is_empty() => w
+                                .read_usage(&p.job, &p.dir.dir, &p.thresholds, critical, limit)
+                                .map(|()| true),
+                            _ => Ok(false),
+                        }
+                    }
                     _ => Ok(false),
                 };
                 let watched = result.unwrap_or_else(|e| {
@@ -101,13 +108,8 @@ impl Watches {
                 engine.set_watched(&p.job, watched);
                 self.jobs.insert(p.job.clone(), key);
             }
-            // On v1 a reflex rides on the job's thresholds; on v2 the wake thread reads the job's
-            // usage itself.
-            let woken = !p.limitless
-                && match p.dir.version {
-                    Version::V1 => !p.thresholds.is_empty() && engine.is_watched(&p.job),
-                    Version::V2 => crate::wake::on_kernel_fs(&p.dir.dir),
-                };
+            // A reflex rides on the job's thresholds (v1) or the wake thread's reads (v2).
+            let woken = !p.limitless && !p.thresholds.is_empty() && engine.is_watched(&p.job);
             let reflex = p.reflex.as_ref().filter(|_| woken);
             if arm(
                 &self.armory,
@@ -194,7 +196,6 @@ fn arm(
                 &memory.dir,
                 memory.version,
                 plan.critical_bytes,
-                plan.limit_bytes,
                 plan.owner,
                 process_root,
                 act,

@@ -14,7 +14,8 @@ const NEAR: f64 = 0.05;
 pub enum Wake {
     /// The PSI trigger on the host's memory pressure, and nothing else.
     HostPressure,
-    /// A job's cgroup: one of its v1 thresholds crossed, or its PSI trigger fired.
+    /// A job's cgroup: one of its v1 thresholds crossed, a v2 read found it across one of its lines,
+    /// or its PSI trigger fired.
     Job,
 }
 
@@ -40,7 +41,8 @@ impl Engine {
     }
 
     /// Whether nothing moves that only a full sample would see: a full sample has been taken; the
-    /// kernel watches the host's pressure and every job's cgroup (thresholds); no job is paused,
+    /// kernel watches the host's pressure and every job's cgroup (v1 thresholds, or the wake thread's
+    /// reads of a v2 job's usage that stand in for them); no job is paused,
     /// uses a GPU or has an effect, adaptation or Slurm call in flight; no probing is fast; and every
     /// level is ok, with none waiting to change and no ratio within 5 points of its warn line.
     pub fn calm(&self, now_ms: u64) -> bool {
@@ -52,7 +54,7 @@ impl Engine {
         let s = &self.cfg.sampling;
         let job_why = |j: &crate::job::Job| {
             if !j.watched {
-                Some("a job's cgroup has no kernel thresholds")
+                Some("a job's cgroup is not watched (no thresholds, no reads of its usage)")
             } else if j.pause.is_some() {
                 Some("a job is paused")
             } else if j.last.is_none() {
@@ -137,11 +139,12 @@ impl Engine {
             || self.host_room_ms() < self.sample_interval_ms(now_ms)
     }
 
-    /// How long until the next probe: fast near trouble, slower when calm, none without jobs — and none
-    /// while calm when the kernel watches every job's cgroup and the host (it wakes the daemon on a
-    /// crossing; the full samples keep the growth rates). While full samples are stretched and a job
-    /// is attached, the host alone is probed, as often as its room needs (`host_room_ms`) and
-    /// at most every `interval_ms`, when that is sooner than the next full sample.
+    /// How long until the next probe: fast near trouble, every `probe_interval_ms` while a job's
+    /// cgroup is not watched or a level is raised, none without jobs. While the kernel (or, on v2,
+    /// the wake thread's reads) watches every job's cgroup and the host's pressure, and every level is
+    /// ok, only the host's MemAvailable can run out unseen: it alone is read, as often as its room
+    /// needs (`host_room_ms`, as earlyoom sizes its sleep) and at most every `probe_interval_ms`, when
+    /// that is sooner than the next full sample.
     pub fn probe_interval_ms(&self, now_ms: u64) -> Option<u64> {
         let s = &self.cfg.sampling;
         // Without a job there is nothing to stop between full samples: the host's levels only warn.
@@ -152,7 +155,6 @@ impl Engine {
             return Some(s.fast_interval_ms.0);
         }
         let watched = self.host_watched
-            && !self.host_room_short(s.interval_ms.0)
             && self
                 .jobs
                 .values()
@@ -162,9 +164,8 @@ impl Engine {
         if !watched {
             return Some(s.probe_interval_ms.0);
         }
-        // Stretched: the host alone, as often as its room needs, never more often than interval_ms.
         let every = self.sample_interval_ms(now_ms);
         let room = self.host_room_ms();
-        (every > s.interval_ms.0 && room < every).then(|| room.max(s.interval_ms.0))
+        (room < every).then(|| room.max(s.probe_interval_ms.0))
     }
 }

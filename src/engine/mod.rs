@@ -113,12 +113,15 @@ pub struct WakePlan {
     pub job: String,
     /// Its memory cgroup.
     pub dir: crate::sample::cgroup::CgroupDir,
-    /// v1 usage thresholds in bytes; empty without a limit.
+    /// Usage thresholds in bytes (v1: the kernel's; v2: the wake thread's reads stand in for
+    /// them); empty without a limit.
     pub thresholds: Vec<u64>,
+    /// The critical line and the limit, bytes, where the limit is known.
+    pub line: Option<(u64, u64)>,
     /// The cgroup is known to have no limit: nothing there can run out, so nothing to watch or probe
     /// (the host's memory is watched on its own).
     pub limitless: bool,
-    /// The reflex to arm in the wake thread (on v1 where the thresholds are watched).
+    /// The reflex to arm in the wake thread (where the thresholds are watched, or read on v2).
     pub reflex: Option<ReflexPlan>,
 }
 
@@ -355,8 +358,8 @@ impl Engine {
             .collect()
     }
 
-    /// What the kernel should watch: each job with a memory cgroup (v1: usage thresholds at these
-    /// byte counts; v2: a PSI trigger) and whether it is watched already.
+    /// What the kernel should watch: each job with a memory cgroup (usage thresholds at these byte
+    /// counts: v1's own, or the wake thread's reads on v2; and on v2 a PSI trigger).
     pub fn wake_plan(&self) -> Vec<WakePlan> {
         let p = &self.cfg.policy.job_cgroup;
         self.jobs
@@ -388,6 +391,7 @@ impl Engine {
                     job: j.name.clone(),
                     dir,
                     thresholds,
+                    line: limit.map(|l| ((l as f64 * p.critical.0).ceil() as u64, l)),
                     limitless: j.cgroup().is_some() && limit.is_none(),
                     reflex: self.reflex_plan(j),
                 })

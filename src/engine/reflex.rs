@@ -40,9 +40,6 @@ use crate::sample::cgroup::Version;
 pub struct ReflexPlan {
     /// The working set at which it fires (bytes).
     pub critical_bytes: u64,
-    /// The cgroup's limit (bytes): a v2 reflex's reads are timed to catch 4 GiB/s of growth before
-    /// it is halfway from the line to the limit.
-    pub limit_bytes: u64,
     /// What it acts on.
     pub how: ReflexHow,
     /// The job's owner.
@@ -137,7 +134,6 @@ impl Engine {
         };
         Some(ReflexPlan {
             critical_bytes: (limit as f64 * p.job_cgroup.critical.0).ceil() as u64,
-            limit_bytes: limit,
             how,
             owner: j.owner_uid,
             pidfd: j.pidfd.clone(),

@@ -33,10 +33,18 @@ fn calm_stretches_the_full_samples_and_reads_the_host_in_between() {
     assert!(s.engine.calm(s.now));
     let every = s.engine.probe_interval_ms(s.now).expect("the host is read");
     assert!((1790..=1800).contains(&every), "{every}");
-    // Half the host used, with a job attached: probes every probe_interval_ms, as without calm.
+    // Over half the host used, with a job attached: still the host alone, as its room needs (4.8
+    // GiB above the line: every 1.2 s), not the job, which the kernel watches.
     s.now += 1000;
     s.sample(0.60);
-    assert_eq!(s.engine.probe_interval_ms(s.now), Some(100));
+    assert!(s.engine.calm(s.now));
+    let every = s.engine.probe_interval_ms(s.now).expect("the host is read");
+    assert!((1190..=1200).contains(&every), "{every}");
+    // A level raised (the host at warn): the job and the host, fast while it changes.
+    s.now += 1000;
+    s.sample(0.85);
+    assert!(!s.engine.calm(s.now));
+    assert_eq!(s.engine.probe_interval_ms(s.now), Some(10));
     // With a calm interval of 2 s the room lasts: nothing is read between full samples.
     let mut s = watched("[sampling]\ncalm_interval_ms = 2000\n");
     assert_eq!(s.engine.sample_interval_ms(s.now), 2000);
@@ -95,7 +103,7 @@ fn without_the_kernels_watch_nothing_is_stretched() {
     s.engine.set_watched("sim", false);
     assert_eq!(
         s.engine.why_not_calm(s.now),
-        Some("a job's cgroup has no kernel thresholds")
+        Some("a job's cgroup is not watched (no thresholds, no reads of its usage)")
     );
     s.engine.set_watched("sim", true);
     assert!(s.engine.calm(s.now));

@@ -39,7 +39,6 @@ fn arm(s: &mut Sim) -> Done {
     };
     let plan = ReflexPlan {
         critical_bytes: 95 << 20,
-        limit_bytes: 100 << 20,
         how,
         owner: OWNER,
         pidfd: None,
@@ -263,7 +262,16 @@ fn a_reflex_is_planned_for_a_limited_v2_cgroup() {
             "{kind:?}"
         );
         assert_eq!(r.critical_bytes, ((4u64 << 30) as f64 * 0.95).ceil() as u64);
-        assert_eq!(r.limit_bytes, 4 << 30);
+        assert_eq!(
+            p.line,
+            Some((r.critical_bytes, 4 << 30)),
+            "the wake thread's reads are timed by the line and the limit"
+        );
+        assert!(
+            p.thresholds.contains(&(2 << 30)) && p.thresholds.iter().all(|&t| t < 4 << 30),
+            "{:?}",
+            p.thresholds
+        );
 
         let mut off = Sim::with(kind, "[policy]\nreflex = false\n", &[]);
         off.cgroup_limit = Some(4 << 30);

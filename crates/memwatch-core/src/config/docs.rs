@@ -18,13 +18,13 @@ pub const DOCS: &[(&str, &str)] = &[
     ),
     (
         "sampling.calm_interval_ms",
-        "Full-sample interval while all is calm and the kernel watches for change (10 to
-3600000): every level ok and none within 5 points of warn, nothing paused, every job's cgroup under
-kernel memory thresholds (cgroup v1) and using no GPU, the host's pressure under a PSI trigger. The
-host's MemAvailable is still read every interval_ms while 4 GiB/s of growth could use the room above
-its critical line within one calm interval, and a read of the data (/metrics, the JSON API, the
-dashboard, the CLI) takes a fresh sample when the last is older than interval_ms. At or below
-interval_ms: never stretched.",
+        "Full-sample interval while all is calm and the kernel watches for change (10 to 3600000): every
+level ok and none within 5 points of warn, nothing paused, every job's cgroup under kernel memory
+thresholds (cgroup v1) or read by the daemon's wake thread in their stead (cgroup v2) and using no
+GPU, the host's pressure under a PSI trigger. The host's MemAvailable is still read between full
+samples as often as 4 GiB/s of growth could use the room above its critical line (at most every
+probe_interval_ms), and a read of the data (/metrics, the JSON API, the dashboard, the CLI) takes a
+fresh sample when the last is older than interval_ms. At or below interval_ms: never stretched.",
     ),
     (
         "sampling.history_seconds",
@@ -70,10 +70,13 @@ interval_ms: never stretched.",
     ),
     (
         "sampling.probe_interval_ms",
-        "While a job is attached, its memory cgroup and the host's MemAvailable are probed this often\n\
-         (cheap reads) between full samples, so fast growth is seen within this time. The host is\n\
-         probed once it is half used, or once the room above its critical line is less than 4 GiB/s\n\
-         of growth would take in one interval_ms; a kernel-watched cgroup is probed only near trouble.",
+        "While a job is attached and its memory cgroup is not watched (no cgroup v1 thresholds, no\n\
+         cgroup v2 reads by the daemon's wake thread), or a level is raised, the job's cgroup and the\n\
+         host's MemAvailable are probed this often (cheap reads) between full samples, so fast growth\n\
+         is seen within this time (the host once it is half used, or once the room above its critical\n\
+         line is less than 4 GiB/s of growth would take in one interval_ms). While every job's cgroup\n\
+         is watched and every level is ok, only the host's MemAvailable is read, as often as 4 GiB/s\n\
+         of growth could use the room above its critical line and never more often than this.",
     ),
     (
         "sampling.fast_interval_ms",

@@ -153,20 +153,24 @@ impl Default for Control {
 pub struct Sampling {
     /// Sampling interval in milliseconds (10 to 3600000). 1000 costs well under 1 % of a core.
     pub interval_ms: IntervalMs,
-    /// Full-sample interval while all is calm and the kernel watches for change (10 to
-    /// 3600000): every level ok and none within 5 points of warn, nothing paused, every job's cgroup under
-    /// kernel memory thresholds (cgroup v1) and using no GPU, the host's pressure under a PSI trigger. The
-    /// host's MemAvailable is still read every interval_ms while 4 GiB/s of growth could use the room above
-    /// its critical line within one calm interval, and a read of the data (/metrics, the JSON API, the
+    /// Full-sample interval while all is calm and the kernel watches for change (10 to 3600000): every
+    /// level ok and none within 5 points of warn, nothing paused, every job's cgroup under kernel
+    /// memory thresholds (cgroup v1) or read by the daemon's wake thread in their stead (cgroup v2) and
+    /// using no GPU, the host's pressure under a PSI trigger. The host's MemAvailable is still read
+    /// between full samples as often as 4 GiB/s of growth could use the room above its critical line
+    /// (at most every probe_interval_ms), and a read of the data (/metrics, the JSON API, the
     /// dashboard, the CLI) takes a fresh sample when the last is older than interval_ms. At or below
     /// interval_ms: never stretched.
     pub calm_interval_ms: IntervalMs,
     /// Seconds of history kept in memory for /api/v1/history and the dashboard (60 to 604800).
     pub history_seconds: HistorySeconds,
-    /// While a job is attached, its memory cgroup and the host's MemAvailable are probed this often
-    /// (cheap reads) between full samples, so fast growth is seen within this time. The host is
-    /// probed once it is half used, or once the room above its critical line is less than 4 GiB/s of
-    /// growth would take in one interval_ms; a kernel-watched cgroup is probed only near trouble.
+    /// While a job is attached and its memory cgroup is not watched (no cgroup v1 thresholds, no cgroup
+    /// v2 reads by the daemon's wake thread), or a level is raised, the job's cgroup and the host's
+    /// MemAvailable are probed this often (cheap reads) between full samples, so fast growth is seen
+    /// within this time (the host once it is half used, or once the room above its critical line is
+    /// less than 4 GiB/s of growth would take in one interval_ms). While every job's cgroup is watched
+    /// and every level is ok, only the host's MemAvailable is read, as often as 4 GiB/s of growth could
+    /// use the room above its critical line and never more often than this.
     pub probe_interval_ms: IntervalMs,
     /// Probe interval while any level is warn or worse, or a job is projected to run out of memory
     /// within a few seconds. Must not be above probe_interval_ms.

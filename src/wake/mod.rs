@@ -8,9 +8,13 @@
 //!   window is 500 ms at least (2 s, and a multiple of it, without CAP_SYS_RESOURCE; the daemon asks
 //!   for 100 ms in 2 s), so they wake fast probing; they cannot stop a fast OOM by themselves.
 //!
+//! cgroup v2 has no usage thresholds: for a v2 job with a limit this thread reads `memory.current`
+//! itself, timed by the room left to its critical line (the poll's timeout), and a read that finds
+//! usage across one of the engine's lines wakes the owner task as v1's eventfd would ([`reads`]).
+//!
 //! A job whose stop at critical is armed ahead (`crate::reflex`) is stopped by this thread itself,
-//! before the owner task is woken: on v1 right after the read of its threshold's eventfd, on v2 by
-//! this thread's own reads of its usage, timed by the room left to its line (the poll's timeout).
+//! before the owner task is woken: on v1 right after the read of its threshold's eventfd, on v2 at
+//! the read that finds it over its line.
 //!
 //! One thread polls every descriptor and wakes the owner task, which probes at once: wake-ups coalesce
 //! into one pending permit (a `Notify`), so a storm of crossings costs one probe and no memory. Polling
@@ -27,11 +31,16 @@ use std::sync::{Arc, mpsc};
 
 use tokio::sync::Notify;
 
+pub mod reads;
+
+use reads::UsageReads;
+
 /// What a watch is for: the job it concerns (its name) or the host (`None`).
 pub type Key = Option<String>;
 
 enum Cmd {
     Watch(Key, Vec<OwnedFd>, Kind),
+    Reads(UsageReads),
     Unwatch(Key),
 }
 
@@ -49,23 +58,32 @@ pub struct Notified {
     host_psi: AtomicU64,
     job_psi: AtomicU64,
     job_threshold: AtomicU64,
+    job_usage_read: AtomicU64,
 }
 
 impl Notified {
     /// `(source, count)` for each source: `host_psi` (/proc/pressure/memory), `job_psi` (a job
-    /// cgroup's memory.pressure), `job_threshold` (a v1 memory threshold's eventfd).
-    pub fn snapshot(&self) -> [(&'static str, u64); 3] {
+    /// cgroup's memory.pressure), `job_threshold` (a v1 memory threshold's eventfd),
+    /// `job_usage_read` (this thread's read of a v2 job's usage across one of its lines).
+    pub fn snapshot(&self) -> [(&'static str, u64); 4] {
         [
             ("host_psi", self.host_psi.load(Ordering::Relaxed)),
             ("job_psi", self.job_psi.load(Ordering::Relaxed)),
             ("job_threshold", self.job_threshold.load(Ordering::Relaxed)),
+            (
+                "job_usage_read",
+                self.job_usage_read.load(Ordering::Relaxed),
+            ),
         ]
     }
 
-    /// The notifications about jobs so far (their PSI triggers and thresholds): counted before the
-    /// owner task is woken, so a wake that finds this unchanged was the host's alone.
+    /// The notifications about jobs so far (their PSI triggers, thresholds and v2 reads across a
+    /// line): counted before the owner task is woken, so a wake that finds this unchanged was the
+    /// host's alone.
     pub fn jobs(&self) -> u64 {
-        self.job_psi.load(Ordering::Acquire) + self.job_threshold.load(Ordering::Acquire)
+        self.job_psi.load(Ordering::Acquire)
+            + self.job_threshold.load(Ordering::Acquire)
+            + self.job_usage_read.load(Ordering::Acquire)
     }
 
     fn count(&self, key: &Key, kind: Kind) -> u64 {
@@ -159,8 +177,31 @@ impl Wakers {
         Ok(())
     }
 
-    /// Interrupts the thread's poll so it takes a reflex just armed into its timing (a v2 reflex
-    /// reads at once).
+    /// Reads a v2 memory cgroup's usage on the thread's own timer against `thresholds` (bytes), the
+    /// critical line among them at `critical_bytes` of `limit_bytes`: notified whenever a read finds
+    /// usage across one of them, up or down ([`reads`]). Replaces the job's earlier reads.
+    pub fn read_usage(
+        &self,
+        job: &str,
+        dir: &Path,
+        thresholds: &[u64],
+        critical_bytes: u64,
+        limit_bytes: u64,
+    ) -> std::io::Result<()> {
+        // Opened once here so that a cgroup without the file is told now, not at each read.
+        std::fs::File::open(dir.join("memory.current"))?;
+        self.send(Cmd::Reads(UsageReads::new(
+            job,
+            dir,
+            thresholds,
+            critical_bytes,
+            limit_bytes,
+        )));
+        Ok(())
+    }
+
+    /// Interrupts the thread's poll so it looks at a reflex just armed (a v2 job's usage is read at
+    /// once).
     pub fn rearm(&self) {
         let _ = nix::unistd::write(&self.kick, &[1u8]);
     }
@@ -201,15 +242,30 @@ fn run(
     armory: &crate::reflex::Armory,
 ) {
     let mut watches: HashMap<Key, Watch> = HashMap::new();
+    let mut reads: HashMap<String, (UsageReads, u64)> = HashMap::new();
+    let mut kicked = false;
     loop {
         while let Ok(cmd) = rx.try_recv() {
             match cmd {
                 Cmd::Watch(key, fds, kind) => {
                     watches.insert(key, Watch { fds, kind, seen: 0 });
                 }
+                Cmd::Reads(r) => {
+                    reads.insert(r.job().to_owned(), (r, 0));
+                }
                 Cmd::Unwatch(key) => {
+                    if let Some(job) = &key {
+                        reads.remove(job);
+                    }
                     watches.remove(&key);
                 }
+            }
+        }
+        if std::mem::take(&mut kicked) {
+            // A reflex armed or changed: read each v2 job now, so that one already over its line
+            // is stopped at once.
+            for (r, _) in reads.values_mut() {
+                r.read_now();
             }
         }
         let mut keys: Vec<Key> = Vec::new();
@@ -233,8 +289,8 @@ fn run(
                 revents: 0,
             });
         }
-        // Until the next v2 reflex's read is due, or for ever.
-        let timeout = armory.next_due().map(|due| {
+        // Until the next v2 job's read is due, or for ever.
+        let timeout = reads.values().map(|(r, _)| r.due()).min().map(|due| {
             let left = due.saturating_duration_since(std::time::Instant::now());
             nix::libc::timespec {
                 tv_sec: left.as_secs() as nix::libc::time_t,
@@ -263,6 +319,7 @@ fn run(
             return;
         }
         if polls[0].revents != 0 {
+            kicked = true;
             let mut buf = [0u8; 64];
             while nix::unistd::read(&kick, &mut buf).is_ok_and(|n| n > 0) {}
             if polls[0].revents & (nix::libc::POLLHUP | nix::libc::POLLERR) != 0 {
@@ -284,7 +341,7 @@ fn run(
                 // SAFETY: reading 8 bytes into an 8-byte buffer from an eventfd.
                 let _ = unsafe { nix::libc::read(p.fd, count.as_mut_ptr().cast(), 8) };
                 if let Some(job) = &key {
-                    armory.crossing(job, woke);
+                    let _ = armory.crossing(job, woke);
                 }
             }
             // Counted before the owner task wakes: it tells the host's wake from a job's by the
@@ -309,9 +366,25 @@ fn run(
                 }
             }
         }
-        // The v2 reflexes whose read is due (after the thresholds' crossings: a v1 stop first).
-        if armory.poll(std::time::Instant::now()) {
-            out.notify_one();
+        // The v2 jobs whose read is due (after the thresholds' crossings: a v1 stop first).
+        let now = std::time::Instant::now();
+        for (r, seen) in reads.values_mut() {
+            let turn = r.turn(now, armory);
+            if turn.crossed {
+                let total = counts.job_usage_read.fetch_add(1, Ordering::Release) + 1;
+                *seen += 1;
+                if *seen == 1 {
+                    tracing::info!(
+                        job = r.job(),
+                        total,
+                        "first read of {}'s usage across one of its lines",
+                        r.job()
+                    );
+                }
+            }
+            if turn.crossed || turn.fired {
+                out.notify_one();
+            }
         }
         for key in dead {
             watches.remove(&key);

@@ -1,0 +1,219 @@
+//! A v2 job's usage, read by the wake thread on its own timer. cgroup v2 has no usage thresholds, so
+//! these reads stand in for v1's: a read that finds usage on the other side of one of the engine's
+//! lines (half the limit, warn, critical and each half percent above it) wakes the owner task as a
+//! threshold's eventfd would, and a read at or over the critical line looks at the job's reflex
+//! (`crate::reflex`), which fires there.
+//!
+//! A read comes after the time growth at [`FASTEST_GROWTH`] would take to cover the room left to the
+//! critical line and half the margin from the line to the limit, between 1 ms and 1 s
+//! ([`poll_after`]). So a crossing of critical is told before 4 GiB/s of growth is halfway from the
+//! line to the limit, and one of warn or of half the limit within a second at most (the full samples'
+//! cadence while the engine is not calm). Over the line, the reflex's working set times the next
+//! read; without a reflex, or where it could not read, the next read comes after 100 ms (the engine
+//! probes meanwhile).
+//!
+//! [`FASTEST_GROWTH`]: crate::reflex::FASTEST_GROWTH
+
+use std::path::Path;
+use std::time::Instant;
+
+use crate::reflex::{Armory, Crossing, POLL_AFTER_ERROR, poll_after};
+use crate::sample::kept::KeptFile;
+
+/// One v2 job's reads.
+pub struct UsageReads {
+    job: String,
+    usage: KeptFile,
+    /// The engine's lines in bytes of usage, ascending.
+    thresholds: Vec<u64>,
+    /// How many of them usage had reached at the last read (`None` before the first).
+    band: Option<usize>,
+    critical_bytes: u64,
+    /// The limit less the critical line.
+    margin: u64,
+    due: Instant,
+}
+
+/// What one read found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Turn {
+    /// Usage crossed one of the lines since the last read (up or down).
+    pub crossed: bool,
+    /// The job's reflex fired.
+    pub fired: bool,
+}
+
+impl UsageReads {
+    /// Reads of `memory_dir`'s `memory.current` against `thresholds` (bytes; any order), the
+    /// critical line among them at `critical_bytes` of `limit_bytes`; the first read is due at once
+    /// and tells of no crossing (as a new v1 threshold does not).
+    pub fn new(
+        job: &str,
+        memory_dir: &Path,
+        thresholds: &[u64],
+        critical_bytes: u64,
+        limit_bytes: u64,
+    ) -> UsageReads {
+        let mut thresholds = thresholds.to_vec();
+        thresholds.sort_unstable();
+        UsageReads {
+            job: job.to_owned(),
+            usage: KeptFile::new(memory_dir.join("memory.current")),
+            thresholds,
+            band: None,
+            critical_bytes,
+            margin: limit_bytes.saturating_sub(critical_bytes),
+            due: Instant::now(),
+        }
+    }
+
+    /// The job's name.
+    pub fn job(&self) -> &str {
+        &self.job
+    }
+
+    /// When the next read is due.
+    pub fn due(&self) -> Instant {
+        self.due
+    }
+
+    /// Makes the next read due at once.
+    pub fn read_now(&mut self) {
+        self.due = Instant::now();
+    }
+
+    /// Reads the usage if due at `now`, and sets the next read.
+    pub fn turn(&mut self, now: Instant, armory: &Armory) -> Turn {
+        if self.due > now {
+            return Turn::default();
+        }
+        let usage = self
+            .usage
+            .read()
+            .ok()
+            .and_then(|(_, text)| text.trim().parse::<u64>().ok());
+        let Some(usage) = usage else {
+            self.due = now + POLL_AFTER_ERROR;
+            return Turn::default();
+        };
+        let band = self.thresholds.partition_point(|&t| t <= usage);
+        let crossed = self.band.replace(band).is_some_and(|b| b != band);
+        let (fired, next) = if usage < self.critical_bytes {
+            (false, poll_after(self.critical_bytes - usage, self.margin))
+        } else {
+            match armory.crossing(&self.job, now) {
+                Crossing::Fired => (true, POLL_AFTER_ERROR),
+                Crossing::Below(room) => (false, poll_after(room, self.margin)),
+                Crossing::Unread | Crossing::None => (false, POLL_AFTER_ERROR),
+            }
+        };
+        self.due = now + next;
+        Turn { crossed, fired }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::reflex::tests::{MIB, armed, freeze_word, set, v2_cgroup};
+
+    /// A read across a line, the reflex not fired.
+    const CROSSED: Turn = Turn {
+        crossed: true,
+        fired: false,
+    };
+
+    /// Reads at the engine's lines for a 1000 MiB limit: half, warn (80 %), critical (95 %).
+    fn reads(dir: &Path) -> UsageReads {
+        UsageReads::new(
+            "job",
+            dir,
+            &[950 * MIB, 500 * MIB, 800 * MIB],
+            950 * MIB,
+            1000 * MIB,
+        )
+    }
+
+    fn wait(r: &UsageReads, from: Instant) -> Duration {
+        r.due().saturating_duration_since(from)
+    }
+
+    #[test]
+    fn the_first_read_is_due_at_once_and_the_next_as_the_room_to_the_line_allows() {
+        let d = v2_cgroup(200 * MIB, 0);
+        let armory = Armory::default();
+        let mut r = reads(d.path());
+        let now = Instant::now();
+        assert!(r.due() <= now);
+        assert_eq!(
+            r.turn(now, &armory),
+            Turn::default(),
+            "the first read tells nothing"
+        );
+        let want = poll_after(750 * MIB, 50 * MIB);
+        let got = wait(&r, now);
+        assert!(
+            got >= want && got < want + Duration::from_millis(50),
+            "{got:?} against {want:?}"
+        );
+        // Not due yet: nothing is read.
+        set(d.path(), 600 * MIB, 0);
+        assert_eq!(r.turn(now, &armory), Turn::default());
+        let due = r.due();
+        assert_eq!(r.turn(due, &armory), CROSSED, "over half");
+        assert!(wait(&r, due) < want, "nearer the line, sooner");
+        let due = r.due();
+        assert_eq!(r.turn(due, &armory), Turn::default(), "the same band");
+        set(d.path(), 400 * MIB, 0);
+        let due = r.due();
+        assert_eq!(r.turn(due, &armory), CROSSED, "down again");
+    }
+
+    #[test]
+    fn a_read_over_the_line_fires_the_reflex_once() {
+        let d = v2_cgroup(900 * MIB, 0);
+        let armory = armed(d.path());
+        let mut r = reads(d.path());
+        let now = Instant::now();
+        assert_eq!(r.turn(now, &armory), Turn::default());
+        set(d.path(), 990 * MIB, 0);
+        let due = r.due();
+        assert_eq!(
+            r.turn(due, &armory),
+            Turn {
+                fired: true,
+                ..CROSSED
+            }
+        );
+        assert_eq!(freeze_word(d.path()), "1");
+        assert_eq!(armory.take_fired()[0].working_set, 990 * MIB);
+        // Fired and disarmed: the job stays over the line (frozen), read every 100 ms meanwhile.
+        let due = r.due();
+        assert_eq!(r.turn(due, &armory), Turn::default());
+        assert!(wait(&r, due) >= POLL_AFTER_ERROR);
+    }
+
+    #[test]
+    fn cache_over_the_line_times_the_next_read_by_the_working_sets_room() {
+        // 990 MiB charged, 300 MiB of it inactive file cache: 260 MiB of room.
+        let d = v2_cgroup(990 * MIB, 300 * MIB);
+        let armory = armed(d.path());
+        let mut r = reads(d.path());
+        let now = Instant::now();
+        assert_eq!(r.turn(now, &armory), Turn::default());
+        assert_eq!(freeze_word(d.path()), "0");
+        assert!(wait(&r, now) >= poll_after(260 * MIB, 50 * MIB));
+    }
+
+    #[test]
+    fn a_read_that_fails_is_tried_again_after_100_ms() {
+        let d = v2_cgroup(200 * MIB, 0);
+        std::fs::remove_file(d.path().join("memory.current")).unwrap();
+        let mut r = reads(d.path());
+        let now = Instant::now();
+        assert_eq!(r.turn(now, &Armory::default()), Turn::default());
+        assert!(wait(&r, now) >= POLL_AFTER_ERROR);
+    }
+}

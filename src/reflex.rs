@@ -162,9 +162,13 @@ impl Reflex {
         })
     }
 
-    /// The job's working set now (usage less inactive file cache), if both read.
-    fn working_set(&mut self) -> Option<u64> {
-        let usage: u64 = self.usage.read().ok()?.1.trim().parse().ok()?;
+    /// The job's working set now (usage less inactive file cache), if both read; `usage` when the
+    /// caller has just read it.
+    fn working_set(&mut self, usage: Option<u64>) -> Option<u64> {
+        let usage: u64 = match usage {
+            Some(u) => u,
+            None => self.usage.read().ok()?.1.trim().parse().ok()?,
+        };
         if usage < self.critical_bytes {
             return Some(usage);
         }
@@ -191,8 +195,8 @@ impl Reflex {
     }
 
     /// Reads the job's working set and, at critical, acts.
-    fn look(&mut self, woke: Instant) -> Look {
-        let Some(working_set) = self.working_set() else {
+    fn look(&mut self, woke: Instant, usage: Option<u64>) -> Look {
+        let Some(working_set) = self.working_set(usage) else {
             return Look::Nothing;
         };
         if working_set < self.critical_bytes {
@@ -304,10 +308,16 @@ impl Armory {
     /// A crossing of `job`'s line, read at `woke` (a v1 threshold's eventfd, or a v2 read of its
     /// usage at or over the line): fires its reflex at critical (once: a fired reflex is disarmed).
     pub fn crossing(&self, job: &str, woke: Instant) -> Crossing {
+        self.crossing_at(job, woke, None)
+    }
+
+    /// The same with the job's usage just read by the caller (a v2 read), which the reflex then
+    /// does not read again.
+    pub fn crossing_at(&self, job: &str, woke: Instant, usage: Option<u64>) -> Crossing {
         let Ok(mut armed) = self.armed.lock() else {
             return Crossing::Unread;
         };
-        let Some(look) = armed.get_mut(job).map(|r| r.look(woke)) else {
+        let Some(look) = armed.get_mut(job).map(|r| r.look(woke, usage)) else {
             return Crossing::None;
         };
         let fired = match look {

@@ -391,12 +391,17 @@ impl Engine {
                     job: j.name.clone(),
                     dir,
                     thresholds,
-                    line: limit.map(|l| ((l as f64 * p.critical.0).ceil() as u64, l)),
+                    line: limit.map(|l| (self.critical_bytes(l), l)),
                     limitless: j.cgroup().is_some() && limit.is_none(),
                     reflex: self.reflex_plan(j),
                 })
             })
             .collect()
+    }
+
+    /// A job cgroup's critical line in bytes, for a limit of `limit` bytes.
+    pub(crate) fn critical_bytes(&self, limit: u64) -> u64 {
+        (limit as f64 * self.cfg.policy.job_cgroup.critical.0).ceil() as u64
     }
 
     /// The kernel now watches (or no longer watches) this job's cgroup.

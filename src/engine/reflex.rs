@@ -133,7 +133,7 @@ impl Engine {
             None => return None,
         };
         Some(ReflexPlan {
-            critical_bytes: (limit as f64 * p.job_cgroup.critical.0).ceil() as u64,
+            critical_bytes: self.critical_bytes(limit),
             how,
             owner: j.owner_uid,
             pidfd: j.pidfd.clone(),

@@ -101,7 +101,7 @@ impl UsageReads {
         let (fired, next) = if usage < self.critical_bytes {
             (false, poll_after(self.critical_bytes - usage, self.margin))
         } else {
-            match armory.crossing(&self.job, now) {
+            match armory.crossing_at(&self.job, now, Some(usage)) {
                 Crossing::Fired => (true, POLL_AFTER_ERROR),
                 Crossing::Below(room) => (false, poll_after(room, self.margin)),
                 Crossing::Unread | Crossing::None => (false, POLL_AFTER_ERROR),

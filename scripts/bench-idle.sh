@@ -8,13 +8,20 @@
 # each daemon left or entered calm, and why, and when the host's pressure trigger woke it while calm.
 # One more row, memwatch-scraped: the 8-process job again, with /metrics fetched every SCRAPE s
 # (curl, as a Prometheus scrape would; the scraper's own CPU is not counted).
+# Each calm job runs in a memory cgroup of its own (limit 32 GiB: the 1 024 processes hold 8 GiB, away
+# from the half-limit line), as a systemd unit or `memwatch launch` gives one, where the machine has a
+# memory controller (v1 or v2); JOB_CGROUP=0 leaves it in the script's. BASE=/path/to/another/memwatch
+# adds the calm rows again for that build ("base-…"), in the same windows' alternation, for a before
+# and after side by side.
 # Root; a release build of memwatch; earlyoom on PATH (Debian's `earlyoom` package; this script
 # installs nothing).
 #
 #   ./scripts/bench-idle.sh                 WINDOWS=2 SECS=60 SCRAPE=15 (each watcher gets WINDOWS windows)
+#   BASE=/tmp/memwatch-base ./scripts/bench-idle.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WINDOWS=${WINDOWS:-2} SECS=${SECS:-60} SETTLE=${SETTLE:-5} LARGE=${LARGE:-1024} SCRAPE=${SCRAPE:-15}
+JOB_CGROUP=${JOB_CGROUP:-1} BASE=${BASE:-}
 command -v earlyoom >/dev/null || { echo "earlyoom is not on PATH (apt-get install earlyoom)" >&2; exit 2; }
 cargo build --release --locked -p memwatch -p memwatch-memhog >/dev/null
 mw=target/release/memwatch hog=target/release/memhog
@@ -27,12 +34,40 @@ mkdir -p "$out"
 # end inside the window too: tokio's blocking threads come and go), else its live threads' schedstat.
 acct=/sys/fs/cgroup/cpuacct/memwatch-bench-idle
 [ -d /sys/fs/cgroup/cpuacct ] && mkdir -p "$acct" || acct=
-trap '[ -z "$acct" ] || rmdir "$acct" 2>/dev/null || true' EXIT
+# The calm job's own memory cgroup (v1 where the memory controller is on v1, else v2).
+jobcg= limit_file=
+if [ "$JOB_CGROUP" = 1 ]; then
+  if [ -f /sys/fs/cgroup/memory/memory.limit_in_bytes ]; then
+    jobcg=/sys/fs/cgroup/memory/memwatch-bench-idle-job limit_file=memory.limit_in_bytes
+  elif grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
+    jobcg=/sys/fs/cgroup/memwatch-bench-idle-job limit_file=memory.max
+  fi
+fi
+if [ -n "$jobcg" ]; then
+  mkdir -p "$jobcg"
+  echo $((32 << 30)) >"$jobcg/$limit_file"
+fi
+trap '[ -z "$acct" ] || rmdir "$acct" 2>/dev/null || true; [ -z "$jobcg" ] || rmdir "$jobcg" 2>/dev/null || true' EXIT
 sched() {
   if [ -n "$acct" ]; then cat "$acct/cpuacct.usage"; return; fi
   cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{s+=$1} END {printf "%d\n", s}'
 }
 ctx() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/^(voluntary|nonvoluntary)_ctxt_switches/ {s+=$2} END {print s}'; }
+
+# settle_job PROCS: waits until a job of PROCS processes just started holds still (its workers touch
+# their memory for a while after they are started): its cgroup's usage moving less than 16 MiB over
+# 2 s (at most 2 minutes); without a cgroup of its own, a second per 256 processes.
+settle_job() {
+  if [ -z "$jobcg" ]; then sleep $((1 + $1 / 256)); return; fi
+  local f=memory.usage_in_bytes prev=0 now
+  [ "$limit_file" = memory.max ] && f=memory.current
+  for _ in $(seq 1 60); do
+    sleep 2
+    now=$(cat "$jobcg/$f")
+    if [ "$prev" != 0 ] && [ $((now > prev ? now - prev : prev - now)) -lt $((16 << 20)) ]; then return; fi
+    prev=$now
+  done
+}
 
 # measure NAME PID: one window of PID, a line to idle.log.
 measure() {
@@ -47,11 +82,13 @@ measure() {
     'BEGIN {d = t1 - t0; printf "%s %.5f %.2f %d %s\n", n, s / 1e9 / d * 100, x / d, r, l}' >>"$out/idle.log"
 }
 
+# start_memwatch [BINARY]: a daemon on a fresh state directory, the release build unless given.
 start_memwatch() {
+  bin=${1:-$mw}
   work=$(mktemp -d "${TMPDIR:-/tmp}/memwatch-bench-idle-XXXXXX")
   printf 'listen = "127.0.0.1:0"\n[gpu]\nenabled = false\n[control]\nsocket = "%s/run/control.sock"\nstate_dir = "%s/state"\n' \
     "$work" "$work" >"$work/memwatch.toml"
-  "$mw" --config "$work/memwatch.toml" --log-level debug run >"$work/log" 2>&1 &
+  "$bin" --config "$work/memwatch.toml" --log-level debug run >"$work/log" 2>&1 &
   pid=$!
   for _ in $(seq 1 100); do [ -S "$work/run/control.sock" ] && break; sleep 0.05; done
 }
@@ -75,16 +112,18 @@ for w in $(seq 1 "$WINDOWS"); do
   measure earlyoom "$eo"
   kill "$eo"
   wait "$eo" 2>/dev/null || true
-  # memwatch with one calm job of 8 processes, then of LARGE, then of 8 scraped
-  for n in 8 "$LARGE" scraped; do
-    procs=$n row=memwatch-calm-$n scraper=
-    [ "$n" = scraped ] && procs=8 row=memwatch-scraped
-    start_memwatch
-    "$hog" --rate-mib 256 --total-mib 64 --workers $((procs - 1)) --hold-ms $(((SETTLE + SECS + 30) * 1000)) >/dev/null &
+  # memwatch with one calm job of 8 processes, then of LARGE, then of 8 scraped; and BASE's the same
+  for n in 8 "$LARGE" scraped ${BASE:+base-8 "base-$LARGE" base-scraped}; do
+    procs=${n#base-} row=memwatch-calm-$n bin=$mw scraper=
+    case $n in base-*) bin=$BASE row=base-calm-${n#base-} ;; esac
+    [ "$procs" = scraped ] && procs=8 row=${row%calm-scraped}scraped
+    start_memwatch "$bin"
+    # The hog moves itself into the job's cgroup, then becomes memhog: its workers are born there.
+    sh -c "${jobcg:+echo \$\$ >$jobcg/cgroup.procs && }exec $hog --rate-mib 256 --total-mib 64 --workers $((procs - 1)) --hold-ms $(((SETTLE + SECS + 150) * 1000))" >/dev/null &
     job=$!
-    sleep $((1 + procs / 256))
-    "$mw" --config "$work/memwatch.toml" attach "$job" --name calm >/dev/null
-    if [ "$n" = scraped ]; then
+    settle_job "$procs"
+    "$bin" --config "$work/memwatch.toml" attach "$job" --name calm >/dev/null
+    if [ "${n#base-}" = scraped ]; then
       addr=$(sed -n 's/.*listening addr=\([0-9.:]*\).*/\1/p' "$work/log" | head -n 1)
       [ -n "$addr" ] || { echo "no listening address in the daemon's log" >&2; exit 1; }
       (while :; do curl -sf "http://$addr/metrics" >/dev/null; sleep "$SCRAPE"; done) &
@@ -104,7 +143,8 @@ how=schedstat
 [ -z "$acct" ] || how=cpuacct
 echo "| watcher | windows | CPU of a core, median ($how) | wakeups/s, median | VmRSS, median | 1-min load |"
 echo "|---|---|---|---|---|---|"
-for n in memwatch-idle memwatch-calm-8 "memwatch-calm-$LARGE" memwatch-scraped earlyoom; do
+for n in memwatch-idle memwatch-calm-8 "memwatch-calm-$LARGE" memwatch-scraped \
+  ${BASE:+base-calm-8 "base-calm-$LARGE" base-scraped} earlyoom; do
   awk -v n="$n" 'BEGIN {k = 0} $1 == n {c[k] = $2; x[k] = $3; r[k] = $4; l = l (l ? ", " : "") $5; k++}
     function med(a, m,   i, j, t) { for (i = 0; i < m; i++) for (j = i + 1; j < m; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
       return (m % 2) ? a[int(m / 2)] : (a[m / 2 - 1] + a[m / 2]) / 2 }

@@ -4,6 +4,7 @@
 use tokio::task::JoinHandle;
 
 use crate::engine::{Engine, Measured};
+use crate::job::measure::Measurement;
 use crate::sample::{Sample, Sampler, cgroup, meminfo};
 
 /// The sampler back, its sample, each job's measurement, and when the sample was taken (measuring
@@ -35,21 +36,31 @@ pub(super) fn spawn_full(
         let jobs = plan
             .into_iter()
             .map(|p| {
-                let m = crate::job::measure::measure(
-                    &process_root,
-                    p.root,
+                let m = Measurement::of(
+                    p.members_at_walk.as_ref(),
                     p.cgroup.as_ref(),
-                    p.members.as_deref(),
-                    &sample.gpus,
-                    now,
                     p.previous.as_ref(),
+                    || {
+                        crate::job::measure::measure(
+                            &process_root,
+                            p.root,
+                            p.cgroup.as_ref(),
+                            p.members.as_deref(),
+                            &sample.gpus,
+                            now,
+                            p.previous.as_ref(),
+                        )
+                    },
                 );
-                // Which cgroup a pause would freeze is decided here, once per full sample, so the
-                // pause itself walks nothing.
-                let freezer = m.as_ref().and_then(|m| {
-                    let pids: Vec<u32> = m.processes.iter().map(|p| p.pid).collect();
-                    crate::act::freeze::owned(&process_root, &pids, p.owner)
-                });
+                // Which cgroup a pause would freeze is decided at each walk, so the pause itself
+                // walks nothing.
+                let freezer = match &m {
+                    Measurement::Walked { sample, .. } => {
+                        let pids: Vec<u32> = sample.processes.iter().map(|p| p.pid).collect();
+                        crate::act::freeze::owned(&process_root, &pids, p.owner)
+                    }
+                    _ => None,
+                };
                 // A Slurm job (its members are its cgroup's): is Slurm holding it suspended here?
                 let slurm_suspended = p
                     .members

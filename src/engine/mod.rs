@@ -104,6 +104,9 @@ pub struct MeasurePlan {
     pub members: Option<PathBuf>,
     /// The measurement before, for CPU and growth.
     pub previous: Option<crate::job::JobSample>,
+    /// While calm: the members of the job's cgroup at that measurement's walk. While they are the
+    /// same (and its usage close), the tree is not walked again (`job::measure::Measurement::of`).
+    pub members_at_walk: Option<crate::job::members::Members>,
 }
 
 /// What the kernel should watch for one job (see `Engine::wake_plan`).
@@ -289,7 +292,8 @@ impl Engine {
     /// The jobs to measure: name, root, cgroup, and the previous measurement to carry PSS over from
     /// (`None`: read smaps_rollup this time).
     pub fn measure_plan(&mut self, now_ms: u64) -> Vec<MeasurePlan> {
-        let (every, walk_budget) = if self.calm(now_ms) {
+        let calm = self.calm(now_ms);
+        let (every, walk_budget) = if calm {
             (DETAILED_CALM_MS, WALK_BUDGET_CALM_MS_PER_PROCESS)
         } else {
             (DETAILED_EVERY_MS, WALK_BUDGET_MS_PER_PROCESS)
@@ -333,6 +337,8 @@ impl Engine {
                         .and(j.cgroup_dir.as_ref())
                         .map(|c| c.dir.clone()),
                     previous: if detailed { None } else { j.last.clone() },
+                    // PSS is due at the detailed cadence, and only a walk reads it.
+                    members_at_walk: (calm && !detailed).then(|| j.members.clone()).flatten(),
                 })
             })
             .collect()

@@ -5,15 +5,17 @@ use std::sync::Arc;
 use super::Engine;
 use crate::act::audit::{self, Reason};
 use crate::config::OnCritical;
-use crate::job::{JobSample, Limit};
+use crate::job::Limit;
+use crate::job::measure::Measurement;
 
 /// One job's full measurement, from the blocking pool.
 pub struct Measured {
     /// The job's name.
     pub name: String,
-    /// `None`: the job is gone.
-    pub sample: Option<JobSample>,
-    /// The cgroup the job owns, which a pause would freeze.
+    /// The tree walked, its cgroup unchanged since the last walk, or the job gone.
+    pub sample: Measurement,
+    /// The cgroup the job owns, which a pause would freeze, decided at a walk (kept as it was when
+    /// the tree was not walked).
     pub freezer: Option<crate::act::freeze::Frozen>,
     /// For a Slurm job attached by id: whether Slurm holds it suspended on this node.
     pub slurm_suspended: Option<bool>,
@@ -62,10 +64,22 @@ impl Engine {
                 }
             }
             // A root that died is gone even if its pid already names a new process.
-            let measured =
-                measured.filter(|_| self.jobs.get(&name).is_none_or(super::ending::root_alive));
+            let measured = match measured {
+                _ if !self.jobs.get(&name).is_none_or(super::ending::root_alive) => {
+                    Measurement::Gone
+                }
+                m => m,
+            };
             match measured {
-                Some(s) => {
+                Measurement::Unchanged(cg) => {
+                    // As a probe: the tree is the last walk's, the cgroup is fresh.
+                    if let Some(j) = self.jobs.get_mut(&name) {
+                        j.cgroup_growth.push(now_ms, cg.working_set_bytes() as f64);
+                        j.probe = Some(cg);
+                        j.probed_at_ms = now_ms;
+                    }
+                }
+                Measurement::Walked { sample: s, members } => {
                     if let Some(j) = self.jobs.get_mut(&name) {
                         if let Some(g) = s.gpu_bytes {
                             j.gpu_growth.push(now_ms, g as f64);
@@ -88,12 +102,13 @@ impl Engine {
                             }
                         }
                         j.last = Some(s);
+                        j.members = members;
                         j.sampled_at_ms = now_ms;
                         // A Slurm job's cgroup holds Slurm's own processes: never frozen.
                         j.freezer = if j.slurm.is_some() { None } else { freezer };
                     }
                 }
-                None => self.job_gone(&name, now_ms),
+                Measurement::Gone => self.job_gone(&name, now_ms),
             }
         }
         for (name, n) in killed {

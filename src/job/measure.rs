@@ -5,6 +5,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use super::members::Members;
 use crate::proc::{self, Memory, ProcRef};
 use crate::sample::cgroup::{self, CgroupDir, CgroupMemory};
 use crate::sample::gpu::GpuSample;
@@ -93,7 +94,10 @@ fn moved(before: u64, now: u64) -> bool {
     before.abs_diff(now) > (8 << 20).max(now / 20)
 }
 
-/// Measures the tree under `root_ref`; `None` when the root is gone or was replaced.
+/// Measures the tree under `root_ref`, with the members of its cgroup `cg` when they can stand for
+/// the tree ([`Members::holding`]); `None` when the root is gone or was replaced. The members are read
+/// before the walk, so that a fork during it leaves them short of the tree (not kept) rather than a
+/// step ahead of it.
 ///
 /// With `previous` given, PSS and swap are carried over from it, with the time they were read, for
 /// each process whose RSS has not moved much since; RSS comes from /proc/PID/stat every time.
@@ -109,7 +113,8 @@ pub fn measure(
     gpus: &[GpuSample],
     now_ms: u64,
     previous: Option<&JobSample>,
-) -> Option<JobSample> {
+) -> Option<(JobSample, Option<Members>)> {
+    let in_cgroup = cg.and_then(Members::read);
     let mut tree = proc::descendants(root, root_ref.pid)?;
     if tree.procs.first()?.start_time != root_ref.start_time {
         return None;
@@ -207,7 +212,8 @@ pub fn measure(
         });
     }
     used_gpus.sort_unstable();
-    Some(JobSample {
+    let pids: Vec<u32> = processes.iter().map(|p| p.pid).collect();
+    let sample = JobSample {
         timestamp_ms: now_ms,
         rss_bytes: processes.iter().map(|p| p.rss_bytes).sum(),
         pss_bytes: processes.iter().map(|p| p.pss_bytes).sum(),
@@ -218,5 +224,62 @@ pub fn measure(
         gpus: gpu_known.then_some(used_gpus),
         cgroup: cg.and_then(|d| cgroup::read_dir(d).ok()),
         processes,
+    };
+    Some((sample, in_cgroup.and_then(|m| m.holding(&pids))))
+}
+
+/// What a full sample learned of one job.
+#[derive(Debug, Clone)]
+pub enum Measurement {
+    /// Its tree, walked ([`measure`]).
+    Walked {
+        /// The measurement.
+        sample: JobSample,
+        /// The cgroup's members, when they hold the whole tree.
+        members: Option<Members>,
+    },
+    /// Its cgroup holds the same processes as at the last walk, its usage has not moved far from
+    /// that walk's and no OOM kill came: the tree was not walked; this is the cgroup now.
+    Unchanged(CgroupMemory),
+    /// Its root is gone, or was replaced.
+    Gone,
+}
+
+/// The job's cgroup, when it shows nothing a walk would need to see since the walk `previous` came
+/// from: the same `members`, usage within max(8 MiB, 5 %) of that walk's, and the same count of OOM
+/// kills. One read of each `cgroup.procs` and of the usage file instead of every process's.
+pub fn unchanged(cg: &CgroupDir, members: &Members, previous: &JobSample) -> Option<CgroupMemory> {
+    let before = previous.cgroup.as_ref()?;
+    if !super::members::same(&cg.dir, members) {
+        return None;
+    }
+    let usage_bytes = cgroup::read_usage(cg).ok()?;
+    let oom_kills = cgroup::read_oom_kills(cg);
+    (!moved(before.usage_bytes, usage_bytes) && oom_kills == before.oom_kills).then(|| {
+        CgroupMemory {
+            usage_bytes,
+            ..before.clone()
+        }
     })
+}
+
+impl Measurement {
+    /// A job's measurement: unchanged when `members` (those of its last walk) and
+    /// [`unchanged`] say so, else its tree walked.
+    pub fn of(
+        members: Option<&Members>,
+        cg: Option<&CgroupDir>,
+        previous: Option<&JobSample>,
+        walk: impl FnOnce() -> Option<(JobSample, Option<Members>)>,
+    ) -> Measurement {
+        if let (Some(m), Some(cg), Some(prev)) = (members, cg, previous) {
+            if let Some(now) = unchanged(cg, m, prev) {
+                return Measurement::Unchanged(now);
+            }
+        }
+        match walk() {
+            Some((sample, members)) => Measurement::Walked { sample, members },
+            None => Measurement::Gone,
+        }
+    }
 }

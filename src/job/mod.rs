@@ -2,6 +2,7 @@
 //! whether memwatch holds them paused.
 
 pub mod measure;
+pub mod members;
 pub mod origin;
 pub mod owner;
 
@@ -167,6 +168,9 @@ pub struct Job {
     pub armed: Option<held::Armed>,
     /// When the job's tree was last walked and measured (engine clock, ms).
     pub walked_at_ms: u64,
+    /// The members of its cgroup read at that walk, when they hold the whole tree: while they stay
+    /// the same, so does the tree (`members`).
+    pub members: Option<members::Members>,
     /// `on_max_pause = "terminate"` ended it at this time: it is never paused again, and what is left
     /// of it after the grace is killed.
     pub terminating_since_ms: Option<u64>,
@@ -236,6 +240,7 @@ impl Job {
             freezer: None,
             watched: false,
             walked_at_ms: 0,
+            members: None,
             terminating_since_ms: None,
             killed: false,
             launch: None,

@@ -344,9 +344,10 @@ pub fn pids_below(dir: &Path, out: &mut Vec<u32>) -> bool {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return false;
     };
+    // cgroupfs gives each entry's type with the listing: no stat per control file.
     entries
         .flatten()
-        .filter(|e| e.path().is_dir())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
         .all(|e| pids_below(&e.path(), out))
 }
 

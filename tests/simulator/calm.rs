@@ -148,3 +148,74 @@ fn the_hosts_pressure_alone_while_calm_is_answered_by_one_full_sample() {
     );
     assert_eq!(s.engine.probe_interval_ms(s.now), Some(10));
 }
+
+/// While calm, a job whose cgroup's members held its whole tree at the last walk is looked at
+/// through them: the plan hands them over (and the measurement to compare usage with); a look that
+/// found them the same keeps the walk's measurement and takes the cgroup's usage as a probe does.
+/// Not calm, or at the smaps_rollup cadence, every look is a walk.
+#[test]
+fn a_calm_jobs_tree_is_looked_at_through_its_cgroups_members() {
+    let mut s = watched("");
+    s.cgroup_limit = Some(4 << 30);
+    let members = memwatch::job::members::Members::of(vec![crate::sim::PID, crate::sim::PID + 1]);
+    s.members = Some(members.clone());
+    s.now += 10_000;
+    s.sample(0.30);
+    let walked = s.now;
+    assert!(s.engine.calm(s.now));
+    s.now += 10_000;
+    let plan = s.engine.measure_plan(s.now);
+    assert_eq!(plan.len(), 1);
+    assert_eq!(plan[0].members_at_walk.as_ref(), Some(&members));
+    let previous = plan[0].previous.as_ref().expect("the walk's measurement");
+    assert_eq!(previous.timestamp_ms, walked);
+    s.sample_unchanged(0.30, (1 << 30) + (2 << 20));
+    let view = s.engine.view();
+    let job = &view.jobs[0];
+    let sample = job.sample.as_ref().unwrap();
+    assert_eq!(
+        sample.timestamp_ms, walked,
+        "the walk's measurement is kept"
+    );
+    assert_eq!(sample.processes.len(), 2);
+    assert_eq!(
+        sample.cgroup.as_ref().map(|c| c.usage_bytes),
+        Some((1 << 30) + (2 << 20)),
+        "the look's usage is the job's now"
+    );
+    assert!(s.engine.calm(s.now), "a look changes nothing of calm");
+    // A walk that found the members short of the tree: none handed over next time.
+    s.members = None;
+    s.now += 10_000;
+    s.sample(0.30);
+    s.now += 10_000;
+    assert_eq!(s.engine.measure_plan(s.now)[0].members_at_walk, None);
+    // Members again, then the host near its warn line: not calm, so the next look walks.
+    s.members = Some(members.clone());
+    s.now += 10_000;
+    s.sample(0.30);
+    s.now += 10_000;
+    s.sample(0.78);
+    assert!(!s.engine.calm(s.now));
+    s.now += 1_000;
+    assert_eq!(s.engine.measure_plan(s.now)[0].members_at_walk, None);
+    // Calm again: handed over until the smaps_rollup cadence (5 minutes) asks for a walk.
+    s.now += 10_000;
+    s.sample(0.30);
+    s.now += 10_000;
+    s.sample(0.30);
+    assert!(s.engine.calm(s.now));
+    let mut walks = 0;
+    for _ in 0..31 {
+        s.now += 10_000;
+        let plan = s.engine.measure_plan(s.now);
+        if plan[0].members_at_walk.is_none() {
+            walks += 1;
+            s.sample(0.30);
+        } else {
+            s.sample_unchanged(0.30, (1 << 30) + (2 << 20));
+        }
+        assert!(s.engine.calm(s.now));
+    }
+    assert_eq!(walks, 1, "one walk in 310 s of calm looks");
+}

@@ -84,7 +84,7 @@ fn a_job_the_oom_killer_ended_is_reported_as_oom_killed() {
         // The root is gone: the next full sample measures nothing.
         let measured = memwatch::engine::Measured {
             name: "sim".into(),
-            sample: None,
+            sample: memwatch::job::measure::Measurement::Gone,
             freezer: None,
             slurm_suspended: None,
         };

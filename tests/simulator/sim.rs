@@ -68,6 +68,8 @@ pub struct Sim {
     pub cgroup_limit: Option<u64>,
     /// The job's root has exited: samples measure nothing of it.
     pub gone: bool,
+    /// The members of the job's cgroup each walk reports (`None`: they do not hold the tree).
+    pub members: Option<memwatch::job::members::Members>,
     config: String,
 }
 
@@ -188,6 +190,7 @@ impl Sim {
             oom_kills: None,
             cgroup_limit: None,
             gone: false,
+            members: None,
             config,
         };
         let r = sim.cmd(serde_json::json!({"cmd": "attach", "pid": PID, "name": "sim"}));
@@ -226,9 +229,8 @@ impl Sim {
         r
     }
 
-    /// A full sample at `self.now`: host memory `used` of 16 GiB in use, the job's tree as in
-    /// the fixture.
-    pub fn sample(&mut self, used: f64) {
+    /// The host's part of a full sample at `self.now`: `used` of 16 GiB in use.
+    fn host_sample(&self, used: f64) -> memwatch::sample::Sample {
         let total: u64 = 16 << 30;
         let mut sample = memwatch::sample::Sample {
             timestamp_ms: self.now,
@@ -240,6 +242,13 @@ impl Sim {
             available_bytes: ((1.0 - used) * total as f64) as u64,
             ..Default::default()
         });
+        sample
+    }
+
+    /// A full sample at `self.now`: host memory `used` of 16 GiB in use, the job's tree as in
+    /// the fixture.
+    pub fn sample(&mut self, used: f64) {
+        let sample = self.host_sample(used);
         let proc = |pid: u32| {
             serde_json::json!({"pid": pid, "ppid": PID, "name": "sim", "state": "S",
                 "rss_bytes": 4u64 << 30, "pss_bytes": 4u64 << 30, "pss_read_ms": self.now,
@@ -264,8 +273,37 @@ impl Sim {
         });
         let measured = memwatch::engine::Measured {
             name: "sim".into(),
-            sample: (!self.gone).then_some(job),
+            sample: if self.gone {
+                memwatch::job::measure::Measurement::Gone
+            } else {
+                memwatch::job::measure::Measurement::Walked {
+                    sample: job,
+                    members: self.members.clone(),
+                }
+            },
             freezer,
+            slurm_suspended: self.slurm_suspended,
+        };
+        self.engine
+            .handle_sample(Arc::new(sample), vec![measured], self.now, self.now);
+        self.drain();
+        self.check();
+    }
+
+    /// A full sample at `self.now` whose look at the job found its cgroup's members as at the last
+    /// walk: the tree not walked, the cgroup's usage `usage` bytes now.
+    pub fn sample_unchanged(&mut self, used: f64, usage: u64) {
+        let sample = self.host_sample(used);
+        let cg: memwatch::sample::cgroup::CgroupMemory =
+            serde_json::from_value(serde_json::json!({
+            "version": 2, "path": "/sim", "usage_bytes": usage, "limit_bytes": self.cgroup_limit,
+            "oom_kills": self.oom_kills.unwrap_or(0), "inactive_file_bytes": 0, "anon_bytes": usage,
+            "file_bytes": 0}))
+            .unwrap();
+        let measured = memwatch::engine::Measured {
+            name: "sim".into(),
+            sample: memwatch::job::measure::Measurement::Unchanged(cg),
+            freezer: None,
             slurm_suspended: self.slurm_suspended,
         };
         self.engine

@@ -5,7 +5,7 @@
 //!  allocation starts once file F exists; with `--cycles`, the memory is touched, freed and touched
 //!  again every MS, N times; with `--drop-file`, whenever file F appears holding a number N, it is
 //!  removed and N workers are ended and reaped, as a trainer that takes fewer DataLoader workers
-//!  mid-epoch)
+//!  mid-epoch; a file that does not hold a number yet is read again 20 ms later)
 //!
 //! `--stamps F` appends one line to F as allocation starts and one after each chunk is touched:
 //! `CLOCK_BOOTTIME in µs` and the MiB touched so far, in one write each, so whoever reads F sees the
@@ -185,9 +185,13 @@ fn main() -> ExitCode {
         let workers = workers.clone();
         std::thread::spawn(move || {
             loop {
-                if let Ok(text) = std::fs::read_to_string(&f) {
+                // A file caught between its creation and the write of its number reads empty: it
+                // is left for the next look, not taken as 0 and removed (which lost the number).
+                let number = std::fs::read_to_string(&f)
+                    .ok()
+                    .and_then(|text| text.trim().parse::<usize>().ok());
+                if let Some(n) = number {
                     let _ = std::fs::remove_file(&f);
-                    let n: usize = text.trim().parse().unwrap_or(0);
                     let mut w = workers.lock().unwrap_or_else(|e| e.into_inner());
                     for _ in 0..n {
                         if let Some(mut c) = w.pop() {

@@ -191,7 +191,7 @@ impl Reflex {
         };
         text.lines()
             .filter_map(|l| l.trim().parse::<u32>().ok())
-            .all(|pid| crate::act::signal::owner_may_signal(&self.process_root, pid, self.owner))
+            .all(|pid| crate::act::signal::owner_may_freeze(&self.process_root, pid, self.owner))
     }
 
     /// Reads the job's working set and, at critical, acts.

@@ -9,6 +9,7 @@ use crate::sample::cgroup::Version;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use super::signal::owner_may_freeze;
 pub use crate::job::held::Frozen;
 use crate::sample::cgroup::pids_below;
 use crate::sample::error::read_text;
@@ -52,16 +53,40 @@ pub fn owned(root: &Path, tree: &[u32], owner: u32) -> Option<Frozen> {
         }
     }
     candidates.sort_by_key(|f| std::cmp::Reverse(f.version));
+    let mut walked = tree.to_vec();
+    walked.sort_unstable();
     candidates.into_iter().find(|f| {
         let mut pids = Vec::new();
         pids_below(&f.dir, &mut pids)
             && !pids.is_empty()
             && !pids.contains(&me)
-            && pids.iter().all(|p| tree.contains(p))
             && pids
                 .iter()
-                .all(|p| super::signal::owner_may_signal(root, *p, owner))
+                .all(|p| walked.binary_search(p).is_ok() || forked_from(root, *p, &walked))
+            && pids.iter().all(|p| owner_may_freeze(root, *p, owner))
     })
+}
+
+/// How many parents [`forked_from`] follows before it gives up.
+const ANCESTRY_AT_MOST: usize = 32;
+
+/// Whether `pid`, found in the cgroup but not in the walk's `tree` (sorted), is still the job's:
+/// gone or exiting since the cgroup was read, or a descendant of a process of the tree, forked after the walk
+/// (a job that forks all the time would otherwise lose its freezer to each fork the walk missed).
+/// A process whose parent chain leaves the tree (reparented to a subreaper or to init) is not.
+fn forked_from(root: &Path, pid: u32, tree: &[u32]) -> bool {
+    let mut p = pid;
+    for _ in 0..ANCESTRY_AT_MOST {
+        match crate::proc::read_stat(root, p) {
+            Err(e) => return p == pid && e.is_gone(),
+            Ok(s) if tree.binary_search(&s.ppid).is_ok() => return true,
+            // Exiting (a dead task shows parent 0): nothing left to freeze.
+            Ok(s) if p == pid && matches!(s.state, 'X' | 'Z') => return true,
+            Ok(s) if s.ppid <= 1 => return false,
+            Ok(s) => p = s.ppid,
+        }
+    }
+    false
 }
 
 /// The freezer's work on a frozen cgroup's record (`job::held::Frozen`, plain data in memwatch-core):
@@ -98,10 +123,7 @@ impl Freezing for Frozen {
             return true;
         }
         let mut pids = Vec::new();
-        pids_below(&self.dir, &mut pids)
-            && pids
-                .iter()
-                .all(|p| super::signal::owner_may_signal(root, *p, owner))
+        pids_below(&self.dir, &mut pids) && pids.iter().all(|p| owner_may_freeze(root, *p, owner))
     }
 
     fn freeze(&self) -> std::io::Result<bool> {
@@ -154,4 +176,82 @@ fn write(cgroup: &Frozen, freeze: bool) -> std::io::Result<()> {
     use std::io::Write as _;
     let (file, value) = state_file(cgroup.version, freeze);
     crate::delegated::open_write(&cgroup.dir.join(file), false, 0)?.write_all(value.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+    use std::path::PathBuf;
+
+    /// A process under the fixture root: its cgroup line, stat (with `ppid`) and status (`uid`).
+    fn process(root: &Path, pid: u32, ppid: u32, uid: u32) {
+        let d = root.join("proc").join(pid.to_string());
+        fs::create_dir_all(&d).unwrap();
+        fs::write(d.join("cgroup"), "0::/job.scope\n").unwrap();
+        fs::write(
+            d.join("stat"),
+            format!("{pid} (sh) S {ppid} 1 1 0 -1 0 0 0 0 0 1 1 0 0 20 0 1 0 100 0 10 0 0 0"),
+        )
+        .unwrap();
+        fs::write(
+            d.join("status"),
+            format!("Uid:\t{uid}\t{uid}\t{uid}\t{uid}\n"),
+        )
+        .unwrap();
+    }
+
+    fn cgroup(root: &Path, pids: &[u32]) -> PathBuf {
+        let dir = root.join("sys/fs/cgroup/job.scope");
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("cgroup.freeze"), "0\n").unwrap();
+        let procs: String = pids.iter().map(|p| format!("{p}\n")).collect();
+        fs::write(dir.join("cgroup.procs"), procs).unwrap();
+        dir
+    }
+
+    #[test]
+    fn a_cgroup_is_the_jobs_with_the_children_forked_and_the_processes_gone_since_the_walk() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path();
+        for (pid, ppid) in [(10, 1), (11, 10), (12, 11), (13, 12)] {
+            process(root, pid, ppid, 1000);
+        }
+        // 17 is exiting: a dead task shows parent 0.
+        process(root, 17, 11, 1000);
+        let stat = root.join("proc/17/stat");
+        let text = fs::read_to_string(&stat)
+            .unwrap()
+            .replace(" S 11 ", " X 0 ");
+        fs::write(&stat, text).unwrap();
+        // The walk saw 10 and 11; 12 forked from 11 since and 13 from 12; 14 exited since.
+        let dir = cgroup(root, &[10, 11, 12, 13, 14, 17]);
+        let tree = [11, 10];
+        let owned_dir = owned(root, &tree, 1000).map(|f| f.dir);
+        assert_eq!(owned_dir.as_deref(), Some(dir.as_path()));
+        assert!(
+            Frozen {
+                version: Version::V2,
+                dir: dir.clone(),
+            }
+            .within_reach(root, 1000)
+        );
+        // A process reparented to init is not the job's, nor is another user's child of the job.
+        process(root, 15, 1, 1000);
+        cgroup(root, &[10, 11, 15]);
+        assert_eq!(owned(root, &tree, 1000), None);
+        process(root, 16, 11, 1001);
+        cgroup(root, &[10, 11, 16]);
+        assert_eq!(owned(root, &tree, 1000), None);
+        // root may freeze it; a chain longer than the limit is not followed.
+        assert!(owned(root, &tree, 0).is_some());
+        let deep: Vec<u32> = (100..100 + ANCESTRY_AT_MOST as u32 + 1).collect();
+        for (i, pid) in deep.iter().enumerate() {
+            process(root, *pid, if i == 0 { 11 } else { pid - 1 }, 1000);
+        }
+        cgroup(root, &[10, 11, deep[ANCESTRY_AT_MOST - 1]]);
+        assert!(owned(root, &tree, 1000).is_some());
+        cgroup(root, &[10, 11, deep[ANCESTRY_AT_MOST]]);
+        assert_eq!(owned(root, &tree, 1000), None);
+    }
 }

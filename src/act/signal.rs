@@ -45,6 +45,17 @@ pub fn owner_may_signal(root: &Path, pid: u32, owner: u32) -> bool {
             .is_ok_and(|s| s.uids[0] == owner || s.uids[2] == owner)
 }
 
+/// Whether a freeze of a cgroup holding `pid` is within `owner`'s reach for that process: root,
+/// its own process ([`owner_may_signal`]), or one that exited since the cgroup's members were read
+/// (nothing is left of it to freeze).
+pub fn owner_may_freeze(root: &Path, pid: u32, owner: u32) -> bool {
+    owner == 0
+        || match crate::proc::read_status(root, pid) {
+            Ok(s) => s.uids[0] == owner || s.uids[2] == owner,
+            Err(e) => e.is_gone(),
+        }
+}
+
 /// rustix's pid for ours (`None` for 0 or one beyond `i32`).
 fn rustix_pid(pid: u32) -> Option<rustix::process::Pid> {
     i32::try_from(pid)

@@ -38,6 +38,13 @@ impl ReadError {
         matches!(self, ReadError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
     }
 
+    /// True when the process behind a /proc file is gone: its directory no longer exists, or it
+    /// exited between the file's open and its read (the kernel answers ESRCH).
+    pub fn is_gone(&self) -> bool {
+        self.is_not_found()
+            || matches!(self, ReadError::Io { source, .. } if source.raw_os_error() == Some(nix::errno::Errno::ESRCH as i32))
+    }
+
     /// A short, stable label for counting and log-once bookkeeping.
     pub fn kind(&self) -> &'static str {
         match self {

@@ -97,7 +97,7 @@ recorded=$(job_field '.pause.oomd_omit[0].dir')
 if [ -n "$paused" ] && [ "$omit" = 1 ] && [ "$recorded" = "$DIR" ] && [ "$source_file" = memory.high ]; then
   result $S ok "paused: frozen $(( (paused - go) / 1000 )).$(( (paused - go) % 1000 / 100 )) s after the job began growing, at $at MiB of memory.high $HIGH_MIB MiB (memwatch's limit $limit_mib MiB from $source_file): $why; user.oomd_omit=$omit on $recorded while held"
 else
-  result $S fail "paused: frozen at ${paused:-never} (go $go), $at MiB; limit ${limit_mib} MiB from ${source_file:-?}; user.oomd_omit=${omit:-none}; recorded ${recorded:-none}; alive: $(alive && echo yes || echo no)"
+  result $S fail "paused: frozen at ${paused:-never} (go $go), $at MiB; limit ${limit_mib} MiB from ${source_file:-?}; user.oomd_omit=${omit:-none}; recorded ${recorded:-none}; pause by $(job_field '.pause.mechanism.kind'): ${why:-none}; alive: $(alive && echo yes || echo no)"
 fi
 # Held for 40 s, more than oomd's 5 s duration plus the 10 s its avg10 takes to build and fall.
 held_from=$(now_ms)

@@ -1,12 +1,13 @@
 //! memwatch's pure core: the configuration (types, defaults, validation, the documented example), the
 //! policy (a pure function from a previous state and an observation to a new state and decisions),
-//! growth rates, the typed reasons of events, and the collectors' names.
+//! growth rates, the typed reasons of events, the collectors' names, and training-config rewrites
+//! planned on text (the file's write is the `memwatch` crate's).
 //!
 //! The compiler keeps it pure: this crate depends on no I/O crate (no tokio, nix, rustix, libc,
 //! nvml-wrapper or hyper; `tests/imports.rs` in the workspace root checks `cargo tree`), so nothing in
 //! it can signal, freeze, spawn or serve. The one file it reads is the configuration file, with `std`,
 //! in [`config::load`]. The `memwatch` crate re-exports them where its code names them:
-//! `memwatch::config`, `memwatch::policy`, `memwatch::reason`, `memwatch::job::Growth` and
+//! `memwatch::config`, `memwatch::policy`, `memwatch::reason`, `memwatch::rewrite`, `memwatch::job::Growth` and
 //! `memwatch::sample::Collector`.
 
 #![warn(missing_docs)]
@@ -18,4 +19,5 @@ pub mod held;
 pub mod host;
 pub mod policy;
 pub mod reason;
+pub mod rewrite;
 pub mod way_out;

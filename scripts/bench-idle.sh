@@ -11,8 +11,8 @@
 # Each calm job runs in a memory cgroup of its own (limit 32 GiB: the 1 024 processes hold 8 GiB, away
 # from the half-limit line), as a systemd unit or `memwatch launch` gives one, where the machine has a
 # memory controller (v1 or v2); JOB_CGROUP=0 leaves it in the script's. BASE=/path/to/another/memwatch
-# adds the calm rows again for that build ("base-…"), in the same windows' alternation, for a before
-# and after side by side.
+# adds the idle and calm rows again for that build ("base-…"), in the same windows' alternation, for
+# a before and after side by side. IDLE_ONLY=1 runs only the idle rows and earlyoom.
 # Root; a release build of memwatch; earlyoom on PATH (Debian's `earlyoom` package; this script
 # installs nothing).
 #
@@ -21,7 +21,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WINDOWS=${WINDOWS:-2} SECS=${SECS:-60} SETTLE=${SETTLE:-5} LARGE=${LARGE:-1024} SCRAPE=${SCRAPE:-15}
-JOB_CGROUP=${JOB_CGROUP:-1} BASE=${BASE:-}
+JOB_CGROUP=${JOB_CGROUP:-1} BASE=${BASE:-} IDLE_ONLY=${IDLE_ONLY:-0}
 command -v earlyoom >/dev/null || { echo "earlyoom is not on PATH (apt-get install earlyoom)" >&2; exit 2; }
 cargo build --release --locked -p memwatch -p memwatch-memhog >/dev/null
 mw=target/release/memwatch hog=target/release/memhog
@@ -102,10 +102,15 @@ stop_memwatch() {
 }
 
 for w in $(seq 1 "$WINDOWS"); do
-  # idle memwatch
+  # idle memwatch (and BASE's)
   start_memwatch
   measure memwatch-idle "$pid"
   stop_memwatch memwatch-idle
+  if [ -n "$BASE" ]; then
+    start_memwatch "$BASE"
+    measure base-idle "$pid"
+    stop_memwatch base-idle
+  fi
   # earlyoom, defaults (it reports every hour by default; -r 0 would only silence that)
   earlyoom >/dev/null 2>&1 &
   eo=$!
@@ -113,6 +118,7 @@ for w in $(seq 1 "$WINDOWS"); do
   kill "$eo"
   wait "$eo" 2>/dev/null || true
   # memwatch with one calm job of 8 processes, then of LARGE, then of 8 scraped; and BASE's the same
+  [ "$IDLE_ONLY" = 1 ] && continue
   for n in 8 "$LARGE" scraped ${BASE:+base-8 "base-$LARGE" base-scraped}; do
     procs=${n#base-} row=memwatch-calm-$n bin=$mw scraper=
     case $n in base-*) bin=$BASE row=base-calm-${n#base-} ;; esac
@@ -143,7 +149,7 @@ how=schedstat
 [ -z "$acct" ] || how=cpuacct
 echo "| watcher | windows | CPU of a core, median ($how) | wakeups/s, median | VmRSS, median | 1-min load |"
 echo "|---|---|---|---|---|---|"
-for n in memwatch-idle memwatch-calm-8 "memwatch-calm-$LARGE" memwatch-scraped \
+for n in memwatch-idle ${BASE:+base-idle} memwatch-calm-8 "memwatch-calm-$LARGE" memwatch-scraped \
   ${BASE:+base-calm-8 "base-calm-$LARGE" base-scraped} earlyoom; do
   awk -v n="$n" 'BEGIN {k = 0} $1 == n {c[k] = $2; x[k] = $3; r[k] = $4; l = l (l ? ", " : "") $5; k++}
     function med(a, m,   i, j, t) { for (i = 0; i < m; i++) for (j = i + 1; j < m; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }

@@ -24,7 +24,7 @@ impl KeptFile {
     /// Opens nothing yet: the first read does.
     pub fn new(path: PathBuf) -> Self {
         KeptFile {
-            keep: on_kernel_fs(&path),
+            keep: regenerated_at_zero(&path),
             path,
             file: None,
             buf: Vec::with_capacity(4096),
@@ -81,17 +81,31 @@ impl KeptFile {
     }
 }
 
+const PROC: i64 = 0x9fa0;
+const CGROUP: i64 = 0x27e0eb;
+const CGROUP2: i64 = 0x6367_7270;
+const SYSFS: i64 = 0x6265_6572;
+
+/// The filesystem type of the one `path` lies on.
+fn fs_type(path: &Path) -> Option<i64> {
+    nix::sys::statfs::statfs(path).ok().map(|s| {
+        #[allow(clippy::unnecessary_cast)] // the field is i64 on some targets, i32 or u32 on others
+        let t = s.filesystem_type().0 as i64;
+        t
+    })
+}
+
 /// Whether `path` lies on procfs or a cgroup filesystem, where writing a trigger is a request to the
 /// kernel (and not, as on a fixture tree, an edit of a file).
 pub fn on_kernel_fs(path: &Path) -> bool {
-    const PROC: i64 = 0x9fa0;
-    const CGROUP: i64 = 0x27e0eb;
-    const CGROUP2: i64 = 0x6367_7270;
-    nix::sys::statfs::statfs(path).is_ok_and(|s| {
-        #[allow(clippy::unnecessary_cast)] // the field is i64 on some targets, i32 or u32 on others
-        let t = s.filesystem_type().0 as i64;
-        t == PROC || t == CGROUP || t == CGROUP2
-    })
+    fs_type(path).is_some_and(|t| t == PROC || t == CGROUP || t == CGROUP2)
+}
+
+/// Whether a read of `path` at offset 0 makes the kernel write its text afresh: procfs, cgroupfs
+/// and sysfs (whose attributes, a hwmon sensor's reading among them, are shown again from the
+/// start).
+fn regenerated_at_zero(path: &Path) -> bool {
+    fs_type(path).is_some_and(|t| t == PROC || t == CGROUP || t == CGROUP2 || t == SYSFS)
 }
 
 #[cfg(test)]
@@ -110,6 +124,23 @@ mod tests {
         }
         assert!(f.is_open());
         assert!(lens.iter().all(|n| *n == lens[0]), "{lens:?}");
+    }
+
+    /// sysfs shows an attribute afresh when it is read again from offset 0 (a hwmon sensor's
+    /// reading is kept open so): loopback's packet count, read before and after packets sent.
+    #[test]
+    fn a_sysfs_attribute_is_kept_open_and_shows_its_new_value() {
+        let path = PathBuf::from("/sys/class/net/lo/statistics/rx_packets");
+        let mut f = KeptFile::new(path);
+        let count = |f: &mut KeptFile| f.read().unwrap().1.trim().parse::<u64>().unwrap();
+        let before = count(&mut f);
+        assert!(f.is_open(), "a sysfs file is kept open");
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        for _ in 0..3 {
+            socket.send_to(b"x", socket.local_addr().unwrap()).unwrap();
+        }
+        assert!(count(&mut f) >= before + 3);
+        assert!(f.is_open());
     }
 
     #[test]

@@ -86,7 +86,6 @@ struct Bookkeeping {
 
 /// Runs the readers. Owns the GPU source and the per-collector error counts.
 pub struct Sampler {
-    root: PathBuf,
     gpu: Option<Box<dyn GpuSource>>,
     books: [Bookkeeping; Collector::ALL.len()],
     page_size: u64,
@@ -94,6 +93,10 @@ pub struct Sampler {
     hostname: Option<String>,
     /// /proc/meminfo, /proc/vmstat and /proc/pressure/{memory,cpu,io}, kept open.
     kept: [kept::KeptFile; 5],
+    /// The temperature sensors, listed once a minute, their readings kept open.
+    sensors: thermal::Sensors,
+    /// The daemon's own memory cgroup, located once a minute.
+    own_cgroup: cgroup::Own,
 }
 
 impl Sampler {
@@ -116,7 +119,8 @@ impl Sampler {
         Sampler {
             hostname: hostname(&root),
             kept,
-            root,
+            sensors: thermal::Sensors::new(&root),
+            own_cgroup: cgroup::Own::new(&root),
             gpu,
             books: Default::default(),
             page_size,
@@ -188,13 +192,11 @@ impl Sampler {
             .unwrap_or_default();
         let cgroup = self
             .run(Collector::Cgroup, &mut st, |s| {
-                cgroup::read_self(&s.root).map_err(fail)
+                s.own_cgroup.read().map_err(fail)
             })
             .flatten();
         let temperatures = self
-            .run(Collector::Thermal, &mut st, |s| {
-                thermal::read(&s.root).map_err(fail)
-            })
+            .run(Collector::Thermal, &mut st, |s| Ok(s.sensors.read()))
             .unwrap_or_default();
         let gpus = self
             .run(Collector::Gpu, &mut st, |s| {

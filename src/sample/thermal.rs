@@ -1,10 +1,12 @@
 //! Temperatures from /sys/class/hwmon and /sys/class/thermal, with critical and maximum thresholds.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use super::error::{ReadError, read_text};
+use super::kept::KeptFile;
 
 /// One temperature sensor.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -21,21 +23,82 @@ pub struct TempSensor {
     pub max_celsius: Option<f64>,
 }
 
-/// Reads every sensor under `<root>/sys/class/{hwmon,thermal}`. A sensor that cannot be read (many
-/// answer EIO or ENODATA while asleep) is skipped; a missing class directory means no sensors.
+/// Reads every sensor under `<root>/sys/class/{hwmon,thermal}` once. A sensor that cannot be read
+/// (many answer EIO or ENODATA while asleep) is skipped; a missing class directory means no sensors.
 pub fn read(root: &Path) -> Result<Vec<TempSensor>, ReadError> {
-    let mut out = Vec::new();
-    read_hwmon(&root.join("sys/class/hwmon"), &mut out);
-    read_zones(&root.join("sys/class/thermal"), &mut out);
-    out.sort_by(|a, b| (&a.chip, &a.sensor).cmp(&(&b.chip, &b.sensor)));
-    Ok(out)
+    Ok(Sensors::new(root).read())
+}
+
+/// How long a list of sensors is trusted before the classes are listed again (a device plugged in,
+/// a driver loaded late, a sensor gone).
+pub const RELIST: Duration = Duration::from_secs(60);
+
+/// The host's temperature sensors, for a sampler that reads them again and again: the classes are
+/// listed at most once per [`RELIST`], names, labels and thresholds are read when a sensor is found,
+/// and each reading's file is kept open and read again from its start on each call (sysfs shows an
+/// attribute afresh at offset 0), so a sample costs one read per sensor instead of a directory walk
+/// and four opens.
+pub struct Sensors {
+    root: PathBuf,
+    found: Vec<Found>,
+    listed_at: Option<Instant>,
+}
+
+/// One sensor as found: what does not change, and its reading's file.
+struct Found {
+    chip: String,
+    sensor: String,
+    input: KeptFile,
+    crit_celsius: Option<f64>,
+    max_celsius: Option<f64>,
+}
+
+impl Sensors {
+    /// Sensors under `root`; nothing is listed before the first read.
+    pub fn new(root: &Path) -> Self {
+        Sensors {
+            root: root.to_owned(),
+            found: Vec::new(),
+            listed_at: None,
+        }
+    }
+
+    /// Every sensor's reading now, sorted by chip and sensor; one that cannot be read is skipped.
+    pub fn read(&mut self) -> Vec<TempSensor> {
+        if self.listed_at.is_none_or(|t| t.elapsed() >= RELIST) {
+            self.found = list_hwmon(&self.root.join("sys/class/hwmon"));
+            self.found
+                .extend(list_zones(&self.root.join("sys/class/thermal")));
+            self.found
+                .sort_by(|a, b| (&a.chip, &a.sensor).cmp(&(&b.chip, &b.sensor)));
+            self.listed_at = Some(Instant::now());
+        }
+        self.found
+            .iter_mut()
+            .filter_map(|f| {
+                let celsius = f.input.read().ok().and_then(|(_, t)| celsius_of(t))?;
+                Some(TempSensor {
+                    chip: f.chip.clone(),
+                    sensor: f.sensor.clone(),
+                    celsius,
+                    crit_celsius: f.crit_celsius,
+                    max_celsius: f.max_celsius,
+                })
+            })
+            .collect()
+    }
+}
+
+/// Degrees Celsius from a sysfs reading in millidegrees, within physical bounds.
+fn celsius_of(text: &str) -> Option<f64> {
+    let v: i64 = text.trim().parse().ok()?;
+    let c = v as f64 / 1000.0;
+    (-273.0..=1000.0).contains(&c).then_some(c)
 }
 
 /// Millidegrees Celsius from a sysfs file, within physical bounds.
 fn millideg(path: &Path) -> Option<f64> {
-    let v: i64 = read_text(path).ok()?.trim().parse().ok()?;
-    let c = v as f64 / 1000.0;
-    (-273.0..=1000.0).contains(&c).then_some(c)
+    celsius_of(&read_text(path).ok()?)
 }
 
 fn sorted_entries(dir: &Path) -> Vec<std::fs::DirEntry> {
@@ -48,7 +111,8 @@ fn sorted_entries(dir: &Path) -> Vec<std::fs::DirEntry> {
     v
 }
 
-fn read_hwmon(class: &Path, out: &mut Vec<TempSensor>) {
+fn list_hwmon(class: &Path) -> Vec<Found> {
+    let mut out = Vec::new();
     for chip_dir in sorted_entries(class) {
         let dir = chip_dir.path();
         let chip = read_text(&dir.join("name"))
@@ -62,33 +126,32 @@ fn read_hwmon(class: &Path, out: &mut Vec<TempSensor>) {
             else {
                 continue;
             };
-            let Some(celsius) = millideg(&f.path()) else {
-                continue;
-            };
             let sensor = read_text(&dir.join(format!("{stem}_label")))
                 .map(|s| s.trim().to_owned())
                 .unwrap_or_else(|_| stem.to_owned());
-            out.push(TempSensor {
+            out.push(Found {
                 chip: chip.clone(),
                 sensor,
-                celsius,
+                input: KeptFile::new(f.path()),
                 crit_celsius: millideg(&dir.join(format!("{stem}_crit"))),
                 max_celsius: millideg(&dir.join(format!("{stem}_max"))),
             });
         }
     }
+    out
 }
 
-fn read_zones(class: &Path, out: &mut Vec<TempSensor>) {
+fn list_zones(class: &Path) -> Vec<Found> {
+    let mut out = Vec::new();
     for zone in sorted_entries(class) {
         let name = zone.file_name().to_string_lossy().into_owned();
         if !name.starts_with("thermal_zone") {
             continue;
         }
         let dir = zone.path();
-        let Some(celsius) = millideg(&dir.join("temp")) else {
+        if !dir.join("temp").is_file() {
             continue;
-        };
+        }
         let kind = read_text(&dir.join("type"))
             .map(|s| s.trim().to_owned())
             .unwrap_or_default();
@@ -104,14 +167,15 @@ fn read_zones(class: &Path, out: &mut Vec<TempSensor>) {
                 _ => {}
             }
         }
-        out.push(TempSensor {
+        out.push(Found {
             chip: name,
             sensor: kind,
-            celsius,
+            input: KeptFile::new(dir.join("temp")),
             crit_celsius: crit,
             max_celsius: max,
         });
     }
+    out
 }
 
 #[cfg(test)]
@@ -144,6 +208,41 @@ mod tests {
         );
         assert_eq!(s[0].crit_celsius, Some(100.0));
         assert_eq!((s[1].celsius, s[1].crit_celsius), (-5.0, Some(105.0)));
+    }
+
+    #[test]
+    fn sensors_are_listed_once_a_while_and_their_readings_read_each_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = dir.path().join("sys/class/hwmon/hwmon0");
+        fs::create_dir_all(&h).unwrap();
+        fs::write(h.join("name"), "k10temp\n").unwrap();
+        fs::write(h.join("temp1_input"), "54000\n").unwrap();
+        fs::write(h.join("temp1_crit"), "100000\n").unwrap();
+        let mut sensors = Sensors::new(dir.path());
+        let reading = |s: &mut Sensors| {
+            s.read()
+                .iter()
+                .map(|t| (t.sensor.clone(), t.celsius, t.crit_celsius))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(reading(&mut sensors), [("temp1".into(), 54.0, Some(100.0))]);
+        // A new reading is read; a sensor added is not seen until the classes are listed again.
+        fs::write(h.join("temp1_input"), "61500\n").unwrap();
+        fs::write(h.join("temp2_input"), "40000\n").unwrap();
+        assert_eq!(reading(&mut sensors), [("temp1".into(), 61.5, Some(100.0))]);
+        // A sensor asleep (its reading unreadable) is skipped, and comes back when it answers.
+        fs::write(h.join("temp1_input"), "").unwrap();
+        assert!(reading(&mut sensors).is_empty());
+        fs::write(h.join("temp1_input"), "62000\n").unwrap();
+        assert_eq!(reading(&mut sensors).len(), 1);
+        sensors.listed_at = Some(Instant::now() - RELIST);
+        assert_eq!(
+            reading(&mut sensors),
+            [
+                ("temp1".into(), 62.0, Some(100.0)),
+                ("temp2".into(), 40.0, None)
+            ]
+        );
     }
 
     #[test]

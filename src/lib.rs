@@ -7,7 +7,6 @@
 pub mod act;
 pub mod adapt;
 pub mod advice;
-pub mod check;
 pub mod cli;
 pub mod client;
 pub mod clock;
@@ -31,4 +30,4 @@ pub mod shared;
 pub mod slurm;
 pub mod wake;
 
-pub use memwatch_core::{config, policy, reason};
+pub use memwatch_core::{check, config, policy, reason};

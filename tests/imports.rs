@@ -1,16 +1,18 @@
 //! The import graph of the library's top-level modules, read from the sources: it has no cycle, and
-//! the pure modules of the `memwatch` crate (the advice, `memwatch check`, and what they import) never
-//! reach the code that acts (`act`, `engine`, `daemon`, `http`) or tokio. The configuration and the
-//! policy are their own crate, memwatch-core, whose dependencies `cargo tree` lists: none of them is an
-//! I/O crate, so the compiler keeps it pure. ARCHITECTURE.md's layering is this test's claim.
+//! the pure modules of the `memwatch` crate (the advice and what it imports) never reach the code
+//! that acts (`act`, `engine`, `daemon`, `http`) or tokio. The configuration, the policy, the
+//! rewrite's planning and `memwatch check` are their own crate, memwatch-core, whose dependencies
+//! `cargo tree` lists: none of them is an I/O crate, so the compiler keeps it pure.
+//! ARCHITECTURE.md's layering is this test's claim.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 mod common;
 
-/// The modules whose imports, followed to the end, must never reach what acts.
-const PURE: [&str; 2] = ["advice", "check"];
+/// The modules whose imports, followed to the end, must never reach what acts (`check` is the
+/// core's now, which the compiler keeps pure).
+const PURE: [&str; 1] = ["advice"];
 /// What memwatch-core must never depend on, directly or through another crate: the crates that do I/O
 /// (signals, files by descriptor, processes, the GPU, the network, the async runtime).
 const NOT_IN_CORE: [&str; 6] = ["tokio", "nix", "rustix", "nvml-wrapper", "hyper", "libc"];
@@ -156,6 +158,7 @@ fn the_core_crates_module_graph_has_no_cycle() {
     assert_eq!(
         g.edges.keys().map(String::as_str).collect::<Vec<_>>(),
         [
+            "check",
             "collector",
             "config",
             "growth",

@@ -6,39 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
-
-/// A running process of another OOM killer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Found {
-    /// Its pid.
-    pub pid: u32,
-    /// Its command line, argument by argument.
-    pub args: Vec<String>,
-}
-
-/// A unit setting that hands cgroups to systemd-oomd.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Managed {
-    /// The unit (`user@.service`, `-.slice`).
-    pub unit: String,
-    /// The setting, `ManagedOOMMemoryPressure=kill` or `ManagedOOMSwap=kill`, with the unit's
-    /// `ManagedOOMMemoryPressureLimit=` when it sets one.
-    pub setting: String,
-    /// The file that says so.
-    pub file: PathBuf,
-}
-
-/// What of the other OOM killers was found.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct Neighbours {
-    /// systemd-oomd's process.
-    pub oomd: Option<Found>,
-    /// earlyoom's process.
-    pub earlyoom: Option<Found>,
-    /// Units whose cgroups systemd-oomd may kill in, by their files.
-    pub managed: Vec<Managed>,
-}
+pub use memwatch_core::check::neighbours::{Found, Managed, Neighbours};
 
 /// Where unit files and drop-ins live, the ones that win first (systemd's order).
 const UNIT_DIRS: [&str; 7] = [

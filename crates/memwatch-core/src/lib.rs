@@ -1,17 +1,19 @@
 //! memwatch's pure core: the configuration (types, defaults, validation, the documented example), the
 //! policy (a pure function from a previous state and an observation to a new state and decisions),
-//! growth rates, the typed reasons of events, the collectors' names, and training-config rewrites
-//! planned on text (the file's write is the `memwatch` crate's).
+//! growth rates, the typed reasons of events, the collectors' names, training-config rewrites
+//! planned on text (the file's write is the `memwatch` crate's), and `memwatch check`'s estimates
+//! and notes (what it reads of the machine is the `memwatch` crate's).
 //!
 //! The compiler keeps it pure: this crate depends on no I/O crate (no tokio, nix, rustix, libc,
 //! nvml-wrapper or hyper; `tests/imports.rs` in the workspace root checks `cargo tree`), so nothing in
 //! it can signal, freeze, spawn or serve. The one file it reads is the configuration file, with `std`,
 //! in [`config::load`]. The `memwatch` crate re-exports them where its code names them:
-//! `memwatch::config`, `memwatch::policy`, `memwatch::reason`, `memwatch::rewrite`, `memwatch::job::Growth` and
+//! `memwatch::check`, `memwatch::config`, `memwatch::policy`, `memwatch::reason`, `memwatch::rewrite`, `memwatch::job::Growth` and
 //! `memwatch::sample::Collector`.
 
 #![warn(missing_docs)]
 
+pub mod check;
 pub mod collector;
 pub mod config;
 pub mod growth;

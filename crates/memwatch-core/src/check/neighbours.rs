@@ -1,6 +1,7 @@
 //! `memwatch check` beside the other OOM killers: what systemd-oomd and earlyoom do on this machine,
-//! and whether memwatch's host-memory pause comes before earlyoom's kill. Pure: what
-//! `proc::neighbours` found and the config in, notes out.
+//! and whether memwatch's host-memory pause comes before earlyoom's kill. Pure: what was found (the
+//! types here; the `memwatch` crate's `proc::neighbours` reads them from `/proc` and the unit files)
+//! and the config in, notes out.
 //!
 //! earlyoom acts when MemAvailable falls to `-m PERCENT` of its total (from v1.8 "user mem total",
 //! MemAvailable + AnonPages, which is less than MemTotal) or to `-M SIZE` KiB, the lower of the two
@@ -9,10 +10,43 @@
 //! `critical` is below `1 - PERCENT/100`: at equal lines the two race, and a job growing fast is
 //! killed before memwatch's next probe.
 
+use std::path::PathBuf;
+
 use serde::Serialize;
 
 use crate::config::{OnCritical, RatioPolicy};
-use crate::proc::neighbours::Neighbours;
+
+/// A running process of another OOM killer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Found {
+    /// Its pid.
+    pub pid: u32,
+    /// Its command line, argument by argument.
+    pub args: Vec<String>,
+}
+
+/// A unit setting that hands cgroups to systemd-oomd.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Managed {
+    /// The unit (`user@.service`, `-.slice`).
+    pub unit: String,
+    /// The setting, `ManagedOOMMemoryPressure=kill` or `ManagedOOMSwap=kill`, with the unit's
+    /// `ManagedOOMMemoryPressureLimit=` when it sets one.
+    pub setting: String,
+    /// The file that says so.
+    pub file: PathBuf,
+}
+
+/// What of the other OOM killers was found.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Neighbours {
+    /// systemd-oomd's process.
+    pub oomd: Option<Found>,
+    /// earlyoom's process.
+    pub earlyoom: Option<Found>,
+    /// Units whose cgroups systemd-oomd may kill in, by their files.
+    pub managed: Vec<Managed>,
+}
 
 /// How far below earlyoom's line memwatch's critical level is advised to be (a share of MemTotal):
 /// 5 points is 800 ms of growth at 1 GiB/s on a 16 GiB host.
@@ -193,7 +227,6 @@ pub fn notes(n: &Neighbours, host: &RatioPolicy, mem_total_bytes: u64) -> Vec<No
 mod tests {
     use super::*;
     use crate::config::Policy;
-    use crate::proc::neighbours::{Found, Managed};
 
     const TOTAL: u64 = 16 << 30;
 

@@ -92,16 +92,13 @@ mod tests {
     /// recovery did says so.
     #[test]
     fn a_suspended_slurm_job_is_resumed_through_slurm_and_its_oomd_mark_taken_off() {
-        use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let calls = dir.path().join("calls");
         let scontrol = dir.path().join("scontrol");
-        std::fs::write(
+        crate::act::test_script(
             &scontrol,
-            format!("#!/bin/sh\necho \"$@\" >> {}\n", calls.display()),
-        )
-        .unwrap();
-        std::fs::set_permissions(&scontrol, std::fs::Permissions::from_mode(0o755)).unwrap();
+            &format!("#!/bin/sh\necho \"$@\" >> {}\n", calls.display()),
+        );
         // The job's cgroup carries the systemd-oomd mark the pause set (where the filesystem takes
         // user attributes); the recovery takes it off.
         let cgroup = dir.path().join("job.scope");

@@ -390,19 +390,16 @@ mod tests {
     /// did not is a failure that says what the job is.
     #[test]
     fn a_late_answer_is_settled_by_the_jobs_state() {
-        use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("state");
         let scontrol = dir.path().join("scontrol");
-        std::fs::write(
+        crate::act::test_script(
             &scontrol,
-            format!(
+            &format!(
                 "#!/bin/sh\nstate={}\ncase $1 in\n  suspend) echo SUSPENDED >$state; sleep 5 ;;\n  resume) sleep 5 ;;\n  show) echo \"JobId=$4 JobName=train JobState=$(cat $state) Reason=None\" ;;\nesac\n",
                 state.display()
             ),
-        )
-        .unwrap();
-        std::fs::set_permissions(&scontrol, std::fs::Permissions::from_mode(0o755)).unwrap();
+        );
         std::fs::write(&state, "RUNNING\n").unwrap();
         let ctl = Slurmctl {
             scontrol: scontrol.to_string_lossy().into_owned(),
@@ -434,12 +431,11 @@ mod tests {
 
     /// A scontrol that keeps a job's state and AdminComment in files, as slurmctld would.
     fn fake_scontrol(dir: &std::path::Path) -> String {
-        use std::os::unix::fs::PermissionsExt;
         let scontrol = dir.join("scontrol");
         let d = dir.display();
-        std::fs::write(
+        crate::act::test_script(
             &scontrol,
-            format!(
+            &format!(
                 "#!/bin/sh\ncd {d}\ncase $1 in\n  \
                  suspend) echo SUSPENDED >state ;;\n  \
                  resume) echo RUNNING >state ;;\n  \
@@ -448,9 +444,7 @@ mod tests {
                  echo \"JobId=$4 JobName=train JobState=$(cat state) Command=/a WorkDir=/tmp$a StdErr=/tmp/e\" ;;\n\
                  esac\n"
             ),
-        )
-        .unwrap();
-        std::fs::set_permissions(&scontrol, std::fs::Permissions::from_mode(0o755)).unwrap();
+        );
         std::fs::write(dir.join("state"), "RUNNING\n").unwrap();
         scontrol.to_string_lossy().into_owned()
     }

@@ -27,10 +27,28 @@ pub fn free_port() -> u16 {
         .expect("a free port")
 }
 
+/// Writes an executable script without this process ever holding it open for writing: a test on
+/// another thread that forks meanwhile carries every descriptor of this process until its child's
+/// exec, and an exec of the script while any descriptor has it open for writing fails with ETXTBSY
+/// ("text file busy"). The text is staged beside it, and `install` (a child of its own) writes it.
 pub fn script(path: &Path, text: &str) {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::write(path, text).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let staged = path.with_file_name(format!(
+        ".{}.staged",
+        path.file_name().unwrap_or_default().to_string_lossy()
+    ));
+    std::fs::write(&staged, text).unwrap();
+    let installed = std::process::Command::new("install")
+        .args(["-m", "755"])
+        .arg(&staged)
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(
+        installed.success(),
+        "install {}: {installed}",
+        path.display()
+    );
+    std::fs::remove_file(&staged).unwrap();
 }
 
 /// Starts munged (its own key, socket, pid, log and seed file under `d`, logs in `d/log`) and, once its

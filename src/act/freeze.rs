@@ -71,9 +71,10 @@ pub fn owned(root: &Path, tree: &[u32], owner: u32) -> Option<Frozen> {
 const ANCESTRY_AT_MOST: usize = 32;
 
 /// Whether `pid`, found in the cgroup but not in the walk's `tree` (sorted), is still the job's:
-/// gone or exiting since the cgroup was read, or a descendant of a process of the tree, forked after the walk
-/// (a job that forks all the time would otherwise lose its freezer to each fork the walk missed).
-/// A process whose parent chain leaves the tree (reparented to a subreaper or to init) is not.
+/// gone or exiting since the cgroup was read, or a descendant of a process of the tree, forked
+/// after the walk (a job that forks all the time would otherwise lose its freezer to each fork the
+/// walk missed). A process whose parent chain leaves the tree (reparented to a subreaper or to
+/// init) is not.
 fn forked_from(root: &Path, pid: u32, tree: &[u32]) -> bool {
     let mut p = pid;
     for _ in 0..ANCESTRY_AT_MOST {

@@ -10,6 +10,7 @@ pub mod kept;
 pub mod keyed;
 pub mod meminfo;
 pub mod nvml;
+pub mod own_cgroup;
 pub mod psi;
 pub mod thermal;
 pub mod vmstat;
@@ -96,7 +97,7 @@ pub struct Sampler {
     /// The temperature sensors, listed once a minute, their readings kept open.
     sensors: thermal::Sensors,
     /// The daemon's own memory cgroup, located once a minute.
-    own_cgroup: cgroup::Own,
+    own_cgroup: own_cgroup::Own,
 }
 
 impl Sampler {
@@ -120,7 +121,7 @@ impl Sampler {
             hostname: hostname(&root),
             kept,
             sensors: thermal::Sensors::new(&root),
-            own_cgroup: cgroup::Own::new(&root),
+            own_cgroup: own_cgroup::Own::new(&root),
             gpu,
             books: Default::default(),
             page_size,

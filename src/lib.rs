@@ -6,7 +6,6 @@
 
 pub mod act;
 pub mod adapt;
-pub mod advice;
 pub mod cli;
 pub mod client;
 pub mod clock;
@@ -30,4 +29,4 @@ pub mod shared;
 pub mod slurm;
 pub mod wake;
 
-pub use memwatch_core::{check, config, policy, reason};
+pub use memwatch_core::{advice, check, config, policy, reason};

@@ -94,10 +94,7 @@ pub fn propose(knobs: &BTreeMap<Knob, Scalar>, s: Signals, cfg: &Adapt) -> Optio
     })
 }
 
-/// The largest divisor of `b` that is at most `b / 2` (so micro × accumulation stays exact).
-pub fn smaller_divisor(b: u64) -> u64 {
-    (1..=b / 2).rev().find(|d| b % d == 0).unwrap_or(1)
-}
+pub use memwatch_core::advice::smaller_divisor;
 
 #[cfg(test)]
 mod tests {

@@ -552,7 +552,15 @@ impl Engine {
         let Some(sample) = self.latest.clone() else {
             return;
         };
-        let jobs: Vec<_> = self.jobs.values().map(|j| self.job_view(j)).collect();
+        let jobs: Vec<advice::JobSeen> = self
+            .jobs
+            .values()
+            .map(|j| advice::JobSeen {
+                name: &j.name,
+                sample: j.last.as_ref(),
+                cgroup: j.cgroup(),
+            })
+            .collect();
         let knobs: Vec<(String, Knobs)> = self
             .jobs
             .values()

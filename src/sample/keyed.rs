@@ -6,6 +6,8 @@ use std::path::Path;
 
 use super::error::{ReadError, parse_u64, read_text};
 
+pub use memwatch_core::sample::keyed::stat_values;
+
 /// The one number in the file at `path`.
 pub fn read_u64(path: &Path) -> Result<u64, ReadError> {
     let text = read_text(path)?;
@@ -32,18 +34,4 @@ pub fn key_values<const N: usize>(path: &Path, keys: [&str; N]) -> [Option<u64>;
         Ok(text) => stat_values(path, &text, keys),
         Err(_) => [None; N],
     }
-}
-
-/// The values of `keys` in `text`, a `key value` per line file such as memory.stat read from `path`
-/// (kept open by the reflex, `crate::reflex`); a key absent or unparsable is `None`.
-pub fn stat_values<const N: usize>(path: &Path, text: &str, keys: [&str; N]) -> [Option<u64>; N] {
-    let mut out = [None; N];
-    for line in text.lines() {
-        if let Some((k, v)) = line.split_once(' ') {
-            if let Some(i) = keys.iter().position(|key| *key == k) {
-                out[i] = parse_u64(path, k, v).ok();
-            }
-        }
-    }
-    out
 }

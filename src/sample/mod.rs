@@ -5,7 +5,6 @@
 
 pub mod cgroup;
 pub mod error;
-pub mod gpu;
 pub mod kept;
 pub mod keyed;
 pub mod meminfo;
@@ -18,44 +17,11 @@ pub mod vmstat;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
-
 pub use error::ReadError;
-use gpu::{GpuSample, GpuSource};
+use gpu::GpuSource;
 pub use memwatch_core::collector::Collector;
-
-/// Everything memwatch knows about the host at one moment.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct HostSample {
-    /// /proc/meminfo, if it could be read.
-    pub memory: Option<meminfo::MemInfo>,
-    /// /proc/vmstat, if it could be read.
-    pub vmstat: Option<vmstat::VmStat>,
-    /// PSI, each resource where the kernel has it.
-    pub pressure: psi::Pressure,
-    /// The daemon's own cgroup's memory.
-    pub cgroup: Option<cgroup::CgroupMemory>,
-    /// Every temperature sensor.
-    pub temperatures: Vec<thermal::TempSensor>,
-    /// The page size, to turn vmstat's page counts into bytes.
-    pub page_size_bytes: u64,
-    /// The machine's host name (`/proc/sys/kernel/hostname`), for views that show many machines.
-    #[serde(default)]
-    pub hostname: Option<String>,
-}
-
-/// How one collector fared in this sample.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CollectorStatus {
-    /// The collector's name.
-    pub name: String,
-    /// Whether it read what it reads.
-    pub success: bool,
-    /// How long it took.
-    pub duration_seconds: f64,
-    /// Failures since the daemon started.
-    pub errors_total: u64,
-}
+pub use memwatch_core::sample::gpu;
+pub use memwatch_core::sample::{CollectorStatus, HostSample, Sample};
 
 /// The machine's host name under `root` (`proc/sys/kernel/hostname`), at most 64 characters.
 pub fn hostname(root: &std::path::Path) -> Option<String> {
@@ -63,19 +29,6 @@ pub fn hostname(root: &std::path::Path) -> Option<String> {
         .ok()
         .map(|h| h.trim().chars().take(64).collect::<String>())
         .filter(|h| !h.is_empty())
-}
-
-/// One timestamped sample: host, GPUs, and how each collector did.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Sample {
-    /// Milliseconds since the Unix epoch when the sample was taken.
-    pub timestamp_ms: u64,
-    /// The host.
-    pub host: HostSample,
-    /// Each GPU.
-    pub gpus: Vec<GpuSample>,
-    /// How each collector did.
-    pub collectors: Vec<CollectorStatus>,
 }
 
 #[derive(Default)]

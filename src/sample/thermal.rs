@@ -3,25 +3,10 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-
 use super::error::{ReadError, read_text};
 use super::kept::KeptFile;
 
-/// One temperature sensor.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TempSensor {
-    /// hwmon chip name (`coretemp`, `k10temp`, …) or the thermal zone (`thermal_zone0`).
-    pub chip: String,
-    /// Sensor label (`Package id 0`, `temp1`, or the zone's type).
-    pub sensor: String,
-    /// The reading.
-    pub celsius: f64,
-    /// The sensor's critical point, if it has one.
-    pub crit_celsius: Option<f64>,
-    /// Its maximum, if it has one.
-    pub max_celsius: Option<f64>,
-}
+pub use memwatch_core::sample::thermal::{TempSensor, celsius_of};
 
 /// Reads every sensor under `<root>/sys/class/{hwmon,thermal}` once. A sensor that cannot be read
 /// (many answer EIO or ENODATA while asleep) is skipped; a missing class directory means no sensors.
@@ -87,13 +72,6 @@ impl Sensors {
             })
             .collect()
     }
-}
-
-/// Degrees Celsius from a sysfs reading in millidegrees, within physical bounds.
-fn celsius_of(text: &str) -> Option<f64> {
-    let v: i64 = text.trim().parse().ok()?;
-    let c = v as f64 / 1000.0;
-    (-273.0..=1000.0).contains(&c).then_some(c)
 }
 
 /// Millidegrees Celsius from a sysfs file, within physical bounds.

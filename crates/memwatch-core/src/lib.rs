@@ -13,13 +13,17 @@
 
 #![warn(missing_docs)]
 
+pub mod advice;
 pub mod check;
 pub mod collector;
 pub mod config;
 pub mod growth;
 pub mod held;
 pub mod host;
+pub mod job;
 pub mod policy;
+pub mod proc;
 pub mod reason;
 pub mod rewrite;
+pub mod sample;
 pub mod way_out;

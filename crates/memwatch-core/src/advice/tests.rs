@@ -38,18 +38,15 @@ fn proc(pid: u32, name: &str, pss: f64) -> ProcessSample {
     }
 }
 
-fn job(processes: Vec<ProcessSample>) -> JobView {
-    JobView {
+/// A job as the tests hold it: its name and its measurement.
+struct Job {
+    name: String,
+    sample: Option<JobSample>,
+}
+
+fn job(processes: Vec<ProcessSample>) -> Job {
+    Job {
         name: "t5".into(),
-        pid: 100,
-        start_time: 1,
-        owner_uid: 1000,
-        attached_at_ms: 0,
-        state: "running".into(),
-        pause: None,
-        reflex: None,
-        slurm_suspended_since_ms: None,
-        slurm_holders: Vec::new(),
         sample: Some(JobSample {
             timestamp_ms: 0,
             rss_bytes: processes.iter().map(|p| p.rss_bytes).sum(),
@@ -62,20 +59,23 @@ fn job(processes: Vec<ProcessSample>) -> JobView {
             process_count: processes.len(),
             processes,
         }),
-        limits: vec![],
-        tightest: None,
-        config: None,
-        launch: None,
-        way_out: None,
-        pause_deadline: None,
-        origin: None,
-        details: true,
     }
+}
+
+/// What advice sees of `jobs`, as the engine hands it over.
+fn seen(jobs: &[Job]) -> Vec<JobSeen<'_>> {
+    jobs.iter()
+        .map(|j| JobSeen {
+            name: &j.name,
+            sample: j.sample.as_ref(),
+            cgroup: j.sample.as_ref().and_then(|s| s.cgroup.as_ref()),
+        })
+        .collect()
 }
 
 /// Note 001: RAM 30.8/32 GB (1.4 GB available), swap 2.1/4 GB, three 20 GB GPUs at 46–57 %,
 /// batch 32, accumulation 2, 7 workers, pin_memory on.
-fn note_001() -> (Sample, Vec<JobView>, Vec<(String, Knobs)>) {
+fn note_001() -> (Sample, Vec<Job>, Vec<(String, Knobs)>) {
     let sample = Sample {
         host: crate::sample::HostSample {
             memory: Some(MemInfo {
@@ -111,7 +111,7 @@ fn note_001() -> (Sample, Vec<JobView>, Vec<(String, Knobs)>) {
 /// The levels the policy would hold for this sample at its default thresholds (host RAM warn at
 /// 80 %, critical at 95 %; GPU memory 90 % and 97 %; a job's cgroup 80 % and 95 %), held long
 /// enough to have entered.
-fn levels(sample: &Sample, jobs: &[JobView]) -> BTreeMap<Resource, LevelState> {
+fn levels(sample: &Sample, jobs: &[Job]) -> BTreeMap<Resource, LevelState> {
     let level = |v: f64, warn: f64, crit: f64| LevelState {
         level: if v >= crit {
             Level::Critical
@@ -157,7 +157,7 @@ fn note_001_golden() {
     let a = advise(&Input {
         sample: &sample,
         previous: None,
-        jobs: &jobs,
+        jobs: &seen(&jobs),
         knobs: &knobs,
         thermal_pauses: &[],
         levels: &levels(&sample, &jobs),
@@ -280,7 +280,7 @@ fn full_gpu_halves_the_micro_batch_keeping_the_effective_batch() {
     let a = advise(&Input {
         sample: &sample,
         previous: None,
-        jobs: &jobs,
+        jobs: &seen(&jobs),
         knobs: &knobs,
         thermal_pauses: &[],
         levels: &levels(&sample, &jobs),
@@ -360,7 +360,7 @@ fn cgroup_advice_cites_the_cgroup_and_what_runs() {
         advise(&Input {
             sample: &sample,
             previous: None,
-            jobs: &jobs,
+            jobs: &seen(&jobs),
             knobs,
             thermal_pauses: &[],
             levels,

@@ -30,10 +30,10 @@ pub(super) fn host_ram(input: &Input, out: &mut Vec<Advice>) {
             .all(|g| gpu_ratio(g).is_some_and(|r| r < GPU_ROOM));
     for job in input.jobs {
         let Some(s) = &job.sample else { continue };
-        let cgroup = s.cgroup.as_ref().and_then(|c| {
+        let cgroup = job.cgroup.and_then(|c| {
             at_warn(
                 input,
-                &Resource::JobCgroup(job.name.clone()),
+                &Resource::JobCgroup(job.name.to_owned()),
                 &format!("the job's memory cgroup {}", c.path),
                 &format!(
                     "{} working set of {}",
@@ -56,7 +56,7 @@ pub(super) fn host_ram(input: &Input, out: &mut Vec<Advice>) {
         } else {
             "host RAM"
         };
-        let k = knobs(input, &job.name).cloned().unwrap_or_default();
+        let k = knobs(input, job.name).cloned().unwrap_or_default();
         let root = s.processes.first().map(|p| p.pid);
         let workers: Vec<_> = s.processes.iter().filter(|p| Some(p.pid) != root).collect();
         // What runs: the trainer's report, else the worker processes there are now.
@@ -96,7 +96,7 @@ pub(super) fn host_ram(input: &Input, out: &mut Vec<Advice>) {
             out.push(Advice {
                 id: format!("workers:{}", job.name),
                 severity: Severity::Warn,
-                job: Some(job.name.clone()),
+                job: Some(job.name.to_owned()),
                 title: format!("{} is short of {where_}: use fewer DataLoader workers", job.name),
                 evidence,
                 change: format!("num_workers {n_workers} → 0 (in steps if data loading becomes the bottleneck)"),
@@ -118,7 +118,7 @@ pub(super) fn host_ram(input: &Input, out: &mut Vec<Advice>) {
             out.push(Advice {
                 id: format!("pin-memory:{}", job.name),
                 severity: Severity::Warn,
-                job: Some(job.name.clone()),
+                job: Some(job.name.to_owned()),
                 title: "Turn pin_memory off".into(),
                 evidence,
                 change: if k.pin_memory == Some(true) {
@@ -135,7 +135,7 @@ pub(super) fn host_ram(input: &Input, out: &mut Vec<Advice>) {
             gib(s.pss_bytes),
             pss_age(s)
         ));
-        if let Some(charged) = s.cgroup.as_ref().and_then(|c| c.charged_bytes()) {
+        if let Some(charged) = job.cgroup.and_then(|c| c.charged_bytes()) {
             evidence.push(format!(
                 "{} charged to its cgroup (anonymous and file pages)",
                 gib(charged)
@@ -144,7 +144,7 @@ pub(super) fn host_ram(input: &Input, out: &mut Vec<Advice>) {
         out.push(Advice {
             id: format!("stream-dataset:{}", job.name),
             severity: Severity::Info,
-            job: Some(job.name.clone()),
+            job: Some(job.name.to_owned()),
             title: "Stream the dataset instead of holding it in RAM".into(),
             evidence,
             change: "datasets: keep_in_memory=False / streaming=True; read parquet or arrow in batches instead of loading it whole".into(),
@@ -162,7 +162,7 @@ pub(super) fn host_ram(input: &Input, out: &mut Vec<Advice>) {
             out.push(Advice {
                 id: format!("keep-batch:{}", job.name),
                 severity: Severity::Info,
-                job: Some(job.name.clone()),
+                job: Some(job.name.to_owned()),
                 title:
                     "Keep the batch: the GPUs have room, and host RAM is not where activations live"
                         .into(),

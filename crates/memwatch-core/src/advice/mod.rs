@@ -10,11 +10,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::adapt::rules::smaller_divisor;
-use crate::job::JobView;
+use crate::job::JobSample;
 use crate::policy::{Level, LevelState, Resource};
 use crate::rewrite::profile::Knob;
 use crate::sample::Sample;
+use crate::sample::cgroup::CgroupMemory;
 
 /// How urgent an item is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -91,6 +91,23 @@ impl Knobs {
     }
 }
 
+/// What advice reads of an attached job.
+#[derive(Debug, Clone, Copy)]
+pub struct JobSeen<'a> {
+    /// The job's name.
+    pub name: &'a str,
+    /// Its newest measurement of the tree.
+    pub sample: Option<&'a JobSample>,
+    /// Its memory cgroup as last read (between two walks of the tree, newer than the
+    /// measurement's).
+    pub cgroup: Option<&'a CgroupMemory>,
+}
+
+/// The largest divisor of `b` that is at most `b / 2` (so micro × accumulation stays exact).
+pub fn smaller_divisor(b: u64) -> u64 {
+    (1..=b / 2).rev().find(|d| b % d == 0).unwrap_or(1)
+}
+
 /// Everything the engine looks at.
 pub struct Input<'a> {
     /// The newest sample.
@@ -98,7 +115,7 @@ pub struct Input<'a> {
     /// The sample before, for swap rates.
     pub previous: Option<&'a Sample>,
     /// The attached jobs.
-    pub jobs: &'a [JobView],
+    pub jobs: &'a [JobSeen<'a>],
     /// Knobs per job name.
     pub knobs: &'a [(String, Knobs)],
     /// Thermal pauses per job in the last hour.
@@ -248,7 +265,7 @@ fn gpu_memory(input: &Input, out: &mut Vec<Advice>) {
         ) else {
             continue;
         };
-        let jobs: Vec<&JobView> = input
+        let jobs: Vec<&JobSeen> = input
             .jobs
             .iter()
             .filter(|j| {
@@ -260,7 +277,7 @@ fn gpu_memory(input: &Input, out: &mut Vec<Advice>) {
             .collect();
         let evidence = vec![trigger];
         for job in &jobs {
-            let k = knobs(input, &job.name).cloned().unwrap_or_default();
+            let k = knobs(input, job.name).cloned().unwrap_or_default();
             let change = match (k.micro_batch, k.accumulation) {
                 (Some(b), Some(a)) if b > 1 => {
                     let nb = smaller_divisor(b);
@@ -271,7 +288,7 @@ fn gpu_memory(input: &Input, out: &mut Vec<Advice>) {
             out.push(Advice {
                 id: format!("gpu-batch:{}:{}", job.name, g.index),
                 severity: if level == Level::Critical { Severity::Critical } else { Severity::Warn },
-                job: Some(job.name.clone()),
+                job: Some(job.name.to_owned()),
                 title: format!("GPU {} is nearly full: smaller micro-batch, more accumulation", g.index),
                 evidence: evidence.clone(),
                 change,

@@ -1,0 +1,152 @@
+//! A memory cgroup as data (its usage, its tightest limit and where that comes from, where its files
+//! are) and the parser of /proc/PID/cgroup. memwatch's reader finds a process's memory cgroup from
+//! that file, then the tightest limit on the path from that cgroup up to the hierarchy's root.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::error::ReadError;
+
+pub use crate::host::{UnknownVersion, Version};
+
+/// Usage and limit of a memory cgroup.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CgroupMemory {
+    /// Which hierarchy it is in.
+    pub version: Version,
+    /// The cgroup's path inside its hierarchy, e.g. `/system.slice/memwatch.service`.
+    pub path: String,
+    /// Memory charged to the cgroup now.
+    pub usage_bytes: u64,
+    /// The tightest limit on the path to the root; `None` when nothing limits it. On cgroup v2 the
+    /// lower of `memory.high` (where the kernel throttles and reclaims, and systemd-oomd then finds
+    /// the pressure it kills on) and `memory.max` (where the kernel OOM-kills), over every ancestor.
+    pub limit_bytes: Option<u64>,
+    /// Where `limit_bytes` comes from: the file and the cgroup that set it.
+    #[serde(default)]
+    pub limit_source: Option<LimitSource>,
+    /// OOM kills inside the cgroup, where the kernel reports them.
+    pub oom_kills: Option<u64>,
+    /// Inactive page cache, which the kernel drops before it OOM-kills; usage less this is the
+    /// working set (as kubelet counts it).
+    pub inactive_file_bytes: Option<u64>,
+    /// Anonymous memory charged to the cgroup (v1 `total_rss`, v2 `anon`): the heap, tensors,
+    /// copy-on-write copies.
+    #[serde(default)]
+    pub anon_bytes: Option<u64>,
+    /// File pages charged to the cgroup (v1 `total_cache`, v2 `file`): page cache and shared memory
+    /// that the cgroup's processes first touched. A library mapped by many processes is charged to
+    /// one cgroup only, where PSS splits it among every process that maps it.
+    #[serde(default)]
+    pub file_bytes: Option<u64>,
+}
+
+/// The file and cgroup that set a cgroup's effective limit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitSource {
+    /// `memory.max` or `memory.high` (v2), `memory.limit_in_bytes` (v1).
+    pub file: String,
+    /// The cgroup whose file it is, as a path inside the hierarchy (`/` for the root): the job's
+    /// own, or an ancestor's.
+    pub path: String,
+}
+
+impl CgroupMemory {
+    /// Usage less inactive file cache.
+    pub fn working_set_bytes(&self) -> u64 {
+        self.usage_bytes
+            .saturating_sub(self.inactive_file_bytes.unwrap_or(0))
+    }
+
+    /// The job's charged memory: anonymous plus file pages charged to its cgroup, what its limit
+    /// counts (kernel memory aside); `None` when memory.stat does not say.
+    pub fn charged_bytes(&self) -> Option<u64> {
+        Some(self.anon_bytes? + self.file_bytes?)
+    }
+}
+
+/// Where a memory cgroup's files are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CgroupDir {
+    /// Which hierarchy it is in.
+    pub version: Version,
+    /// The path inside the hierarchy, as /proc/PID/cgroup gives it.
+    pub path: String,
+    /// Where the hierarchy is mounted.
+    pub mount: PathBuf,
+    /// The cgroup's directory.
+    pub dir: PathBuf,
+}
+
+/// Where a process's cgroups live, from `/proc/<pid>/cgroup`: the v1 memory and freezer
+/// controllers' paths and the v2 path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Membership {
+    /// The v1 memory controller's path.
+    pub v1_memory: Option<String>,
+    /// The v1 freezer controller's path.
+    pub v1_freezer: Option<String>,
+    /// The v2 (unified) path.
+    pub v2: Option<String>,
+}
+
+/// Parses /proc/PID/cgroup text (`path` names it in errors).
+pub fn parse_membership(path: &Path, text: &str) -> Result<Membership, ReadError> {
+    let mut m = Membership {
+        v1_memory: None,
+        v1_freezer: None,
+        v2: None,
+    };
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let mut parts = line.splitn(3, ':');
+        let (Some(id), Some(controllers), Some(cg)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return Err(ReadError::parse(path, format!("malformed line {line:?}")));
+        };
+        if !cg.starts_with('/') {
+            return Err(ReadError::parse(
+                path,
+                format!("cgroup path {cg:?} is not absolute"),
+            ));
+        }
+        if id == "0" && controllers.is_empty() {
+            m.v2 = Some(cg.to_owned());
+        } else {
+            for c in controllers.split(',') {
+                match c {
+                    "memory" => m.v1_memory = Some(cg.to_owned()),
+                    "freezer" => m.v1_freezer = Some(cg.to_owned()),
+                    _ => {}
+                }
+            }
+        }
+    }
+    Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_version_is_its_number_on_the_wire() {
+        assert_eq!(serde_json::to_string(&Version::V2).unwrap(), "2");
+        assert_eq!(serde_json::from_str::<Version>("1").unwrap(), Version::V1);
+        let e = serde_json::from_str::<Version>("3")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("neither 1 nor 2"), "{e}");
+        assert_eq!(Version::V1.to_string(), "1");
+    }
+
+    #[test]
+    fn membership_hybrid_and_hostile() {
+        let p = Path::new("cgroup");
+        let m = parse_membership(p, "4:memory:/job\n1:cpu,cpuacct:/\n0::/user.slice\n").unwrap();
+        assert_eq!(m.v1_memory.as_deref(), Some("/job"));
+        assert_eq!(m.v2.as_deref(), Some("/user.slice"));
+        assert!(parse_membership(p, "garbage").is_err());
+        assert!(parse_membership(p, "0::relative").is_err());
+    }
+}

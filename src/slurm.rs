@@ -1,5 +1,6 @@
-//! Where a Slurm job is on this node: its job cgroup, its tasks and its leader. Reads only; the
-//! scontrol and scancel calls are `act::slurm`'s.
+//! Where a Slurm job is on this node: its job cgroup, its tasks and its leader. Reads only (which
+//! task leads, and the ids and `listpids` text, are memwatch-core's `slurm`); the scontrol and
+//! scancel calls are `act::slurm`'s.
 //!
 //! Slurm's cgroup plugin puts a job's steps and tasks under one job cgroup: on v1
 //! `<controller>/slurm[_NODE]/uid_UID/job_ID/step_STEP/task_N`, on v2
@@ -12,19 +13,7 @@ use std::path::{Path, PathBuf};
 use crate::proc::{self, Stat};
 use crate::sample::cgroup::{CgroupDir, Version, pids_below};
 
-/// A Slurm job id: digits only, as scontrol prints them (array and het jobs by their own job id).
-pub fn valid_id(id: &str) -> bool {
-    !id.is_empty() && id.len() <= 20 && id.bytes().all(|b| b.is_ascii_digit())
-}
-
-/// A job's cgroup on this node.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JobCgroup {
-    /// The job-level memory cgroup: its limit is the job's on this node.
-    pub memory: CgroupDir,
-    /// The job's user, from the `uid_UID` component (v1).
-    pub uid: Option<u32>,
-}
+pub use memwatch_core::slurm::{JobCgroup, is_stepd, leader, parse_listpids, tops, valid_id};
 
 /// The job cgroup of Slurm job `id` under `root` (normally "/"), if it exists on this node.
 pub fn find_job(root: &Path, id: &str) -> Option<JobCgroup> {
@@ -142,11 +131,6 @@ pub fn suspended_here(root: &Path, job: &CgroupDir) -> bool {
     })
 }
 
-/// Whether a process is Slurm's own (`slurmstepd`), not one of the job's tasks.
-pub fn is_stepd(s: &Stat) -> bool {
-    s.comm.starts_with("slurmstepd")
-}
-
 /// The job's tasks on this node (every process in its cgroup but the slurmstepds), oldest first.
 pub fn tasks(root: &Path, job: &JobCgroup) -> Vec<Stat> {
     let mut pids = Vec::new();
@@ -164,29 +148,6 @@ pub fn tasks_of(root: &Path, pids: &[u32]) -> Vec<Stat> {
     out.sort_by_key(|s| (s.start_time, s.pid));
     out.dedup_by_key(|s| s.pid);
     out
-}
-
-/// The process memwatch follows the job by: the oldest task whose parent is not a task (the batch
-/// script on the batch node, else the first task of the first step).
-pub fn leader(tasks: &[Stat]) -> Option<&Stat> {
-    tasks
-        .iter()
-        .find(|s| !tasks.iter().any(|t| t.pid == s.ppid))
-}
-
-/// The tops of the job's process trees: each task whose parent is not a task.
-pub fn tops(tasks: &[Stat]) -> Vec<&Stat> {
-    tasks
-        .iter()
-        .filter(|s| !tasks.iter().any(|t| t.pid == s.ppid))
-        .collect()
-}
-
-/// The pids `scontrol listpids` prints (header, then `PID JOBID STEPID LOCALID GLOBALID` rows).
-pub fn parse_listpids(text: &str) -> Vec<u32> {
-    text.lines()
-        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
-        .collect()
 }
 
 #[cfg(test)]
@@ -267,16 +228,5 @@ mod tests {
         let step = v2.join("sys/fs/cgroup/system.slice/slurmstepd.scope/job_7/step_batch");
         std::fs::write(step.join("cgroup.freeze"), "1\n").unwrap();
         assert!(suspended_here(&v2, &j.memory));
-    }
-
-    #[test]
-    fn reads_listpids() {
-        let text = "PID      JOBID    STEPID   LOCALID GLOBALID\n\
-                    9019     1        batch    0       0\n\
-                    9035     1        0        0       0\n";
-        assert_eq!(parse_listpids(text), vec![9019, 9035]);
-        assert!(valid_id("4242"));
-        assert!(!valid_id("42_1"), "array tasks go by their own job id");
-        assert!(!valid_id(""));
     }
 }

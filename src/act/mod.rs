@@ -14,10 +14,10 @@ pub mod persist;
 pub mod recover;
 pub mod signal;
 pub mod slurm;
-pub mod slurm_holds;
 pub mod swap;
 pub mod systemd;
 
+pub use memwatch_core::slurm::holds as slurm_holds;
 pub use signal::signal_by_name;
 
 /// Writes an executable script for a test (a fake `scontrol`) without this process ever holding it

@@ -241,7 +241,7 @@ pub struct Slurmctl {
     pub scancel: String,
     /// How long one call may run.
     pub timeout_ms: u64,
-    /// This node's name in the job's holds (`act::slurm_holds`); empty: no holds are kept, and a
+    /// This node's name in the job's holds (`slurm::holds`); empty: no holds are kept, and a
     /// resume resumes the job whoever else needs it suspended (records older than the holds).
     #[serde(default)]
     pub holder: String,

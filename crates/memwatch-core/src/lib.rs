@@ -26,4 +26,5 @@ pub mod proc;
 pub mod reason;
 pub mod rewrite;
 pub mod sample;
+pub mod slurm;
 pub mod way_out;

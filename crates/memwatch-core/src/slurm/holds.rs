@@ -3,7 +3,7 @@
 //! job's owner cannot clear another node's hold), as one word `memwatch_hold=NODE@EXPIRY,…` before
 //! whatever else the comment says. EXPIRY is a Unix time in seconds: a node that dies while it
 //! holds the job holds it no longer than that. This is the pure half (parsing and rendering);
-//! `act::slurm` reads and writes the comment through scontrol.
+//! memwatch's `act::slurm` reads and writes the comment through scontrol.
 
 /// The word that carries the holds.
 const WORD: &str = "memwatch_hold=";

@@ -24,7 +24,10 @@
 //! sends SIGSTOP to every pid of the cgroup's `cgroup.procs` once woken. Only the reflex's rows and
 //! the two floors run then.
 //!
-//! `cargo bench --bench reflex` (RUNS=30 by default; RATES=1024,4096 in MiB/s; WORKERS=0).
+//! With `NICE=N` (the unit's `Nice=-10`, say) the daemon runs at that niceness, as systemd starts it,
+//! and so do the floors' and the poller's threads; the hog and the observers stay at 0.
+//!
+//! `cargo bench --bench reflex` (RUNS=30 by default; RATES=1024,4096 in MiB/s; WORKERS=0; NICE unset).
 
 use std::io::Write as _;
 use std::path::Path;
@@ -112,6 +115,7 @@ fn watcher(
             let (efd, usage) = common::threshold(&mem, line);
             Some(std::thread::spawn(move || {
                 let _usage = usage;
+                common::nice_this_thread();
                 if common::wait_eventfd(&efd, &stop).is_some() {
                     sigstop();
                 }
@@ -125,12 +129,14 @@ fn watcher(
                 .unwrap();
             Some(std::thread::spawn(move || {
                 let _usage = usage;
+                common::nice_this_thread();
                 if common::wait_eventfd(&efd, &stop).is_some() {
                     let _ = state.write_all(b"FROZEN");
                 }
             }))
         }
         Row::Poller => Some(std::thread::spawn(move || {
+            common::nice_this_thread();
             if common::poll_usage(&mem, line, Duration::from_millis(1), &stop) {
                 sigstop();
             }

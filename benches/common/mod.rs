@@ -47,6 +47,25 @@ pub fn listing() -> bool {
 }
 
 /// The run count: `RUNS` from the environment, else `default`.
+/// The niceness `NICE` asks for (the unit's `Nice=-10` for one), if set: the daemon runs at it, and
+/// so do the floors' and poller's threads, so each watcher gets the CPU on the same terms.
+pub fn nice() -> Option<i32> {
+    std::env::var("NICE")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Sets the calling thread's niceness to [`nice`]'s, if set.
+pub fn nice_this_thread() {
+    if let Some(n) = nice() {
+        // SAFETY: setpriority(2) on the calling thread's own id.
+        let r = unsafe {
+            nix::libc::setpriority(nix::libc::PRIO_PROCESS, nix::libc::gettid() as u32, n)
+        };
+        assert_eq!(r, 0, "setpriority({n}) failed (run as root)");
+    }
+}
+
 pub fn runs(default: usize) -> usize {
     std::env::var("RUNS")
         .ok()
@@ -91,16 +110,28 @@ impl Daemon {
             ),
         )
         .unwrap();
-        let child = Command::new(memwatch_bin())
-            .args([
-                "--config",
-                config.to_str().unwrap(),
-                "--log-level",
-                "error",
-                "run",
-            ])
-            .spawn()
-            .unwrap();
+        let mut command = Command::new(memwatch_bin());
+        command.args([
+            "--config",
+            config.to_str().unwrap(),
+            "--log-level",
+            "error",
+            "run",
+        ]);
+        if let Some(n) = nice() {
+            use std::os::unix::process::CommandExt as _;
+            // SAFETY: setpriority(2) only, between fork and exec: every thread the daemon starts
+            // inherits it, as under the unit's Nice=.
+            unsafe {
+                command.pre_exec(move || {
+                    if nix::libc::setpriority(nix::libc::PRIO_PROCESS, 0, n) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let child = command.spawn().unwrap();
         let start = Instant::now();
         while !socket.exists() && start.elapsed() < Duration::from_secs(10) {
             std::thread::sleep(Duration::from_millis(10));

@@ -152,6 +152,7 @@ fn the_core_crates_module_graph_has_no_cycle() {
     assert_eq!(
         g.edges.keys().map(String::as_str).collect::<Vec<_>>(),
         [
+            "adapt",
             "advice",
             "check",
             "collector",

@@ -13,6 +13,7 @@
 
 #![warn(missing_docs)]
 
+pub mod adapt;
 pub mod advice;
 pub mod check;
 pub mod collector;

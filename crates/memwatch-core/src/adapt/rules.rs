@@ -94,7 +94,7 @@ pub fn propose(knobs: &BTreeMap<Knob, Scalar>, s: Signals, cfg: &Adapt) -> Optio
     })
 }
 
-pub use memwatch_core::advice::smaller_divisor;
+pub use crate::advice::smaller_divisor;
 
 #[cfg(test)]
 mod tests {

@@ -3,13 +3,13 @@
 
 pub mod measure;
 pub mod members;
-pub mod origin;
 pub mod owner;
 
 use serde::{Deserialize, Serialize};
 
 pub use measure::{JobSample, ProcessSample};
 pub use memwatch_core::growth::Growth;
+pub use memwatch_core::job::origin;
 pub use memwatch_core::{held, way_out};
 
 use crate::policy::By;

@@ -1,5 +1,9 @@
-//! A job's measurement as data: its processes' memory and its cgroup's at one moment. memwatch's
-//! `job::measure` walks the tree and fills it in.
+//! A job's measurement as data (its processes' memory and its cgroup's at one moment: memwatch's
+//! `job::measure` walks the tree and fills it in), where it runs (`origin`: its container, pod or
+//! Slurm job) and who owns its cgroup (`owner`), both read from its cgroup path.
+
+pub mod origin;
+pub mod owner;
 
 use serde::{Deserialize, Serialize};
 

@@ -127,7 +127,7 @@ mod tests {
 
     fn fixture(name: &str) -> Option<Origin> {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/cgroups")
+            .join("../../tests/fixtures/cgroups")
             .join(name);
         let text = std::fs::read_to_string(&path).unwrap();
         of_membership(&parse_membership(&path, &text).unwrap())

@@ -94,7 +94,10 @@ pub fn propose(knobs: &BTreeMap<Knob, Scalar>, s: Signals, cfg: &Adapt) -> Optio
     })
 }
 
-pub use crate::advice::smaller_divisor;
+/// The largest divisor of `b` that is at most `b / 2` (so micro × accumulation stays exact).
+pub fn smaller_divisor(b: u64) -> u64 {
+    (1..=b / 2).rev().find(|d| b % d == 0).unwrap_or(1)
+}
 
 #[cfg(test)]
 mod tests {

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::adapt::rules::smaller_divisor;
 use crate::job::JobSample;
 use crate::policy::{Level, LevelState, Resource};
 use crate::rewrite::profile::Knob;
@@ -101,11 +102,6 @@ pub struct JobSeen<'a> {
     /// Its memory cgroup as last read (between two walks of the tree, newer than the
     /// measurement's).
     pub cgroup: Option<&'a CgroupMemory>,
-}
-
-/// The largest divisor of `b` that is at most `b / 2` (so micro × accumulation stays exact).
-pub fn smaller_divisor(b: u64) -> u64 {
-    (1..=b / 2).rev().find(|d| b % d == 0).unwrap_or(1)
 }
 
 /// Everything the engine looks at.

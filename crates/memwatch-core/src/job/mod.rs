@@ -1,9 +1,15 @@
 //! A job's measurement as data (its processes' memory and its cgroup's at one moment: memwatch's
 //! `job::measure` walks the tree and fills it in), where it runs (`origin`: its container, pod or
-//! Slurm job) and who owns its cgroup (`owner`), both read from its cgroup path.
+//! Slurm job) and who owns its cgroup (`owner`), both read from its cgroup path; the pause memwatch
+//! holds on it (`Pause`, the one record) and what the API shows of it (`JobView`).
 
 pub mod origin;
 pub mod owner;
+mod pause;
+mod view;
+
+pub use pause::{GrowthAtPause, Held, Pause, PausePhase};
+pub use view::{EndedJob, JobView, Launched, Limit, PauseDeadline, tightest};
 
 use serde::{Deserialize, Serialize};
 

@@ -20,13 +20,6 @@ mod tests {
     use super::*;
     use crate::job::held::Bus;
 
-    fn system(unit: &str) -> CgroupOwner {
-        CgroupOwner::Systemd {
-            bus: Bus::System,
-            unit: unit.into(),
-        }
-    }
-
     /// Where systemd does not run (no `run/systemd/system` under the root), nothing is a unit.
     #[test]
     fn systemd_is_asked_only_where_it_runs() {
@@ -39,7 +32,13 @@ mod tests {
         };
         assert_eq!(of(root.path(), Some(&dir)), CgroupOwner::Cgroupfs);
         std::fs::create_dir_all(root.path().join("run/systemd/system")).unwrap();
-        assert_eq!(of(root.path(), Some(&dir)), system("train.service"));
+        assert_eq!(
+            of(root.path(), Some(&dir)),
+            CgroupOwner::Systemd {
+                bus: Bus::System,
+                unit: "train.service".into()
+            }
+        );
         assert_eq!(of(root.path(), None), CgroupOwner::Cgroupfs);
     }
 }

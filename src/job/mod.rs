@@ -1,5 +1,6 @@
 //! Attached jobs: who they are (root process, owner), what was measured, how fast they grow, and
-//! whether memwatch holds them paused.
+//! whether memwatch holds them paused. `Job` is memwatch's (it holds the root's pidfd); the records
+//! and views around it are memwatch-core's (`memwatch_core::job`), re-exported here.
 
 pub mod measure;
 pub mod members;

@@ -1,4 +1,6 @@
-//! Readers: one per source, each taking a root path so tests run on fixture trees. No decisions here.
+//! Readers: one per source, each taking a root path so tests run on fixture trees. No decisions here;
+//! what they read, as data, and the parsers of its text are memwatch-core's (`memwatch_core::sample`,
+//! re-exported in each reader's module).
 //!
 //! [`Sampler`] runs every reader once per tick and assembles a [`Sample`]. It is the only place that
 //! keeps reader state (error bookkeeping, the NVML handle) and reads the clock.

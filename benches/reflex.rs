@@ -27,6 +27,9 @@
 //! With `NICE=N` (the unit's `Nice=-10`, say) the daemon runs at that niceness, as systemd starts it,
 //! and so do the floors' and the poller's threads; the hog and the observers stay at 0.
 //!
+//! With `BASE_BIN=<an earlier memwatch>` that build's reflex rows run too, alternated run by run with
+//! this build's: a before and after in one run.
+//!
 //! `cargo bench --bench reflex` (RUNS=30 by default; RATES=1024,4096 in MiB/s; WORKERS=0; NICE unset).
 
 use std::io::Write as _;
@@ -59,11 +62,16 @@ enum Row {
     FloorFreeze,
     /// 1 ms poller → SIGSTOP.
     Poller,
+    /// `BASE_BIN`'s memwatch with the reflex, by the freezer or not.
+    Base { freezer: bool },
 }
 
 impl Row {
     fn freezer(self) -> bool {
-        matches!(self, Row::Memwatch { freezer: true, .. } | Row::FloorFreeze)
+        matches!(
+            self,
+            Row::Memwatch { freezer: true, .. } | Row::Base { freezer: true } | Row::FloorFreeze
+        )
     }
 
     fn label(self) -> &'static str {
@@ -87,6 +95,8 @@ impl Row {
             Row::FloorStop => "eventfd → SIGSTOP (floor)",
             Row::FloorFreeze => "eventfd → freeze (floor)",
             Row::Poller => "1 ms poller → SIGSTOP",
+            Row::Base { freezer: false } => "base reflex, SIGSTOP",
+            Row::Base { freezer: true } => "base reflex, freezer",
         }
     }
 }
@@ -141,7 +151,7 @@ fn watcher(
                 sigstop();
             }
         })),
-        Row::Memwatch { .. } => None,
+        Row::Memwatch { .. } | Row::Base { .. } => None,
     }
 }
 
@@ -280,7 +290,7 @@ fn run(
             "attach failed"
         );
         // Ready as a user's job would be: measured (its limit known), and armed where it may be.
-        let reflex = matches!(row, Row::Memwatch { reflex: true, .. });
+        let reflex = matches!(row, Row::Memwatch { reflex: true, .. } | Row::Base { .. });
         let kind = if row.freezer() {
             "cgroup_v1_freezer"
         } else {
@@ -378,6 +388,7 @@ fn main() {
         .unwrap_or_else(|| vec![1024, 4096]);
     let with = Daemon::start("[policy]\nreaction_ms = 0\n");
     let without = Daemon::start("[policy]\nreaction_ms = 0\nreflex = false\n");
+    let base = common::base_bin().map(|b| Daemon::start_bin(&b, "[policy]\nreaction_ms = 0\n"));
     let rows = [
         Row::Memwatch {
             reflex: true,
@@ -398,15 +409,21 @@ fn main() {
         Row::FloorStop,
         Row::FloorFreeze,
         Row::Poller,
+        Row::Base { freezer: false },
+        Row::Base { freezer: true },
     ];
     // With workers, the reflex's rows and the floors.
     let rows: Vec<Row> = rows
         .into_iter()
+        .filter(|r| base.is_some() || !matches!(r, Row::Base { .. }))
         .filter(|r| {
             workers == 0
                 || matches!(
                     r,
-                    Row::Memwatch { reflex: true, .. } | Row::FloorStop | Row::FloorFreeze
+                    Row::Memwatch { reflex: true, .. }
+                        | Row::Base { .. }
+                        | Row::FloorStop
+                        | Row::FloorFreeze
                 )
         })
         .collect();
@@ -417,6 +434,7 @@ fn main() {
                 let d = match row {
                     Row::Memwatch { reflex: true, .. } => Some(&with),
                     Row::Memwatch { reflex: false, .. } => Some(&without),
+                    Row::Base { .. } => base.as_ref(),
                     _ => None,
                 };
                 outs[k].push(run(&cg, &hog, rate, workers, *row, d, i * rows.len() + k));

@@ -4,7 +4,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -92,12 +92,25 @@ pub fn state(pid: u32) -> Option<char> {
 pub struct Daemon {
     pub child: Child,
     pub socket: PathBuf,
+    /// The binary it runs, and its client.
+    bin: PathBuf,
     _dir: tempfile::TempDir,
+}
+
+/// `BASE_BIN` from the environment: an earlier build a benchmark runs beside this one, run by run
+/// alternated, where it supports that.
+pub fn base_bin() -> Option<PathBuf> {
+    std::env::var_os("BASE_BIN").map(PathBuf::from)
 }
 
 impl Daemon {
     /// Starts `memwatch run` with `extra` appended to its config (e.g. a `[policy]` table).
     pub fn start(extra: &str) -> Daemon {
+        Daemon::start_bin(&memwatch_bin(), extra)
+    }
+
+    /// The same with the memwatch binary `bin`.
+    pub fn start_bin(bin: &Path, extra: &str) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("control.sock");
         let config = dir.path().join("memwatch.toml");
@@ -110,7 +123,7 @@ impl Daemon {
             ),
         )
         .unwrap();
-        let mut command = Command::new(memwatch_bin());
+        let mut command = Command::new(bin);
         command.args([
             "--config",
             config.to_str().unwrap(),
@@ -139,13 +152,14 @@ impl Daemon {
         Daemon {
             child,
             socket,
+            bin: bin.to_owned(),
             _dir: dir,
         }
     }
 
     /// Runs `memwatch <args> --socket …`; whether it succeeded.
     pub fn ctl(&self, args: &[&str]) -> bool {
-        Command::new(memwatch_bin())
+        Command::new(&self.bin)
             .args(args)
             .arg("--socket")
             .arg(&self.socket)

@@ -15,7 +15,7 @@ use std::os::fd::OwnedFd;
 use std::collections::{HashMap, HashSet};
 
 use super::signal::{SignalError, alive, owner_may_signal, pidfd_open, send, send_pinned};
-use crate::proc::{ProcRef, children_files, parent_map, read_stat};
+use crate::proc::{ProcRef, children_files, children_of, parent_map, read_stat};
 
 /// The most walks a pause makes before it settles for what it stopped.
 const MAX_WALKS: usize = 8;
@@ -29,8 +29,10 @@ const MAX_WALKS: usize = 8;
 /// The root is stopped first, before any walk. Each child found in the walk gets a pidfd *before* its
 /// stat is read, so one read of /proc/PID/stat both identifies it (its parent is the process whose
 /// children list named it) and pins it: a pid recycled after the pidfd was opened makes the signal
-/// fail with "gone", never hit the newcomer. Then the tree is walked again, reading only children
-/// lists, until a walk finds nothing new (a worker forked between walks is caught).
+/// fail with "gone", never hit the newcomer. That stat also says whether the child has one thread:
+/// the first walk then reads its children from that thread's file alone. Then the tree is walked
+/// again, reading every thread's children list, until a walk finds nothing new (a worker forked
+/// between walks, or by a thread started since its stat was read, is caught).
 pub fn stop_tree(
     root: &Path,
     root_ref: ProcRef,
@@ -52,7 +54,11 @@ pub fn stop_tree(
     let mut stopped: Vec<ProcRef> = vec![root_ref];
     let mut known: HashSet<u32> = HashSet::from([root_ref.pid]);
     let mut fallback: Option<HashMap<u32, Vec<u32>>> = None;
-    for _ in 0..MAX_WALKS {
+    // The first walk's threads per process, read from the stat that identified it before its signal:
+    // a single-threaded process's children are read from its one thread's file. The walks after it
+    // list every thread, so a child forked by a thread started meanwhile is still caught.
+    let mut threads: HashMap<u32, u32> = HashMap::new();
+    for walk in 0..MAX_WALKS {
         let mut new = 0;
         let mut queue = vec![root_ref.pid];
         let mut visited: HashSet<u32> = HashSet::from([root_ref.pid]);
@@ -60,7 +66,11 @@ pub fn stop_tree(
         while i < queue.len() {
             let parent = queue[i];
             i += 1;
-            let kids = match children_files(root, parent) {
+            let listed = match threads.get(&parent) {
+                Some(&n) if walk == 0 => children_of(root, parent, n),
+                _ => children_files(root, parent),
+            };
+            let kids = match listed {
                 Some(k) => k,
                 None => fallback
                     .get_or_insert_with(|| parent_map(root))
@@ -77,7 +87,8 @@ pub fn stop_tree(
                     continue;
                 }
                 match stop_child(root, kid, parent, owner) {
-                    Ok(Some(r)) => {
+                    Ok(Some((r, n))) => {
+                        threads.insert(kid, n);
                         stopped.push(r);
                         known.insert(kid);
                         new += 1;
@@ -100,15 +111,15 @@ pub fn stop_tree(
     Ok(stopped)
 }
 
-/// Stops `pid` if it is a running child of `parent` that `owner` could signal. `Ok(None)`: gone, no
-/// longer that parent's child, already stopped by someone else (a user's Ctrl-Z stays theirs to
-/// undo), or out of the owner's reach.
+/// Stops `pid` if it is a running child of `parent` that `owner` could signal; with its threads as
+/// its stat showed them. `Ok(None)`: gone, no longer that parent's child, already stopped by someone
+/// else (a user's Ctrl-Z stays theirs to undo), or out of the owner's reach.
 fn stop_child(
     root: &Path,
     pid: u32,
     parent: u32,
     owner: u32,
-) -> Result<Option<ProcRef>, SignalError> {
+) -> Result<Option<(ProcRef, u32)>, SignalError> {
     let fd = match pidfd_open(pid) {
         Ok(fd) => fd,
         Err(SignalError::Gone(_)) => return Ok(None),
@@ -135,7 +146,7 @@ fn stop_child(
         None => send(root, r, Signal::SIGSTOP),
     };
     match sent {
-        Ok(()) => Ok(Some(r)),
+        Ok(()) => Ok(Some((r, s.threads))),
         Err(SignalError::Gone(_)) => Ok(None),
         Err(e) => Err(e),
     }
@@ -164,4 +175,99 @@ pub fn all_stopped(root: &Path, refs: &[ProcRef]) -> bool {
         Ok(s) if s.start_time == r.start_time => s.is_stopped(),
         _ => true,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    /// The root forks a worker; the worker's second thread forks one child and its main thread
+    /// another. Prints the worker's pid, then its two children's.
+    const TREE: &str = r#"
+import os, threading, time
+r, w = os.pipe()
+k = os.fork()
+if k == 0:
+    def second():
+        g = os.fork()
+        if g == 0:
+            time.sleep(600); os._exit(0)
+        os.write(w, b"%d\n" % g)
+        time.sleep(600)
+    threading.Thread(target=second, daemon=True).start()
+    h = os.fork()
+    if h == 0:
+        time.sleep(600); os._exit(0)
+    os.write(w, b"%d\n" % h)
+    time.sleep(600); os._exit(0)
+print(k, flush=True)
+f = os.fdopen(r)
+print(f.readline().strip(), flush=True)
+print(f.readline().strip(), flush=True)
+time.sleep(600)
+"#;
+
+    /// Waits up to 10 s for every process in `refs` to show `stopped`.
+    fn settled(refs: &[ProcRef], stopped: bool) -> bool {
+        let root = Path::new("/");
+        let until = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < until {
+            if refs
+                .iter()
+                .all(|r| read_stat(root, r.pid).is_ok_and(|s| s.is_stopped() == stopped))
+            {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        false
+    }
+
+    #[test]
+    fn a_child_forked_by_a_workers_second_thread_is_stopped_with_the_tree() {
+        let root = Path::new("/");
+        let mut job = Command::new("python3")
+            .args(["-c", TREE])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(job.stdout.take().unwrap()).lines();
+        let mut pid = || -> u32 { lines.next().unwrap().unwrap().trim().parse().unwrap() };
+        let (worker, a, b) = (pid(), pid(), pid());
+        let stat = read_stat(root, worker).unwrap();
+        assert_eq!(stat.threads, 2, "the worker runs two threads");
+        // One of its children hangs off the second thread, where its main thread's list does not
+        // show it: only a listing of every thread finds both.
+        let main_only = children_of(root, worker, 1).unwrap();
+        let every = children_files(root, worker).unwrap();
+        assert_eq!(main_only.len(), 1, "{main_only:?}");
+        assert!(every.contains(&a) && every.contains(&b), "{every:?}");
+        assert_eq!(children_of(root, worker, stat.threads).unwrap().len(), 2);
+
+        let job_ref = read_stat(root, job.id()).unwrap().proc_ref();
+        let stopped = stop_tree(root, job_ref, None, 0).unwrap();
+        let pids: HashSet<u32> = stopped.iter().map(|r| r.pid).collect();
+        let cleanup = |job: &mut std::process::Child| {
+            for p in [a, b, worker] {
+                let _ =
+                    nix::sys::signal::kill(nix::unistd::Pid::from_raw(p as i32), Signal::SIGKILL);
+            }
+            let _ = job.kill();
+            let _ = job.wait();
+        };
+        let all = HashSet::from([job.id(), worker, a, b]);
+        if pids != all {
+            cleanup(&mut job);
+            panic!("stopped {pids:?}, the tree is {all:?}");
+        }
+        let took = settled(&stopped, true);
+        assert!(resume(root, &stopped, None).is_empty());
+        let back = settled(&stopped, false);
+        cleanup(&mut job);
+        assert!(took, "not every process stopped");
+        assert!(back, "not every process continued");
+    }
 }

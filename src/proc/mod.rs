@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use crate::sample::error::{ReadError, read_text};
 
 pub use tree::{Tree, descendants};
-pub(crate) use tree::{children_files, parent_map};
+pub(crate) use tree::{children_files, children_of, parent_map};
 
 pub use memwatch_core::host::ProcRef;
 pub use memwatch_core::proc::{Memory, Stat, Status, parse_rollup, parse_stat, parse_status};

@@ -30,6 +30,28 @@ pub(crate) fn children_files(root: &Path, pid: u32) -> Option<Vec<u32>> {
     any.then_some(out)
 }
 
+/// Children of `pid`, which had `threads` threads when its stat was read (and was not a zombie, whose
+/// live threads would hold its children): a single-threaded process's are its main thread's, read
+/// from that one file (one open and read instead of a listing of `task/` and a read per thread). A
+/// thread started since then, and any child it forked, is missed here: the callers that must miss
+/// nothing walk again with [`children_files`]. `None` as [`children_files`].
+pub(crate) fn children_of(root: &Path, pid: u32, threads: u32) -> Option<Vec<u32>> {
+    if threads == 1 {
+        let path = super::dir(root, pid)
+            .join("task")
+            .join(pid.to_string())
+            .join("children");
+        if let Ok(text) = crate::sample::error::read_text(&path) {
+            return Some(
+                text.split_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok())
+                    .collect(),
+            );
+        }
+    }
+    children_files(root, pid)
+}
+
 /// All processes' parent links, from a full scan of /proc (the fallback when `children` files are absent).
 pub(crate) fn parent_map(root: &Path) -> HashMap<u32, Vec<u32>> {
     let mut map: HashMap<u32, Vec<u32>> = HashMap::new();
@@ -56,8 +78,14 @@ pub fn descendants(root: &Path, root_pid: u32) -> Option<Tree> {
     let mut fallback: Option<HashMap<u32, Vec<u32>>> = None;
     let mut i = 0;
     while i < procs.len() {
+        // A zombie leader's live threads hold its children: every thread's list is read then.
+        let threads = if procs[i].state == 'Z' {
+            0
+        } else {
+            procs[i].threads
+        };
         let pid = procs[i].pid;
-        let kids = match children_files(root, pid) {
+        let kids = match children_of(root, pid, threads) {
             Some(k) => k,
             None => fallback
                 .get_or_insert_with(|| parent_map(root))

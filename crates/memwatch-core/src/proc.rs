@@ -28,6 +28,8 @@ pub struct Stat {
     pub rss_pages: u64,
     /// CPU time used, user plus system, in clock ticks (`utime` + `stime`).
     pub cpu_ticks: u64,
+    /// Its threads (`num_threads`): with one, its children are its main thread's.
+    pub threads: u32,
 }
 
 const PF_KTHREAD: u64 = 0x0020_0000;
@@ -85,6 +87,7 @@ pub fn parse_stat(path: &Path, text: &str) -> Result<Stat, ReadError> {
         start_time: num(22, "starttime")?,
         rss_pages: num(24, "rss")?,
         cpu_ticks: num(14, "utime")?.saturating_add(num(15, "stime")?),
+        threads: to_u32(num(20, "num_threads")?, "num_threads")?,
     })
 }
 
@@ -185,7 +188,7 @@ mod tests {
             (s.pid, s.comm.as_str(), s.state, s.ppid),
             (42, "foo) Z 1", 'S', 1)
         );
-        assert_eq!((s.start_time, s.rss_pages), (98765, 250));
+        assert_eq!((s.start_time, s.rss_pages, s.threads), (98765, 250, 3));
         let s = stat(&format!("7 (a b (c)) T {TAIL}")).unwrap();
         assert_eq!((s.comm.as_str(), s.is_stopped()), ("a b (c)", true));
     }

@@ -64,6 +64,7 @@ mod tests {
             start_time: u64::from(pid),
             rss_pages: 0,
             cpu_ticks: 0,
+            threads: 1,
         }
     }
 

@@ -9,6 +9,10 @@
 //!   every 100 µs. Median and worst of `RUNS` (default 10) pauses, each followed by a resume.
 //!
 //! `cargo bench --bench scale` (ONLY=calm for the calm figures alone; CALM_SECONDS, default 60).
+//!
+//! `ONLY=stop` times the stop by signals alone, for jobs of `SIZES` processes (default 1024):
+//! `BLOCKS` (default 3) blocks of `RUNS` pauses each, a fresh daemon per block, and with
+//! `BASE_BIN=<an earlier memwatch>` that build's blocks alternated with this one's.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -38,6 +42,70 @@ fn rss_kib(pid: u32) -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
         .unwrap_or(0)
+}
+
+/// Times `runs` pauses by signals of the job `pids` attached to `d` as "scale": request → every
+/// process stopped (ms), each pause followed by a resume.
+fn stop_times(d: &Daemon, pids: &[u32], runs: usize) -> Vec<f64> {
+    let mut times = Vec::new();
+    for _ in 0..runs {
+        let t = Instant::now();
+        let r = d.request(r#"{"cmd":"pause","target":"scale"}"#);
+        assert!(r.contains("\"ok\":true"), "{r}");
+        while !pids.iter().all(|p| state(*p) == Some('T')) {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        times.push(t.elapsed().as_secs_f64() * 1000.0);
+        let r = d.request(r#"{"cmd":"resume","target":"scale"}"#);
+        assert!(r.contains("\"ok\":true"), "{r}");
+        while pids.iter().any(|p| state(*p) == Some('T')) {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+    times
+}
+
+/// `ONLY=stop`: this build's stop by signals, and `BASE_BIN`'s beside it, block by block.
+fn stops_only(hog: &Path, runs: usize) {
+    let sizes: Vec<usize> = std::env::var("SIZES")
+        .ok()
+        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1024]);
+    let blocks: usize = std::env::var("BLOCKS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let mut builds = vec![("this build", common::memwatch_bin())];
+    if let Some(b) = common::base_bin() {
+        builds.push(("base", b));
+    }
+    for n in sizes {
+        let mut times: Vec<Vec<f64>> = builds.iter().map(|_| Vec::new()).collect();
+        for _ in 0..blocks {
+            for (k, (_, bin)) in builds.iter().enumerate() {
+                let d = Daemon::start_bin(bin, "");
+                let (child, pids) = job(hog, n, None);
+                let r = d.request(&format!(
+                    r#"{{"cmd":"attach","pid":{},"name":"scale"}}"#,
+                    pids[0]
+                ));
+                assert!(r.contains("\"ok\":true"), "{r}");
+                std::thread::sleep(Duration::from_secs(2));
+                times[k].extend(stop_times(&d, &pids, runs));
+                drop(d);
+                end(child, &pids);
+            }
+        }
+        for ((name, _), t) in builds.iter().zip(&mut times) {
+            println!(
+                "  {n:>5} processes, SIGSTOP, {name}: request → all stopped p50 {:.2} ms, p90 {:.2} ms, max {:.2} ms ({} pauses)",
+                common::pct(t, 0.5),
+                common::pct(t, 0.9),
+                common::pct(t, 1.0),
+                t.len()
+            );
+        }
+    }
 }
 
 /// A job of `n` processes (memhog and n − 1 sleeping workers of 1 MiB), in `freezer` when given.
@@ -103,6 +171,10 @@ fn main() {
         .unwrap_or(60);
     let runs = common::runs(10);
     let hog = memhog();
+    if std::env::var("ONLY").is_ok_and(|v| v == "stop") {
+        stops_only(&hog, runs);
+        return;
+    }
     let clk = 100.0; // CLK_TCK
     let freezer = PathBuf::from(format!(
         "/sys/fs/cgroup/freezer/memwatch-scale-{}",
@@ -208,21 +280,7 @@ fn main() {
             rss_kib(d.child.id())
         );
         // Time to stop, by signals.
-        let mut times = Vec::new();
-        for _ in 0..runs {
-            let t = Instant::now();
-            let r = d.request(r#"{"cmd":"pause","target":"scale"}"#);
-            assert!(r.contains("\"ok\":true"), "{r}");
-            while !pids.iter().all(|p| state(*p) == Some('T')) {
-                std::thread::sleep(Duration::from_micros(100));
-            }
-            times.push(t.elapsed().as_secs_f64() * 1000.0);
-            let r = d.request(r#"{"cmd":"resume","target":"scale"}"#);
-            assert!(r.contains("\"ok\":true"), "{r}");
-            while pids.iter().any(|p| state(*p) == Some('T')) {
-                std::thread::sleep(Duration::from_micros(100));
-            }
-        }
+        let mut times = stop_times(&d, &pids, runs);
         times.sort_by(f64::total_cmp);
         println!(
             "  {n:>5} processes, SIGSTOP: request → all stopped median {:.2} ms, worst {:.2} ms ({runs} pauses)",

@@ -62,6 +62,7 @@ async fn shutdown_signal() {
 /// those a restart hands to the next daemon.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let _lock = lock(&config).await?;
+    crate::act::pin::raise_nofile();
     // Recover first, before anything that can fail (a port in use): a predecessor's paused jobs are
     // resumed whatever happens next.
     let previous = previous_state(&config);

@@ -23,7 +23,7 @@ fn repo() -> PathBuf {
 
 /// The memwatch binary the benchmarks launch (daemon and client): `MEMWATCH_BIN` from the environment
 /// when set (e.g. to compare two builds side by side in one run), else the one cargo built.
-fn memwatch_bin() -> PathBuf {
+pub fn memwatch_bin() -> PathBuf {
     std::env::var_os("MEMWATCH_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_memwatch")))

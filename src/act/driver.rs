@@ -12,6 +12,7 @@ use std::sync::Arc;
 use nix::sys::signal::Signal;
 
 use super::cgroup_error::CgroupError;
+use super::pin::Pinned;
 use super::signal::SignalError;
 use super::slurm::SlurmError;
 use super::{freeze::Freezing as _, lend::Lending as _, oomd::Marking as _, slurm::Scontrol as _};
@@ -83,12 +84,14 @@ pub trait HostDriver: Send + Sync {
         pinned: Option<&OwnedFd>,
         sig: Signal,
     ) -> Result<(), SignalError>;
-    /// Stops the tree under `root` on behalf of user `owner`, root first; the processes it stopped.
+    /// Stops the tree under `root` on behalf of user `owner`, root first, then `members` (its
+    /// processes pinned at the last walk, `act::pin::pin_members`); the processes it stopped.
     fn stop_tree(
         &self,
         root: ProcRef,
         pinned: Option<&OwnedFd>,
         owner: u32,
+        members: &[Pinned],
     ) -> Result<Vec<ProcRef>, SignalError>;
     /// Continues `stopped`, children before parents; those that are gone.
     fn continue_tree(&self, stopped: &[ProcRef], pinned: Option<&OwnedFd>) -> Vec<ProcRef>;
@@ -173,8 +176,9 @@ impl HostDriver for Host {
         root: ProcRef,
         pinned: Option<&OwnedFd>,
         owner: u32,
+        members: &[Pinned],
     ) -> Result<Vec<ProcRef>, SignalError> {
-        super::pause::stop_tree(&self.root, root, pinned, owner)
+        super::pause::stop_tree(&self.root, root, pinned, owner, members)
     }
 
     fn continue_tree(&self, stopped: &[ProcRef], pinned: Option<&OwnedFd>) -> Vec<ProcRef> {

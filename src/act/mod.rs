@@ -11,6 +11,7 @@ pub mod oomd;
 pub mod pause;
 pub mod pause_record;
 pub mod persist;
+pub mod pin;
 pub mod recover;
 pub mod signal;
 pub mod slurm;

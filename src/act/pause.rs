@@ -1,8 +1,9 @@
 //! Pausing and resuming a whole process tree.
 //!
 //! Pause is top-down: the root first (through its pidfd, before any walk), so it cannot fork new
-//! workers, then its descendants, and the tree is walked again until a walk finds nothing new to stop
-//! (a worker forked between walks is caught).
+//! workers, then the processes pinned at the job's last walk (their pidfds, no read first), then
+//! whatever a walk of the tree finds that is not stopped yet, and the tree is walked again until a
+//! walk finds nothing new to stop (a worker forked between walks is caught).
 //! Resume is bottom-up: workers first, so the parent finds them running when it wakes. Processes that
 //! were already stopped before the pause (a user's Ctrl-Z) are left as they were.
 
@@ -14,6 +15,7 @@ use std::os::fd::OwnedFd;
 
 use std::collections::{HashMap, HashSet};
 
+use super::pin::Pinned;
 use super::signal::{SignalError, alive, owner_may_signal, pidfd_open, send, send_pinned};
 use crate::proc::{ProcRef, children_files, children_of, parent_map, read_stat};
 
@@ -33,11 +35,22 @@ const MAX_WALKS: usize = 8;
 /// the first walk then reads its children from that thread's file alone. Then the tree is walked
 /// again, reading every thread's children list, until a walk finds nothing new (a worker forked
 /// between walks, or by a thread started since its stat was read, is caught).
+///
+/// `members`, the tree's processes pinned at the job's last walk ([`pin_members`](super::pin::pin_members)), are stopped
+/// right after the root, through their descriptors, with no read but the owner's check (none for
+/// root's jobs): a tree that did not change since is stopped at the kernel's cost per signal, and the
+/// walks then only look for what is new. A member gone since is skipped, and so is one whose parent
+/// is not the root or a member stopped here and alive: it may have left the tree (its parent
+/// exited), where the recovery after a crash, which continues the stopped members of the job's tree,
+/// would not find it. Members come in the walk's order, parents before their children. One a user
+/// stopped by hand since the walk (a walk never pins a stopped one) is counted as the pause's, and
+/// continued with it: its state is not read first.
 pub fn stop_tree(
     root: &Path,
     root_ref: ProcRef,
     pinned: Option<&OwnedFd>,
     owner: u32,
+    members: &[Pinned],
 ) -> Result<Vec<ProcRef>, SignalError> {
     if !owner_may_signal(root, root_ref.pid, owner) {
         return Err(SignalError::Denied(root_ref.pid));
@@ -53,6 +66,32 @@ pub fn stop_tree(
     }
     let mut stopped: Vec<ProcRef> = vec![root_ref];
     let mut known: HashSet<u32> = HashSet::from([root_ref.pid]);
+    // The processes still holding their place in the tree: the root, and members stopped here that
+    // have not exited (asked only of those that are some member's parent).
+    let parents: HashSet<u32> = members.iter().map(|m| m.parent).collect();
+    let mut in_tree: HashSet<u32> = HashSet::from([root_ref.pid]);
+    for m in members {
+        if known.contains(&m.proc.pid)
+            || !in_tree.contains(&m.parent)
+            || !owner_may_signal(root, m.proc.pid, owner)
+        {
+            continue;
+        }
+        match send_pinned(m.fd(), m.proc.pid, Signal::SIGSTOP) {
+            Ok(()) => {
+                stopped.push(m.proc);
+                known.insert(m.proc.pid);
+                if parents.contains(&m.proc.pid) && alive(m.fd(), m.proc.pid) {
+                    in_tree.insert(m.proc.pid);
+                }
+            }
+            Err(SignalError::Gone(_)) => {}
+            Err(e) => {
+                resume(root, &stopped, pinned);
+                return Err(e);
+            }
+        }
+    }
     let mut fallback: Option<HashMap<u32, Vec<u32>>> = None;
     // The first walk's threads per process, read from the stat that identified it before its signal:
     // a single-threaded process's children are read from its one thread's file. The walks after it
@@ -180,6 +219,7 @@ pub fn all_stopped(root: &Path, refs: &[ProcRef]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::act::pin::{MAX_PINNED, pin_members};
     use std::io::{BufRead, BufReader};
     use std::process::{Command, Stdio};
     use std::time::{Duration, Instant};
@@ -210,6 +250,30 @@ print(f.readline().strip(), flush=True)
 time.sleep(600)
 "#;
 
+    /// Runs `script` in python3, its output's lines read as they come.
+    fn python(
+        script: &str,
+    ) -> (
+        std::process::Child,
+        std::io::Lines<BufReader<std::process::ChildStdout>>,
+    ) {
+        let mut job = Command::new("python3")
+            .args(["-c", script])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = BufReader::new(job.stdout.take().unwrap()).lines();
+        (job, lines)
+    }
+
+    /// Whether every process of `stopped` settled stopped, then whether each was running again after
+    /// `resume` continued them all.
+    fn settled_then_resumed(stopped: &[ProcRef]) -> (bool, bool) {
+        let took = settled(stopped, true);
+        assert!(resume(Path::new("/"), stopped, None).is_empty());
+        (took, settled(stopped, false))
+    }
+
     /// Waits up to 10 s for every process in `refs` to show `stopped`.
     fn settled(refs: &[ProcRef], stopped: bool) -> bool {
         let root = Path::new("/");
@@ -229,12 +293,7 @@ time.sleep(600)
     #[test]
     fn a_child_forked_by_a_workers_second_thread_is_stopped_with_the_tree() {
         let root = Path::new("/");
-        let mut job = Command::new("python3")
-            .args(["-c", TREE])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(job.stdout.take().unwrap()).lines();
+        let (mut job, mut lines) = python(TREE);
         let mut pid = || -> u32 { lines.next().unwrap().unwrap().trim().parse().unwrap() };
         let (worker, a, b) = (pid(), pid(), pid());
         let stat = read_stat(root, worker).unwrap();
@@ -248,7 +307,7 @@ time.sleep(600)
         assert_eq!(children_of(root, worker, stat.threads).unwrap().len(), 2);
 
         let job_ref = read_stat(root, job.id()).unwrap().proc_ref();
-        let stopped = stop_tree(root, job_ref, None, 0).unwrap();
+        let stopped = stop_tree(root, job_ref, None, 0, &[]).unwrap();
         let pids: HashSet<u32> = stopped.iter().map(|r| r.pid).collect();
         let cleanup = |job: &mut std::process::Child| {
             for p in [a, b, worker] {
@@ -263,11 +322,114 @@ time.sleep(600)
             cleanup(&mut job);
             panic!("stopped {pids:?}, the tree is {all:?}");
         }
-        let took = settled(&stopped, true);
-        assert!(resume(root, &stopped, None).is_empty());
-        let back = settled(&stopped, false);
+        let (took, back) = settled_then_resumed(&stopped);
         cleanup(&mut job);
         assert!(took, "not every process stopped");
         assert!(back, "not every process continued");
+    }
+
+    /// A root with three sleeping children, the last of which has a child of its own; on SIGUSR1
+    /// it forks one more. Prints the three's pids and the grandchild's on one line, then each new
+    /// child's.
+    const FORKER: &str = r#"
+import os, signal, time
+def spawn():
+    k = os.fork()
+    if k == 0:
+        time.sleep(600); os._exit(0)
+    return k
+r, w = os.pipe()
+kids = [spawn(), spawn()]
+k = os.fork()
+if k == 0:
+    g = os.fork()
+    if g == 0:
+        time.sleep(600); os._exit(0)
+    os.write(w, b"%d\n" % g)
+    time.sleep(600); os._exit(0)
+kids.append(k)
+print(*kids, int(os.fdopen(r).readline()), flush=True)
+signal.signal(signal.SIGUSR1, lambda *a: print(spawn(), flush=True))
+while True:
+    try:
+        os.wait()
+    except ChildProcessError:
+        time.sleep(600)
+"#;
+
+    /// The processes pinned at a walk are stopped through their descriptors, root first and then in
+    /// the pinning's order (here the reverse of the children lists', which a walk follows): one that
+    /// exited since is skipped, and so is its child, whose parent exited (it left the tree, where a
+    /// recovery would not find it); one forked since is found by the walk after them. A later
+    /// pinning keeps the descriptors of those still alive.
+    #[test]
+    fn pinned_members_are_stopped_first_and_the_walk_finds_what_is_new() {
+        let root = Path::new("/");
+        let (mut job, mut lines) = python(FORKER);
+        let me = job.id();
+        let mut kids: Vec<u32> = lines
+            .next()
+            .unwrap()
+            .unwrap()
+            .split_whitespace()
+            .map(|p| p.parse().unwrap())
+            .collect();
+        let Some(grandchild) = kids.pop() else {
+            panic!("no pids")
+        };
+        let mut walked: Vec<(u32, u32)> = kids.iter().rev().map(|&k| (k, me)).collect();
+        walked.push((grandchild, kids[2]));
+        let pins = pin_members(root, &walked, &[], MAX_PINNED);
+        // kids[2] (the grandchild's parent), kids[1], kids[0], the grandchild.
+        let refs: Vec<ProcRef> = walked
+            .iter()
+            .map(|&(k, _)| read_stat(root, k).unwrap().proc_ref())
+            .collect();
+        assert_eq!(pins.iter().map(|p| p.proc).collect::<Vec<_>>(), refs);
+        assert_eq!(pin_members(root, &walked, &[], 2).len(), 2, "the limit");
+
+        // The grandchild's parent exits (the root reaps it): the grandchild leaves the tree. The
+        // root forks a new one.
+        let kill = |pid: u32, sig: Signal| {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
+        };
+        kill(kids[2], Signal::SIGKILL);
+        let until = Instant::now() + Duration::from_secs(10);
+        while read_stat(root, kids[2]).is_ok() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_ne!(read_stat(root, grandchild).unwrap().ppid, kids[2]);
+        kill(me, Signal::SIGUSR1);
+        let new: u32 = lines.next().unwrap().unwrap().trim().parse().unwrap();
+
+        let job_ref = read_stat(root, me).unwrap().proc_ref();
+        let stopped = stop_tree(root, job_ref, None, 0, &pins).unwrap();
+        let new_ref = read_stat(root, new).unwrap().proc_ref();
+        let cleanup = |job: &mut std::process::Child| {
+            for &p in kids.iter().chain([&new, &grandchild]) {
+                kill(p, Signal::SIGKILL);
+            }
+            let _ = job.kill();
+            let _ = job.wait();
+        };
+        let expected = vec![job_ref, refs[1], refs[2], new_ref];
+        if stopped != expected {
+            cleanup(&mut job);
+            panic!("stopped {stopped:?}, expected {expected:?}");
+        }
+        let (took, back) = settled_then_resumed(&stopped);
+
+        // Pinned again at the next walk: the two still alive keep their descriptors.
+        let walked = [(kids[1], me), (kids[0], me), (new, me)];
+        let again = pin_members(root, &walked, &pins, MAX_PINNED);
+        cleanup(&mut job);
+        assert!(took, "not every process stopped");
+        assert!(back, "not every process continued");
+        assert_eq!(
+            again.iter().map(|p| p.proc).collect::<Vec<_>>(),
+            vec![refs[1], refs[2], new_ref]
+        );
+        assert!(std::ptr::eq(again[0].fd(), pins[1].fd()));
+        assert!(std::ptr::eq(again[1].fd(), pins[2].fd()));
     }
 }

@@ -61,6 +61,24 @@ pub(super) fn spawn_full(
                     }
                     _ => None,
                 };
+                // Its processes pinned, so that a pause signals them before it reads anything.
+                let pinned = match &m {
+                    Measurement::Walked { sample, .. } => {
+                        let walked: Vec<(u32, u32)> = sample
+                            .processes
+                            .iter()
+                            .filter(|q| q.pid != p.root.pid)
+                            .map(|q| (q.pid, q.ppid))
+                            .collect();
+                        Some(crate::act::pin::pin_members(
+                            &process_root,
+                            &walked,
+                            &p.pinned,
+                            crate::act::pin::MAX_PINNED,
+                        ))
+                    }
+                    _ => None,
+                };
                 // A Slurm job (its members are its cgroup's): is Slurm holding it suspended here?
                 let slurm_suspended = p
                     .members
@@ -72,6 +90,7 @@ pub(super) fn spawn_full(
                     sample: m,
                     freezer,
                     slurm_suspended,
+                    pinned,
                 }
             })
             .collect();

@@ -107,6 +107,8 @@ pub struct MeasurePlan {
     /// While calm: the members of the job's cgroup at that measurement's walk. While they are the
     /// same (and its usage close), the tree is not walked again (`job::measure::Measurement::of`).
     pub members_at_walk: Option<crate::job::members::Members>,
+    /// Its processes pinned at the last walk: a walk keeps those still alive.
+    pub pinned: Vec<crate::proc::pinned::Pinned>,
 }
 
 /// What the kernel should watch for one job (see `Engine::wake_plan`).
@@ -339,6 +341,7 @@ impl Engine {
                     previous: if detailed { None } else { j.last.clone() },
                     // PSS is due at the detailed cadence, and only a walk reads it.
                     members_at_walk: (calm && !detailed).then(|| j.members.clone()).flatten(),
+                    pinned: j.pinned.clone(),
                 })
             })
             .collect()

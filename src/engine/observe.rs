@@ -19,6 +19,8 @@ pub struct Measured {
     pub freezer: Option<crate::act::freeze::Frozen>,
     /// For a Slurm job attached by id: whether Slurm holds it suspended on this node.
     pub slurm_suspended: Option<bool>,
+    /// Its processes pinned at this walk (`None`: not walked, the last walk's stay).
+    pub pinned: Option<Vec<crate::proc::pinned::Pinned>>,
 }
 use crate::policy::{
     self, GpuObservation, JobObservation, Observation, Projection, Reading, Resource, Temperature,
@@ -51,6 +53,7 @@ impl Engine {
             sample: measured,
             freezer,
             slurm_suspended,
+            pinned,
         } in jobs
         {
             if let (Some(j), Some(suspended)) = (self.jobs.get_mut(&name), slurm_suspended) {
@@ -103,6 +106,9 @@ impl Engine {
                         }
                         j.last = Some(s);
                         j.members = members;
+                        if let Some(p) = pinned {
+                            j.pinned = p;
+                        }
                         j.sampled_at_ms = now_ms;
                         // A Slurm job's cgroup holds Slurm's own processes: never frozen.
                         j.freezer = if j.slurm.is_some() { None } else { freezer };

@@ -113,15 +113,15 @@ impl Engine {
     /// Stops a job with signals: the tree under its root, and for a Slurm job attached by id, every
     /// other task tree of it on this node (its steps' tasks are not the batch script's descendants).
     pub(super) fn stop_tasks(&self, j: &Job) -> Result<Vec<ProcRef>, signal::SignalError> {
-        let mut stopped = self
-            .host
-            .stop_tree(j.root, j.pidfd.as_deref(), j.owner_uid)?;
+        let mut stopped =
+            self.host
+                .stop_tree(j.root, j.pidfd.as_deref(), j.owner_uid, &j.pinned)?;
         let tasks = tasks_of(&self.process_root, j).unwrap_or_default();
         for top in slurm::tops(&tasks) {
             if stopped.iter().any(|r| r.pid == top.pid) {
                 continue;
             }
-            match self.host.stop_tree(top.proc_ref(), None, j.owner_uid) {
+            match self.host.stop_tree(top.proc_ref(), None, j.owner_uid, &[]) {
                 Ok(s) => stopped.extend(s),
                 Err(signal::SignalError::Gone(_)) => {}
                 Err(e) => {

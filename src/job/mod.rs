@@ -51,6 +51,9 @@ pub struct Job {
     pub config: Option<crate::adapt::JobConfig>,
     /// A pidfd on the root, kept since attach: the root is checked and signalled only through it.
     pub pidfd: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
+    /// The processes below the root pinned at the last walk (`act::pin::pin_members`): a pause
+    /// signals them through their pidfds before it reads anything.
+    pub pinned: Vec<crate::proc::pinned::Pinned>,
     /// The cgroup the job owns (and a pause would freeze), as of the last full sample.
     pub freezer: Option<held::Frozen>,
     /// The kernel wakes the daemon when this job's cgroup crosses a threshold (see `wake`).
@@ -128,6 +131,7 @@ impl Job {
             pause: None,
             config: None,
             pidfd: None,
+            pinned: Vec::new(),
             freezer: None,
             watched: false,
             walked_at_ms: 0,

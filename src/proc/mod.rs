@@ -4,6 +4,7 @@
 //! (`memwatch_core::proc`).
 
 pub mod neighbours;
+pub mod pinned;
 mod tree;
 
 use std::path::{Path, PathBuf};

@@ -223,6 +223,7 @@ impl HostDriver for FakeHost {
         root: ProcRef,
         _pinned: Option<&OwnedFd>,
         owner: u32,
+        _members: &[memwatch::act::pin::Pinned],
     ) -> Result<Vec<ProcRef>, SignalError> {
         match self.recorded_pause_of_root(root.pid) {
             None => self.violate(format!(

@@ -87,6 +87,7 @@ fn a_job_the_oom_killer_ended_is_reported_as_oom_killed() {
             sample: memwatch::job::measure::Measurement::Gone,
             freezer: None,
             slurm_suspended: None,
+            pinned: None,
         };
         s.engine.handle_sample(
             std::sync::Arc::new(memwatch::sample::Sample::default()),

@@ -283,6 +283,7 @@ impl Sim {
             },
             freezer,
             slurm_suspended: self.slurm_suspended,
+            pinned: None,
         };
         self.engine
             .handle_sample(Arc::new(sample), vec![measured], self.now, self.now);
@@ -305,6 +306,7 @@ impl Sim {
             sample: memwatch::job::measure::Measurement::Unchanged(cg),
             freezer: None,
             slurm_suspended: self.slurm_suspended,
+            pinned: None,
         };
         self.engine
             .handle_sample(Arc::new(sample), vec![measured], self.now, self.now);

@@ -47,6 +47,7 @@ pub fn pin_members(
     limit: usize,
 ) -> Vec<Pinned> {
     let kept: HashMap<u32, &Pinned> = before.iter().map(|p| (p.proc.pid, p)).collect();
+    let budget = pin_limit();
     let mut out = Vec::with_capacity(walked.len().min(limit));
     for &(pid, parent) in walked {
         if out.len() >= limit {
@@ -57,7 +58,7 @@ pub fn pin_members(
             out.push((*p).clone());
             continue;
         }
-        if pinned::open_now() >= pin_limit() {
+        if pinned::open_now() >= budget {
             continue;
         }
         let fd = match pidfd_open(pid) {

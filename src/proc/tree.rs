@@ -18,16 +18,19 @@ pub(crate) fn children_files(root: &Path, pid: u32) -> Option<Vec<u32>> {
     let mut out = Vec::new();
     let mut any = false;
     for t in tasks.flatten() {
-        let Ok(text) = std::fs::read_to_string(t.path().join("children")) else {
+        let Ok(text) = crate::sample::error::read_text(&t.path().join("children")) else {
             continue;
         };
         any = true;
-        out.extend(
-            text.split_whitespace()
-                .filter_map(|p| p.parse::<u32>().ok()),
-        );
+        out.extend(pids_in(&text));
     }
     any.then_some(out)
+}
+
+/// The pids a `children` file lists.
+fn pids_in(text: &str) -> impl Iterator<Item = u32> + '_ {
+    text.split_whitespace()
+        .filter_map(|p| p.parse::<u32>().ok())
 }
 
 /// Children of `pid`, which had `threads` threads when its stat was read (and was not a zombie, whose
@@ -42,11 +45,7 @@ pub(crate) fn children_of(root: &Path, pid: u32, threads: u32) -> Option<Vec<u32
             .join(pid.to_string())
             .join("children");
         if let Ok(text) = crate::sample::error::read_text(&path) {
-            return Some(
-                text.split_whitespace()
-                    .filter_map(|p| p.parse::<u32>().ok())
-                    .collect(),
-            );
+            return Some(pids_in(&text).collect());
         }
     }
     children_files(root, pid)

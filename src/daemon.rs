@@ -74,7 +74,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let host = crate::act::driver::Host::with_armory(&config.host.process_root, armory.clone());
     let settings = Settings::from(&config);
     let stores = Stores::open(&settings);
-    let mut engine = Engine::with_host(settings, Some(anchor), Arc::new(host), stores);
+    let view = Arc::new(crate::act::view::RootView::new(&config.host.process_root));
+    let mut engine = Engine::with_host(settings, Some(anchor), Arc::new(host), view, stores);
     engine.recover(previous, clock.now_ms());
     let bound = servers::bind(&config).await?;
     let guardian = guardian(&config);

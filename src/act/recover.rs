@@ -8,13 +8,11 @@
 //! every stopped member of the job's current tree. A member a user had stopped by hand inside a job
 //! memwatch paused is continued too; that is the price of never leaving a job frozen.
 
-use std::path::Path;
-
 use nix::sys::signal::Signal;
 
 use super::driver::{HostDriver, release};
 use super::persist::PersistedJob;
-use crate::proc::{descendants, read_stat};
+use super::view::HostView;
 
 /// What recovery did for one job.
 pub type Recovered = super::driver::Released;
@@ -49,7 +47,7 @@ impl std::fmt::Display for Recovered {
 /// record holds no pause.
 pub fn undo_pause(
     host: &dyn HostDriver,
-    process_root: &Path,
+    view: &dyn HostView,
     job: &PersistedJob,
 ) -> Option<Recovered> {
     let p = job.paused.as_ref()?;
@@ -62,11 +60,12 @@ pub fn undo_pause(
     }
     let mut out = release(host, mechanism.as_ref(), &p.stopped, &p.oomd_omit, None);
     // Whatever of the tree is still stopped: members the record missed.
-    let root_is_ours = read_stat(process_root, job.root.pid)
+    let root_is_ours = view
+        .stat(job.root.pid)
         .is_ok_and(|s| s.start_time == job.root.start_time && s.state != 'Z');
     if root_is_ours {
-        if let Some(tree) = descendants(process_root, job.root.pid) {
-            for proc in tree.procs.iter().rev() {
+        if let Some(tree) = view.tree(job.root.pid) {
+            for proc in tree.iter().rev() {
                 let r = proc.proc_ref();
                 if proc.is_stopped()
                     && !p.stopped.contains(&r)
@@ -85,7 +84,9 @@ mod tests {
     use super::*;
     use crate::act::oomd::Marking as _;
     use crate::act::persist::{HoldRecord, PersistedPause, PhaseRecord};
+    use crate::act::view::RootView;
     use crate::proc::ProcRef;
+    use std::path::Path;
 
     /// A job a killed daemon had suspended through Slurm is resumed through Slurm: the recorded
     /// scontrol is run with `resume ID`, the recorded systemd-oomd mark is taken off, and what
@@ -143,7 +144,7 @@ mod tests {
             slurm: Some("4242".into()),
         };
         let host = crate::act::driver::Host::new(Path::new("/"));
-        let done = undo_pause(&host, Path::new("/"), &job).unwrap();
+        let done = undo_pause(&host, &RootView::new(Path::new("/")), &job).unwrap();
         assert_eq!(done.slurm_resumed.as_deref(), Some("4242"));
         assert!(
             done.to_string().starts_with("resumed Slurm job 4242"),

@@ -6,7 +6,6 @@ use crate::act::audit::{Action, Reason};
 use crate::control::{Caller, Refusal, Request, Response};
 use crate::job::Job;
 use crate::policy;
-use crate::proc;
 
 impl Engine {
     /// Answers one control request.
@@ -397,11 +396,10 @@ impl Engine {
         now_ms: u64,
         slurm: Option<&str>,
     ) -> Result<String, Refusal> {
-        let root = &self.process_root;
         if pid == 0 {
             return Err(Refusal::invalid("pid 0 is not a process"));
         }
-        let stat = proc::read_stat(root, pid)
+        let stat = self.view.stat(pid)
             .map_err(|_| Refusal::not_found(format!("no process with pid {pid}")))?;
         if stat.is_kernel_thread() {
             return Err(Refusal::invalid(format!(
@@ -414,19 +412,19 @@ impl Engine {
                 "refusing to attach to pid 1: pausing it would pause the whole system",
             ));
         }
-        let me = std::process::id();
+        let me = self.view.own_pid();
         if pid == me {
             return Err(Refusal::invalid(format!(
                 "pid {pid} is the memwatch daemon itself"
             )));
         }
         // Attaching an ancestor of the daemon would pause the daemon with its tree.
-        if proc::descendants(root, pid).is_some_and(|t| t.procs.iter().any(|p| p.pid == me)) {
+        if self.view.tree(pid).is_some_and(|t| t.iter().any(|p| p.pid == me)) {
             return Err(Refusal::invalid(format!(
                 "pid {pid} is an ancestor of the memwatch daemon; pausing it would pause memwatch"
             )));
         }
-        let status = proc::read_status(root, pid)
+        let status = self.view.status(pid)
             .map_err(|e| Refusal::not_found(format!("cannot read pid {pid}: {e}")))?;
         let owner = status.uids[0];
         if !caller.is_root() && caller.uid != owner {
@@ -457,7 +455,7 @@ impl Engine {
         }
         // Unnamed: after its container or Slurm job, if it has one ("slurm-4242",
         // "docker-3f2a1b9c0d1e"), else after its command; with the pid if that name is taken.
-        let (cg, origin) = crate::job::measure::cgroup_of(root, pid);
+        let (cg, origin) = self.view.cgroup_of(pid);
         let name = name.unwrap_or_else(|| match &origin {
             Some(o) if !self.jobs.contains_key(&o.short()) => o.short(),
             Some(o) => format!("{}-{pid}", o.short()),
@@ -499,7 +497,7 @@ impl Engine {
             self.cfg.sampling.growth_window_ms.0,
         );
         job.origin = origin;
-        job.cgroup_owner = crate::job::owner::of(&self.process_root, job.cgroup_dir.as_ref());
+        job.cgroup_owner = self.view.cgroup_owner(job.cgroup_dir.as_ref());
         job.config = job_config.map(|mut c| {
             c.self_attached = caller.pid.is_some_and(|p| i64::from(p) == i64::from(pid));
             c

@@ -26,7 +26,7 @@ impl Engine {
     /// Signals a job's root through its kept pidfd (or, without one, by pid and start time), if its
     /// owner could signal it.
     pub(super) fn signal_root(&self, j: &Job, sig: Signal) -> Result<(), signal::SignalError> {
-        if !signal::owner_may_signal(&self.process_root, j.root.pid, j.owner_uid) {
+        if !self.view.owner_may_signal(j.root.pid, j.owner_uid) {
             return Err(signal::SignalError::Denied(j.root.pid));
         }
         self.host.signal(j.root, j.pidfd.as_deref(), sig)
@@ -279,10 +279,10 @@ impl Engine {
         };
         let mut members = self.job_members(j);
         members.extend(
-            super::slurm::tasks_of(&self.process_root, j)
+            super::slurm::tasks_of(self.view.as_ref(), j)
                 .unwrap_or_default()
                 .iter()
-                .filter(|s| signal::owner_may_signal(&self.process_root, s.pid, j.owner_uid))
+                .filter(|s| self.view.owner_may_signal(s.pid, j.owner_uid))
                 .map(|s| s.proc_ref()),
         );
         for r in &members {
@@ -353,11 +353,11 @@ impl Engine {
     /// that is gone, one whose mechanism this build does not know.
     pub fn recover(&mut self, state: Option<Persisted>, now_ms: u64) {
         let state = state.unwrap_or_default();
-        // The journal, read once and only when a job has a config.
-        let mut intents = None;
+        let left = self.left.take();
+        let intents = left.as_ref().map(|l| &l.intents);
         self.leftover_loans = state.loans;
         for pj in state.jobs {
-            let alive = crate::proc::read_stat(&self.process_root, pj.root.pid)
+            let alive = self.view.stat(pj.root.pid)
                 .is_ok_and(|s| s.start_time == pj.root.start_time && s.state != 'Z');
             let swap_lost = pj
                 .way_out
@@ -375,7 +375,7 @@ impl Engine {
                 .and_then(|p| p.resumable_hold());
             if kept.is_none() {
                 if let Some(done) =
-                    crate::act::recover::undo_pause(self.host.as_ref(), &self.process_root, &pj)
+                    crate::act::recover::undo_pause(self.host.as_ref(), self.view.as_ref(), &pj)
                 {
                     self.record(
                         now_ms,
@@ -388,7 +388,7 @@ impl Engine {
                 }
             }
             if alive {
-                let (cg, origin) = crate::job::measure::cgroup_of(&self.process_root, pj.root.pid);
+                let (cg, origin) = self.view.cgroup_of(pj.root.pid);
                 let mut job = Job::new(
                     pj.name.clone(),
                     pj.root,
@@ -401,7 +401,7 @@ impl Engine {
                 job.launch = pj.launch.clone();
                 job.origin = origin;
                 job.cgroup_owner =
-                    crate::job::owner::of(&self.process_root, job.cgroup_dir.as_ref());
+                    self.view.cgroup_owner(job.cgroup_dir.as_ref());
                 // A pause held on goes on with its way out where it was. One that was undone ends
                 // its way out here, and the room it held is given back once the job fits (a new
                 // pause starts a new ladder).
@@ -417,21 +417,18 @@ impl Engine {
                 });
                 if let Some(c) = job.config.as_mut() {
                     // A rewrite may have landed after the last state save: the journal knows.
-                    let intents = intents.get_or_insert_with(|| {
-                        super::adapt::Intents::read(&self.cfg.state_dir.join(super::adapt::JOURNAL))
-                    });
-                    c.unconfirmed = intents.find(&pj.name, &c.file, c.generation + 1);
+                    c.unconfirmed = intents.and_then(|i| i.find(&pj.name, &c.file, c.generation + 1));
                 }
                 job.pidfd = self.host.pin(pj.root).ok().flatten();
                 job.freezer = self.freezer_of(pj.root, pj.owner_uid);
                 if let Some(id) = &pj.slurm {
                     // Its Slurm job's cgroup again, never frozen.
                     if let Some(c) =
-                        crate::slurm::find_job_on(&self.process_root, id, &self.slurm_node)
+                        self.view.slurm_job(id, &self.slurm_node)
                     {
                         job.cgroup_dir = Some(c.memory);
                         job.cgroup_owner =
-                            crate::job::owner::of(&self.process_root, job.cgroup_dir.as_ref());
+                            self.view.cgroup_owner(job.cgroup_dir.as_ref());
                     }
                     job.slurm = Some(id.clone());
                     job.freezer = None;
@@ -465,7 +462,9 @@ impl Engine {
             .values()
             .filter_map(|j| j.way_out.as_ref()?.swap.clone())
             .collect();
-        self.leftover_swaps = crate::act::swap::recorded(&self.cfg.state_dir)
+        self.leftover_swaps = left
+            .map(|l| l.swaps)
+            .unwrap_or_default()
             .into_iter()
             .filter(|r| !held.contains(r))
             .collect();

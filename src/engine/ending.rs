@@ -5,7 +5,6 @@ use nix::sys::signal::Signal;
 
 use super::Engine;
 use crate::act::audit::{Action, Reason};
-use crate::act::freeze::Freezing as _;
 use crate::act::signal;
 use crate::job::{EndedJob, Job};
 use crate::policy;
@@ -18,11 +17,11 @@ impl Engine {
     /// lives), every process in its own cgroup, and what a pause stopped; never memwatch itself.
     pub(super) fn job_members(&self, j: &Job) -> Vec<crate::proc::ProcRef> {
         let mut out: Vec<crate::proc::ProcRef> = Vec::new();
-        let root_alive = crate::proc::read_stat(&self.process_root, j.root.pid)
+        let root_alive = self.view.stat(j.root.pid)
             .is_ok_and(|s| s.start_time == j.root.start_time && s.state != 'Z');
         if root_alive {
-            if let Some(tree) = crate::proc::descendants(&self.process_root, j.root.pid) {
-                out.extend(tree.procs.iter().map(|p| p.proc_ref()));
+            if let Some(tree) = self.view.tree(j.root.pid) {
+                out.extend(tree.iter().map(|p| p.proc_ref()));
             }
         }
         let cgroup = j
@@ -32,21 +31,21 @@ impl Engine {
             .or(j.freezer.as_ref());
         if let Some(f) = cgroup {
             out.extend(
-                f.members()
+                self.members_of(f)
                     .into_iter()
-                    .filter_map(|pid| crate::proc::read_stat(&self.process_root, pid).ok())
+                    .filter_map(|pid| self.view.stat(pid).ok())
                     .map(|s| s.proc_ref()),
             );
         }
         if let Some(p) = &j.pause {
             out.extend(p.stopped.iter().copied());
         }
-        let me = std::process::id();
+        let me = self.view.own_pid();
         let mut seen = std::collections::HashSet::new();
         out.retain(|r| {
             r.pid != me
                 && seen.insert(r.pid)
-                && signal::owner_may_signal(&self.process_root, r.pid, j.owner_uid)
+                && self.view.owner_may_signal(r.pid, j.owner_uid)
         });
         out
     }
@@ -102,7 +101,7 @@ impl Engine {
             let now = j
                 .cgroup_dir
                 .as_ref()
-                .and_then(crate::sample::cgroup::read_oom_kills);
+                .and_then(|d| self.view.oom_kills(d));
             j.note_oom_kills(now);
         }
         let Some(j) = self.jobs.get(name) else {
@@ -122,14 +121,14 @@ impl Engine {
             continued += p.stopped.len().saturating_sub(gone.len());
             // Orphans: whatever of the job's own cgroup is still stopped.
             if let Some(f) = p.frozen().or(j.freezer.as_ref()) {
-                for pid in f.members() {
-                    let Ok(s) = crate::proc::read_stat(&self.process_root, pid) else {
+                for pid in self.members_of(f) {
+                    let Ok(s) = self.view.stat(pid) else {
                         continue;
                     };
                     let r = s.proc_ref();
                     if s.is_stopped()
                         && !p.stopped.contains(&r)
-                        && signal::owner_may_signal(&self.process_root, pid, j.owner_uid)
+                        && self.view.owner_may_signal(pid, j.owner_uid)
                         && self.host.signal(r, None, Signal::SIGCONT).is_ok()
                     {
                         continued += 1;

@@ -36,6 +36,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::act::audit::{Action, Audit, Event, Reason};
+use crate::act::view::HostView;
 use crate::job::{EndedJob, Growth, Job, JobView};
 use crate::policy;
 use crate::sample::Sample;
@@ -164,7 +165,6 @@ const DETAILED_CALM_MS: u64 = 300_000;
 pub struct Engine {
     /// What it reads of the configuration.
     cfg: Settings,
-    process_root: PathBuf,
     jobs: BTreeMap<String, Job>,
     policy: policy::State,
     audit: Audit,
@@ -199,6 +199,8 @@ pub struct Engine {
     effects: std::collections::VecDeque<Effect>,
     /// What acts on the host: processes, cgroups, limits, Slurm.
     host: Arc<dyn crate::act::driver::HostDriver>,
+    /// What the engine reads of the host: processes, cgroups, swap, Slurm's job cgroups.
+    view: Arc<dyn HostView>,
     /// The jobs config work runs for.
     adapting: std::collections::BTreeSet<String>,
     /// A PSI trigger on /proc/pressure/memory wakes the daemon.
@@ -220,6 +222,8 @@ pub struct Engine {
     slurm_node: String,
     /// When `handle_timeout` last ran: deadlines up to then are handled.
     timeouts_handled_ms: Option<u64>,
+    /// What the daemon before left beside its state file, until `recover` takes it.
+    left: Option<stores::LeftBehind>,
 }
 
 /// How many ended jobs the view keeps.
@@ -231,28 +235,32 @@ impl Engine {
     /// boot.
     pub fn open(cfg: Settings, clock_anchor: Option<crate::act::persist::ClockAnchor>) -> Self {
         let host = Arc::new(crate::act::driver::Host::new(&cfg.process_root));
+        let view = Arc::new(crate::act::view::RootView::new(&cfg.process_root));
         let stores = Stores::open(&cfg);
-        Self::with_host(cfg, clock_anchor, host, stores)
+        Self::with_host(cfg, clock_anchor, host, view, stores)
     }
 
     /// An engine with no jobs that acts on the host through `host` (a test's driver records
-    /// instead) and writes to `stores`. It does no I/O of its own.
+    /// instead), reads it through `view` and writes to `stores`. It does no I/O of its own.
     pub fn with_host(
         cfg: Settings,
         clock_anchor: Option<crate::act::persist::ClockAnchor>,
         host: Arc<dyn crate::act::driver::HostDriver>,
+        view: Arc<dyn HostView>,
         stores: Stores,
     ) -> Self {
         let Stores {
             state,
             audit,
             slurm_node,
+            left,
         } = stores;
         Engine {
             state,
             clock_anchor,
             effects: Default::default(),
             host,
+            view,
             ended: std::collections::VecDeque::new(),
             leftover_swaps: Vec::new(),
             clearing_leftover: Vec::new(),
@@ -261,9 +269,9 @@ impl Engine {
             slurm_checking: std::collections::BTreeSet::new(),
             slurm_node,
             timeouts_handled_ms: None,
+            left: Some(left),
             adapting: Default::default(),
             host_watched: false,
-            process_root: cfg.process_root.clone(),
             host_used: Growth::stepped(
                 cfg.sampling.growth_window_ms.0.max(HOST_WINDOW_MS),
                 HOST_STEP_MS,

@@ -12,7 +12,6 @@ use super::effect::Effect;
 use super::{Engine, PauseError};
 use crate::act::audit::{Action, Reason};
 use crate::act::driver::{Mechanism, SlurmAnswer, SlurmCall};
-use crate::act::freeze::Freezing as _;
 use crate::act::freeze::Frozen;
 use crate::job::{Pause, PausePhase};
 
@@ -62,7 +61,7 @@ impl Engine {
                 } else {
                     j.freezer
                         .clone()
-                        .filter(|f| f.within_reach(&self.process_root, j.owner_uid))
+                        .filter(|f| self.view.within_reach(f, j.owner_uid))
                 };
                 Mechanism::choose(suspend, candidate)
             }
@@ -162,14 +161,21 @@ impl Engine {
         }
     }
 
+    /// The processes in the frozen cgroup and below it, as the host shows them now.
+    pub(super) fn members_of(&self, f: &Frozen) -> Vec<u32> {
+        let mut pids = Vec::new();
+        self.view.pids_below(&f.dir, &mut pids);
+        pids
+    }
+
     /// The cgroup a job rooted at `root` owns, if any (a walk of its tree; full samples refresh it).
     pub(super) fn freezer_of(&self, root: crate::proc::ProcRef, owner: u32) -> Option<Frozen> {
-        let tree = crate::proc::descendants(&self.process_root, root.pid)?;
-        if tree.procs.first()?.start_time != root.start_time {
+        let tree = self.view.tree(root.pid)?;
+        if tree.first()?.start_time != root.start_time {
             return None;
         }
-        let pids: Vec<u32> = tree.procs.iter().map(|p| p.pid).collect();
-        crate::act::freeze::owned(&self.process_root, &pids, owner)
+        let pids: Vec<u32> = tree.iter().map(|p| p.pid).collect();
+        self.view.freezer_of(&pids, owner)
     }
 
     /// The pause of `name` now holds.
@@ -499,13 +505,13 @@ impl Engine {
     /// Sends SIGCONT to every task of a Slurm job on this node, children first: what is left when
     /// Slurm cannot resume the job it suspended.
     pub(super) fn continue_tasks(&self, j: &crate::job::Job) {
-        for s in super::slurm::tasks_of(&self.process_root, j)
+        for s in super::slurm::tasks_of(self.view.as_ref(), j)
             .unwrap_or_default()
             .iter()
             .rev()
         {
             if s.is_stopped()
-                && crate::act::signal::owner_may_signal(&self.process_root, s.pid, j.owner_uid)
+                && self.view.owner_may_signal(s.pid, j.owner_uid)
             {
                 let _ = self.host.signal(s.proc_ref(), None, Signal::SIGCONT);
             }

@@ -126,7 +126,7 @@ impl Engine {
         let freezer = j
             .freezer
             .clone()
-            .filter(|f| f.version == dir.version && (j.owner_uid == 0 || !has_child_dirs(&f.dir)));
+            .filter(|f| f.version == dir.version && (j.owner_uid == 0 || !self.view.has_child_cgroups(&f.dir)));
         let how = match freezer {
             Some(f) => ReflexHow::Freeze(f),
             None if j.pidfd.is_some() => ReflexHow::Stop(j.root),
@@ -333,13 +333,4 @@ impl Engine {
             "undid the reflex's stop: the job was not the policy's to pause"
         );
     }
-}
-
-/// Whether `dir` has a subdirectory (a child cgroup).
-fn has_child_dirs(dir: &std::path::Path) -> bool {
-    std::fs::read_dir(dir).map_or(true, |entries| {
-        entries
-            .filter_map(Result::ok)
-            .any(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-    })
 }

@@ -6,6 +6,7 @@ use crate::act::audit::{Action, Reason};
 use crate::act::signal;
 use crate::act::slurm::Scontrol as _;
 use crate::act::slurm::{Slurmctl, Suspended};
+use crate::act::view::HostView;
 use crate::control::{Caller, Refusal};
 use crate::job::Job;
 use crate::proc::ProcRef;
@@ -28,12 +29,12 @@ pub(super) struct PendingSlurm {
 
 /// Every task of a Slurm job attached by id on this node, oldest first; the leader's tree alone for
 /// any other job (`None`: nothing to add to it).
-pub(super) fn tasks_of(process_root: &std::path::Path, j: &Job) -> Option<Vec<crate::proc::Stat>> {
+pub(super) fn tasks_of(view: &dyn HostView, j: &Job) -> Option<Vec<crate::proc::Stat>> {
     j.slurm.as_ref()?;
     let dir = j.cgroup_dir.as_ref()?;
     let mut pids = Vec::new();
-    crate::sample::cgroup::pids_below(&dir.dir, &mut pids);
-    Some(slurm::tasks_of(process_root, &pids))
+    view.pids_below(&dir.dir, &mut pids);
+    Some(view.slurm_tasks(&pids))
 }
 
 impl Engine {
@@ -44,7 +45,7 @@ impl Engine {
             return None;
         }
         let id = j.slurm_job_id()?;
-        let uid = slurm::find_job_on(&self.process_root, id, &self.slurm_node).and_then(|c| c.uid);
+        let uid = self.view.slurm_job(id, &self.slurm_node).and_then(|c| c.uid);
         if uid.is_some_and(|u| u != j.owner_uid) {
             tracing::warn!(
                 job = j.name,
@@ -116,7 +117,7 @@ impl Engine {
         let mut stopped =
             self.host
                 .stop_tree(j.root, j.pidfd.as_deref(), j.owner_uid, &j.pinned)?;
-        let tasks = tasks_of(&self.process_root, j).unwrap_or_default();
+        let tasks = tasks_of(self.view.as_ref(), j).unwrap_or_default();
         for top in slurm::tops(&tasks) {
             if stopped.iter().any(|r| r.pid == top.pid) {
                 continue;
@@ -205,13 +206,17 @@ impl Engine {
         caller: Caller,
         now_ms: u64,
     ) -> Result<Option<String>, Refusal> {
-        let cgroup = slurm::find_job_on(&self.process_root, id, &self.slurm_node);
+        let cgroup = self.view.slurm_job(id, &self.slurm_node);
         let tasks = match &cgroup {
-            Some(c) => slurm::tasks(&self.process_root, c),
+            Some(c) => {
+                let mut pids = Vec::new();
+                self.view.pids_below(&c.memory.dir, &mut pids);
+                self.view.slurm_tasks(&pids)
+            }
             // No cgroup plugin: Slurm's own list (only when asked, never in the waiting loop).
             None if !self.pending_slurm.contains_key(id) => {
                 match Slurmctl::new(&self.cfg.slurm, &self.slurm_node).listpids(id) {
-                    Ok(pids) => slurm::tasks_of(&self.process_root, &pids),
+                    Ok(pids) => self.view.slurm_tasks(&pids),
                     Err(e) => {
                         tracing::debug!(slurm_job_id = id, error = %e, "scontrol listpids");
                         Vec::new()
@@ -228,7 +233,7 @@ impl Engine {
             if let Some(c) = cgroup {
                 j.origin = crate::job::origin::of_path(&c.memory.path).or(j.origin.take());
                 j.cgroup_dir = Some(c.memory);
-                j.cgroup_owner = crate::job::owner::of(&self.process_root, j.cgroup_dir.as_ref());
+                j.cgroup_owner = self.view.cgroup_owner(j.cgroup_dir.as_ref());
             }
             // Slurm's processes share the job's cgroup: it is never memwatch's to freeze.
             j.freezer = None;

@@ -95,7 +95,7 @@ impl Engine {
     pub(in crate::engine) fn swap_plan(&self) -> swap::Plan {
         let w = &self.cfg.way_out;
         swap::Plan {
-            root: self.process_root.clone(),
+            root: self.cfg.process_root.clone(),
             state_dir: self.cfg.state_dir.clone(),
             zram: w.zram,
             swapfile_dir: (!w.swapfile_dir.as_os_str().is_empty()).then(|| w.swapfile_dir.clone()),
@@ -188,7 +188,7 @@ impl Engine {
             .jobs
             .get(name)
             .and_then(|j| j.way_out.as_ref()?.swap.as_ref())
-            .and_then(|r| swap::used_bytes(&self.process_root, &r.device));
+            .and_then(|r| self.view.swap_used(&r.device));
         if let (Some(used), Some(w)) = (
             used,
             self.jobs.get_mut(name).and_then(|j| j.way_out.as_mut()),

@@ -163,7 +163,7 @@ fn recovery_undoes_version_1_and_version_2_records() {
             .unwrap(),
         );
         let stores = memwatch::engine::Stores::open(&settings);
-        let mut fresh = memwatch::engine::Engine::with_host(settings, None, s.host.clone(), stores);
+        let mut fresh = memwatch::engine::Engine::with_host(settings, None, s.host.clone(), s.view(), stores);
         fresh.recover(Some(again), 5);
         let acts = s.host.acts();
         assert!(
@@ -195,7 +195,7 @@ fn an_unknown_mechanism_still_continues_its_processes() {
     let p = old.jobs[0].paused.as_ref().unwrap();
     assert_eq!(p.hold, memwatch::act::persist::HoldRecord::Unknown);
     let done =
-        memwatch::act::recover::undo_pause(s.host.as_ref(), &s.root(), &old.jobs[0]).unwrap();
+        memwatch::act::recover::undo_pause(s.host.as_ref(), s.view().as_ref(), &old.jobs[0]).unwrap();
     assert_eq!(done.continued, 1);
 }
 

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use memwatch::act::driver::{SlurmAnswer, SlurmCall};
+use memwatch::act::view::RootView;
 use memwatch::engine::{Effect, Engine, Outcome, Settings, Stores};
 
 use super::host::FakeHost;
@@ -172,7 +173,8 @@ impl Sim {
         let host = FakeHost::new(r, state.path());
         let settings = Settings::from(&cfg);
         let stores = Stores::open(&settings);
-        let engine = Engine::with_host(settings, None, host.clone(), stores);
+        let view = Arc::new(RootView::new(r));
+        let engine = Engine::with_host(settings, None, host.clone(), view, stores);
         let mut sim = Sim {
             _root: root,
             _state: state,
@@ -205,10 +207,15 @@ impl Sim {
         let state = memwatch::act::persist::load(&self.host.state_dir).unwrap();
         let settings = Settings::from(&cfg);
         let stores = Stores::open(&settings);
-        self.engine = Engine::with_host(settings, None, self.host.clone(), stores);
+        self.engine = Engine::with_host(settings, None, self.host.clone(), self.view(), stores);
         self.engine.recover(state, self.now);
         self.drain();
         self.check();
+    }
+
+    /// The engine's reads of the fixture.
+    pub fn view(&self) -> Arc<RootView> {
+        Arc::new(RootView::new(&self.host.root))
     }
 
     pub fn root(&self) -> PathBuf {

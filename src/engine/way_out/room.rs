@@ -135,13 +135,14 @@ impl Engine {
             return 0;
         };
         if dir.version == Version::V1 {
-            crate::sample::keyed::key_value(&dir.dir.join("memory.stat"), "swap")
-                .ok()
-                .flatten()
+            let file = "memory.stat";
+            self.view
+                .cgroup_file(dir, file)
+                .and_then(|t| crate::sample::keyed::stat_values(&dir.dir.join(file), &t, ["swap"])[0])
                 .unwrap_or(0)
         } else {
-            std::fs::read_to_string(dir.dir.join("memory.swap.current"))
-                .ok()
+            self.view
+                .cgroup_file(dir, "memory.swap.current")
                 .and_then(|s| s.trim().parse().ok())
                 .unwrap_or(0)
         }
@@ -172,7 +173,7 @@ impl Engine {
             let swapped = w
                 .swap
                 .as_ref()
-                .and_then(|r| swap::used_bytes(&self.process_root, &r.device))
+                .and_then(|r| self.view.swap_used(&r.device))
                 .unwrap_or(0);
             self.host_memory.is_some_and(|(a, t)| {
                 (a.saturating_sub(swapped) as f64)
@@ -235,7 +236,7 @@ impl Engine {
     /// Whether RAM can take back what `r` holds: the host's available memory covers its used pages with
     /// a margin, and the job's cgroup (if any) has room for what it swapped.
     pub(in crate::engine) fn swap_clearable(&self, job: Option<&str>, r: &swap::Record) -> bool {
-        let used = swap::used_bytes(&self.process_root, &r.device).unwrap_or(0);
+        let used = self.view.swap_used(&r.device).unwrap_or(0);
         let Some((available, total)) = self.host_memory else {
             return false;
         };

@@ -9,7 +9,6 @@ use crate::policy;
 use crate::sample::cgroup::Version;
 
 use super::{NoSwap, WayOutTask, WhyNot};
-use crate::act::freeze::Freezing as _;
 
 impl Engine {
     /// The urgent fix a job could take now: the generation of its newest pending change, if its
@@ -61,7 +60,7 @@ impl Engine {
     /// Why the job's cgroup forbids swap, if it does.
     pub(in crate::engine) fn swap_forbidden(&self, name: &str) -> Option<WhyNot> {
         let dir = self.jobs.get(name)?.cgroup_dir.as_ref()?;
-        let read = |f: &str| std::fs::read_to_string(dir.dir.join(f)).ok();
+        let read = |f: &str| self.view.cgroup_file(dir, f);
         let forbidden = |why| {
             Some(WhyNot::SwapForbidden {
                 dir: dir.dir.clone(),
@@ -97,7 +96,7 @@ impl Engine {
             .room_bytes(name)
             .min(self.cfg.way_out.swap_max_mib << 20);
         let zram =
-            self.cfg.way_out.zram && self.process_root.join("sys/class/zram-control").is_dir();
+            self.cfg.way_out.zram && self.view.zram_control();
         if zram {
             // Compressed pages live in RAM: never plan for more than half of what is left.
             bytes = bytes.min(available / 2);
@@ -224,7 +223,7 @@ impl Engine {
                 .way_out
                 .as_ref()
                 .and_then(|w| w.swap.as_ref())
-                .and_then(|r| crate::act::swap::used_bytes(&self.process_root, &r.device));
+                .and_then(|r| self.view.swap_used(&r.device));
             self.room_running_out(name, used).is_none()
         };
         if let Some(c) = self.jobs.get_mut(name).and_then(|j| j.config.as_mut()) {
@@ -291,15 +290,15 @@ impl Engine {
         };
         let mut stopped = p.stopped.clone();
         if let Some(f) = p.frozen() {
-            for pid in f.members() {
+            for pid in self.members_of(f) {
                 if pid == j.root.pid {
                     continue;
                 }
-                let Ok(s) = crate::proc::read_stat(&self.process_root, pid) else {
+                let Ok(s) = self.view.stat(pid) else {
                     continue;
                 };
                 let r = s.proc_ref();
-                if crate::act::signal::owner_may_signal(&self.process_root, pid, j.owner_uid)
+                if self.view.owner_may_signal(pid, j.owner_uid)
                     && self
                         .host
                         .signal(r, None, nix::sys::signal::Signal::SIGSTOP)

@@ -166,6 +166,7 @@ fn the_core_crates_module_graph_has_no_cycle() {
             "reason",
             "rewrite",
             "sample",
+            "seam",
             "slurm",
             "way_out"
         ],
@@ -176,6 +177,10 @@ fn the_core_crates_module_graph_has_no_cycle() {
     assert!(
         g.edges["proc"].contains("sample"),
         "the parsers share one error"
+    );
+    assert!(
+        g.edges["seam"].contains("held"),
+        "the host seam acts on the records' types"
     );
     for m in g.edges.keys() {
         assert!(!reach(&g, m).contains_key(m), "{m} reaches itself");

@@ -96,7 +96,7 @@ pub fn read(dir: &Path) -> Result<Option<String>, CgroupError> {
         Err(errno) => Err(CgroupError::Xattr {
             dir: dir.to_owned(),
             attr: OMIT,
-            errno,
+            errno: super::cgroup_error::errno(errno),
         }),
     }
 }
@@ -118,7 +118,7 @@ impl Marking for OomdMark {
             |errno| CgroupError::Xattr {
                 dir: self.dir.clone(),
                 attr: "user.oomd_omit=1",
-                errno,
+                errno: super::cgroup_error::errno(errno),
             },
         )
     }
@@ -139,7 +139,7 @@ impl Marking for OomdMark {
             Err(errno) => Err(CgroupError::Xattr {
                 dir: self.dir.clone(),
                 attr: OMIT,
-                errno,
+                errno: super::cgroup_error::errno(errno),
             }),
         }
     }

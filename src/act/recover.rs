@@ -8,7 +8,7 @@
 //! every stopped member of the job's current tree. A member a user had stopped by hand inside a job
 //! memwatch paused is continued too; that is the price of never leaving a job frozen.
 
-use nix::sys::signal::Signal;
+use crate::config::SignalName;
 
 use super::driver::{HostDriver, release};
 use super::persist::PersistedJob;
@@ -16,31 +16,6 @@ use super::view::HostView;
 
 /// What recovery did for one job.
 pub type Recovered = super::driver::Released;
-
-impl std::fmt::Display for Recovered {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if let Some(id) = &self.slurm_resumed {
-            write!(f, "resumed Slurm job {id} (scontrol resume); ")?;
-        }
-        match &self.thawed {
-            Some(dir) => write!(
-                f,
-                "thawed {} and continued {} process(es) a previous daemon had paused",
-                dir.display(),
-                self.continued
-            ),
-            None => write!(
-                f,
-                "continued {} process(es) a previous daemon had paused",
-                self.continued
-            ),
-        }?;
-        if self.unmarked > 0 {
-            write!(f, "; took {} systemd-oomd mark(s) off", self.unmarked)?;
-        }
-        Ok(())
-    }
-}
 
 /// Thaws and continues whatever the paused job `job` may have had stopped, from its record alone
 /// (`driver::release`), then every stopped member of its tree the record missed. `None` when the
@@ -69,7 +44,7 @@ pub fn undo_pause(
                 let r = proc.proc_ref();
                 if proc.is_stopped()
                     && !p.stopped.contains(&r)
-                    && host.signal(r, None, Signal::SIGCONT).is_ok()
+                    && host.signal(r, None, SignalName::CONT).is_ok()
                 {
                     out.continued += 1;
                 }

@@ -8,24 +8,7 @@ use nix::sys::signal::Signal;
 
 use crate::proc::{ProcRef, read_stat};
 
-/// Why a signal was not delivered.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SignalError {
-    /// The process exited, or its pid now belongs to another process.
-    #[error("process {0} is gone (exited, or its pid now belongs to another process)")]
-    Gone(u32),
-    /// The kernel refused (EPERM).
-    #[error("not permitted to signal process {0}")]
-    Denied(u32),
-    /// Anything else, with the OS's words.
-    #[error("signalling process {pid} failed: {reason}")]
-    Other {
-        /// The process.
-        pid: u32,
-        /// The OS's words.
-        reason: String,
-    },
-}
+pub use memwatch_core::seam::SignalError;
 
 /// The signal a configuration names ("SIGUSR1", "usr1", "10"), as nix's [`Signal`]: memwatch-core's
 /// table ([`SignalName`](crate::config::SignalName)) gives the number, nix the signal.
@@ -54,6 +37,14 @@ pub fn owner_may_freeze(root: &Path, pid: u32, owner: u32) -> bool {
             Ok(s) => s.uids[0] == owner || s.uids[2] == owner,
             Err(e) => e.is_gone(),
         }
+}
+
+/// nix's signal for the core's name (every standard signal has one).
+pub fn nix_signal(sig: crate::config::SignalName, pid: u32) -> Result<Signal, SignalError> {
+    Signal::try_from(sig.number()).map_err(|e| SignalError::Other {
+        pid,
+        reason: format!("{sig}: {e}"),
+    })
 }
 
 /// rustix's pid for ours (`None` for 0 or one beyond `i32`).

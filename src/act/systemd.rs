@@ -44,22 +44,7 @@ pub fn set_memory_max_args(bus: Bus, unit: &str, bytes: u64) -> Vec<String> {
     args
 }
 
-/// What came of a call the manager refused or never answered.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CallError {
-    /// The manager has no such unit loaded (a transient unit that ended is gone).
-    NoUnit(String),
-    /// Anything else: busctl's words, with the call.
-    Failed(String),
-}
-
-impl std::fmt::Display for CallError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            CallError::NoUnit(s) | CallError::Failed(s) => f.write_str(s),
-        }
-    }
-}
+pub use memwatch_core::seam::CallError;
 
 /// After a call to a unit's manager failed, the next call for that unit waits this long. The caller
 /// is the owner task, which must not wait on a bus that does not answer every turn (a loan whose

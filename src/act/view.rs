@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-pub use memwatch_core::host::HostView;
+pub use memwatch_core::seam::HostView;
 
 use crate::job::held::{CgroupOwner, Device, Frozen};
 use crate::job::origin::Origin;

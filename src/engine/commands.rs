@@ -399,7 +399,9 @@ impl Engine {
         if pid == 0 {
             return Err(Refusal::invalid("pid 0 is not a process"));
         }
-        let stat = self.view.stat(pid)
+        let stat = self
+            .view
+            .stat(pid)
             .map_err(|_| Refusal::not_found(format!("no process with pid {pid}")))?;
         if stat.is_kernel_thread() {
             return Err(Refusal::invalid(format!(
@@ -419,12 +421,18 @@ impl Engine {
             )));
         }
         // Attaching an ancestor of the daemon would pause the daemon with its tree.
-        if self.view.tree(pid).is_some_and(|t| t.iter().any(|p| p.pid == me)) {
+        if self
+            .view
+            .tree(pid)
+            .is_some_and(|t| t.iter().any(|p| p.pid == me))
+        {
             return Err(Refusal::invalid(format!(
                 "pid {pid} is an ancestor of the memwatch daemon; pausing it would pause memwatch"
             )));
         }
-        let status = self.view.status(pid)
+        let status = self
+            .view
+            .status(pid)
             .map_err(|e| Refusal::not_found(format!("cannot read pid {pid}: {e}")))?;
         let owner = status.uids[0];
         if !caller.is_root() && caller.uid != owner {

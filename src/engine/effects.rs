@@ -1,7 +1,7 @@
 //! Carrying out decisions: pausing and resuming trees, checkpoint requests, termination, and keeping
 //! the state file true so that no job is left frozen by a crash or a stop.
 
-use nix::sys::signal::Signal;
+use crate::config::SignalName;
 
 use super::Engine;
 use crate::act::audit::{Action, Reason};
@@ -25,7 +25,7 @@ pub enum PauseError {
 impl Engine {
     /// Signals a job's root through its kept pidfd (or, without one, by pid and start time), if its
     /// owner could signal it.
-    pub(super) fn signal_root(&self, j: &Job, sig: Signal) -> Result<(), signal::SignalError> {
+    pub(super) fn signal_root(&self, j: &Job, sig: SignalName) -> Result<(), signal::SignalError> {
         if !self.view.owner_may_signal(j.root.pid, j.owner_uid) {
             return Err(signal::SignalError::Denied(j.root.pid));
         }
@@ -49,7 +49,7 @@ impl Engine {
             }
             Decision::Checkpoint { job, cause, reason } => {
                 let name = self.cfg.policy.checkpoint_signal.clone();
-                let sig = crate::act::signal_by_name(&name);
+                let sig = crate::config::SignalName::parse(&name);
                 if let (Some(sig), Some(j), false) = (sig, self.jobs.get(&job), dry) {
                     // A Slurm job attached by id: every step's tasks, on every node (its leader
                     // alone when Slurm fails).
@@ -286,7 +286,7 @@ impl Engine {
                 .map(|s| s.proc_ref()),
         );
         for r in &members {
-            let _ = self.host.signal(*r, None, Signal::SIGTERM);
+            let _ = self.host.signal(*r, None, SignalName::TERM);
         }
         if let Some(p) = &j.pause {
             self.host.continue_tree(&p.stopped, j.pidfd.as_deref());
@@ -357,7 +357,9 @@ impl Engine {
         let intents = left.as_ref().map(|l| &l.intents);
         self.leftover_loans = state.loans;
         for pj in state.jobs {
-            let alive = self.view.stat(pj.root.pid)
+            let alive = self
+                .view
+                .stat(pj.root.pid)
                 .is_ok_and(|s| s.start_time == pj.root.start_time && s.state != 'Z');
             let swap_lost = pj
                 .way_out
@@ -400,8 +402,7 @@ impl Engine {
                 job.config = pj.config.clone();
                 job.launch = pj.launch.clone();
                 job.origin = origin;
-                job.cgroup_owner =
-                    self.view.cgroup_owner(job.cgroup_dir.as_ref());
+                job.cgroup_owner = self.view.cgroup_owner(job.cgroup_dir.as_ref());
                 // A pause held on goes on with its way out where it was. One that was undone ends
                 // its way out here, and the room it held is given back once the job fits (a new
                 // pause starts a new ladder).
@@ -417,18 +418,16 @@ impl Engine {
                 });
                 if let Some(c) = job.config.as_mut() {
                     // A rewrite may have landed after the last state save: the journal knows.
-                    c.unconfirmed = intents.and_then(|i| i.find(&pj.name, &c.file, c.generation + 1));
+                    c.unconfirmed =
+                        intents.and_then(|i| i.find(&pj.name, &c.file, c.generation + 1));
                 }
                 job.pidfd = self.host.pin(pj.root).ok().flatten();
                 job.freezer = self.freezer_of(pj.root, pj.owner_uid);
                 if let Some(id) = &pj.slurm {
                     // Its Slurm job's cgroup again, never frozen.
-                    if let Some(c) =
-                        self.view.slurm_job(id, &self.slurm_node)
-                    {
+                    if let Some(c) = self.view.slurm_job(id, &self.slurm_node) {
                         job.cgroup_dir = Some(c.memory);
-                        job.cgroup_owner =
-                            self.view.cgroup_owner(job.cgroup_dir.as_ref());
+                        job.cgroup_owner = self.view.cgroup_owner(job.cgroup_dir.as_ref());
                     }
                     job.slurm = Some(id.clone());
                     job.freezer = None;

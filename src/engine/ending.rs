@@ -1,7 +1,7 @@
 //! How jobs end: every process of a job memwatch may signal, killing what a `terminate` left after
 //! its grace, and dropping a job whose root exited without leaving any of it stopped.
 
-use nix::sys::signal::Signal;
+use crate::config::SignalName;
 
 use super::Engine;
 use crate::act::audit::{Action, Reason};
@@ -17,7 +17,9 @@ impl Engine {
     /// lives), every process in its own cgroup, and what a pause stopped; never memwatch itself.
     pub(super) fn job_members(&self, j: &Job) -> Vec<crate::proc::ProcRef> {
         let mut out: Vec<crate::proc::ProcRef> = Vec::new();
-        let root_alive = self.view.stat(j.root.pid)
+        let root_alive = self
+            .view
+            .stat(j.root.pid)
             .is_ok_and(|s| s.start_time == j.root.start_time && s.state != 'Z');
         if root_alive {
             if let Some(tree) = self.view.tree(j.root.pid) {
@@ -43,9 +45,7 @@ impl Engine {
         let me = self.view.own_pid();
         let mut seen = std::collections::HashSet::new();
         out.retain(|r| {
-            r.pid != me
-                && seen.insert(r.pid)
-                && self.view.owner_may_signal(r.pid, j.owner_uid)
+            r.pid != me && seen.insert(r.pid) && self.view.owner_may_signal(r.pid, j.owner_uid)
         });
         out
     }
@@ -68,7 +68,7 @@ impl Engine {
             };
             let members = self.job_members(j);
             for r in &members {
-                let _ = self.host.signal(*r, None, Signal::SIGKILL);
+                let _ = self.host.signal(*r, None, SignalName::KILL);
             }
             let cause = j.stop_cause.clone().unwrap_or(Reason::MaxPause);
             if let Some(j) = self.jobs.get_mut(&name) {
@@ -98,10 +98,7 @@ impl Engine {
         // The kernel's OOM killer may be what ended it: its cgroup's count read once more, while the
         // cgroup is still there (systemd removes a unit's cgroup with its last process).
         if let Some(j) = self.jobs.get_mut(name) {
-            let now = j
-                .cgroup_dir
-                .as_ref()
-                .and_then(|d| self.view.oom_kills(d));
+            let now = j.cgroup_dir.as_ref().and_then(|d| self.view.oom_kills(d));
             j.note_oom_kills(now);
         }
         let Some(j) = self.jobs.get(name) else {
@@ -129,7 +126,7 @@ impl Engine {
                     if s.is_stopped()
                         && !p.stopped.contains(&r)
                         && self.view.owner_may_signal(pid, j.owner_uid)
-                        && self.host.signal(r, None, Signal::SIGCONT).is_ok()
+                        && self.host.signal(r, None, SignalName::CONT).is_ok()
                     {
                         continued += 1;
                     }
@@ -139,8 +136,8 @@ impl Engine {
         if j.terminating_since_ms.is_some() {
             // Its end was asked for: what the root left behind goes too.
             for r in self.job_members(j) {
-                let _ = self.host.signal(r, None, Signal::SIGTERM);
-                let _ = self.host.signal(r, None, Signal::SIGCONT);
+                let _ = self.host.signal(r, None, SignalName::TERM);
+                let _ = self.host.signal(r, None, SignalName::CONT);
             }
         }
         let was_paused = j.pause.is_some();

@@ -6,7 +6,7 @@
 //! pause through Slurm stops this node's tasks first, with signals, and keeps them stopped until the
 //! job is resumed.
 
-use nix::sys::signal::Signal;
+use crate::config::SignalName;
 
 use super::effect::Effect;
 use super::{Engine, PauseError};
@@ -426,7 +426,7 @@ impl Engine {
             }
             (SlurmCall::Signal(_), Err(e)) => {
                 tracing::warn!(job = name, error = %e, "cannot signal the Slurm job; signalling its leader");
-                let sig = crate::act::signal_by_name(&self.cfg.policy.checkpoint_signal);
+                let sig = crate::config::SignalName::parse(&self.cfg.policy.checkpoint_signal);
                 if let (Some(sig), Some(j)) = (sig, self.jobs.get(name)) {
                     if let Err(e) = self.signal_root(j, sig) {
                         tracing::warn!(job = name, error = %e, "checkpoint signal failed");
@@ -510,10 +510,8 @@ impl Engine {
             .iter()
             .rev()
         {
-            if s.is_stopped()
-                && self.view.owner_may_signal(s.pid, j.owner_uid)
-            {
-                let _ = self.host.signal(s.proc_ref(), None, Signal::SIGCONT);
+            if s.is_stopped() && self.view.owner_may_signal(s.pid, j.owner_uid) {
+                let _ = self.host.signal(s.proc_ref(), None, SignalName::CONT);
             }
         }
     }

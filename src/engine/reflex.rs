@@ -12,7 +12,7 @@
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
-use nix::sys::signal::Signal;
+use crate::config::SignalName;
 
 use super::Engine;
 use crate::act::audit::{Action, Reason};
@@ -123,10 +123,9 @@ impl Engine {
         // A freezer of the memory cgroup's version whose members the owner could all signal at the
         // last full sample; for a job not root's, one cgroup without children (the reflex checks its
         // members again when it fires).
-        let freezer = j
-            .freezer
-            .clone()
-            .filter(|f| f.version == dir.version && (j.owner_uid == 0 || !self.view.has_child_cgroups(&f.dir)));
+        let freezer = j.freezer.clone().filter(|f| {
+            f.version == dir.version && (j.owner_uid == 0 || !self.view.has_child_cgroups(&f.dir))
+        });
         let how = match freezer {
             Some(f) => ReflexHow::Freeze(f),
             None if j.pidfd.is_some() => ReflexHow::Stop(j.root),
@@ -322,7 +321,7 @@ impl Engine {
                         .get(&fired.job)
                         .filter(|j| j.root == *root)
                         .and_then(|j| j.pidfd.clone());
-                    if let Err(e) = self.host.signal(*root, pidfd.as_deref(), Signal::SIGCONT) {
+                    if let Err(e) = self.host.signal(*root, pidfd.as_deref(), SignalName::CONT) {
                         tracing::warn!(pid = root.pid, error = %e, "cannot continue what the reflex stopped");
                     }
                 }

@@ -45,7 +45,10 @@ impl Engine {
             return None;
         }
         let id = j.slurm_job_id()?;
-        let uid = self.view.slurm_job(id, &self.slurm_node).and_then(|c| c.uid);
+        let uid = self
+            .view
+            .slurm_job(id, &self.slurm_node)
+            .and_then(|c| c.uid);
         if uid.is_some_and(|u| u != j.owner_uid) {
             tracing::warn!(
                 job = j.name,

@@ -11,15 +11,15 @@ use std::sync::{Arc, Mutex};
 use memwatch::act::cgroup_error::CgroupError;
 use memwatch::act::driver::{HostDriver, SlurmAnswer, SlurmCall};
 use memwatch::act::signal::SignalError;
+use memwatch::config::SignalName;
 use memwatch::job::held::{CgroupOwner, Frozen, Loan, OomdMark, Slurmctl};
 use memwatch::proc::ProcRef;
 use memwatch::sample::cgroup::CgroupDir;
-use nix::sys::signal::Signal;
 
 /// One thing the host was asked to do.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Act {
-    Signal(u32, Signal),
+    Signal(u32, SignalName),
     StopTree(u32),
     Continue(Vec<u32>),
     Freeze(PathBuf),
@@ -204,15 +204,15 @@ impl HostDriver for FakeHost {
         &self,
         target: ProcRef,
         _pinned: Option<&OwnedFd>,
-        sig: Signal,
+        sig: SignalName,
     ) -> Result<(), SignalError> {
         if !self.proc_dir(target.pid).is_dir() {
             return Err(SignalError::Gone(target.pid));
         }
         self.act(Act::Signal(target.pid, sig));
         match sig {
-            Signal::SIGSTOP => self.set_state(target.pid, 'T'),
-            Signal::SIGCONT => self.set_state(target.pid, 'S'),
+            SignalName::STOP => self.set_state(target.pid, 'T'),
+            SignalName::CONT => self.set_state(target.pid, 'S'),
             _ => {}
         }
         Ok(())
@@ -360,7 +360,7 @@ impl HostDriver for FakeHost {
             return Err(CgroupError::Xattr {
                 dir: mark.dir.clone(),
                 attr: "user.oomd_omit=1",
-                errno: rustix::io::Errno::OPNOTSUPP,
+                errno: memwatch::act::cgroup_error::Errno(95),
             });
         }
         self.act(Act::OomdMark(mark.dir.clone()));

@@ -163,7 +163,8 @@ fn recovery_undoes_version_1_and_version_2_records() {
             .unwrap(),
         );
         let stores = memwatch::engine::Stores::open(&settings);
-        let mut fresh = memwatch::engine::Engine::with_host(settings, None, s.host.clone(), s.view(), stores);
+        let mut fresh =
+            memwatch::engine::Engine::with_host(settings, None, s.host.clone(), s.view(), stores);
         fresh.recover(Some(again), 5);
         let acts = s.host.acts();
         assert!(
@@ -194,8 +195,8 @@ fn an_unknown_mechanism_still_continues_its_processes() {
     let old: memwatch::act::persist::Persisted = serde_json::from_str(&text).unwrap();
     let p = old.jobs[0].paused.as_ref().unwrap();
     assert_eq!(p.hold, memwatch::act::persist::HoldRecord::Unknown);
-    let done =
-        memwatch::act::recover::undo_pause(s.host.as_ref(), s.view().as_ref(), &old.jobs[0]).unwrap();
+    let done = memwatch::act::recover::undo_pause(s.host.as_ref(), s.view().as_ref(), &old.jobs[0])
+        .unwrap();
     assert_eq!(done.continued, 1);
 }
 

@@ -309,7 +309,7 @@ fn terminate_and_its_grace_end_at_their_deadlines() {
             assert!(
                 s.host
                     .acts()
-                    .contains(&Act::Signal(PID, nix::sys::signal::Signal::SIGTERM))
+                    .contains(&Act::Signal(PID, memwatch::config::SignalName::TERM))
             );
         }
         assert_eq!(

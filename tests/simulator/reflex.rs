@@ -3,12 +3,12 @@
 //! policy's pause held the same way, undone where it was not the policy's to make, and undone by a
 //! restarted daemon from its record alone.
 
+use memwatch::config::SignalName;
 use memwatch::engine::{ReflexHow, ReflexPlan};
 use memwatch::job::held::Frozen;
 use memwatch::proc::ProcRef;
 use memwatch::reflex::{Done, Fired};
 use memwatch::sample::cgroup::Version;
-use nix::sys::signal::Signal;
 
 use super::host::Act;
 use super::sim::{Kind, OWNER, PID, Sim, cgroup_dir};
@@ -180,7 +180,7 @@ fn a_reflex_not_the_policys_to_make_is_undone_or_left_to_the_pause_that_holds() 
     let p = s.pause().unwrap();
     assert_eq!(p.by, memwatch::policy::By::User, "the hand pause stays");
     assert!(
-        !s.host.acts()[before..].contains(&Act::Signal(PID, Signal::SIGCONT)),
+        !s.host.acts()[before..].contains(&Act::Signal(PID, SignalName::CONT)),
         "the held root was continued: {:?}",
         s.host.acts()
     );
@@ -204,7 +204,7 @@ fn a_reflex_not_the_policys_to_make_is_undone_or_left_to_the_pause_that_holds() 
     assert!(
         s.host
             .acts()
-            .contains(&Act::Signal(PID + 1, Signal::SIGCONT))
+            .contains(&Act::Signal(PID + 1, SignalName::CONT))
     );
     assert_eq!(s.host.state_of(PID + 1), Some('S'));
 }

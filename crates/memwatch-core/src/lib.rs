@@ -27,5 +27,6 @@ pub mod proc;
 pub mod reason;
 pub mod rewrite;
 pub mod sample;
+pub mod seam;
 pub mod slurm;
 pub mod way_out;

@@ -138,7 +138,9 @@ impl Engine {
             let file = "memory.stat";
             self.view
                 .cgroup_file(dir, file)
-                .and_then(|t| crate::sample::keyed::stat_values(&dir.dir.join(file), &t, ["swap"])[0])
+                .and_then(|t| {
+                    crate::sample::keyed::stat_values(&dir.dir.join(file), &t, ["swap"])[0]
+                })
                 .unwrap_or(0)
         } else {
             self.view

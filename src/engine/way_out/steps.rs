@@ -95,8 +95,7 @@ impl Engine {
         let mut bytes = self
             .room_bytes(name)
             .min(self.cfg.way_out.swap_max_mib << 20);
-        let zram =
-            self.cfg.way_out.zram && self.view.zram_control();
+        let zram = self.cfg.way_out.zram && self.view.zram_control();
         if zram {
             // Compressed pages live in RAM: never plan for more than half of what is left.
             bytes = bytes.min(available / 2);
@@ -208,7 +207,7 @@ impl Engine {
     ) -> Result<(), WhyNot> {
         let j = self.jobs.get(name).ok_or(WhyNot::Gone)?;
         let protocol = j.config.as_ref().is_some_and(|c| c.speaks_protocol());
-        let sig = crate::act::signal_by_name(&self.cfg.policy.checkpoint_signal);
+        let sig = crate::config::SignalName::parse(&self.cfg.policy.checkpoint_signal);
         // Relaunched by `memwatch launch`, or requeued by Slurm (which runs it again, from its
         // checkpoint if it saves one on SIGTERM).
         let restarted =
@@ -301,7 +300,7 @@ impl Engine {
                 if self.view.owner_may_signal(pid, j.owner_uid)
                     && self
                         .host
-                        .signal(r, None, nix::sys::signal::Signal::SIGSTOP)
+                        .signal(r, None, crate::config::SignalName::STOP)
                         .is_ok()
                 {
                     stopped.push(r);
@@ -321,7 +320,7 @@ impl Engine {
                 tracing::error!(cgroup = %f.dir.display(), error = %e, "cannot thaw for the checkpoint");
             }
         }
-        let _ = self.signal_root(j, nix::sys::signal::Signal::SIGCONT);
+        let _ = self.signal_root(j, crate::config::SignalName::CONT);
         if let Some(pause) = self.jobs.get_mut(name).and_then(|j| j.pause.as_mut()) {
             pause.mechanism = crate::act::driver::Mechanism::Signals;
         }

@@ -60,6 +60,27 @@ pub struct SignalName {
 }
 
 impl SignalName {
+    /// SIGSTOP: stops a process (it cannot be caught).
+    pub const STOP: SignalName = SignalName {
+        name: "SIGSTOP",
+        number: 19,
+    };
+    /// SIGCONT: continues a stopped process.
+    pub const CONT: SignalName = SignalName {
+        name: "SIGCONT",
+        number: 18,
+    };
+    /// SIGTERM: asks a process to end.
+    pub const TERM: SignalName = SignalName {
+        name: "SIGTERM",
+        number: 15,
+    };
+    /// SIGKILL: ends a process (it cannot be caught).
+    pub const KILL: SignalName = SignalName {
+        name: "SIGKILL",
+        number: 9,
+    };
+
     /// Parses "SIGUSR1", "usr1" (any case, spaces around ignored) or a number ("10").
     pub fn parse(text: &str) -> Option<SignalName> {
         let text = text.trim();
@@ -106,6 +127,18 @@ impl fmt::Display for SignalName {
 #[cfg(test)]
 mod tests {
     use super::SignalName;
+
+    #[test]
+    fn the_named_constants_are_those_of_the_table() {
+        for (c, name) in [
+            (SignalName::STOP, "SIGSTOP"),
+            (SignalName::CONT, "SIGCONT"),
+            (SignalName::TERM, "SIGTERM"),
+            (SignalName::KILL, "SIGKILL"),
+        ] {
+            assert_eq!(SignalName::parse(name), Some(c));
+        }
+    }
 
     #[test]
     fn names_numbers_and_case() {

@@ -1,0 +1,207 @@
+//! [`HostDriver`]: what the engine does to the host, and [`release`], which undoes a pause from its
+//! record alone through any driver.
+
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::Pinned;
+use super::error::{CgroupError, SignalError, SlurmError};
+use crate::config::SignalName;
+use crate::held::{Fired, Frozen, Loan, Mechanism, OomdMark, Slurmctl};
+use crate::host::ProcRef;
+use crate::sample::cgroup::CgroupDir;
+
+/// A call memwatch makes to Slurm for a whole job, on every node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SlurmCall {
+    /// `scontrol suspend`.
+    Suspend,
+    /// `scontrol resume`.
+    Resume,
+    /// `scontrol requeue`.
+    Requeue,
+    /// `scancel`.
+    Cancel,
+    /// `scancel --full --signal=NAME` (a name such as "USR1").
+    Signal(String),
+    /// While this node holds the job: its state and holds read back (`scontrol show job`), this
+    /// node's hold renewed, and the job suspended again if it was resumed behind this node's back.
+    Hold,
+    /// While Slurm holds the job suspended and this node does not: which nodes hold it (`scontrol
+    /// show job`, read only).
+    Holders,
+}
+
+/// What Slurm did with a call that went through.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SlurmAnswer {
+    /// What was asked.
+    Done,
+    /// A resume that was not made: these other nodes still hold the job suspended. This node's
+    /// hold is released.
+    KeptBy(Vec<String>),
+    /// A `Hold` found the job running and suspended it again.
+    Resuspended,
+    /// The nodes whose holds keep the job suspended now (a `Hold` that found it suspended, after
+    /// renewing this node's; `Holders`).
+    Holders(Vec<String>),
+}
+
+impl std::fmt::Display for SlurmCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SlurmCall::Suspend => f.write_str("scontrol suspend"),
+            SlurmCall::Resume => f.write_str("scontrol resume"),
+            SlurmCall::Requeue => f.write_str("scontrol requeue"),
+            SlurmCall::Cancel => f.write_str("scancel"),
+            SlurmCall::Signal(s) => write!(f, "scancel --signal={s}"),
+            SlurmCall::Hold | SlurmCall::Holders => f.write_str("scontrol show job"),
+        }
+    }
+}
+
+/// What memwatch does to the host on a job's behalf. Every method acts on exactly what it is given
+/// (a process named by pid and start time, a cgroup directory, a recorded loan); who may be acted on
+/// is decided before the call, by the engine.
+pub trait HostDriver: Send + Sync {
+    /// A pidfd on `target` once it is checked to be that process (its start time), kept from attach
+    /// on; `Ok(None)` where the kernel has none, `Err` when the process is not there.
+    fn pin(&self, target: ProcRef) -> Result<Option<Arc<OwnedFd>>, SignalError>;
+    /// Sends `sig` to exactly `target` (through `pinned` when given), or to nobody.
+    fn signal(
+        &self,
+        target: ProcRef,
+        pinned: Option<&OwnedFd>,
+        sig: SignalName,
+    ) -> Result<(), SignalError>;
+    /// Stops the tree under `root` on behalf of user `owner`, root first, then `members` (its
+    /// processes pinned at the last walk, `memwatch::act::pin::pin_members`); the processes it stopped.
+    fn stop_tree(
+        &self,
+        root: ProcRef,
+        pinned: Option<&OwnedFd>,
+        owner: u32,
+        members: &[Pinned],
+    ) -> Result<Vec<ProcRef>, SignalError>;
+    /// Continues `stopped`, children before parents; those that are gone.
+    fn continue_tree(&self, stopped: &[ProcRef], pinned: Option<&OwnedFd>) -> Vec<ProcRef>;
+    /// Freezes a cgroup: `Ok(true)` settled, `Ok(false)` still settling.
+    fn freeze(&self, cgroup: &Frozen) -> std::io::Result<bool>;
+    /// Thaws a cgroup; one that is gone is nothing to thaw.
+    fn thaw(&self, cgroup: &Frozen) -> std::io::Result<()>;
+    /// Runs one Slurm call for job `id`.
+    fn slurm(&self, ctl: &Slurmctl, call: &SlurmCall, id: &str) -> Result<SlurmAnswer, SlurmError>;
+    /// Raises a cgroup's limit as `loan` says.
+    fn set_limit(&self, loan: &Loan) -> Result<(), CgroupError>;
+    /// Puts a lent limit back once usage fits with `margin` to spare; `Ok(false)`: not yet.
+    fn restore_limit(&self, loan: &Loan, margin: u64) -> Result<bool, CgroupError>;
+    /// The cgroups systemd-oomd would choose among to kill the job in the cgroup v2 directory `cg`
+    /// (owned by user `owner`), each with the `user.oomd_omit` value it has now (`act::oomd`).
+    fn oomd_candidates(&self, cg: &CgroupDir, owner: u32) -> Vec<OomdMark>;
+    /// Sets `user.oomd_omit=1` on the mark's cgroup (nothing when it is set already).
+    fn oomd_mark(&self, mark: &OomdMark) -> Result<(), CgroupError>;
+    /// Puts back what the mark found there (no attribute, or the old value); a cgroup that is gone
+    /// is done.
+    fn oomd_unmark(&self, mark: &OomdMark) -> Result<(), CgroupError>;
+    /// What `job`'s reflex (`memwatch::reflex`) did, if it fired and the engine has not taken it over
+    /// yet (taken: the engine holds or undoes it, once). Asked before the engine stops the job
+    /// itself, so that a stop the reflex made is the pause.
+    fn fired_reflex(&self, _job: &str) -> Option<Fired> {
+        None
+    }
+}
+
+/// What undoing a pause did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Released {
+    /// How many recorded processes were continued.
+    pub continued: usize,
+    /// The cgroup that was thawed.
+    pub thawed: Option<PathBuf>,
+    /// The Slurm job resumed through Slurm.
+    pub slurm_resumed: Option<String>,
+    /// How many `user.oomd_omit` marks were taken off (their old values put back).
+    pub unmarked: usize,
+}
+
+impl std::fmt::Display for Released {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(id) = &self.slurm_resumed {
+            write!(f, "resumed Slurm job {id} (scontrol resume); ")?;
+        }
+        match &self.thawed {
+            Some(dir) => write!(
+                f,
+                "thawed {} and continued {} process(es) a previous daemon had paused",
+                dir.display(),
+                self.continued
+            ),
+            None => write!(
+                f,
+                "continued {} process(es) a previous daemon had paused",
+                self.continued
+            ),
+        }?;
+        if self.unmarked > 0 {
+            write!(f, "; took {} systemd-oomd mark(s) off", self.unmarked)?;
+        }
+        Ok(())
+    }
+}
+
+/// Undoes a pause from its record alone — the mechanism that held it, the processes stopped (root
+/// first) and the cgroups marked for systemd-oomd — with no config: Slurm resumes the job, the
+/// cgroup is thawed, the stopped processes are continued, children first, and the marks are taken
+/// off. Idempotent: continuing a running process, thawing a thawed cgroup or putting back a value
+/// already back changes nothing.
+pub fn release(
+    host: &dyn HostDriver,
+    mechanism: Option<&Mechanism>,
+    stopped: &[ProcRef],
+    oomd_omit: &[OomdMark],
+    pinned: Option<&OwnedFd>,
+) -> Released {
+    let mut out = Released {
+        unmarked: unmark(host, oomd_omit),
+        ..Released::default()
+    };
+    if let Some(s) = mechanism.and_then(Mechanism::suspended) {
+        match host.slurm(&s.ctl, &SlurmCall::Resume, &s.job_id) {
+            Ok(SlurmAnswer::KeptBy(nodes)) => {
+                tracing::info!(slurm_job_id = %s.job_id, holders = ?nodes, "released this node's hold on the Slurm job; other nodes still hold it suspended")
+            }
+            Ok(_) => out.slurm_resumed = Some(s.job_id.clone()),
+            // Already running, or gone: Slurm says which; the processes are continued either way.
+            Err(e) => {
+                tracing::error!(slurm_job_id = %s.job_id, error = %e, "cannot resume a Slurm job memwatch suspended")
+            }
+        }
+    }
+    if let Some(f) = mechanism.and_then(Mechanism::frozen) {
+        match host.thaw(f) {
+            Ok(()) => out.thawed = Some(f.dir.clone()),
+            Err(e) => {
+                tracing::error!(cgroup = %f.dir.display(), error = %e, "cannot thaw a cgroup memwatch froze")
+            }
+        }
+    }
+    let gone = host.continue_tree(stopped, pinned);
+    out.continued = stopped.len().saturating_sub(gone.len());
+    out
+}
+
+/// Takes off the marks a pause set for systemd-oomd; how many came off. A failure is logged: the
+/// pause ends all the same.
+pub fn unmark(host: &dyn HostDriver, marks: &[OomdMark]) -> usize {
+    marks
+        .iter()
+        .filter(|m| match host.oomd_unmark(m) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!(cgroup = %m.dir.display(), error = %e, "cannot take off the systemd-oomd mark memwatch set");
+                false
+            }
+        })
+        .count()
+}

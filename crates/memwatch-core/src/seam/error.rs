@@ -1,0 +1,166 @@
+//! The errors of the host seam: why a signal, a Slurm call or a cgroup change did not happen, each
+//! saying what and where (the pid, the command, the file), as data a caller can match.
+
+use std::path::PathBuf;
+
+/// How often a hold is written before memwatch gives up on it (another node wrote the comment in
+/// between: its read, our write, its write).
+pub const HOLD_TRIES: usize = 3;
+
+/// Why a signal was not delivered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SignalError {
+    /// The process exited, or its pid now belongs to another process.
+    #[error("process {0} is gone (exited, or its pid now belongs to another process)")]
+    Gone(u32),
+    /// The kernel refused (EPERM).
+    #[error("not permitted to signal process {0}")]
+    Denied(u32),
+    /// Anything else, with the OS's words.
+    #[error("signalling process {pid} failed: {reason}")]
+    Other {
+        /// The process.
+        pid: u32,
+        /// The OS's words.
+        reason: String,
+    },
+}
+
+/// Why a Slurm call gave no answer to go by: which command, and what Slurm (or the machine) said.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SlurmError {
+    /// The command could not run: nothing was done.
+    #[error("cannot run `{command}`: {reason}")]
+    Spawn {
+        /// The command line.
+        command: String,
+        /// The OS's words.
+        reason: String,
+    },
+    /// It ran and failed: nothing was done.
+    #[error("`{command}` failed ({status}): {stderr}")]
+    Failed {
+        /// The command line.
+        command: String,
+        /// How it exited.
+        status: String,
+        /// What it said.
+        stderr: String,
+    },
+    /// It did not finish in time and was killed: slurmctld may still have carried it out.
+    #[error("`{command}` did not finish within {timeout_ms} ms")]
+    Late {
+        /// The command line.
+        command: String,
+        /// The timeout.
+        timeout_ms: u64,
+    },
+    /// The job is in a state the call cannot act on.
+    #[error("the job is {0}")]
+    State(String),
+    /// `scontrol show job` named no state.
+    #[error("`scontrol show job` gave no JobState")]
+    NoState,
+    /// The call gave no answer, and the job's state read back is not what it asked for.
+    #[error("{call}; {state}")]
+    NotAsAsked {
+        /// The call's own failure.
+        call: Box<SlurmError>,
+        /// What the read back found (the job's state, or no state).
+        state: Box<SlurmError>,
+    },
+    /// The call gave no answer, and the job's state cannot be read back.
+    #[error("{call}; the job's state cannot be read back: {read}")]
+    Unreadable {
+        /// The call's own failure.
+        call: Box<SlurmError>,
+        /// The read's.
+        read: Box<SlurmError>,
+    },
+    /// The daemon's Slurm thread has too many calls queued: this one was not made.
+    #[error("too many Slurm calls are waiting")]
+    Busy,
+    /// Other nodes kept rewriting the job's holds.
+    #[error("the job's holds changed under every one of {HOLD_TRIES} writes")]
+    HoldsRace,
+}
+
+/// An OS error number (errno), shown in the OS's words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Errno(pub i32);
+
+impl Errno {
+    /// EIO: what an error with no number stands for.
+    pub const IO: Errno = Errno(5);
+
+    /// The number of `e`, else [`Errno::IO`].
+    pub fn of(e: &std::io::Error) -> Errno {
+        e.raw_os_error().map_or(Errno::IO, Errno)
+    }
+}
+
+impl std::fmt::Display for Errno {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::io::Error::from_raw_os_error(self.0).fmt(f)
+    }
+}
+
+/// What came of a call the manager refused or never answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallError {
+    /// The manager has no such unit loaded (a transient unit that ended is gone).
+    NoUnit(String),
+    /// Anything else: busctl's words, with the call.
+    Failed(String),
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::NoUnit(s) | CallError::Failed(s) => f.write_str(s),
+        }
+    }
+}
+
+/// A cgroup change that failed: a limit (a loan) or a systemd-oomd mark. Nothing was changed by the
+/// call that failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CgroupError {
+    /// Writing a cgroup file (a limit) failed.
+    #[error("{path}: {errno}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The OS's error.
+        errno: Errno,
+    },
+    /// Reading, setting or removing an extended attribute failed.
+    #[error("{dir} ({attr}): {errno}")]
+    Xattr {
+        /// The cgroup's directory.
+        dir: PathBuf,
+        /// The attribute, with the value written where one was.
+        attr: &'static str,
+        /// The OS's error.
+        errno: Errno,
+    },
+    /// The unit's manager refused or did not answer (a unit's limit goes through systemd).
+    #[error("{0}")]
+    Systemd(CallError),
+}
+
+impl CgroupError {
+    /// The error for writing `path`.
+    pub fn write(path: PathBuf, e: &std::io::Error) -> CgroupError {
+        CgroupError::Write {
+            path,
+            errno: Errno::of(e),
+        }
+    }
+}
+
+impl From<CallError> for CgroupError {
+    fn from(e: CallError) -> Self {
+        CgroupError::Systemd(e)
+    }
+}

@@ -1,0 +1,14 @@
+//! The host seam: what the engine reads of the host ([`HostView`]) and what it does to it
+//! ([`HostDriver`]), with their errors, and [`release`], which undoes a pause from its record alone
+//! through any driver. The `memwatch` crate implements both on the machine
+//! (`act::view::RootView`, `act::driver::Host`); a test's driver records instead.
+
+mod driver;
+mod error;
+mod pinned;
+mod view;
+
+pub use driver::{HostDriver, Released, SlurmAnswer, SlurmCall, release, unmark};
+pub use error::{CallError, CgroupError, Errno, HOLD_TRIES, SignalError, SlurmError};
+pub use pinned::{Pinned, pinned_open};
+pub use view::{HostView, may_signal};

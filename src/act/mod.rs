@@ -9,7 +9,6 @@ pub mod freeze;
 pub mod lend;
 pub mod oomd;
 pub mod pause;
-pub mod pause_record;
 pub mod persist;
 pub mod pin;
 pub mod recover;

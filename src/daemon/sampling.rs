@@ -36,7 +36,7 @@ pub(super) fn spawn_full(
         let jobs = plan
             .into_iter()
             .map(|p| {
-                let m = Measurement::of(
+                let m = crate::job::measure::measurement(
                     p.members_at_walk.as_ref(),
                     p.cgroup.as_ref(),
                     p.previous.as_ref(),

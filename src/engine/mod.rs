@@ -106,7 +106,7 @@ pub struct MeasurePlan {
     /// The measurement before, for CPU and growth.
     pub previous: Option<crate::job::JobSample>,
     /// While calm: the members of the job's cgroup at that measurement's walk. While they are the
-    /// same (and its usage close), the tree is not walked again (`job::measure::Measurement::of`).
+    /// same (and its usage close), the tree is not walked again (`job::measure::measurement`).
     pub members_at_walk: Option<crate::job::members::Members>,
     /// Its processes pinned at the last walk: a walk keeps those still alive.
     pub pinned: Vec<crate::proc::pinned::Pinned>,

@@ -35,7 +35,7 @@ impl Stores {
     pub fn open(cfg: &Settings) -> Stores {
         Stores {
             state: StateWriter::new(&cfg.state_dir),
-            audit: Audit::open(&cfg.state_dir, cfg.audit_max_bytes),
+            audit: crate::act::audit::open(&cfg.state_dir, cfg.audit_max_bytes),
             slurm_node: crate::act::slurm::node_name(&cfg.slurm),
             left: LeftBehind {
                 swaps: crate::act::swap::recorded(&cfg.state_dir),

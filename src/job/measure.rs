@@ -7,7 +7,7 @@ use super::members::Members;
 use crate::proc::{self, Memory, ProcRef};
 use crate::sample::cgroup::{self, CgroupDir, CgroupMemory};
 use crate::sample::gpu::GpuSample;
-pub use memwatch_core::job::{JobSample, ProcessSample};
+pub use memwatch_core::job::{JobSample, Measurement, ProcessSample};
 
 /// The memory cgroup a process lives in, and the container or Slurm job its cgroup path names: one
 /// read of /proc/PID/cgroup.
@@ -57,7 +57,7 @@ pub fn measure(
     now_ms: u64,
     previous: Option<&JobSample>,
 ) -> Option<(JobSample, Option<Members>)> {
-    let in_cgroup = cg.and_then(Members::read);
+    let in_cgroup = cg.and_then(super::members::read);
     let mut tree = proc::descendants(root, root_ref.pid)?;
     if tree.procs.first()?.start_time != root_ref.start_time {
         return None;
@@ -171,23 +171,6 @@ pub fn measure(
     Some((sample, in_cgroup.and_then(|m| m.holding(&pids))))
 }
 
-/// What a full sample learned of one job.
-#[derive(Debug, Clone)]
-pub enum Measurement {
-    /// Its tree, walked ([`measure`]).
-    Walked {
-        /// The measurement.
-        sample: JobSample,
-        /// The cgroup's members, when they hold the whole tree.
-        members: Option<Members>,
-    },
-    /// Its cgroup holds the same processes as at the last walk, its usage has not moved far from
-    /// that walk's and no OOM kill came: the tree was not walked; this is the cgroup now.
-    Unchanged(CgroupMemory),
-    /// Its root is gone, or was replaced.
-    Gone,
-}
-
 /// The job's cgroup, when it shows nothing a walk would need to see since the walk `previous` came
 /// from: the same `members`, usage within max(8 MiB, 5 %) of that walk's, and the same count of OOM
 /// kills. One read of each `cgroup.procs` and of the usage file instead of every process's.
@@ -206,23 +189,21 @@ pub fn unchanged(cg: &CgroupDir, members: &Members, previous: &JobSample) -> Opt
     })
 }
 
-impl Measurement {
-    /// A job's measurement: unchanged when `members` (those of its last walk) and
-    /// [`unchanged`] say so, else its tree walked.
-    pub fn of(
-        members: Option<&Members>,
-        cg: Option<&CgroupDir>,
-        previous: Option<&JobSample>,
-        walk: impl FnOnce() -> Option<(JobSample, Option<Members>)>,
-    ) -> Measurement {
-        if let (Some(m), Some(cg), Some(prev)) = (members, cg, previous) {
-            if let Some(now) = unchanged(cg, m, prev) {
-                return Measurement::Unchanged(now);
-            }
+/// A job's measurement: unchanged when `members` (those of its last walk) and [`unchanged`] say
+/// so, else its tree walked.
+pub fn measurement(
+    members: Option<&Members>,
+    cg: Option<&CgroupDir>,
+    previous: Option<&JobSample>,
+    walk: impl FnOnce() -> Option<(JobSample, Option<Members>)>,
+) -> Measurement {
+    if let (Some(m), Some(cg), Some(prev)) = (members, cg, previous) {
+        if let Some(now) = unchanged(cg, m, prev) {
+            return Measurement::Unchanged(now);
         }
-        match walk() {
-            Some((sample, members)) => Measurement::Walked { sample, members },
-            None => Measurement::Gone,
-        }
+    }
+    match walk() {
+        Some((sample, members)) => Measurement::Walked { sample, members },
+        None => Measurement::Gone,
     }
 }

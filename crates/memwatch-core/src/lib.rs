@@ -15,16 +15,20 @@
 
 pub mod adapt;
 pub mod advice;
+pub mod audit;
 pub mod check;
 pub mod collector;
 pub mod config;
+pub mod control;
 pub mod growth;
 pub mod held;
 pub mod host;
+pub mod human;
 pub mod job;
 pub mod policy;
 pub mod proc;
 pub mod reason;
+pub mod record;
 pub mod rewrite;
 pub mod sample;
 pub mod seam;

@@ -3,11 +3,14 @@
 //! Slurm job) and who owns its cgroup (`owner`), both read from its cgroup path; the pause memwatch
 //! holds on it (`Pause`, the one record) and what the API shows of it (`JobView`).
 
+mod attached;
+pub mod members;
 pub mod origin;
 pub mod owner;
 mod pause;
 mod view;
 
+pub use attached::{Job, MIN_GROWTH, Measurement};
 pub use pause::{GrowthAtPause, Held, Pause, PausePhase};
 pub use view::{EndedJob, JobView, Launched, Limit, PauseDeadline, tightest};
 

@@ -24,10 +24,10 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::job::held::{Frozen, Mechanism, OomdMark, Slurmctl, Suspended};
+use crate::held::{Frozen, Mechanism, OomdMark, Slurmctl, Suspended};
+use crate::host::ProcRef;
+use crate::host::Version;
 use crate::policy::By;
-use crate::proc::ProcRef;
-use crate::sample::cgroup::Version;
 
 /// The state file version this build writes.
 pub const VERSION: u32 = 4;

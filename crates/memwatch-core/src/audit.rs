@@ -1,0 +1,262 @@
+//! The audit log's records: what each event says (the action, the job, the typed reason, the
+//! numbers), and the in-memory list of the newest, served at /api/v1/events. One JSON object per
+//! event is also appended to `events.jsonl` by an [`EventSink`] (the `memwatch` crate's file
+//! writer); the line format is a wire and on-disk format.
+
+use std::collections::VecDeque;
+
+use serde::{Deserialize, Serialize};
+
+pub use crate::reason::Reason;
+
+/// What an event records. Serialized as its snake_case name (`stay_paused`, `way_out` …), and
+/// ordered by it (the counts per action list as they did when actions were strings).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// A job was attached (by a person, `memwatch launch`, a restarted daemon or Slurm).
+    Attach,
+    /// A job was detached, or its root exited.
+    Detach,
+    /// A job was paused.
+    Pause,
+    /// A job was resumed.
+    Resume,
+    /// A job was asked to save a checkpoint.
+    Checkpoint,
+    /// A job was asked to stop (SIGTERM to every process).
+    Terminate,
+    /// A job that did not stop within the grace got SIGKILL.
+    Kill,
+    /// A job reached the maximum pause and stays paused, as configured.
+    StayPaused,
+    /// A resource changed level.
+    Level,
+    /// The OOM killer ended processes in a job's cgroups (its step and task cgroups included).
+    OomKill,
+    /// A change to a job's training config was staged (written to its file).
+    Rewrite,
+    /// The trainer acknowledged changes as applied.
+    Applied,
+    /// The trainer answered that it cannot apply changes.
+    Declined,
+    /// An acknowledged change was seen to take effect.
+    Verified,
+    /// An acknowledged change was not seen to take effect in time.
+    Unverified,
+    /// A step of a job's way out of a memory pause.
+    WayOut,
+    /// A running job will reach a limit soon at its current growth.
+    NearExhaustion,
+    /// A collector started failing.
+    CollectorDown,
+    /// A failing collector works again.
+    CollectorUp,
+    /// Something memwatch tried failed.
+    Error,
+}
+
+impl Action {
+    /// The name the API, the events and the metrics use (as serialized).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Attach => "attach",
+            Action::Detach => "detach",
+            Action::Pause => "pause",
+            Action::Resume => "resume",
+            Action::Checkpoint => "checkpoint",
+            Action::Terminate => "terminate",
+            Action::Kill => "kill",
+            Action::StayPaused => "stay_paused",
+            Action::Level => "level",
+            Action::OomKill => "oom_kill",
+            Action::Rewrite => "rewrite",
+            Action::Applied => "applied",
+            Action::Declined => "declined",
+            Action::Verified => "verified",
+            Action::Unverified => "unverified",
+            Action::WayOut => "way_out",
+            Action::NearExhaustion => "near_exhaustion",
+            Action::CollectorDown => "collector_down",
+            Action::CollectorUp => "collector_up",
+            Action::Error => "error",
+        }
+    }
+
+    /// Every action, in the order the API's docs list them.
+    pub const ALL: [Action; 20] = [
+        Action::Attach,
+        Action::Detach,
+        Action::Pause,
+        Action::Resume,
+        Action::Checkpoint,
+        Action::Terminate,
+        Action::Kill,
+        Action::StayPaused,
+        Action::Level,
+        Action::OomKill,
+        Action::Rewrite,
+        Action::Applied,
+        Action::Declined,
+        Action::Verified,
+        Action::Unverified,
+        Action::WayOut,
+        Action::NearExhaustion,
+        Action::CollectorDown,
+        Action::CollectorUp,
+        Action::Error,
+    ];
+
+    /// The action of that name, if there is one.
+    pub fn parse(name: &str) -> Option<Action> {
+        Action::ALL.into_iter().find(|a| a.as_str() == name)
+    }
+
+    /// An event that is no intervention: not counted as one, and logged at info.
+    pub fn is_notice(self) -> bool {
+        matches!(
+            self,
+            Action::Level
+                | Action::OomKill
+                | Action::Error
+                | Action::CollectorDown
+                | Action::CollectorUp
+                | Action::NearExhaustion
+        )
+    }
+}
+
+impl Ord for Action {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_str().cmp(other.as_str())
+    }
+}
+
+impl PartialOrd for Action {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// One recorded intervention or level change.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// When it happened (engine clock, ms since the epoch).
+    pub timestamp_ms: u64,
+    /// What happened.
+    pub action: Action,
+    /// The job, or empty for host-wide events.
+    pub job: String,
+    /// The Slurm job the job belongs to, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm_job_id: Option<String>,
+    /// A short machine-readable cause: host_memory, job_cgroup, gpu_temperature, predicted, user …
+    /// (docs/api.md lists them all).
+    pub reason: Reason,
+    /// The numbers behind it, for people.
+    pub detail: String,
+    /// Decided in dry-run mode: recorded, not carried out.
+    pub dry_run: bool,
+}
+
+/// How many events the in-memory list keeps.
+pub const RECENT: usize = 500;
+
+/// Where recorded events go besides memory: the file's writer. It must not wait on the disk.
+pub trait EventSink: Send {
+    /// Takes one event to keep (a failure is the sink's to report).
+    fn append(&mut self, e: &Event);
+}
+
+/// A sink that keeps nothing: a log in memory only.
+#[derive(Debug, Default)]
+pub struct NoSink;
+
+impl EventSink for NoSink {
+    fn append(&mut self, _: &Event) {}
+}
+
+/// The audit log: the newest events in memory (at most [`RECENT`]), each also handed to its sink.
+pub struct Audit {
+    recent: VecDeque<Event>,
+    sink: Box<dyn EventSink>,
+}
+
+impl Audit {
+    /// A log that starts with the newest of `loaded` (oldest first) and hands new events to `sink`.
+    pub fn new(loaded: impl IntoIterator<Item = Event>, sink: Box<dyn EventSink>) -> Audit {
+        let mut recent = VecDeque::new();
+        for e in loaded {
+            if recent.len() == RECENT {
+                recent.pop_front();
+            }
+            recent.push_back(e);
+        }
+        Audit { recent, sink }
+    }
+
+    /// The newest events in memory, oldest first.
+    pub fn recent(&self) -> impl Iterator<Item = &Event> {
+        self.recent.iter()
+    }
+
+    /// Records an event: in memory at once, and through the sink.
+    pub fn record(&mut self, e: Event) {
+        self.sink.append(&e);
+        if self.recent.len() == RECENT {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(e);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn action_names_are_the_serialized_ones_and_parse_back() {
+        let mut seen = std::collections::BTreeSet::new();
+        for a in Action::ALL {
+            assert_eq!(serde_json::to_value(a).unwrap(), a.as_str());
+            assert_eq!(Action::parse(a.as_str()), Some(a));
+            assert!(seen.insert(a.as_str()), "{} twice", a.as_str());
+        }
+        assert_eq!(Action::parse("reboot"), None);
+        // An events.jsonl line with an action this version does not know is skipped, not fatal.
+        let line = r#"{"timestamp_ms":1,"action":"reboot","job":"","reason":"","detail":"","dry_run":false}"#;
+        assert!(serde_json::from_str::<Event>(line).is_err());
+    }
+
+    /// The list keeps the newest `RECENT`, loaded or recorded, and hands every recorded one (only
+    /// those) to the sink.
+    #[test]
+    fn the_newest_are_kept_and_each_recorded_one_goes_to_the_sink() {
+        use std::sync::{Arc, Mutex};
+        struct Kept(Arc<Mutex<Vec<u64>>>);
+        impl EventSink for Kept {
+            fn append(&mut self, e: &Event) {
+                self.0.lock().unwrap().push(e.timestamp_ms);
+            }
+        }
+        let event = |t| Event {
+            timestamp_ms: t,
+            action: Action::Pause,
+            job: "j".into(),
+            slurm_job_id: None,
+            reason: Reason::HostMemory,
+            detail: String::new(),
+            dry_run: false,
+        };
+        let kept = Arc::new(Mutex::new(Vec::new()));
+        let loaded = (0..RECENT as u64 + 10).map(event);
+        let mut a = Audit::new(loaded, Box::new(Kept(kept.clone())));
+        assert_eq!(a.recent().count(), RECENT);
+        assert_eq!(a.recent().next().unwrap().timestamp_ms, 10);
+        a.record(event(9_999));
+        assert_eq!(a.recent().count(), RECENT);
+        assert_eq!(a.recent().next().unwrap().timestamp_ms, 11);
+        assert_eq!(a.recent().last().unwrap().timestamp_ms, 9_999);
+        assert_eq!(*kept.lock().unwrap(), [9_999]);
+    }
+}

@@ -1,9 +1,13 @@
 //! How the core names what it never touches on the host: a process by its pid and start time, a
-//! cgroup hierarchy by its version. `memwatch::proc` and `memwatch::sample::cgroup` read them from
+//! cgroup hierarchy by its version, a process pinned by a pidfd as an opaque handle. `memwatch::proc` and `memwatch::sample::cgroup` read them from
 //! /proc and cgroupfs and re-export them; the seam through which the engine reads and acts is
 //! [`crate::seam`].
 
 use serde::{Deserialize, Serialize};
+
+mod pinned;
+
+pub use pinned::{Pinned, pinned_open};
 
 /// A process that cannot be confused with a later one that reuses its pid: pid plus start time
 /// (clock ticks after boot, field 22 of /proc/PID/stat).

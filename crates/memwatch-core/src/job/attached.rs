@@ -42,7 +42,7 @@ pub struct Job {
     pub pidfd: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
     /// The processes below the root pinned at the last walk (`act::pin::pin_members`): a pause
     /// signals them through their pidfds before it reads anything.
-    pub pinned: Vec<crate::seam::Pinned>,
+    pub pinned: Vec<crate::host::Pinned>,
     /// The cgroup the job owns (and a pause would freeze), as of the last full sample.
     pub freezer: Option<crate::held::Frozen>,
     /// The kernel wakes the daemon when this job's cgroup crosses a threshold (see `wake`).

@@ -5,10 +5,9 @@
 
 mod driver;
 mod error;
-mod pinned;
 mod view;
 
+pub use crate::host::{Pinned, pinned_open};
 pub use driver::{HostDriver, Released, SlurmAnswer, SlurmCall, release, unmark};
 pub use error::{CallError, CgroupError, Errno, HOLD_TRIES, SignalError, SlurmError};
-pub use pinned::{Pinned, pinned_open};
 pub use view::{HostView, may_signal};

@@ -6,7 +6,7 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::host::ProcRef;
+use super::ProcRef;
 
 /// The pinned processes' descriptors open now, over every job (`memwatch::act::pin::pin_limit`
 /// bounds them).

@@ -10,7 +10,7 @@ use anyhow::Context as _;
 use crate::act::persist::{self, StateLock};
 use crate::clock::Clock;
 use crate::config::{self, Config};
-use crate::engine::{Engine, Settings, Stores};
+use crate::engine::{Engine, Settings};
 use crate::guardian::Guardian;
 use crate::sample::Sampler;
 use crate::sample::gpu::GpuSource;
@@ -73,8 +73,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let armory = Arc::new(crate::reflex::Armory::default());
     let host = crate::act::driver::Host::with_armory(&config.host.process_root, armory.clone());
     let settings = Settings::from(&config);
-    let stores = Stores::open(&settings);
-    let view = Arc::new(crate::act::view::RootView::new(&config.host.process_root));
+    let stores = crate::engine::open_stores(&settings);
+    let view = Arc::new(crate::view::RootView::new(&config.host.process_root));
     let mut engine = Engine::with_host(settings, Some(anchor), Arc::new(host), view, stores);
     engine.recover(previous, clock.now_ms());
     let bound = servers::bind(&config).await?;
@@ -154,7 +154,7 @@ fn guardian(config: &Config) -> Option<Guardian> {
 fn notifications(config: &Config, shared: &Shared, engine: &mut Engine) {
     let host = crate::sample::hostname(&config.host.root).unwrap_or_else(|| "memwatch".into());
     if let Some(outbox) = crate::notify::start(&config.notify, host, shared.notify.clone()) {
-        engine.set_outbox(outbox);
+        engine.set_outbox(Box::new(outbox));
     }
 }
 

@@ -260,7 +260,7 @@ pub fn recover(state_dir: &Path, process_root: &Path) -> Result<usize, RecoverEr
     };
     let mut resumed = 0;
     let host = crate::act::driver::Host::new(process_root);
-    let view = crate::act::view::RootView::new(process_root);
+    let view = crate::view::RootView::new(process_root);
     for job in &mut state.jobs {
         if let Some(done) = crate::act::recover::undo_pause(&host, &view, job) {
             tracing::warn!(job = %job.name, "{done}");

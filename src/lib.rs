@@ -27,6 +27,8 @@ pub mod sample;
 pub mod sd_notify;
 pub mod shared;
 pub mod slurm;
+pub mod view;
 pub mod wake;
+pub mod work;
 
 pub use memwatch_core::{advice, check, config, policy, reason};

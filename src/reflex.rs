@@ -82,9 +82,7 @@ pub struct Reflex {
     act: Act,
 }
 
-/// The fastest growth a v2 reflex's reads keep up with (bytes/s), and the engine's probing: one
-/// process touching fresh pages on one core reaches about 2.7 GiB/s on the development machine.
-pub const FASTEST_GROWTH: f64 = 4.0 * 1024.0 * 1024.0 * 1024.0;
+pub use memwatch_core::held::FASTEST_GROWTH;
 /// The shortest time between two reads of a v2 job's usage: 4 MiB of growth at 4 GiB/s.
 pub const POLL_MIN: Duration = Duration::from_millis(1);
 /// The longest: the room of 4 GiB to the line, or more.

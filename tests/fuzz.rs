@@ -136,7 +136,7 @@ fn the_control_protocol_never_panics() {
         state.path()
     );
     let config = memwatch::config::parse(&text).unwrap();
-    let engine = std::cell::RefCell::new(memwatch::engine::Engine::open(
+    let engine = std::cell::RefCell::new(memwatch::engine::open(
         memwatch::engine::Settings::from(&config),
         None,
     ));

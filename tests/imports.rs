@@ -159,6 +159,7 @@ fn the_core_crates_module_graph_has_no_cycle() {
             "collector",
             "config",
             "control",
+            "engine",
             "growth",
             "held",
             "host",
@@ -186,6 +187,13 @@ fn the_core_crates_module_graph_has_no_cycle() {
         g.edges["seam"].contains("held"),
         "the host seam acts on the records' types"
     );
+    assert!(
+        g.edges["engine"].contains("seam"),
+        "the engine reads and acts through the seam"
+    );
+    for (m, imported) in &g.edges {
+        assert!(!imported.contains("engine"), "{m} imports the engine");
+    }
     for m in g.edges.keys() {
         assert!(!reach(&g, m).contains_key(m), "{m} reaches itself");
     }

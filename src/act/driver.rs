@@ -1,6 +1,6 @@
-//! The host seam. Every change memwatch makes to a job's processes, cgroups, limits and Slurm job
-//! goes through a [`HostDriver`]: [`Host`] makes it on this machine; a test's driver records it
-//! instead (the engine's simulator, `tests/simulator.rs`). Which mechanism holds one job's pause is
+//! The host seam on this machine. Every change memwatch makes to a job's processes, cgroups, limits
+//! and Slurm job goes through a [`HostDriver`] (memwatch-core's `seam`): [`Host`] makes it here; the
+//! engine's simulator (memwatch-core's `engine::sim`) records it instead. Which mechanism holds one job's pause is
 //! a closed enum, [`Mechanism`], chosen for the job in one function ([`Mechanism::choose`]), and
 //! undone from its record alone ([`release`]): what a restarted daemon and the guardian do, with no
 //! config.

@@ -16,7 +16,6 @@ pub mod signal;
 pub mod slurm;
 pub mod swap;
 pub mod systemd;
-pub mod view;
 
 pub use memwatch_core::slurm::holds as slurm_holds;
 pub use signal::signal_by_name;

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 pub use memwatch_core::record::{
     ClockAnchor, HoldRecord, Persisted, PersistedJob, PersistedPause, PhaseRecord, STATE_FILE,
-    StateReadError, StateWriteError, VERSION,
+    StateReadError, StateStore, StateWriteError, VERSION,
 };
 
 /// Writes `bytes` to `path` so that a crash leaves the old file or the new one: a temp file in the
@@ -103,6 +103,12 @@ impl StateWriter {
 
     /// Writes `state` if it differs from what was last written. An error means nothing was recorded.
     pub fn write(&mut self, state: &Persisted) -> std::io::Result<()> {
+        StateStore::write(self, state)
+    }
+}
+
+impl StateStore for StateWriter {
+    fn write(&mut self, state: &Persisted) -> std::io::Result<()> {
         let bytes = serde_json::to_vec_pretty(state).map_err(std::io::Error::other)?;
         if bytes == self.last {
             return Ok(());
@@ -116,8 +122,7 @@ impl StateWriter {
         Ok(())
     }
 
-    /// Forgets what was written, so the next `write` writes (after another process changed the file).
-    pub fn invalidate(&mut self) {
+    fn invalidate(&mut self) {
         self.last.clear();
     }
 }

@@ -7,60 +7,22 @@
 //! stopped processes can be short of the truth (the kill landed mid-walk), so recovery also continues
 //! every stopped member of the job's current tree. A member a user had stopped by hand inside a job
 //! memwatch paused is continued too; that is the price of never leaving a job frozen.
-
-use crate::config::SignalName;
-
-use super::driver::{HostDriver, release};
-use super::persist::PersistedJob;
-use super::view::HostView;
+//!
+//! `undo_pause` is memwatch-core's (`seam`): it acts through any `HostDriver` and reads through any
+//! `HostView`; here it is given the machine's.
 
 /// What recovery did for one job.
 pub type Recovered = super::driver::Released;
 
-/// Thaws and continues whatever the paused job `job` may have had stopped, from its record alone
-/// (`driver::release`), then every stopped member of its tree the record missed. `None` when the
-/// record holds no pause.
-pub fn undo_pause(
-    host: &dyn HostDriver,
-    view: &dyn HostView,
-    job: &PersistedJob,
-) -> Option<Recovered> {
-    let p = job.paused.as_ref()?;
-    let mechanism = p.hold.mechanism();
-    if mechanism.is_none() {
-        tracing::warn!(
-            job = job.name,
-            "a pause held by a mechanism this version does not know; continuing its processes"
-        );
-    }
-    let mut out = release(host, mechanism.as_ref(), &p.stopped, &p.oomd_omit, None);
-    // Whatever of the tree is still stopped: members the record missed.
-    let root_is_ours = view
-        .stat(job.root.pid)
-        .is_ok_and(|s| s.start_time == job.root.start_time && s.state != 'Z');
-    if root_is_ours {
-        if let Some(tree) = view.tree(job.root.pid) {
-            for proc in tree.iter().rev() {
-                let r = proc.proc_ref();
-                if proc.is_stopped()
-                    && !p.stopped.contains(&r)
-                    && host.signal(r, None, SignalName::CONT).is_ok()
-                {
-                    out.continued += 1;
-                }
-            }
-        }
-    }
-    Some(out)
-}
+pub use memwatch_core::seam::undo_pause;
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::act::oomd::Marking as _;
-    use crate::act::persist::{HoldRecord, PersistedPause, PhaseRecord};
-    use crate::act::view::RootView;
+    use crate::act::persist::{HoldRecord, PersistedJob, PersistedPause, PhaseRecord};
     use crate::proc::ProcRef;
+    use crate::view::RootView;
     use std::path::Path;
 
     /// A job a killed daemon had suspended through Slurm is resumed through Slurm: the recorded

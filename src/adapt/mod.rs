@@ -4,11 +4,6 @@
 
 pub use memwatch_core::adapt::*;
 
-/// The kernel's random pool failed: no job token, rather than a guessable one.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("cannot make a job token: getrandom: {0}")]
-pub struct TokenError(rustix::io::Errno);
-
 /// A new job token: 128 bits from the kernel's random pool (getrandom(2), which blocks only until the
 /// pool is first seeded at boot). Fails rather than hand out a guessable token.
 pub fn new_token() -> Result<String, TokenError> {
@@ -18,7 +13,7 @@ pub fn new_token() -> Result<String, TokenError> {
         match rustix::rand::getrandom(&mut buf[filled..], rustix::rand::GetRandomFlags::empty()) {
             Ok(n) => filled += n,
             Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(TokenError(e)),
+            Err(e) => return Err(TokenError(memwatch_core::host::Errno(e.raw_os_error()))),
         }
     }
     Ok(token_text(&buf))

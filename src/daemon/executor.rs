@@ -105,16 +105,17 @@ impl Executor {
             Effect::WayOut(task) => {
                 let tx = self.outcomes.clone();
                 tokio::task::spawn_blocking(move || {
-                    let _ =
-                        tx.blocking_send(Outcome::WayOut(crate::engine::run_way_out_task(task)));
+                    let _ = tx.blocking_send(Outcome::WayOut(
+                        crate::work::way_out::run_way_out_task(task),
+                    ));
                 });
                 None
             }
             Effect::Adapt(task) => {
                 let tx = self.outcomes.clone();
                 tokio::task::spawn_blocking(move || {
-                    let _ =
-                        tx.blocking_send(Outcome::Adapted(crate::engine::run_adapt_task(*task)));
+                    let _ = tx
+                        .blocking_send(Outcome::Adapted(crate::work::adapt::run_adapt_task(*task)));
                 });
                 None
             }

@@ -91,9 +91,9 @@ pub struct Outbox {
     stats: Arc<Stats>,
 }
 
-impl Outbox {
+impl memwatch_core::audit::Notify for Outbox {
     /// Offers an event; never waits. An event that is no notice is ignored.
-    pub fn offer(&self, e: &Event) {
+    fn offer(&self, e: &Event) {
         if kind_of(e).is_some() && self.tx.try_send(e.clone()).is_err() {
             self.stats.add("*", "dropped");
         }

@@ -168,6 +168,13 @@ pub trait EventSink: Send {
     fn append(&mut self, e: &Event);
 }
 
+/// Where events people are told about go (`[notify]`: the `memwatch` crate's `notify::Outbox`). It
+/// never waits.
+pub trait Notify: Send {
+    /// Offers an event; one that is no notice is ignored.
+    fn offer(&self, e: &Event);
+}
+
 /// A sink that keeps nothing: a log in memory only.
 #[derive(Debug, Default)]
 pub struct NoSink;

@@ -60,3 +60,23 @@ impl std::fmt::Display for Version {
         write!(f, "{}", u8::from(*self))
     }
 }
+
+/// An OS error number (errno), shown in the OS's words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Errno(pub i32);
+
+impl Errno {
+    /// EIO: what an error with no number stands for.
+    pub const IO: Errno = Errno(5);
+
+    /// The number of `e`, else [`Errno::IO`].
+    pub fn of(e: &std::io::Error) -> Errno {
+        e.raw_os_error().map_or(Errno::IO, Errno)
+    }
+}
+
+impl std::fmt::Display for Errno {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::io::Error::from_raw_os_error(self.0).fmt(f)
+    }
+}

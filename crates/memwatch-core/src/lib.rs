@@ -20,6 +20,7 @@ pub mod check;
 pub mod collector;
 pub mod config;
 pub mod control;
+pub mod engine;
 pub mod growth;
 pub mod held;
 pub mod host;

@@ -1,6 +1,8 @@
 //! A paused job's way out, as memwatch goes down the ladder: where it is, what it tried, and the room it
 //! holds for the job (emergency swap, a lent limit) until the job fits again.
 
+use std::path::PathBuf;
+
 use serde::{Deserialize, Serialize};
 
 use crate::config::Step;
@@ -112,6 +114,111 @@ impl WayOut {
             .collect::<Vec<_>>()
             .join("; ")
     }
+}
+
+/// How emergency swap may be made.
+#[derive(Debug, Clone)]
+pub struct SwapPlan {
+    /// The root under which /sys, /proc and /dev are (the process root).
+    pub root: PathBuf,
+    /// Where a record of each swap device is written before it exists (so a successor can clear
+    /// it).
+    pub state_dir: PathBuf,
+    /// Whether to use zram where the kernel has it.
+    pub zram: bool,
+    /// A directory on a local disk for a swapfile, if any.
+    pub swapfile_dir: Option<PathBuf>,
+}
+
+/// Why emergency swap could not be made or removed: what, and where (the file, the directory, the
+/// tool). What was made half-way is undone before it is returned.
+#[derive(Debug, thiserror::Error)]
+pub enum SwapError {
+    /// zram is wanted but the kernel has no zram-control, and no swapfile directory is set.
+    #[error("no zram ({0} is missing) and no way_out.swapfile_dir")]
+    NoZram(PathBuf),
+    /// zram is off and no swapfile directory is set.
+    #[error("zram is off and there is no way_out.swapfile_dir")]
+    Nowhere,
+    /// Reading or writing a file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// zram's hot_add gave no device number.
+    #[error("{path}: not a device number: {text:?}")]
+    NotADevice {
+        /// The hot_add file.
+        path: PathBuf,
+        /// What it held.
+        text: String,
+    },
+    /// The swapfile directory cannot be asked about.
+    #[error("{dir}: {errno}")]
+    Statfs {
+        /// The directory.
+        dir: PathBuf,
+        /// The OS's error.
+        errno: crate::host::Errno,
+    },
+    /// The swapfile directory is not on a local disk.
+    #[error("{dir} is on {fs}, not a local disk: no swapfile there")]
+    NotLocal {
+        /// The directory.
+        dir: PathBuf,
+        /// Its filesystem.
+        fs: &'static str,
+    },
+    /// The swapfile directory's disk has too little room.
+    #[error(
+        "{dir} has {free_mib} MiB free, too little for {want_mib} MiB of swap and 1 GiB to spare"
+    )]
+    TooLittleDisk {
+        /// The directory.
+        dir: PathBuf,
+        /// Free on its disk (MiB).
+        free_mib: u64,
+        /// The swap wanted (MiB).
+        want_mib: u64,
+    },
+    /// The swapfile could not be allocated.
+    #[error("{path}: cannot allocate {bytes} bytes: {errno}")]
+    Allocate {
+        /// The swapfile.
+        path: PathBuf,
+        /// Its size.
+        bytes: u64,
+        /// The OS's error.
+        errno: crate::host::Errno,
+    },
+    /// mkswap, swapon or swapoff could not be started.
+    #[error("cannot run {program}: {source}")]
+    Spawn {
+        /// The tool.
+        program: PathBuf,
+        /// The OS's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// mkswap, swapon or swapoff failed.
+    #[error("{program} {args} failed ({status}): {stderr}")]
+    Failed {
+        /// The tool.
+        program: PathBuf,
+        /// Its arguments.
+        args: String,
+        /// How it exited.
+        status: std::process::ExitStatus,
+        /// What it said.
+        stderr: String,
+    },
+    /// The device's record could not be encoded.
+    #[error("cannot encode the swap record: {0}")]
+    Encode(#[from] serde_json::Error),
 }
 
 #[cfg(test)]

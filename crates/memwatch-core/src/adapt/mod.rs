@@ -227,6 +227,39 @@ pub fn token_matches(expected: &str, given: &str) -> bool {
             == 0
 }
 
+/// The kernel's random pool failed: no job token, rather than a guessable one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cannot make a job token: getrandom: {0}")]
+pub struct TokenError(pub crate::host::Errno);
+
+/// Why a job's config file is not taken on at attach.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigFileError {
+    /// A relative path.
+    #[error("{0}: give an absolute path")]
+    NotAbsolute(std::path::PathBuf),
+    /// An extension memwatch cannot rewrite.
+    #[error("{0}: unknown format; use .json, .yaml, .yml or .toml")]
+    UnknownFormat(std::path::PathBuf),
+    /// The profile or a `--key`.
+    #[error(transparent)]
+    Profile(#[from] crate::rewrite::ProfileError),
+    /// The file cannot be read as the job's user, or does not parse.
+    #[error(transparent)]
+    Read(#[from] crate::rewrite::file::RewriteError),
+    /// The file holds none of the profile's keys.
+    #[error("{path}: none of the profile's keys ({keys}) is in the file")]
+    NoKnobs {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The profile's dotted keys, joined.
+        keys: String,
+    },
+    /// No token for the job.
+    #[error(transparent)]
+    Token(#[from] TokenError),
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

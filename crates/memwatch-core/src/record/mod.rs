@@ -89,3 +89,15 @@ pub struct ClockAnchor {
     /// Engine time (ms) at boot time 0.
     pub anchor_ms: u64,
 }
+
+/// Where the engine writes the state file ahead of every act it describes (the `memwatch` crate's
+/// `act::persist::StateWriter`). A write has happened, visible to a successor and to the guardian,
+/// when `write` returns.
+pub trait StateStore: Send {
+    /// Writes `state` if it differs from what was last written. An error means nothing was
+    /// recorded.
+    fn write(&mut self, state: &Persisted) -> std::io::Result<()>;
+    /// Forgets what was written, so the next `write` writes (after another process changed the
+    /// file).
+    fn invalidate(&mut self);
+}

@@ -11,6 +11,7 @@
 
 pub mod doc;
 pub mod error;
+pub mod file;
 mod json;
 pub mod profile;
 mod toml_fmt;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use super::Pinned;
 use super::error::{CgroupError, SignalError, SlurmError};
+use super::view::HostView;
 use crate::config::SignalName;
 use crate::held::{Fired, Frozen, Loan, Mechanism, OomdMark, Slurmctl};
 use crate::host::ProcRef;
@@ -204,4 +205,41 @@ pub fn unmark(host: &dyn HostDriver, marks: &[OomdMark]) -> usize {
             }
         })
         .count()
+}
+
+/// Thaws and continues whatever the paused job `job` may have had stopped, from its record alone
+/// ([`release`]), then every stopped member of its tree the record missed. `None` when the
+/// record holds no pause.
+pub fn undo_pause(
+    host: &dyn HostDriver,
+    view: &dyn HostView,
+    job: &crate::record::PersistedJob,
+) -> Option<Released> {
+    let p = job.paused.as_ref()?;
+    let mechanism = p.hold.mechanism();
+    if mechanism.is_none() {
+        tracing::warn!(
+            job = job.name,
+            "a pause held by a mechanism this version does not know; continuing its processes"
+        );
+    }
+    let mut out = release(host, mechanism.as_ref(), &p.stopped, &p.oomd_omit, None);
+    // Whatever of the tree is still stopped: members the record missed.
+    let root_is_ours = view
+        .stat(job.root.pid)
+        .is_ok_and(|s| s.start_time == job.root.start_time && s.state != 'Z');
+    if root_is_ours {
+        if let Some(tree) = view.tree(job.root.pid) {
+            for proc in tree.iter().rev() {
+                let r = proc.proc_ref();
+                if proc.is_stopped()
+                    && !p.stopped.contains(&r)
+                    && host.signal(r, None, SignalName::CONT).is_ok()
+                {
+                    out.continued += 1;
+                }
+            }
+        }
+    }
+    Some(out)
 }

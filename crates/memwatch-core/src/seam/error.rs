@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use crate::host::Errno;
+
 /// How often a hold is written before memwatch gives up on it (another node wrote the comment in
 /// between: its read, our write, its write).
 pub const HOLD_TRIES: usize = 3;
@@ -83,26 +85,6 @@ pub enum SlurmError {
     /// Other nodes kept rewriting the job's holds.
     #[error("the job's holds changed under every one of {HOLD_TRIES} writes")]
     HoldsRace,
-}
-
-/// An OS error number (errno), shown in the OS's words.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Errno(pub i32);
-
-impl Errno {
-    /// EIO: what an error with no number stands for.
-    pub const IO: Errno = Errno(5);
-
-    /// The number of `e`, else [`Errno::IO`].
-    pub fn of(e: &std::io::Error) -> Errno {
-        e.raw_os_error().map_or(Errno::IO, Errno)
-    }
-}
-
-impl std::fmt::Display for Errno {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::io::Error::from_raw_os_error(self.0).fmt(f)
-    }
 }
 
 /// What came of a call the manager refused or never answered.

@@ -1,8 +1,12 @@
 //! [`HostView`]: what the engine reads of the host.
 
+use std::os::fd::OwnedFd;
 use std::path::Path;
 
-use crate::held::{CgroupOwner, Device, Frozen};
+use super::SlurmError;
+use crate::adapt::{ConfigFileError, JobConfig};
+
+use crate::held::{CgroupOwner, Device, Frozen, Slurmctl};
 use crate::job::origin::Origin;
 use crate::proc::{Stat, Status};
 use crate::sample::cgroup::CgroupDir;
@@ -11,7 +15,7 @@ use crate::slurm::JobCgroup;
 
 /// What the engine reads of the host, and nothing else: processes, cgroups, swap areas and Slurm's
 /// job cgroups, each named by value. The engine holds one and reads nothing on its own; the
-/// `memwatch` crate's `act::view::RootView` reads them under a root directory (normally "/", a
+/// `memwatch` crate's `view::RootView` reads them under a root directory (normally "/", a
 /// fixture in tests). Its readings are facts of a moment: a process may be gone by the next call.
 pub trait HostView: Send + Sync {
     /// The process's /proc/PID/stat.
@@ -46,6 +50,22 @@ pub trait HostView: Send + Sync {
     fn zram_control(&self) -> bool;
     /// The pid of the process reading (the daemon): a job must never hold it.
     fn own_pid(&self) -> u32;
+    /// The memory cgroup's own limit (memory.max, memory.limit_in_bytes); `None` for no limit.
+    fn own_limit(&self, dir: &CgroupDir) -> Option<u64>;
+    /// Whether the process `pidfd` holds (pid `pid`) is still running: its pidfd is not readable.
+    fn alive(&self, pidfd: &OwnedFd, pid: u32) -> bool;
+    /// The pids of Slurm job `id` on this node, as `scontrol listpids` gives them (where Slurm's
+    /// cgroup plugin is not used).
+    fn slurm_listpids(&self, ctl: &Slurmctl, id: &str) -> Result<Vec<u32>, SlurmError>;
+    /// A job's training config at attach: `file` (absolute) read with user `owner`'s rights, its
+    /// knobs found by `profile` and `keys`, and a new token for the job.
+    fn open_config(
+        &self,
+        file: &Path,
+        profile: &str,
+        keys: &[String],
+        owner: u32,
+    ) -> Result<JobConfig, ConfigFileError>;
 
     /// Whether a process of user `owner` could signal `pid` itself ([`may_signal`]): false when
     /// its status cannot be read.

@@ -1,0 +1,335 @@
+//! The reflex as the engine decides it (the wake thread's side is `crate::reflex`): for each job
+//! whose cgroup has a limit (on v1 one the kernel's thresholds watch; on v2 the wake thread reads
+//! the usage itself), what would stop it at its critical line, armed ahead with a write-ahead record
+//! (a pause in phase `armed`), and, once it fired, the stop taken over as the policy's own pause, or
+//! undone.
+//!
+//! A reflex is armed only where the policy would pause at the crossing itself: `policy.reflex` on,
+//! no dry run, `[policy.job_cgroup]` pausing with no enter hold, no checkpoint signal to send first,
+//! the job not paused, not being ended, not a Slurm job (a Slurm pause goes through Slurm), not
+//! critical already (critical and running means a person overrode the line), and nobody's override.
+
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+use crate::config::SignalName;
+
+use super::Engine;
+use crate::audit::{Action, Reason};
+use crate::held::Mechanism;
+pub use crate::held::{Armed, ReflexHow};
+use crate::job::Job;
+use crate::record::{HoldRecord, PersistedPause, PhaseRecord};
+
+/// Why a reflex was not armed: it stays unarmed, and the engine's probe covers the job.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArmError {
+    /// No such job (detached meanwhile).
+    #[error("no job {0}")]
+    NoJob(String),
+    /// Its write-ahead record could not be written.
+    #[error("the armed reflex could not be recorded ({0})")]
+    Unrecorded(crate::record::StateWriteError),
+}
+use crate::held::{Done, Fired};
+use crate::host::Version;
+use crate::policy::{By, Cause, Level, PauseState, Resource};
+
+/// What the engine would arm for a job now.
+#[derive(Debug, Clone)]
+pub struct ReflexPlan {
+    /// The working set at which it fires (bytes).
+    pub critical_bytes: u64,
+    /// What it acts on.
+    pub how: ReflexHow,
+    /// The job's owner.
+    pub owner: u32,
+    /// The root's pidfd (a `Stop` needs it).
+    pub pidfd: Option<Arc<OwnedFd>>,
+}
+
+impl PartialEq for ReflexPlan {
+    /// The same reflex (its pidfd aside: the job's, kept since attach).
+    fn eq(&self, other: &Self) -> bool {
+        self.critical_bytes == other.critical_bytes
+            && self.how == other.how
+            && self.owner == other.owner
+    }
+}
+
+impl ReflexPlan {
+    /// Whether the reflex armed as `armed` is this one.
+    pub fn is(&self, armed: Option<&Armed>) -> bool {
+        armed.is_some_and(|a| a.critical_bytes == self.critical_bytes && a.how == self.how)
+    }
+}
+
+/// The state file's record of the reflex `armed` of `job`: a pause in phase `armed`, undone as one
+/// being made.
+pub(super) fn record(armed: &Armed, job: &str) -> PersistedPause {
+    let (hold, stopped) = match &armed.how {
+        ReflexHow::Freeze(f) => (
+            HoldRecord::from(&Mechanism::choose(None, Some(f.clone()))),
+            vec![],
+        ),
+        ReflexHow::Stop(root) => (HoldRecord::Signals, vec![*root]),
+    };
+    PersistedPause {
+        since_ms: armed.since_ms,
+        by: By::Policy,
+        reason: "a reflex armed to stop the job at its cgroup's critical line".into(),
+        phase: PhaseRecord::Armed,
+        hold,
+        stopped,
+        causes: vec![Cause::Resource(Resource::JobCgroup(job.to_owned())).to_string()],
+        projected: None,
+        strict: false,
+        expired: false,
+        oomd_omit: Vec::new(),
+    }
+}
+
+impl Engine {
+    /// The reflex to arm for `j` now, if any (see the module's conditions).
+    pub(super) fn reflex_plan(&self, j: &Job) -> Option<ReflexPlan> {
+        let p = &self.cfg.policy;
+        if !p.reflex
+            || p.dry_run
+            || p.job_cgroup.action != crate::config::OnCritical::Pause
+            || p.job_cgroup.enter_hold_ms != 0
+            || !p.checkpoint_signal.is_empty()
+            || j.pause.is_some()
+            || j.terminating_since_ms.is_some()
+            || j.slurm_job_id().is_some()
+        {
+            return None;
+        }
+        let dir = j.cgroup_dir.as_ref()?;
+        let limit = j.cgroup().and_then(|c| c.limit_bytes)?;
+        let key = Resource::JobCgroup(j.name.clone());
+        if self
+            .policy
+            .levels
+            .get(&key)
+            .is_some_and(|l| l.level == Level::Critical)
+            || self
+                .policy
+                .jobs
+                .get(&j.name)
+                .is_some_and(|s| s.overridden.contains(&key))
+        {
+            return None;
+        }
+        // A freezer of the memory cgroup's version whose members the owner could all signal at the
+        // last full sample; for a job not root's, one cgroup without children (the reflex checks its
+        // members again when it fires).
+        let freezer = j.freezer.clone().filter(|f| {
+            f.version == dir.version && (j.owner_uid == 0 || !self.view.has_child_cgroups(&f.dir))
+        });
+        let how = match freezer {
+            Some(f) => ReflexHow::Freeze(f),
+            None if j.pidfd.is_some() => ReflexHow::Stop(j.root),
+            None => return None,
+        };
+        Some(ReflexPlan {
+            critical_bytes: self.critical_bytes(limit),
+            how,
+            owner: j.owner_uid,
+            pidfd: j.pidfd.clone(),
+        })
+    }
+
+    /// Whether the kernel's thresholds watch the job's cgroup.
+    pub fn is_watched(&self, job: &str) -> bool {
+        self.jobs.get(job).is_some_and(|j| j.watched)
+    }
+
+    /// The reflex of `job` as armed now.
+    pub fn armed_reflex(&self, job: &str) -> Option<&Armed> {
+        self.jobs.get(job).and_then(|j| j.armed.as_ref())
+    }
+
+    /// Records `plan` as the job's armed reflex, in the state file before it is handed to the wake
+    /// thread: an error means it must not be armed.
+    pub fn arm_reflex(&mut self, job: &str, plan: &ReflexPlan) -> Result<(), ArmError> {
+        let Some(j) = self.jobs.get_mut(job) else {
+            return Err(ArmError::NoJob(job.to_owned()));
+        };
+        let before = j.armed.replace(Armed {
+            critical_bytes: plan.critical_bytes,
+            how: plan.how.clone(),
+            since_ms: j.sampled_at_ms.max(j.probed_at_ms),
+        });
+        if let Err(e) = self.write_state() {
+            if let Some(j) = self.jobs.get_mut(job) {
+                j.armed = before;
+            }
+            return Err(ArmError::Unrecorded(e));
+        }
+        Ok(())
+    }
+
+    /// The wake thread no longer holds the job's reflex (it was disarmed before it could fire).
+    pub fn disarm_reflex(&mut self, job: &str) {
+        if let Some(j) = self.jobs.get_mut(job) {
+            if j.armed.take().is_some() {
+                self.save();
+            }
+        }
+    }
+
+    /// A reflex fired: its stop becomes the policy's pause of the job (recorded, the rest of the
+    /// tree stopped, held by the mechanism that made it), or is undone where the job is gone, is
+    /// being ended, or was paused by something else first.
+    pub fn handle_reflex(&mut self, fired: Fired, now_ms: u64) {
+        let name = fired.job.clone();
+        let mechanism = self.fired_mechanism(&fired);
+        let free = self
+            .jobs
+            .get(&name)
+            .is_some_and(|j| j.pause.is_none() && j.terminating_since_ms.is_none());
+        if let Some(j) = self.jobs.get_mut(&name) {
+            j.armed = None;
+        }
+        let Some(mechanism) = mechanism.filter(|_| free) else {
+            self.undo_fired(&fired);
+            self.save();
+            return;
+        };
+        let limit = self
+            .jobs
+            .get(&name)
+            .and_then(|j| j.cgroup())
+            .and_then(|c| c.limit_bytes)
+            .unwrap_or(0);
+        let percent = if limit > 0 {
+            fired.working_set as f64 * 100.0 / limit as f64
+        } else {
+            0.0
+        };
+        let cause = Cause::Resource(Resource::JobCgroup(name.clone()));
+        let reason = format!(
+            "job cgroup at {percent:.1} % (stopped by the reflex {} µs after {})",
+            fired.took_us,
+            self.woken_by(&fired.job)
+        );
+        tracing::info!(job = name, took_us = fired.took_us, done = ?fired.done, "the reflex stopped the job at its critical line");
+        let state = PauseState {
+            since_ms: now_ms,
+            by: By::Policy,
+            reasons: vec![cause.clone()],
+            projected: None,
+            expired: false,
+            strict: false,
+        };
+        match self.pause_job_by(&name, state, &reason, now_ms, Some(mechanism)) {
+            Ok(()) if self.jobs.get(&name).is_some_and(|j| j.pause.is_some()) => {
+                self.record(
+                    now_ms,
+                    Action::Pause,
+                    &name,
+                    Reason::from(&cause),
+                    reason,
+                    false,
+                );
+            }
+            Ok(()) => self.undo_fired(&fired),
+            Err(e) => {
+                self.undo_fired(&fired);
+                self.record(
+                    now_ms,
+                    Action::Error,
+                    &name,
+                    Reason::from(&cause),
+                    format!("pause failed: {e}"),
+                    false,
+                );
+            }
+        }
+    }
+
+    /// The mechanism that holds what `fired` did, where it acted on the job as it is now (a stopped
+    /// root that is still the job's).
+    fn fired_mechanism(&self, fired: &Fired) -> Option<Mechanism> {
+        match &fired.done {
+            Done::Froze(f) => Some(Mechanism::choose(None, Some(f.clone()))),
+            Done::Stopped(root) => self
+                .jobs
+                .get(&fired.job)
+                .is_some_and(|j| j.root == *root)
+                .then_some(Mechanism::Signals),
+        }
+    }
+
+    /// For a pause the policy decided on a reading of its own: a reflex of the job that fired
+    /// before and is not yet taken over made the stop, so the pause holds it by the reflex's
+    /// mechanism, counts the job cgroup among its causes and says the reflex stopped it; the
+    /// mechanism and what fired (to undo should the pause fail). A stop the pause cannot hold (a
+    /// root no longer the job's) is undone. A reflex still armed stays armed until the watches follow
+    /// the pause: one that fires on a job already stopped is undone at no cost, and no stop waits
+    /// for a disarm.
+    pub(super) fn take_over_for_pause(
+        &mut self,
+        name: &str,
+        state: &mut PauseState,
+        reason: &mut String,
+    ) -> Option<(Mechanism, Fired)> {
+        let fired = self.host.fired_reflex(name)?;
+        if let Some(j) = self.jobs.get_mut(name) {
+            j.armed = None;
+        }
+        let Some(mechanism) = self.fired_mechanism(&fired) else {
+            self.undo_fired(&fired);
+            return None;
+        };
+        let cause = Cause::Resource(Resource::JobCgroup(name.to_owned()));
+        if !state.reasons.contains(&cause) {
+            state.reasons.push(cause);
+        }
+        reason.push_str(&format!(
+            " (stopped by the reflex {} µs after {})",
+            fired.took_us,
+            self.woken_by(name)
+        ));
+        Some((mechanism, fired))
+    }
+
+    /// What woke the job's reflex: the kernel's threshold (v1) or the wake thread's own read of the
+    /// usage (v2).
+    fn woken_by(&self, job: &str) -> &'static str {
+        match self.jobs.get(job).and_then(|j| j.cgroup_dir.as_ref()) {
+            Some(d) if d.version == Version::V2 => "its read of memory.current",
+            _ => "the kernel's notification",
+        }
+    }
+
+    /// Undoes what a fired reflex did, unless the job's pause now holds it the same way.
+    pub(super) fn undo_fired(&self, fired: &Fired) {
+        let pause = self.jobs.get(&fired.job).and_then(|j| j.pause.as_ref());
+        match &fired.done {
+            Done::Froze(f) => {
+                if pause.and_then(|p| p.frozen()) != Some(f) {
+                    if let Err(e) = self.host.thaw(f) {
+                        tracing::warn!(cgroup = %f.dir.display(), error = %e, "cannot thaw what the reflex froze");
+                    }
+                }
+            }
+            Done::Stopped(root) => {
+                if !pause.is_some_and(|p| p.stopped.contains(root)) {
+                    let pidfd = self
+                        .jobs
+                        .get(&fired.job)
+                        .filter(|j| j.root == *root)
+                        .and_then(|j| j.pidfd.clone());
+                    if let Err(e) = self.host.signal(*root, pidfd.as_deref(), SignalName::CONT) {
+                        tracing::warn!(pid = root.pid, error = %e, "cannot continue what the reflex stopped");
+                    }
+                }
+            }
+        }
+        tracing::info!(
+            job = fired.job,
+            "undid the reflex's stop: the job was not the policy's to pause"
+        );
+    }
+}

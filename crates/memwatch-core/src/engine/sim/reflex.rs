@@ -1,0 +1,279 @@
+//! The reflex, as the engine sees it: armed with its record written first, fired (the wake thread's
+//! act is played on the fixture: the root stopped, or the freezer written), then taken over as the
+//! policy's pause held the same way, undone where it was not the policy's to make, and undone by a
+//! restarted daemon from its record alone.
+
+use crate::config::SignalName;
+use crate::engine::{ReflexHow, ReflexPlan};
+use crate::held::Frozen;
+use crate::held::{Done, Fired};
+use crate::host::ProcRef;
+use crate::host::Version;
+
+use super::harness::{Kind, OWNER, PID, Sim, cgroup_dir};
+use super::host::Act;
+
+fn root() -> ProcRef {
+    ProcRef {
+        pid: PID,
+        start_time: 1000 + u64::from(PID),
+    }
+}
+
+/// Arms the job's reflex the way `kind` would be held (signals: its root; V1, V2: its cgroup's
+/// freezer), and checks its record is in the state file.
+fn arm(s: &mut Sim) -> Done {
+    let (how, done) = match s.kind {
+        Kind::V1 | Kind::V2 => {
+            let f = Frozen {
+                version: if s.kind == Kind::V1 {
+                    Version::V1
+                } else {
+                    Version::V2
+                },
+                dir: cgroup_dir(&s.root(), s.kind).unwrap(),
+            };
+            (ReflexHow::Freeze(f.clone()), Done::Froze(f))
+        }
+        _ => (ReflexHow::Stop(root()), Done::Stopped(root())),
+    };
+    let plan = ReflexPlan {
+        critical_bytes: 95 << 20,
+        how,
+        owner: OWNER,
+        pidfd: None,
+    };
+    s.engine.arm_reflex("sim", &plan).unwrap();
+    s.check();
+    let state = s.host.state();
+    let r = &state["jobs"][0]["paused"];
+    assert_eq!(r["phase"], "armed", "{:?}: {r}", s.kind);
+    assert_eq!(r["hold"]["kind"], s.kind.record(), "{:?}: {r}", s.kind);
+    if s.kind == Kind::Signals {
+        assert_eq!(r["stopped"][0]["pid"], PID, "{r}");
+    }
+    done
+}
+
+/// The wake thread's act, played on the host.
+fn fire(s: &Sim, done: &Done) {
+    match done {
+        Done::Froze(f) => s.host.set_frozen(&f.dir, true),
+        Done::Stopped(r) => s.host.set_state(r.pid, 'T'),
+    }
+}
+
+/// The job's pause event says `said`, and a resume by hand undoes the pause whole.
+fn said_and_resumed(s: &mut Sim, said: &str) {
+    let view = s.engine.view();
+    let event = view
+        .events
+        .iter()
+        .find(|e| e.job == "sim" && e.action == crate::audit::Action::Pause)
+        .expect("a pause event");
+    assert!(event.detail.contains(said), "{}", event.detail);
+    assert!(s.cmd(super::resume_cmd()).ok);
+    assert!(s.all_running(), "{:?}: {:?}", s.kind, s.host.acts());
+}
+
+/// A reflex that fired becomes the policy's pause, held by the mechanism that made it: its record
+/// replaces the armed one, the rest of the tree is stopped (signals), the event says the reflex
+/// stopped it and when, and a resume undoes it whole.
+#[test]
+fn a_fired_reflex_becomes_the_policys_pause_held_the_same_way() {
+    for kind in [Kind::Signals, Kind::V1, Kind::V2] {
+        let mut s = Sim::new(kind);
+        let done = arm(&mut s);
+        fire(&s, &done);
+        s.engine.handle_reflex(
+            Fired {
+                job: "sim".into(),
+                done,
+                working_set: 96 << 20,
+                took_us: 42,
+            },
+            s.now,
+        );
+        s.drain();
+        s.check();
+        let p = s.pause().expect("the reflex's stop became a pause");
+        assert_eq!(p.mechanism.name(), kind.record(), "{kind:?}");
+        assert_eq!(p.phase, crate::job::PausePhase::Held, "{kind:?}");
+        assert_eq!(p.by, crate::policy::By::Policy);
+        assert_eq!(
+            p.held.reasons,
+            [crate::policy::Cause::Resource(
+                crate::policy::Resource::JobCgroup("sim".into())
+            )]
+        );
+        assert!(s.held(), "{kind:?}");
+        if kind == Kind::Signals {
+            assert_eq!(s.host.state_of(PID + 1), Some('T'), "the worker too");
+        }
+        assert!(s.engine.armed_reflex("sim").is_none());
+        assert_eq!(s.host.state()["jobs"][0]["paused"]["phase"], "held");
+        said_and_resumed(&mut s, "stopped by the reflex 42 µs");
+    }
+}
+
+/// The policy decides a pause on a reading of its own (here the host's memory at 97 %) while the
+/// reflex's stop waits to be handed over: the pause is the reflex's, held by its mechanism, with the
+/// job cgroup among its causes beside the policy's own, and the event says the reflex stopped it.
+/// The stop is taken over once: the hand-over that follows finds nothing left.
+#[test]
+fn a_policy_pause_decided_while_the_reflexs_stop_waits_is_that_stop() {
+    for kind in [Kind::Signals, Kind::V1, Kind::V2] {
+        let mut s = Sim::new(kind);
+        let done = arm(&mut s);
+        fire(&s, &done);
+        s.host.fired.lock().unwrap().push(Fired {
+            job: "sim".into(),
+            done,
+            working_set: 96 << 20,
+            took_us: 31,
+        });
+        s.sample(0.97);
+        let p = s.pause().expect("paused");
+        assert_eq!(p.mechanism.name(), kind.record(), "{kind:?}");
+        assert_eq!(p.phase, crate::job::PausePhase::Held, "{kind:?}");
+        let job_cgroup =
+            crate::policy::Cause::Resource(crate::policy::Resource::JobCgroup("sim".into()));
+        assert!(p.held.reasons.contains(&job_cgroup), "{:?}", p.held.reasons);
+        assert!(
+            p.held.reasons.len() >= 2,
+            "the policy's own cause kept: {:?}",
+            p.held.reasons
+        );
+        assert!(s.host.fired.lock().unwrap().is_empty(), "taken over once");
+        assert!(s.engine.armed_reflex("sim").is_none());
+        assert!(s.held(), "{kind:?}");
+        said_and_resumed(&mut s, "stopped by the reflex 31 µs");
+    }
+}
+
+/// A reflex that fired on a job someone paused first is not a second pause: what the pause holds
+/// stays held, once. One that fired on a job that is no longer attached is undone.
+#[test]
+fn a_reflex_not_the_policys_to_make_is_undone_or_left_to_the_pause_that_holds() {
+    let mut s = Sim::new(Kind::Signals);
+    let done = arm(&mut s);
+    assert!(s.cmd(super::pause_cmd()).ok);
+    fire(&s, &done);
+    let before = s.host.acts().len();
+    s.engine.handle_reflex(
+        Fired {
+            job: "sim".into(),
+            done,
+            working_set: 96 << 20,
+            took_us: 7,
+        },
+        s.now,
+    );
+    s.drain();
+    s.check();
+    let p = s.pause().unwrap();
+    assert_eq!(p.by, crate::policy::By::User, "the hand pause stays");
+    assert!(
+        !s.host.acts()[before..].contains(&Act::Signal(PID, SignalName::CONT)),
+        "the held root was continued: {:?}",
+        s.host.acts()
+    );
+    assert!(s.held());
+
+    // Fired for a job the engine no longer has: continued at once.
+    let worker = ProcRef {
+        pid: PID + 1,
+        start_time: 1001 + u64::from(PID),
+    };
+    s.host.set_state(PID + 1, 'T');
+    s.engine.handle_reflex(
+        Fired {
+            job: "gone".into(),
+            done: Done::Stopped(worker),
+            working_set: 1,
+            took_us: 1,
+        },
+        s.now,
+    );
+    assert!(
+        s.host
+            .acts()
+            .contains(&Act::Signal(PID + 1, SignalName::CONT))
+    );
+    assert_eq!(s.host.state_of(PID + 1), Some('S'));
+}
+
+/// A daemon killed after its reflex fired, before the engine took the stop over, leaves the armed
+/// record: the restarted daemon undoes it from that record alone (the root continued, the freezer
+/// thawed), and nothing of the job stays stopped.
+#[test]
+fn a_restarted_daemon_undoes_an_armed_record_that_may_have_fired() {
+    for kind in [Kind::Signals, Kind::V1, Kind::V2] {
+        let mut s = Sim::new(kind);
+        let done = arm(&mut s);
+        fire(&s, &done);
+        assert!(!s.all_running());
+        s.restart();
+        assert!(s.all_running(), "{kind:?}: {:?}", s.host.acts());
+        assert!(s.pause().is_none());
+        match kind {
+            Kind::V1 | Kind::V2 => assert!(
+                s.host
+                    .acts()
+                    .contains(&Act::Thaw(cgroup_dir(&s.root(), kind).unwrap()))
+            ),
+            _ => assert!(s.host.acts().contains(&Act::Continue(vec![PID]))),
+        }
+    }
+}
+
+/// The engine plans a reflex for a job whose cgroup v2 has a limit (v1's: tests/reflex.rs, on a real
+/// v1 cgroup): by the job's own `cgroup.freeze` (the wake thread then reads its `memory.current`),
+/// at the critical line of the limit; none without a limit, and none with `policy.reflex` off.
+#[test]
+fn a_reflex_is_planned_for_a_limited_v2_cgroup() {
+    {
+        let kind = Kind::V2;
+        let mut s = Sim::new(kind);
+        s.oom_kills = Some(0);
+        s.sample(0.1);
+        let plan = s.engine.wake_plan();
+        let p = plan.iter().find(|p| p.job == "sim").expect("a wake plan");
+        assert!(p.reflex.is_none(), "{kind:?}: no limit, no line");
+
+        s.cgroup_limit = Some(4 << 30);
+        s.now += 1000;
+        s.sample(0.1);
+        let plan = s.engine.wake_plan();
+        let p = plan.iter().find(|p| p.job == "sim").expect("a wake plan");
+        let r = p.reflex.as_ref().expect("a reflex with a limit");
+        assert_eq!(
+            r.how,
+            ReflexHow::Freeze(Frozen {
+                version: Version::V2,
+                dir: cgroup_dir(&s.root(), kind).unwrap()
+            }),
+            "{kind:?}"
+        );
+        assert_eq!(r.critical_bytes, ((4u64 << 30) as f64 * 0.95).ceil() as u64);
+        assert_eq!(
+            p.line,
+            Some((r.critical_bytes, 4 << 30)),
+            "the wake thread's reads are timed by the line and the limit"
+        );
+        assert!(
+            p.thresholds.contains(&(2 << 30)) && p.thresholds.iter().all(|&t| t < 4 << 30),
+            "{:?}",
+            p.thresholds
+        );
+
+        let mut off = Sim::with(kind, "[policy]\nreflex = false\n", &[]);
+        off.cgroup_limit = Some(4 << 30);
+        off.sample(0.1);
+        let plan = off.engine.wake_plan();
+        assert!(
+            plan.iter().all(|p| p.reflex.is_none()),
+            "{kind:?}: reflex = false"
+        );
+    }
+}

@@ -1,6 +1,8 @@
 //! memwatch's pure core: the configuration (types, defaults, validation, the documented example), the
 //! policy (a pure function from a previous state and an observation to a new state and decisions),
-//! growth rates, the typed reasons of events, the collectors' names, training-config rewrites
+//! the engine (the daemon's owner task as a state machine: inputs in through `handle_*`, effects out
+//! through `poll_*`, the host read and acted on through the [`seam`]), the records it keeps (the
+//! state file's, the audit log's), growth rates, the typed reasons of events, the collectors' names, training-config rewrites
 //! planned on text (the file's write is the `memwatch` crate's), and `memwatch check`'s estimates
 //! and notes (what it reads of the machine is the `memwatch` crate's).
 //!
@@ -8,8 +10,8 @@
 //! nvml-wrapper or hyper; `tests/imports.rs` in the workspace root checks `cargo tree`), so nothing in
 //! it can signal, freeze, spawn or serve. The one file it reads is the configuration file, with `std`,
 //! in [`config::load`]. The `memwatch` crate re-exports them where its code names them:
-//! `memwatch::check`, `memwatch::config`, `memwatch::policy`, `memwatch::reason`, `memwatch::rewrite`, `memwatch::job::Growth` and
-//! `memwatch::sample::Collector`.
+//! `memwatch::check`, `memwatch::config`, `memwatch::engine`, `memwatch::policy`, `memwatch::reason`,
+//! `memwatch::rewrite`, `memwatch::job::Growth` and `memwatch::sample::Collector`.
 
 #![warn(missing_docs)]
 

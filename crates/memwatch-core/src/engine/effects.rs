@@ -7,27 +7,27 @@ use super::Engine;
 use crate::audit::{Action, Reason};
 use crate::job::Job;
 use crate::policy::Decision;
-use crate::record::{self as persist, Persisted, PersistedJob, PersistedPause};
+use crate::record::{self, Persisted, PersistedJob, PersistedPause};
+use crate::seam::SignalError;
 use crate::seam::SlurmCall;
-use crate::seam::{self as signal};
 
 /// Why a pause did not happen.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PauseError {
     /// The signal could not be sent.
     #[error(transparent)]
-    Signal(#[from] signal::SignalError),
+    Signal(#[from] SignalError),
     /// The write-ahead record could not be written, so nothing was stopped.
     #[error("not paused: the pause could not be recorded ({0})")]
-    Unrecorded(persist::StateWriteError),
+    Unrecorded(record::StateWriteError),
 }
 
 impl Engine {
     /// Signals a job's root through its kept pidfd (or, without one, by pid and start time), if its
     /// owner could signal it.
-    pub(super) fn signal_root(&self, j: &Job, sig: SignalName) -> Result<(), signal::SignalError> {
+    pub(super) fn signal_root(&self, j: &Job, sig: SignalName) -> Result<(), SignalError> {
         if !self.view.owner_may_signal(j.root.pid, j.owner_uid) {
-            return Err(signal::SignalError::Denied(j.root.pid));
+            return Err(SignalError::Denied(j.root.pid));
         }
         self.host.signal(j.root, j.pidfd.as_deref(), sig)
     }
@@ -109,7 +109,7 @@ impl Engine {
                         format!("pause failed: {e}"),
                         dry,
                     );
-                    if matches!(e, PauseError::Signal(signal::SignalError::Gone(_))) {
+                    if matches!(e, PauseError::Signal(SignalError::Gone(_))) {
                         self.job_gone(&job, now_ms);
                     }
                     return;
@@ -300,7 +300,7 @@ impl Engine {
 
     fn persisted(&self) -> Persisted {
         Persisted {
-            version: persist::VERSION,
+            version: record::VERSION,
             jobs: self
                 .jobs
                 .values()
@@ -326,12 +326,12 @@ impl Engine {
     }
 
     /// Writes the state file if it changed; the error says why it could not.
-    pub(super) fn write_state(&mut self) -> Result<(), persist::StateWriteError> {
+    pub(super) fn write_state(&mut self) -> Result<(), record::StateWriteError> {
         let state = self.persisted();
         self.state
             .write(&state)
-            .map_err(|e| persist::StateWriteError {
-                path: self.cfg.state_dir.join(persist::STATE_FILE),
+            .map_err(|e| record::StateWriteError {
+                path: self.cfg.state_dir.join(record::STATE_FILE),
                 reason: e.to_string(),
             })
     }

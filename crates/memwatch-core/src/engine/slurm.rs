@@ -8,7 +8,7 @@ use crate::held::{Slurmctl, Suspended};
 use crate::host::ProcRef;
 use crate::job::Job;
 use crate::seam::HostView;
-use crate::seam::{self as signal};
+use crate::seam::SignalError;
 use crate::slurm;
 
 /// How often a node that does not hold a Slurm job Slurm holds suspended here reads which nodes do
@@ -115,7 +115,7 @@ impl Engine {
 
     /// Stops a job with signals: the tree under its root, and for a Slurm job attached by id, every
     /// other task tree of it on this node (its steps' tasks are not the batch script's descendants).
-    pub(super) fn stop_tasks(&self, j: &Job) -> Result<Vec<ProcRef>, signal::SignalError> {
+    pub(super) fn stop_tasks(&self, j: &Job) -> Result<Vec<ProcRef>, SignalError> {
         let mut stopped =
             self.host
                 .stop_tree(j.root, j.pidfd.as_deref(), j.owner_uid, &j.pinned)?;
@@ -126,7 +126,7 @@ impl Engine {
             }
             match self.host.stop_tree(top.proc_ref(), None, j.owner_uid, &[]) {
                 Ok(s) => stopped.extend(s),
-                Err(signal::SignalError::Gone(_)) => {}
+                Err(SignalError::Gone(_)) => {}
                 Err(e) => {
                     self.host.continue_tree(&stopped, j.pidfd.as_deref());
                     return Err(e);

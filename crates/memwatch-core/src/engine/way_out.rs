@@ -15,9 +15,9 @@ pub use why_not::{NoSwap, WhyNot};
 
 use crate::audit::{Action, Reason};
 use crate::config::{OnMaxPause, Step};
-use crate::held as swap;
+use crate::held::Record;
 use crate::policy::{Cause, Resource};
-use crate::way_out::{Phase, Taken, WayOut};
+use crate::way_out::{Phase, SwapError, SwapPlan, Taken, WayOut};
 
 /// Blocking swap work, run off the owner task (`memwatch::work::way_out::run_way_out_task`).
 #[derive(Debug)]
@@ -29,16 +29,16 @@ pub enum WayOutTask {
         /// How much.
         bytes: u64,
         /// How (zram or a swapfile, and where records go).
-        plan: crate::way_out::SwapPlan,
+        plan: SwapPlan,
     },
     /// `job`: `None` for a device left by a job that ended or by a killed daemon.
     Clear {
         /// The job it was made for, if it is still attached.
         job: Option<String>,
         /// The swap device's record.
-        record: swap::Record,
+        record: Record,
         /// How it was made.
-        plan: crate::way_out::SwapPlan,
+        plan: SwapPlan,
     },
 }
 
@@ -50,16 +50,16 @@ pub enum WayOutDone {
         /// The job.
         job: String,
         /// The device, or why there is none.
-        result: Result<swap::Record, crate::way_out::SwapError>,
+        result: Result<Record, SwapError>,
     },
     /// Emergency swap was cleared, or why not.
     Cleared {
         /// The job, if it is still attached.
         job: Option<String>,
         /// The device's record.
-        record: swap::Record,
+        record: Record,
         /// Whether swapoff and the removal worked.
-        result: Result<(), crate::way_out::SwapError>,
+        result: Result<(), SwapError>,
     },
 }
 
@@ -74,9 +74,9 @@ const SETTLED_RATE: f64 = 1048576.0;
 const CLEAR_MARGIN: u64 = 64 << 20;
 
 impl Engine {
-    pub(in crate::engine) fn swap_plan(&self) -> crate::way_out::SwapPlan {
+    pub(in crate::engine) fn swap_plan(&self) -> SwapPlan {
         let w = &self.cfg.way_out;
-        crate::way_out::SwapPlan {
+        SwapPlan {
             root: self.cfg.process_root.clone(),
             state_dir: self.cfg.state_dir.clone(),
             zram: w.zram,

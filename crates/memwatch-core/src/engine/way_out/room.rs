@@ -3,7 +3,7 @@
 
 use crate::audit::{Action, Reason};
 use crate::engine::Engine;
-use crate::held as swap;
+use crate::held::Record;
 use crate::host::Version;
 use crate::way_out::Phase;
 
@@ -237,7 +237,7 @@ impl Engine {
 
     /// Whether RAM can take back what `r` holds: the host's available memory covers its used pages with
     /// a margin, and the job's cgroup (if any) has room for what it swapped.
-    pub(in crate::engine) fn swap_clearable(&self, job: Option<&str>, r: &swap::Record) -> bool {
+    pub(in crate::engine) fn swap_clearable(&self, job: Option<&str>, r: &Record) -> bool {
         let used = self.view.swap_used(&r.device).unwrap_or(0);
         let Some((available, total)) = self.host_memory else {
             return false;
@@ -357,7 +357,7 @@ impl Engine {
 
     /// Clears swap and puts back limits left by jobs that ended or by a killed daemon, when safe.
     pub(in crate::engine) fn clear_leftovers(&mut self) {
-        let swaps: Vec<swap::Record> = self
+        let swaps: Vec<Record> = self
             .leftover_swaps
             .iter()
             .filter(|r| !self.clearing_leftover.contains(r))

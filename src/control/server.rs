@@ -4,7 +4,6 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::Context as _;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
@@ -21,28 +20,46 @@ pub struct Envelope {
     pub reply: oneshot::Sender<Response>,
 }
 
+/// Why the control socket could not be bound: which path, and what.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    /// Another daemon answers on the socket.
+    #[error("another memwatch daemon is already serving {}", .0.display())]
+    Taken(PathBuf),
+    /// A step on the way failed: which, on which path, and the OS's error.
+    #[error("cannot {what} {}: {error}", path.display())]
+    Io {
+        /// What was being done ("create", "remove stale socket", "bind control socket", "set
+        /// permissions on").
+        what: &'static str,
+        /// The directory or socket.
+        path: PathBuf,
+        /// The OS's error.
+        error: std::io::Error,
+    },
+}
+
 /// Binds the socket: creates its directory (0755), replaces a stale socket, and lets every user
 /// connect (0666): authorisation is per request, by uid.
-pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
+pub fn bind(path: &Path) -> Result<UnixListener, BindError> {
     use std::os::unix::fs::PermissionsExt;
+    let io = |what: &'static str, at: &Path| {
+        let path = at.to_owned();
+        move |error| BindError::Io { what, path, error }
+    };
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(io("create", dir))?;
     }
     if path.exists() {
         // A live daemon answers; a stale socket from a crash does not.
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            anyhow::bail!(
-                "another memwatch daemon is already serving {}",
-                path.display()
-            );
+            return Err(BindError::Taken(path.to_owned()));
         }
-        std::fs::remove_file(path)
-            .with_context(|| format!("cannot remove stale socket {}", path.display()))?;
+        std::fs::remove_file(path).map_err(io("remove stale socket", path))?;
     }
-    let listener = UnixListener::bind(path)
-        .with_context(|| format!("cannot bind control socket {}", path.display()))?;
+    let listener = UnixListener::bind(path).map_err(io("bind control socket", path))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))
-        .with_context(|| format!("cannot set permissions on {}", path.display()))?;
+        .map_err(io("set permissions on", path))?;
     Ok(listener)
 }
 

@@ -350,7 +350,7 @@ fn attach(
             Ok(r) => r,
             // The name is still taken: a conflict that ends at the next sample.
             Err(e)
-                if e.downcast_ref::<crate::control::Refusal>()
+                if e.refusal()
                     .is_some_and(|r| r.kind == crate::control::ErrorKind::Conflict) =>
             {
                 last = e.to_string();

@@ -24,6 +24,9 @@ use crate::seam::{
 };
 use crate::slurm::JobCgroup;
 
+/// The daemon's own pid, as the view gives it.
+pub const DAEMON_PID: u32 = 999_999;
+
 /// One thing the host was asked to do.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Act {
@@ -513,7 +516,7 @@ impl HostView for FakeHost {
     }
 
     fn own_pid(&self) -> u32 {
-        999_999
+        DAEMON_PID
     }
 
     fn own_limit(&self, dir: &CgroupDir) -> Option<u64> {

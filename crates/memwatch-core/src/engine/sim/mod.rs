@@ -433,3 +433,34 @@ fn a_skipped_step_says_why_not() {
         s.check();
     }
 }
+
+/// The daemon never attaches what would stop it: itself, an ancestor of it, pid 1 or a process
+/// that is not there; each refusal says which, changes nothing, and the job already attached runs
+/// on.
+#[test]
+fn the_daemon_never_attaches_itself_an_ancestor_or_init() {
+    let mut s = Sim::new(Kind::Signals);
+    // The daemon runs below the job's worker (started by hand from a shell in the job, say).
+    s.host.add_process(host::DAEMON_PID, PID + 1, 0, "0::/\n");
+    let attach = |pid: u32| serde_json::json!({"cmd": "attach", "pid": pid, "name": "x"});
+    for (pid, said) in [
+        (host::DAEMON_PID, "the memwatch daemon itself"),
+        (PID + 1, "an ancestor of the memwatch daemon"),
+        (1, "refusing to attach to pid 1"),
+        (4242, "no process with pid 4242"),
+    ] {
+        let r = s.cmd_as(0, attach(pid));
+        assert!(!r.ok, "pid {pid} was attached");
+        let error = r.error.unwrap_or_default();
+        assert!(error.contains(said), "pid {pid}: {error}");
+    }
+    assert!(s.host.acts().is_empty(), "{:?}", s.host.acts());
+    let jobs: Vec<String> = s
+        .engine
+        .view()
+        .jobs
+        .iter()
+        .map(|j| j.name.clone())
+        .collect();
+    assert_eq!(jobs, ["sim"]);
+}

@@ -20,7 +20,7 @@ impl Engine {
     /// Records a pause of `name` and makes it (unless dry-run). Write-ahead: the pause, with the
     /// mechanism about to hold it, is in the state file before the first signal, freeze or Slurm
     /// call, so a daemon killed at any instant leaves a record of all it may have stopped (see
-    /// `act::recover`). A pause that cannot be recorded is refused: an unrecorded pause is one a
+    /// `seam::undo_pause`). A pause that cannot be recorded is refused: an unrecorded pause is one a
     /// crash could leave frozen for good. `state` is what the pause holds for the policy.
     pub(super) fn pause_job(
         &mut self,
@@ -272,7 +272,7 @@ impl Engine {
     }
 
     /// The cgroups to mark for systemd-oomd while the policy holds `j`: its cgroup v2 one's
-    /// candidates (`act::oomd`); none on cgroup v1, which oomd does not watch.
+    /// candidates (`HostDriver::oomd_candidates`); none on cgroup v1, which oomd does not watch.
     fn oomd_candidates_of(&self, j: &crate::job::Job) -> Vec<crate::held::OomdMark> {
         j.cgroup_dir
             .as_ref()

@@ -48,7 +48,7 @@ impl Kind {
     }
 }
 
-/// One engine on one fixture.
+/// One engine on one host in memory.
 pub struct Sim {
     pub host: Arc<FakeHost>,
     pub engine: Engine,
@@ -239,7 +239,7 @@ impl Sim {
     }
 
     /// A full sample at `self.now`: host memory `used` of 16 GiB in use, the job's tree as in
-    /// the fixture.
+    /// the host.
     pub fn sample(&mut self, used: f64) {
         let sample = self.host_sample(used);
         let proc = |pid: u32| {
@@ -439,7 +439,7 @@ impl Sim {
             .map(|(_, _, t)| t)
     }
 
-    /// Every process of the fixture's job is running and its cgroup thawed.
+    /// Every process of the host's job is running and its cgroup thawed.
     pub fn all_running(&self) -> bool {
         [PID, PID + 1]
             .iter()

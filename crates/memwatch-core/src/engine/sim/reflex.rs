@@ -1,5 +1,5 @@
 //! The reflex, as the engine sees it: armed with its record written first, fired (the wake thread's
-//! act is played on the fixture: the root stopped, or the freezer written), then taken over as the
+//! act is played on the host: the root stopped, or the freezer written), then taken over as the
 //! policy's pause held the same way, undone where it was not the policy's to make, and undone by a
 //! restarted daemon from its record alone.
 

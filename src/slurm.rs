@@ -140,14 +140,7 @@ pub fn tasks(root: &Path, job: &JobCgroup) -> Vec<Stat> {
 
 /// The tasks among `pids`, oldest first.
 pub fn tasks_of(root: &Path, pids: &[u32]) -> Vec<Stat> {
-    let mut out: Vec<Stat> = pids
-        .iter()
-        .filter_map(|p| proc::read_stat(root, *p).ok())
-        .filter(|s| !is_stepd(s) && s.state != 'Z')
-        .collect();
-    out.sort_by_key(|s| (s.start_time, s.pid));
-    out.dedup_by_key(|s| s.pid);
-    out
+    memwatch_core::slurm::tasks(pids.iter().filter_map(|p| proc::read_stat(root, *p).ok()))
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ use std::path::Path;
 use nix::sys::signal::Signal;
 
 use crate::proc::{ProcRef, read_stat};
+use memwatch_core::seam::may_signal;
 
 pub use memwatch_core::seam::SignalError;
 
@@ -23,9 +24,7 @@ pub fn signal_by_name(name: &str) -> Option<Signal> {
 /// its user's reach, so memwatch never signals or freezes it on that user's behalf. A process whose
 /// uids cannot be read is out of reach too.
 pub fn owner_may_signal(root: &Path, pid: u32, owner: u32) -> bool {
-    owner == 0
-        || crate::proc::read_status(root, pid)
-            .is_ok_and(|s| s.uids[0] == owner || s.uids[2] == owner)
+    owner == 0 || crate::proc::read_status(root, pid).is_ok_and(|s| may_signal(&s, owner))
 }
 
 /// Whether a freeze of a cgroup holding `pid` is within `owner`'s reach for that process: root,
@@ -34,7 +33,7 @@ pub fn owner_may_signal(root: &Path, pid: u32, owner: u32) -> bool {
 pub fn owner_may_freeze(root: &Path, pid: u32, owner: u32) -> bool {
     owner == 0
         || match crate::proc::read_status(root, pid) {
-            Ok(s) => s.uids[0] == owner || s.uids[2] == owner,
+            Ok(s) => may_signal(&s, owner),
             Err(e) => e.is_gone(),
         }
 }

@@ -208,9 +208,7 @@ impl Engine {
             self.follow_next_step(&id, name, uid, now_ms);
         }
     }
-}
 
-impl Engine {
     /// Whether a job's root process still exists, through the pidfd kept since attach (`true` when there
     /// is none: the next walk decides).
     pub(super) fn root_alive(&self, j: &Job) -> bool {

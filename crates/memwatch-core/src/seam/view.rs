@@ -96,14 +96,7 @@ pub trait HostView: Send + Sync {
 
     /// The tasks of a Slurm job among `pids` (not `slurmstepd`, not zombies), oldest first.
     fn slurm_tasks(&self, pids: &[u32]) -> Vec<Stat> {
-        let mut out: Vec<Stat> = pids
-            .iter()
-            .filter_map(|p| self.stat(*p).ok())
-            .filter(|s| !crate::slurm::is_stepd(s) && s.state != 'Z')
-            .collect();
-        out.sort_by_key(|s| (s.start_time, s.pid));
-        out.dedup_by_key(|s| s.pid);
-        out
+        crate::slurm::tasks(pids.iter().filter_map(|p| self.stat(*p).ok()))
     }
 }
 

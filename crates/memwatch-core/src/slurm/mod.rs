@@ -27,6 +27,18 @@ pub fn is_stepd(s: &Stat) -> bool {
     s.comm.starts_with("slurmstepd")
 }
 
+/// The tasks among a Slurm job's processes (not `slurmstepd`, not zombies), oldest first, each
+/// once.
+pub fn tasks(stats: impl IntoIterator<Item = Stat>) -> Vec<Stat> {
+    let mut out: Vec<Stat> = stats
+        .into_iter()
+        .filter(|s| !is_stepd(s) && s.state != 'Z')
+        .collect();
+    out.sort_by_key(|s| (s.start_time, s.pid));
+    out.dedup_by_key(|s| s.pid);
+    out
+}
+
 /// The process memwatch follows the job by: the oldest task whose parent is not a task (the batch
 /// script on the batch node, else the first task of the first step).
 pub fn leader(tasks: &[Stat]) -> Option<&Stat> {

@@ -5,8 +5,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context as _;
-
 use crate::act::persist::{self, StateLock};
 use crate::clock::Clock;
 use crate::config::{self, Config};
@@ -16,12 +14,14 @@ use crate::sample::Sampler;
 use crate::sample::gpu::GpuSource;
 use crate::sample::nvml::NvmlSource;
 
+mod error;
 mod executor;
 mod owner;
 mod sampling;
 mod servers;
 mod successor;
 mod watches;
+pub use error::DaemonError;
 use executor::Executor;
 use owner::Owner;
 use watches::Watches;
@@ -60,7 +60,7 @@ async fn shutdown_signal() {
 
 /// Runs the daemon until SIGTERM or SIGINT. Before returning it continues every job it paused, but
 /// those a restart hands to the next daemon.
-pub async fn run(config: Config) -> anyhow::Result<()> {
+pub async fn run(config: Config) -> Result<(), DaemonError> {
     let _lock = lock(&config).await?;
     crate::act::pin::raise_nofile();
     // Recover first, before anything that can fail (a port in use): a predecessor's paused jobs are
@@ -112,19 +112,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 }
 
 /// One daemon per state directory; a guardian finishing a recovery holds the lock for a moment.
-async fn lock(config: &Config) -> anyhow::Result<StateLock> {
+async fn lock(config: &Config) -> Result<StateLock, DaemonError> {
     let dir = config.control.state_dir.clone();
-    let lock =
-        tokio::task::spawn_blocking(move || StateLock::acquire(&dir, Duration::from_secs(5)))
-            .await
-            .context("the lock task failed")?
-            .with_context(|| format!("cannot lock {}", config.control.state_dir.display()))?;
-    lock.ok_or_else(|| {
-        anyhow::anyhow!(
-            "another memwatch daemon is running with state directory {}",
-            config.control.state_dir.display()
-        )
-    })
+    let wait = dir.clone();
+    tokio::task::spawn_blocking(move || StateLock::acquire(&wait, Duration::from_secs(5)))
+        .await
+        .map_err(DaemonError::LockTask)?
+        .map_err(|error| DaemonError::Lock {
+            dir: dir.clone(),
+            error,
+        })?
+        .ok_or(DaemonError::Locked(dir))
 }
 
 /// The previous daemon's state file, if it left one that reads.

@@ -131,11 +131,9 @@ fn dispatch(cli: Cli) -> Result<(), Failure> {
             // The owner task runs on a worker, not on this thread: a timer then wakes the worker
             // that already holds the time driver, with no hand-off to a thread parked in
             // `block_on` (half the idle wake-ups).
-            runtime.block_on(async {
-                tokio::spawn(crate::daemon::run(config))
-                    .await
-                    .map_err(|e| anyhow::anyhow!("the daemon's task failed: {e}"))?
-            })?;
+            runtime
+                .block_on(runtime.spawn(crate::daemon::run(config)))
+                .map_err(|e| anyhow::anyhow!("the daemon's task failed: {e}"))??;
             Ok(())
         }
         Command::Status { json, url, watch } => status::run(&cli, *json, url.clone(), *watch),

@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, Interval};
 
+use super::DaemonError;
 use super::executor::Executor;
 use super::sampling::{self, FullResult};
 use super::watches::Watches;
@@ -104,7 +105,7 @@ pub(super) struct Owner {
 /// Whether the loop goes on, or stops (with the failure that stopped it, if any).
 enum Flow {
     Go,
-    Stop(Option<anyhow::Error>),
+    Stop(Option<DaemonError>),
 }
 
 impl Owner {
@@ -143,7 +144,7 @@ impl Owner {
     }
 
     /// Runs until `stop` resolves or the sampler keeps failing; the failure, if any.
-    pub(super) async fn run(&mut self, stop: impl Future<Output = ()>) -> Option<anyhow::Error> {
+    pub(super) async fn run(&mut self, stop: impl Future<Output = ()>) -> Option<DaemonError> {
         let mut stop = std::pin::pin!(stop);
         loop {
             let input = self.next(stop.as_mut()).await;
@@ -311,9 +312,7 @@ impl Owner {
                 let panics = self.panics;
                 if panics >= MAX_SAMPLER_PANICS {
                     tracing::error!(error = %e, panics, "the sampler keeps panicking; stopping so that a supervisor restarts the daemon");
-                    return Flow::Stop(Some(anyhow::anyhow!(
-                        "the sampler panicked {panics} times in a row"
-                    )));
+                    return Flow::Stop(Some(DaemonError::SamplerPanics(panics)));
                 }
                 tracing::error!(error = %e, panics, "the sampler panicked; starting a new one");
                 self.sampler = Some(super::sampler(&self.host, &self.gpu));

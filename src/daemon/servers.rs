@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -14,6 +13,8 @@ use tokio::task::JoinHandle;
 use crate::config::Config;
 use crate::control::server::{self, Envelope};
 use crate::shared::Shared;
+
+use super::DaemonError;
 
 /// How many commands may wait for the owner task.
 const COMMANDS: usize = 64;
@@ -34,13 +35,14 @@ pub(super) struct Servers {
 
 /// Binds the HTTP port and the control socket (a stale socket from a crash is replaced; a live
 /// daemon's is refused).
-pub(super) async fn bind(config: &Config) -> anyhow::Result<Bound> {
+pub(super) async fn bind(config: &Config) -> Result<Bound, DaemonError> {
     let listener = TcpListener::bind(config.listen)
         .await
-        .with_context(|| format!("cannot listen on {}", config.listen))?;
-    let addr = listener
-        .local_addr()
-        .context("listening socket has no address")?;
+        .map_err(|error| DaemonError::Listen {
+            addr: config.listen,
+            error,
+        })?;
+    let addr = listener.local_addr().map_err(DaemonError::NoAddress)?;
     let control = server::bind(&config.control.socket)?;
     tracing::info!(%addr, socket = %config.control.socket.display(), "listening");
     Ok(Bound { listener, control })

@@ -7,6 +7,7 @@
 //! or touches a real cgroup.
 
 mod calm;
+mod checkpoint;
 pub(super) mod harness;
 mod holds;
 pub(super) mod host;

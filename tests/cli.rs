@@ -239,44 +239,6 @@ fn config_example_is_the_shipped_file() {
 }
 
 #[test]
-fn port_in_use_is_a_clear_error() {
-    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = taken.local_addr().unwrap().to_string();
-    let (code, _, err) = memwatch(&["--config", "/dev/null", "run", "--listen", &addr]);
-    assert_eq!(code, 1);
-    assert!(err.contains(&format!("cannot listen on {addr}")), "{err}");
-}
-
-/// A second daemon on a live daemon's state directory waits for its lock (5 s), then exits 1 naming
-/// the directory, and the first serves on.
-#[test]
-fn a_second_daemon_on_the_same_state_directory_is_refused() {
-    let d = Daemon::start(Opts::default());
-    let other = tempfile::tempdir().unwrap();
-    let config = other.path().join("memwatch.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "listen = \"127.0.0.1:0\"\n[gpu]\nenabled = false\n[control]\nsocket = {:?}\nstate_dir = {:?}\n",
-            other.path().join("control.sock"),
-            d.state
-        ),
-    )
-    .unwrap();
-    let (code, _, err) = memwatch(&["--config", config.to_str().unwrap(), "run"]);
-    assert_eq!(code, 1, "{err}");
-    assert!(
-        err.contains(&format!(
-            "another memwatch daemon is running with state directory {}",
-            d.state.display()
-        )),
-        "{err}"
-    );
-    assert!(!other.path().join("control.sock").exists(), "{err}");
-    assert_eq!(d.get("/-/healthy").0, 200);
-}
-
-#[test]
 fn http_errors_are_clear() {
     let d = Daemon::start(Opts::default());
     assert_eq!(d.get("/nope").0, 404);

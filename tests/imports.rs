@@ -156,7 +156,6 @@ fn the_core_crates_module_graph_has_no_cycle() {
             "advice",
             "audit",
             "check",
-            "collector",
             "config",
             "control",
             "engine",

@@ -21,7 +21,7 @@ use std::time::Instant;
 
 pub use error::ReadError;
 use gpu::GpuSource;
-pub use memwatch_core::collector::Collector;
+pub use memwatch_core::sample::Collector;
 pub use memwatch_core::sample::gpu;
 pub use memwatch_core::sample::{CollectorStatus, HostSample, Sample};
 

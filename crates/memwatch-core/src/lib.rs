@@ -2,7 +2,7 @@
 //! policy (a pure function from a previous state and an observation to a new state and decisions),
 //! the engine (the daemon's owner task as a state machine: inputs in through `handle_*`, effects out
 //! through `poll_*`, the host read and acted on through the [`seam`]), the records it keeps (the
-//! state file's, the audit log's), growth rates, the typed reasons of events, the collectors' names, training-config rewrites
+//! state file's, the audit log's), growth rates, the typed reasons of events, training-config rewrites
 //! planned on text (the file's write is the `memwatch` crate's), and `memwatch check`'s estimates
 //! and notes (what it reads of the machine is the `memwatch` crate's).
 //!
@@ -19,7 +19,6 @@ pub mod adapt;
 pub mod advice;
 pub mod audit;
 pub mod check;
-pub mod collector;
 pub mod config;
 pub mod control;
 pub mod engine;

@@ -8,32 +8,38 @@ use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::collector::Collector;
 use crate::config::Step;
 use crate::policy::{Cause, Resource, Resumed};
+use crate::sample::Collector;
 
-/// Declares `Reason` with its labels and `Reason::ALL` from one list, so that a new reason is in
-/// `ALL` (and so in the test that docs/api.md lists it) by construction.
+/// Declares `Reason` with its labels, the actions it goes with and its meaning (its doc comment),
+/// and `Reason::ALL`, from one list: docs/api.md's table of reasons is generated from it
+/// ([`Reason::table`]), so a new reason is documented by construction.
 macro_rules! reasons {
-    ($($(#[doc = $doc:literal])* $variant:ident = $label:literal,)*) => {
+    ($($(#[doc = $doc:literal])* $variant:ident = $label:literal for $actions:literal,)*) => {
         /// Why an event happened, in a word. Serialized as its label; ordered by it (the counts per
         /// action and reason list as they did when reasons were strings).
         #[derive(Debug, Clone, PartialEq, Eq, Hash)]
         pub enum Reason {
             $($(#[doc = $doc])* $variant,)*
+            /// `collector_down`, `collector_up`: a collector, by its name (the pressure collector's
+            /// is `Pressure`'s label).
+            Collector(Collector),
             /// A label this version does not know, kept as written: only read (an `events.jsonl`
             /// line written by an older daemon, or a newer daemon's answer), never recorded.
             Other(String),
         }
 
         impl Reason {
-            /// Every reason the daemon records, in the order docs/api.md lists them.
+            /// Every reason the daemon records but a collector's, in the order docs/api.md lists
+            /// them (the collectors' follow).
             pub const ALL: &'static [Reason] = &[$(Reason::$variant,)*];
 
             /// The label the API, the events, the counts and the metrics use (as serialized).
             pub fn as_str(&self) -> &str {
                 match self {
                     $(Reason::$variant => $label,)*
+                    Reason::Collector(c) => c.name(),
                     Reason::Other(s) => s,
                 }
             }
@@ -42,7 +48,17 @@ macro_rules! reasons {
             pub fn parse(label: &str) -> Reason {
                 match label {
                     $($label => Reason::$variant,)*
-                    other => Reason::Other(other.to_owned()),
+                    other => Collector::by_name(other)
+                        .map_or_else(|| Reason::Other(other.to_owned()), Reason::Collector),
+                }
+            }
+
+            /// The actions it goes with and what it means, as docs/api.md's table has them.
+            fn doc(&self) -> (&'static str, String) {
+                match self {
+                    $(Reason::$variant => ($actions, [$($doc),*].iter().map(|l| l.trim()).collect::<Vec<_>>().join(" ")),)*
+                    Reason::Collector(c) => ("collector_down, collector_up", c.what().to_owned()),
+                    Reason::Other(_) => ("", String::new()),
                 }
             }
         }
@@ -50,74 +66,69 @@ macro_rules! reasons {
 }
 
 reasons! {
-    /// The host's RAM (`host_memory` level; the host's limit of `near_exhaustion`).
-    HostMemory = "host_memory",
-    /// Swap used; on `way_out`, the emergency swap step (made, failed, cleared).
-    Swap = "swap",
-    /// Memory pressure (PSI); on `collector_down`/`collector_up`, the pressure collector.
-    Pressure = "pressure",
-    /// The hottest CPU sensor.
-    CpuTemperature = "cpu_temperature",
-    /// A GPU's memory (any index).
-    GpuMemory = "gpu_memory",
-    /// A GPU's temperature (any index).
-    GpuTemperature = "gpu_temperature",
-    /// The job's own memory cgroup.
-    JobCgroup = "job_cgroup",
-    /// Memory projected to reach a limit within the reaction time.
-    Predicted = "predicted",
-    /// A person (`memwatch attach|detach|pause|resume`).
-    User = "user",
-    /// What paused the job recovered.
-    Recovered = "recovered",
-    /// The job was paused for `policy.max_pause_seconds`.
-    MaxPause = "max_pause",
-    /// A restarted daemon: a pause undone, a job re-adopted, a journaled rewrite that never landed.
-    Restart = "restart",
-    /// `memwatch launch` attached its second or later run.
-    Relaunch = "relaunch",
-    /// The daemon is stopping.
-    Shutdown = "shutdown",
-    /// The job's root process exited.
-    Gone = "gone",
-    /// The kernel's OOM killer ended processes of the job: its root exited after kills in its
-    /// cgroup since the attach (memory.events `oom_kill`), or the room that ended its pause came
-    /// from kills (a rank or a worker lost), which is no recovery.
-    OomKill = "oom_kill",
-    /// A Slurm job attached by id (`memwatch attach|detach --slurm-job`).
-    Slurm = "slurm",
-    /// The trainer, over the protocol: a checkpoint saved, changes applied or declined, verified.
-    Trainer = "trainer",
-    /// The job's training config: a change staged, or config work that failed.
-    Adapt = "adapt",
-    /// The job's cgroup did not freeze and stopping it with signals failed too.
-    Freeze = "freeze",
-    /// The job's way out of its memory pause (a pause, resume, checkpoint or stop it made).
-    WayOut = "way_out",
-    /// `way_out`: the room did not come back within `way_out.decide_seconds`; the ladder starts.
-    NoRoom = "no_room",
-    /// `way_out`: the lend step (the job's cgroup limit raised, or given back).
-    Lend = "lend",
-    /// `way_out`: the checkpoint step.
-    Checkpoint = "checkpoint",
-    /// `way_out`: the urgent fix did not make the job fit (paused again, declined, late).
-    Fix = "fix",
-    /// `way_out`: the urgent fix was applied and the job fits; the room is given back.
-    Fixed = "fixed",
-    /// `way_out`: the room came back by itself; the job runs on.
-    Room = "room",
-    /// `way_out`: no step of the ladder applies.
-    NoWayOut = "no_way_out",
-    /// `collector_down`/`collector_up`: /proc/meminfo.
-    Meminfo = "meminfo",
-    /// `collector_down`/`collector_up`: /proc/vmstat.
-    Vmstat = "vmstat",
-    /// `collector_down`/`collector_up`: the daemon's own cgroup.
-    Cgroup = "cgroup",
-    /// `collector_down`/`collector_up`: hwmon and thermal zones.
-    Thermal = "thermal",
-    /// `collector_down`/`collector_up`: NVML.
-    Gpu = "gpu",
+    /// the host's RAM
+    HostMemory = "host_memory" for "pause, checkpoint, error, level, near_exhaustion",
+    /// swap used; on `way_out`, the emergency swap step (made, failed, cleared)
+    Swap = "swap" for "pause, checkpoint, error, level; way_out",
+    /// memory pressure (PSI); on `collector_*`, the pressure collector
+    Pressure = "pressure" for "pause, checkpoint, error, level; collector_down, collector_up",
+    /// the hottest CPU sensor
+    CpuTemperature = "cpu_temperature" for "pause, checkpoint, error, level",
+    /// a GPU's memory
+    GpuMemory = "gpu_memory" for "pause, checkpoint, error, level, near_exhaustion",
+    /// a GPU's temperature
+    GpuTemperature = "gpu_temperature" for "pause, checkpoint, error, level",
+    /// the job's own memory cgroup
+    JobCgroup = "job_cgroup" for "pause, checkpoint, error, level, near_exhaustion, oom_kill",
+    /// projected exhaustion: a limit reached within the reaction time
+    Predicted = "predicted" for "pause, error",
+    /// a person (`memwatch attach`, `detach`, `pause`, `resume`)
+    User = "user" for "attach, detach, pause, resume",
+    /// what paused the job recovered
+    Recovered = "recovered" for "resume",
+    /// the job was paused for `policy.max_pause_seconds`
+    MaxPause = "max_pause" for "resume, terminate, stay_paused, kill",
+    /// a restarted daemon: a job re-adopted, a pause undone, a journaled change that never reached
+    /// the file; a daemon stopping for a restart: a pause kept for the next daemon
+    Restart = "restart" for "attach, resume, rewrite, stay_paused",
+    /// `memwatch launch` attached its second or later run
+    Relaunch = "relaunch" for "attach",
+    /// the daemon is stopping
+    Shutdown = "shutdown" for "resume",
+    /// the job's root process exited
+    Gone = "gone" for "detach",
+    /// on `detach`, the job's root process exited and the kernel's OOM killer had killed processes of
+    /// its cgroup since the attach (its `memory.events` `oom_kill`, read once more as the job ends);
+    /// on `resume`, the room that ended the pause came from the OOM killer ending processes of the
+    /// job (it may have lost a rank or a worker): not a recovery
+    OomKill = "oom_kill" for "detach, resume",
+    /// a Slurm job attached by id: its attach (the prolog's, before its first task ran here, and the
+    /// adoption of that task), its detach (the epilog's), a Slurm call that failed; on `pause`, a job
+    /// this node holds suspended was found running (resumed behind its back) and suspended again
+    Slurm = "slurm" for "attach, detach, pause, error",
+    /// the trainer, over the protocol (its checkpoint saved, changes acknowledged and seen to take
+    /// effect or not)
+    Trainer = "trainer" for "checkpoint, applied, declined, verified, unverified",
+    /// the job's training config: a change staged, or config work that failed
+    Adapt = "adapt" for "rewrite, error",
+    /// the job's cgroup did not freeze and stopping it with signals failed too
+    Freeze = "freeze" for "error",
+    /// the job's way out of its memory pause
+    WayOut = "way_out" for "pause, resume, checkpoint, terminate, kill",
+    /// the room did not come back within `way_out.decide_seconds`: the ladder starts
+    NoRoom = "no_room" for "way_out",
+    /// the lend step: the job's cgroup limit raised, or given back
+    Lend = "lend" for "way_out",
+    /// the checkpoint step
+    Checkpoint = "checkpoint" for "way_out",
+    /// the urgent fix did not make the job fit (paused again, declined, too late)
+    Fix = "fix" for "way_out",
+    /// the urgent fix was applied and the job fits: the room is given back
+    Fixed = "fixed" for "way_out",
+    /// the room came back by itself: the job runs on
+    Room = "room" for "way_out",
+    /// no step of the ladder applies
+    NoWayOut = "no_way_out" for "way_out",
 }
 
 impl From<&Resource> for Reason {
@@ -169,16 +180,50 @@ impl From<Step> for Reason {
 }
 
 impl From<Collector> for Reason {
-    /// A collector, named as in `memwatch_collector_*{collector}`.
+    /// A collector, named as in `memwatch_collector_*{collector}`: `Pressure` for the pressure
+    /// collector, whose name is that label, and `Collector` for every other.
     fn from(c: Collector) -> Reason {
-        match c {
-            Collector::Meminfo => Reason::Meminfo,
-            Collector::Vmstat => Reason::Vmstat,
-            Collector::Pressure => Reason::Pressure,
-            Collector::Cgroup => Reason::Cgroup,
-            Collector::Thermal => Reason::Thermal,
-            Collector::Gpu => Reason::Gpu,
+        Reason::parse(c.name())
+    }
+}
+
+impl Reason {
+    /// Every reason the daemon records, collectors included: `ALL`, then each collector whose name
+    /// is no other reason's label.
+    pub fn every() -> impl Iterator<Item = Reason> {
+        Reason::ALL.iter().cloned().chain(
+            Collector::ALL
+                .into_iter()
+                .map(Reason::from)
+                .filter(|r| matches!(r, Reason::Collector(_))),
+        )
+    }
+
+    /// docs/api.md's table of reasons: label, the actions it goes with, meaning.
+    pub fn table() -> String {
+        let code = |list: &str| {
+            let mut out = String::new();
+            let mut word = String::new();
+            for ch in list.chars().chain(std::iter::once(' ')) {
+                if ch.is_ascii_lowercase() || ch == '_' {
+                    word.push(ch);
+                    continue;
+                }
+                if !word.is_empty() {
+                    out.push('`');
+                    out.push_str(&std::mem::take(&mut word));
+                    out.push('`');
+                }
+                out.push(ch);
+            }
+            out.trim_end().to_owned()
+        };
+        let mut t = String::from("| `reason` | with `action` | meaning |\n|---|---|---|\n");
+        for r in Reason::every() {
+            let (actions, meaning) = r.doc();
+            t.push_str(&format!("| `{r}` | {} | {meaning} |\n", code(actions)));
         }
+        t
     }
 }
 
@@ -219,60 +264,45 @@ impl<'de> Deserialize<'de> for Reason {
 mod tests {
     use super::*;
 
-    /// The labels docs/api.md's `/api/v1/events` section lists in its table of reasons (the one
-    /// whose header begins "| `reason` |"): the first cell of each row, a single `label`.
-    fn documented() -> Vec<String> {
-        let doc = include_str!("../../../docs/api.md");
-        let start = doc
+    /// docs/api.md's table of reasons is `Reason::table()`, in its `/api/v1/events` section.
+    #[test]
+    fn the_api_docs_table_of_reasons_is_generated() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/api.md");
+        let doc = std::fs::read_to_string(&path).unwrap();
+        let section = doc
             .find("\n## `/api/v1/events`")
             .expect("docs/api.md has a /api/v1/events section");
-        let section = &doc[start + 1..];
-        let section = &section[..section[1..].find("\n## ").map_or(section.len(), |e| e + 1)];
-        let mut lines = section
-            .lines()
-            .skip_while(|l| !l.starts_with("| `reason` |"))
-            .skip(1);
-        assert!(
-            lines.next().is_some_and(|l| l.starts_with("|---")),
-            "the /api/v1/events section has a table of reasons"
-        );
-        lines
+        let start = section
+            + doc[section..]
+                .find("\n| `reason` |")
+                .expect("the /api/v1/events section has a table of reasons")
+            + 1;
+        let len = doc[start..]
+            .split_inclusive('\n')
             .take_while(|l| l.starts_with('|'))
-            .map(|l| {
-                let cell = l.split('|').nth(1).unwrap_or_default().trim();
-                cell.strip_prefix('`')
-                    .and_then(|c| c.strip_suffix('`'))
-                    .unwrap_or_else(|| panic!("{l:?}: the first cell is no `label`"))
-                    .to_owned()
-            })
-            .collect()
-    }
-
-    #[test]
-    fn every_reason_is_documented_and_every_documented_reason_exists() {
-        let documented = documented();
-        for r in Reason::ALL {
-            assert!(
-                documented.iter().any(|d| d == r.as_str()),
-                "docs/api.md's /api/v1/events section does not list the reason `{r}`"
+            .map(str::len)
+            .sum::<usize>();
+        let table = Reason::table();
+        if std::env::var_os("MEMWATCH_BLESS").is_some() {
+            let mut new = doc.clone();
+            new.replace_range(start..start + len, &table);
+            std::fs::write(&path, new).unwrap();
+        } else {
+            assert_eq!(
+                &doc[start..start + len],
+                table,
+                "docs/api.md's table of reasons drifted: run `MEMWATCH_BLESS=1 cargo test -p memwatch-core api_docs`"
             );
         }
-        for d in &documented {
-            assert!(
-                !matches!(Reason::parse(d), Reason::Other(_)),
-                "docs/api.md lists the reason `{d}`, which the daemon never records"
-            );
-        }
-        assert_eq!(documented.len(), Reason::ALL.len(), "{documented:?}");
     }
 
     #[test]
     fn labels_are_unique_serialized_and_parse_back() {
         let mut seen = std::collections::BTreeSet::new();
-        for r in Reason::ALL {
-            assert!(seen.insert(r.as_str()), "`{r}` twice");
-            assert_eq!(serde_json::to_value(r).unwrap(), r.as_str());
-            assert_eq!(&Reason::parse(r.as_str()), r);
+        for r in Reason::every() {
+            assert!(seen.insert(r.as_str().to_owned()), "`{r}` twice");
+            assert_eq!(serde_json::to_value(&r).unwrap(), r.as_str());
+            assert_eq!(Reason::parse(r.as_str()), r);
             let label = r.as_str();
             assert!(
                 !label.is_empty() && label.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
@@ -306,6 +336,11 @@ mod tests {
         for c in Collector::ALL {
             assert_eq!(Reason::from(c).as_str(), c.name());
         }
+        assert_eq!(Reason::from(Collector::Pressure), Reason::Pressure);
+        assert_eq!(
+            Reason::from(Collector::Vmstat),
+            Reason::Collector(Collector::Vmstat)
+        );
     }
 
     #[test]

@@ -102,7 +102,7 @@ impl Engine {
             return;
         };
         for c in &sample.collectors {
-            let Some(collector) = crate::collector::Collector::by_name(&c.name) else {
+            let Some(collector) = crate::sample::Collector::by_name(&c.name) else {
                 continue;
             };
             let was = self.failing.contains(&c.name);

@@ -1,5 +1,6 @@
-//! What memwatch samples, as data, and the parsers of the kernel's text. memwatch's readers (its
-//! `sample` module) open the files, keep them open, and hand their text here; nothing here does I/O.
+//! What memwatch samples, as data, the collectors that sample it, and the parsers of the kernel's
+//! text. memwatch's readers (its `sample` module) open the files, keep them open, and hand their
+//! text here; nothing here does I/O.
 
 pub mod cgroup;
 pub mod error;
@@ -33,6 +34,64 @@ pub struct HostSample {
     /// The machine's host name (`/proc/sys/kernel/hostname`), for views that show many machines.
     #[serde(default)]
     pub hostname: Option<String>,
+}
+
+/// A collector: one group of readers, timed, counted and reported together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Collector {
+    /// /proc/meminfo.
+    Meminfo,
+    /// /proc/vmstat.
+    Vmstat,
+    /// /proc/pressure.
+    Pressure,
+    /// The daemon's own cgroup.
+    Cgroup,
+    /// hwmon and thermal zones.
+    Thermal,
+    /// NVML.
+    Gpu,
+}
+
+impl Collector {
+    /// Every collector, in the order they run and are reported.
+    pub const ALL: [Collector; 6] = [
+        Collector::Meminfo,
+        Collector::Vmstat,
+        Collector::Pressure,
+        Collector::Cgroup,
+        Collector::Thermal,
+        Collector::Gpu,
+    ];
+
+    /// The collector of that name (as `name` gives it).
+    pub fn by_name(name: &str) -> Option<Collector> {
+        Collector::ALL.into_iter().find(|c| c.name() == name)
+    }
+
+    /// What it reads, for people: "the /proc/meminfo collector".
+    pub const fn what(self) -> &'static str {
+        match self {
+            Collector::Meminfo => "the /proc/meminfo collector",
+            Collector::Vmstat => "the /proc/vmstat collector",
+            Collector::Pressure => "the PSI collector (/proc/pressure)",
+            Collector::Cgroup => "the collector of the daemon's own cgroup",
+            Collector::Thermal => "the hwmon and thermal zone collector",
+            Collector::Gpu => "the NVML collector",
+        }
+    }
+
+    /// Its name in `memwatch_collector_*{collector}` and the API.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Collector::Meminfo => "meminfo",
+            Collector::Vmstat => "vmstat",
+            Collector::Pressure => "pressure",
+            Collector::Cgroup => "cgroup",
+            Collector::Thermal => "thermal",
+            Collector::Gpu => "gpu",
+        }
+    }
 }
 
 /// How one collector fared in this sample.

@@ -1,7 +1,7 @@
 //! `memwatch_job_*`, `memwatch_level` and `memwatch_interventions_*` series, from the engine's view.
 
-use super::expo::{Kind, Writer};
 use crate::engine::View;
+use memwatch_core::expo::{Kind, Writer};
 
 /// Appends the job and intervention series to `out`.
 pub fn render(out: &mut String, v: &View) {

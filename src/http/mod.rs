@@ -3,7 +3,7 @@
 //! trainer's (`/api/v1/jobs/{job}/ack` and `/progress`), which need the job's token.
 
 mod api;
-mod expo;
+
 mod jobs_metrics;
 pub mod metrics;
 mod serve;

@@ -22,6 +22,7 @@ pub mod check;
 pub mod config;
 pub mod control;
 pub mod engine;
+pub mod expo;
 pub mod growth;
 pub mod held;
 pub mod host;

@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::expo::Writer;
 use serde::{Deserialize, Serialize};
 
 use super::error::ReadError;
@@ -123,6 +124,34 @@ pub fn parse_membership(path: &Path, text: &str) -> Result<Membership, ReadError
         }
     }
     Ok(m)
+}
+
+impl CgroupMemory {
+    /// Its series: `memwatch_cgroup_memory_{usage,limit}_bytes`, `memwatch_cgroup_oom_kills_total`.
+    pub fn series(&self, w: &mut Writer) {
+        let cg = self;
+        let version = cg.version.to_string();
+        let labels = [("cgroup", cg.path.as_str()), ("version", version.as_str())];
+        w.gauge(
+            "memwatch_cgroup_memory_usage_bytes",
+            "Memory charged to memwatch's own memory cgroup.",
+        )
+        .add(&labels, b(cg.usage_bytes));
+        w.gauge(
+            "memwatch_cgroup_memory_limit_bytes",
+            "Tightest memory limit on the path from memwatch's cgroup to the root; absent when unlimited.",
+        )
+        .opt(&labels, cg.limit_bytes.map(b));
+        w.counter(
+            "memwatch_cgroup_oom_kills_total",
+            "OOM kills inside memwatch's own memory cgroup.",
+        )
+        .opt(&labels, cg.oom_kills.map(|n| n as f64));
+    }
+}
+
+fn b(v: u64) -> f64 {
+    v as f64
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 
 use std::path::Path;
 
+use crate::expo::Writer;
 use serde::{Deserialize, Serialize};
 
 use super::error::{ReadError, parse_u64};
@@ -79,6 +80,59 @@ pub fn parse(path: &Path, text: &str) -> Result<MemInfo, ReadError> {
         swap_free_bytes: get("SwapFree").unwrap_or(0),
         swap_cached_bytes: get("SwapCached"),
     })
+}
+
+impl MemInfo {
+    /// Its series: `memwatch_memory_*_bytes`, `memwatch_swap_*_bytes`.
+    pub fn series(&self, w: &mut Writer) {
+        w.gauge("memwatch_memory_total_bytes", "Usable RAM (MemTotal).")
+            .add(&[], b(self.total_bytes));
+        w.gauge(
+            "memwatch_memory_available_bytes",
+            "RAM available for new work without swapping (MemAvailable).",
+        )
+        .add(&[], b(self.available_bytes));
+        w.gauge(
+            "memwatch_memory_free_bytes",
+            "RAM not used at all (MemFree).",
+        )
+        .add(&[], b(self.free_bytes));
+        w.gauge("memwatch_memory_cached_bytes", "Page cache (Cached).")
+            .opt(&[], self.cached_bytes.map(b));
+        w.gauge(
+            "memwatch_memory_buffers_bytes",
+            "Block device buffers (Buffers).",
+        )
+        .opt(&[], self.buffers_bytes.map(b));
+        w.gauge(
+            "memwatch_memory_shmem_bytes",
+            "Shared memory and tmpfs (Shmem).",
+        )
+        .opt(&[], self.shmem_bytes.map(b));
+        w.gauge(
+            "memwatch_memory_committed_bytes",
+            "Memory promised to processes (Committed_AS).",
+        )
+        .opt(&[], self.committed_as_bytes.map(b));
+        w.gauge(
+            "memwatch_memory_commit_limit_bytes",
+            "The commit limit (CommitLimit).",
+        )
+        .opt(&[], self.commit_limit_bytes.map(b));
+        w.gauge("memwatch_swap_total_bytes", "Swap space (SwapTotal).")
+            .add(&[], b(self.swap_total_bytes));
+        w.gauge("memwatch_swap_free_bytes", "Unused swap space (SwapFree).")
+            .add(&[], b(self.swap_free_bytes));
+        w.gauge(
+            "memwatch_swap_cached_bytes",
+            "Memory both in RAM and in swap (SwapCached).",
+        )
+        .opt(&[], self.swap_cached_bytes.map(b));
+    }
+}
+
+fn b(v: u64) -> f64 {
+    v as f64
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ pub mod psi;
 pub mod thermal;
 pub mod vmstat;
 
+use crate::expo::Writer;
 use serde::{Deserialize, Serialize};
 
 pub use error::ReadError;
@@ -118,4 +119,54 @@ pub struct Sample {
     pub gpus: Vec<GpuSample>,
     /// How each collector did.
     pub collectors: Vec<CollectorStatus>,
+}
+
+impl Sample {
+    /// Its series, in this order: when it was taken, how each collector did, then each part's own
+    /// (`MemInfo::series`, `VmStat::series`, `Pressure::series`, `CgroupMemory::series`,
+    /// `thermal::series`, `gpu::series`). A part the sample lacks writes nothing.
+    pub fn series(&self, w: &mut Writer) {
+        w.gauge(
+            "memwatch_last_collection_timestamp_seconds",
+            "When the latest sample was taken, Unix time.",
+        )
+        .add(&[], self.timestamp_ms as f64 / 1000.0);
+        let mut f = w.gauge(
+            "memwatch_collector_duration_seconds",
+            "Time the collector took in the latest sample.",
+        );
+        for c in &self.collectors {
+            f.add(&[("collector", &c.name)], c.duration_seconds);
+        }
+        drop(f);
+        let mut f = w.gauge(
+            "memwatch_collector_success",
+            "1 if the collector succeeded in the latest sample.",
+        );
+        for c in &self.collectors {
+            f.add(&[("collector", &c.name)], if c.success { 1.0 } else { 0.0 });
+        }
+        drop(f);
+        let mut f = w.counter(
+            "memwatch_collector_errors_total",
+            "Collector failures since the daemon started.",
+        );
+        for c in &self.collectors {
+            f.add(&[("collector", &c.name)], c.errors_total as f64);
+        }
+        drop(f);
+        let h = &self.host;
+        if let Some(m) = &h.memory {
+            m.series(w);
+        }
+        if let Some(v) = &h.vmstat {
+            v.series(h.page_size_bytes, w);
+        }
+        h.pressure.series(w);
+        if let Some(c) = &h.cgroup {
+            c.series(w);
+        }
+        thermal::series(&h.temperatures, w);
+        gpu::series(&self.gpus, w);
+    }
 }

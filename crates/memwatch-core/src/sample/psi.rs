@@ -5,6 +5,7 @@
 
 use std::path::Path;
 
+use crate::expo::Writer;
 use serde::{Deserialize, Serialize};
 
 use super::error::ReadError;
@@ -112,6 +113,55 @@ fn parse_line<'a>(path: &Path, words: impl Iterator<Item = &'a str>) -> Result<P
             path,
             "a pressure line lacks avg10, avg60, avg300 or total",
         )),
+    }
+}
+
+impl Pressure {
+    /// Its series: `memwatch_pressure_{waiting,stalled}_{seconds_total,ratio}` by resource.
+    pub fn series(&self, w: &mut Writer) {
+        let p = self;
+        let lines = |full: bool| {
+            RESOURCES.iter().filter_map(move |r| {
+                let psi = p.get(r)?;
+                let line = if full { psi.full? } else { psi.some };
+                Some((*r, line))
+            })
+        };
+        let mut f = w.counter(
+            "memwatch_pressure_waiting_seconds_total",
+            "Time at least one task was stalled on the resource (PSI some total).",
+        );
+        for (r, l) in lines(false) {
+            f.add(&[("resource", r)], l.total_seconds);
+        }
+        drop(f);
+        let mut f = w.counter(
+            "memwatch_pressure_stalled_seconds_total",
+            "Time all non-idle tasks were stalled on the resource at once (PSI full total).",
+        );
+        for (r, l) in lines(true) {
+            f.add(&[("resource", r)], l.total_seconds);
+        }
+        drop(f);
+        let mut f = w.gauge(
+            "memwatch_pressure_waiting_ratio",
+            "Share of time at least one task was stalled, averaged over the window (PSI some avgN).",
+        );
+        for (r, l) in lines(false) {
+            f.add(&[("resource", r), ("window", "10s")], l.avg10)
+                .add(&[("resource", r), ("window", "60s")], l.avg60)
+                .add(&[("resource", r), ("window", "300s")], l.avg300);
+        }
+        drop(f);
+        let mut f = w.gauge(
+            "memwatch_pressure_stalled_ratio",
+            "Share of time all non-idle tasks were stalled, averaged over the window (PSI full avgN).",
+        );
+        for (r, l) in lines(true) {
+            f.add(&[("resource", r), ("window", "10s")], l.avg10)
+                .add(&[("resource", r), ("window", "60s")], l.avg60)
+                .add(&[("resource", r), ("window", "300s")], l.avg300);
+        }
     }
 }
 

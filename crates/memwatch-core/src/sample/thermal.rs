@@ -1,5 +1,6 @@
 //! A temperature sensor of /sys/class/hwmon or /sys/class/thermal, and the parser of a reading.
 
+use crate::expo::Writer;
 use serde::{Deserialize, Serialize};
 
 /// One temperature sensor.
@@ -22,6 +23,33 @@ pub fn celsius_of(text: &str) -> Option<f64> {
     let v: i64 = text.trim().parse().ok()?;
     let c = v as f64 / 1000.0;
     (-273.0..=1000.0).contains(&c).then_some(c)
+}
+
+/// The sensors' series: `memwatch_temperature_{,crit_,max_}celsius` by chip and sensor.
+pub fn series(t: &[TempSensor], w: &mut Writer) {
+    let mut f = w.gauge(
+        "memwatch_temperature_celsius",
+        "Temperature of a hwmon sensor or thermal zone.",
+    );
+    for x in t {
+        f.add(&[("chip", &x.chip), ("sensor", &x.sensor)], x.celsius);
+    }
+    drop(f);
+    let mut f = w.gauge(
+        "memwatch_temperature_crit_celsius",
+        "Critical temperature of the sensor, where known.",
+    );
+    for x in t {
+        f.opt(&[("chip", &x.chip), ("sensor", &x.sensor)], x.crit_celsius);
+    }
+    drop(f);
+    let mut f = w.gauge(
+        "memwatch_temperature_max_celsius",
+        "Maximum (hot) temperature of the sensor, where known.",
+    );
+    for x in t {
+        f.opt(&[("chip", &x.chip), ("sensor", &x.sensor)], x.max_celsius);
+    }
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 
 use std::path::Path;
 
+use crate::expo::Writer;
 use serde::{Deserialize, Serialize};
 
 use super::error::{ReadError, parse_u64};
@@ -47,6 +48,34 @@ pub fn parse(path: &Path, text: &str) -> Result<VmStat, ReadError> {
         ));
     }
     Ok(v)
+}
+
+impl VmStat {
+    /// Its series: `memwatch_memory_swapped_{in,out}_bytes_total`, `memwatch_memory_major_faults_total`,
+    /// `memwatch_oom_kills_total`; pages counted in bytes of `page_size_bytes`.
+    pub fn series(&self, page_size_bytes: u64, w: &mut Writer) {
+        let page = page_size_bytes as f64;
+        w.counter(
+            "memwatch_memory_swapped_in_bytes_total",
+            "Bytes read in from swap (pswpin).",
+        )
+        .add(&[], self.pswpin as f64 * page);
+        w.counter(
+            "memwatch_memory_swapped_out_bytes_total",
+            "Bytes written out to swap (pswpout).",
+        )
+        .add(&[], self.pswpout as f64 * page);
+        w.counter(
+            "memwatch_memory_major_faults_total",
+            "Page faults that needed I/O (pgmajfault).",
+        )
+        .add(&[], self.pgmajfault as f64);
+        w.counter(
+            "memwatch_oom_kills_total",
+            "Processes killed by the kernel's OOM killer (oom_kill).",
+        )
+        .opt(&[], self.oom_kill.map(|n| n as f64));
+    }
 }
 
 #[cfg(test)]

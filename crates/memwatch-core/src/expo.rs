@@ -1,17 +1,21 @@
 //! The Prometheus text exposition format (0.0.4): families of samples with HELP and TYPE, label
 //! values escaped, numbers as Prometheus reads them. The one writer every `/metrics` series goes
-//! through.
+//! through: the sample's own (`Sample::series`, each part beside its type) and the daemon's and
+//! jobs' (`memwatch::http`). It writes to a `String`; serving it is `memwatch`'s.
 
 use std::fmt::Write as _;
 
+/// A family's type.
 #[derive(Clone, Copy)]
-pub(super) enum Kind {
+pub enum Kind {
+    /// A value that goes up and down.
     Gauge,
+    /// A count that only goes up (its name ends in `_total`).
     Counter,
 }
 
 /// Collects the samples of one family, then writes HELP, TYPE and the samples, or nothing if empty.
-pub(super) struct Family<'a> {
+pub struct Family<'a> {
     out: &'a mut String,
     name: &'static str,
     help: &'static str,
@@ -20,7 +24,8 @@ pub(super) struct Family<'a> {
 }
 
 impl Family<'_> {
-    pub(super) fn add(&mut self, labels: &[(&str, &str)], value: f64) -> &mut Self {
+    /// A sample of the family with these labels.
+    pub fn add(&mut self, labels: &[(&str, &str)], value: f64) -> &mut Self {
         self.lines.push_str(self.name);
         if !labels.is_empty() {
             self.lines.push('{');
@@ -40,7 +45,8 @@ impl Family<'_> {
         self
     }
 
-    pub(super) fn opt(&mut self, labels: &[(&str, &str)], value: Option<f64>) -> &mut Self {
+    /// A sample, if there is a value: absent is left out, never written as 0.
+    pub fn opt(&mut self, labels: &[(&str, &str)], value: Option<f64>) -> &mut Self {
         if let Some(v) = value {
             self.add(labels, v);
         }
@@ -84,21 +90,21 @@ fn number(out: &mut String, v: f64) {
     }
 }
 
-pub(super) struct Writer {
-    pub(super) out: String,
+/// Writes families into `out`.
+pub struct Writer {
+    /// The text so far.
+    pub out: String,
 }
 
 impl Writer {
-    pub(super) fn new(out: String) -> Self {
+    /// A writer appending to `out`.
+    pub fn new(out: String) -> Self {
         Writer { out }
     }
 
-    pub(super) fn family(
-        &mut self,
-        name: &'static str,
-        kind: Kind,
-        help: &'static str,
-    ) -> Family<'_> {
+    /// A family of that name, type and help text: written when it is dropped, with nothing if it
+    /// has no sample.
+    pub fn family(&mut self, name: &'static str, kind: Kind, help: &'static str) -> Family<'_> {
         Family {
             out: &mut self.out,
             name,
@@ -107,10 +113,12 @@ impl Writer {
             lines: String::new(),
         }
     }
-    pub(super) fn gauge(&mut self, name: &'static str, help: &'static str) -> Family<'_> {
+    /// A gauge family.
+    pub fn gauge(&mut self, name: &'static str, help: &'static str) -> Family<'_> {
         self.family(name, Kind::Gauge, help)
     }
-    pub(super) fn counter(&mut self, name: &'static str, help: &'static str) -> Family<'_> {
+    /// A counter family.
+    pub fn counter(&mut self, name: &'static str, help: &'static str) -> Family<'_> {
         self.family(name, Kind::Counter, help)
     }
 }

@@ -9,107 +9,97 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::reason::Reason;
 
-/// What an event records. Serialized as its snake_case name (`stay_paused`, `way_out` …), and
-/// ordered by it (the counts per action list as they did when actions were strings).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Action {
+/// Declares `Action` with its names and meanings (its doc comments) and `Action::ALL` from one
+/// list: docs/api.md's table of actions is generated from it ([`Action::table`]).
+macro_rules! actions {
+    ($($(#[doc = $doc:literal])* $variant:ident = $label:literal,)*) => {
+        /// What an event records. Serialized as its snake_case name (`stay_paused`, `way_out` …),
+        /// and ordered by it (the counts per action list as they did when actions were strings).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        #[serde(rename_all = "snake_case")]
+        pub enum Action {
+            $($(#[doc = $doc])* $variant,)*
+        }
+
+        impl Action {
+            /// Every action, in the order the API's docs list them.
+            pub const ALL: &'static [Action] = &[$(Action::$variant,)*];
+
+            /// The name the API, the events and the metrics use (as serialized).
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Action::$variant => $label,)*
+                }
+            }
+
+            /// What it means, as docs/api.md's table of actions has it.
+            fn doc(self) -> String {
+                match self {
+                    $(Action::$variant => [$($doc),*].iter().map(|l| l.trim()).collect::<Vec<_>>().join(" "),)*
+                }
+            }
+        }
+    };
+}
+
+actions! {
     /// A job was attached (by a person, `memwatch launch`, a restarted daemon or Slurm).
-    Attach,
+    Attach = "attach",
     /// A job was detached, or its root exited.
-    Detach,
+    Detach = "detach",
     /// A job was paused.
-    Pause,
+    Pause = "pause",
     /// A job was resumed.
-    Resume,
+    Resume = "resume",
     /// A job was asked to save a checkpoint.
-    Checkpoint,
+    Checkpoint = "checkpoint",
     /// A job was asked to stop (SIGTERM to every process).
-    Terminate,
+    Terminate = "terminate",
     /// A job that did not stop within the grace got SIGKILL.
-    Kill,
+    Kill = "kill",
     /// A job reached the maximum pause and stays paused, as configured.
-    StayPaused,
+    StayPaused = "stay_paused",
     /// A resource changed level.
-    Level,
-    /// The OOM killer ended processes in a job's cgroups (its step and task cgroups included).
-    OomKill,
+    Level = "level",
+    /// The OOM killer ended processes in a job's cgroups (its Slurm step and task cgroups
+    /// included).
+    OomKill = "oom_kill",
     /// A change to a job's training config was staged (written to its file).
-    Rewrite,
+    Rewrite = "rewrite",
     /// The trainer acknowledged changes as applied.
-    Applied,
+    Applied = "applied",
     /// The trainer answered that it cannot apply changes.
-    Declined,
+    Declined = "declined",
     /// An acknowledged change was seen to take effect.
-    Verified,
+    Verified = "verified",
     /// An acknowledged change was not seen to take effect in time.
-    Unverified,
+    Unverified = "unverified",
     /// A step of a job's way out of a memory pause.
-    WayOut,
-    /// A running job will reach a limit soon at its current growth.
-    NearExhaustion,
-    /// A collector started failing.
-    CollectorDown,
-    /// A failing collector works again.
-    CollectorUp,
+    WayOut = "way_out",
+    /// A running job will reach a limit within `notify.near_exhaustion_seconds` at its current
+    /// growth.
+    NearExhaustion = "near_exhaustion",
+    /// A collector started failing (`job` is empty).
+    CollectorDown = "collector_down",
+    /// A failing collector works again (`job` is empty).
+    CollectorUp = "collector_up",
     /// Something memwatch tried failed.
-    Error,
+    Error = "error",
 }
 
 impl Action {
-    /// The name the API, the events and the metrics use (as serialized).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Action::Attach => "attach",
-            Action::Detach => "detach",
-            Action::Pause => "pause",
-            Action::Resume => "resume",
-            Action::Checkpoint => "checkpoint",
-            Action::Terminate => "terminate",
-            Action::Kill => "kill",
-            Action::StayPaused => "stay_paused",
-            Action::Level => "level",
-            Action::OomKill => "oom_kill",
-            Action::Rewrite => "rewrite",
-            Action::Applied => "applied",
-            Action::Declined => "declined",
-            Action::Verified => "verified",
-            Action::Unverified => "unverified",
-            Action::WayOut => "way_out",
-            Action::NearExhaustion => "near_exhaustion",
-            Action::CollectorDown => "collector_down",
-            Action::CollectorUp => "collector_up",
-            Action::Error => "error",
+    /// docs/api.md's table of actions: name, meaning.
+    pub fn table() -> String {
+        let mut t = String::from("| `action` | meaning |\n|---|---|\n");
+        for a in Action::ALL {
+            t.push_str(&format!("| `{}` | {} |\n", a.as_str(), a.doc()));
         }
+        t
     }
-
-    /// Every action, in the order the API's docs list them.
-    pub const ALL: [Action; 20] = [
-        Action::Attach,
-        Action::Detach,
-        Action::Pause,
-        Action::Resume,
-        Action::Checkpoint,
-        Action::Terminate,
-        Action::Kill,
-        Action::StayPaused,
-        Action::Level,
-        Action::OomKill,
-        Action::Rewrite,
-        Action::Applied,
-        Action::Declined,
-        Action::Verified,
-        Action::Unverified,
-        Action::WayOut,
-        Action::NearExhaustion,
-        Action::CollectorDown,
-        Action::CollectorUp,
-        Action::Error,
-    ];
 
     /// The action of that name, if there is one.
     pub fn parse(name: &str) -> Option<Action> {
-        Action::ALL.into_iter().find(|a| a.as_str() == name)
+        Action::ALL.iter().copied().find(|a| a.as_str() == name)
     }
 
     /// An event that is no intervention: not counted as one, and logged at info.
@@ -224,7 +214,7 @@ mod tests {
     #[test]
     fn action_names_are_the_serialized_ones_and_parse_back() {
         let mut seen = std::collections::BTreeSet::new();
-        for a in Action::ALL {
+        for &a in Action::ALL {
             assert_eq!(serde_json::to_value(a).unwrap(), a.as_str());
             assert_eq!(Action::parse(a.as_str()), Some(a));
             assert!(seen.insert(a.as_str()), "{} twice", a.as_str());
@@ -233,6 +223,45 @@ mod tests {
         // An events.jsonl line with an action this version does not know is skipped, not fatal.
         let line = r#"{"timestamp_ms":1,"action":"reboot","job":"","reason":"","detail":"","dry_run":false}"#;
         assert!(serde_json::from_str::<Event>(line).is_err());
+    }
+
+    /// docs/api.md's tables of actions and of reasons are `Action::table()` and `Reason::table()`,
+    /// in its `/api/v1/events` section (one test, so that blessing writes the file once).
+    #[test]
+    fn the_api_docs_tables_of_actions_and_reasons_are_generated() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/api.md");
+        let mut doc = std::fs::read_to_string(&path).unwrap();
+        let section = doc
+            .find("\n## `/api/v1/events`")
+            .expect("docs/api.md has a /api/v1/events section");
+        let mut drifted = Vec::new();
+        for (header, table) in [
+            ("\n| `action` | meaning |", Action::table()),
+            ("\n| `reason` | with `action` | meaning |", Reason::table()),
+        ] {
+            let start = section
+                + doc[section..]
+                    .find(header)
+                    .unwrap_or_else(|| panic!("the /api/v1/events section has a table {header:?}"))
+                + 1;
+            let len = doc[start..]
+                .split_inclusive('\n')
+                .take_while(|l| l.starts_with('|'))
+                .map(str::len)
+                .sum::<usize>();
+            if doc[start..start + len] != table {
+                drifted.push(header.trim());
+                doc.replace_range(start..start + len, &table);
+            }
+        }
+        if std::env::var_os("MEMWATCH_BLESS").is_some() {
+            std::fs::write(&path, &doc).unwrap();
+        } else {
+            assert!(
+                drifted.is_empty(),
+                "docs/api.md's tables drifted ({drifted:?}): run `MEMWATCH_BLESS=1 cargo test -p memwatch-core api_docs`"
+            );
+        }
     }
 
     /// The list keeps the newest `RECENT`, loaded or recorded, and hands every recorded one (only

@@ -264,38 +264,6 @@ impl<'de> Deserialize<'de> for Reason {
 mod tests {
     use super::*;
 
-    /// docs/api.md's table of reasons is `Reason::table()`, in its `/api/v1/events` section.
-    #[test]
-    fn the_api_docs_table_of_reasons_is_generated() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/api.md");
-        let doc = std::fs::read_to_string(&path).unwrap();
-        let section = doc
-            .find("\n## `/api/v1/events`")
-            .expect("docs/api.md has a /api/v1/events section");
-        let start = section
-            + doc[section..]
-                .find("\n| `reason` |")
-                .expect("the /api/v1/events section has a table of reasons")
-            + 1;
-        let len = doc[start..]
-            .split_inclusive('\n')
-            .take_while(|l| l.starts_with('|'))
-            .map(str::len)
-            .sum::<usize>();
-        let table = Reason::table();
-        if std::env::var_os("MEMWATCH_BLESS").is_some() {
-            let mut new = doc.clone();
-            new.replace_range(start..start + len, &table);
-            std::fs::write(&path, new).unwrap();
-        } else {
-            assert_eq!(
-                &doc[start..start + len],
-                table,
-                "docs/api.md's table of reasons drifted: run `MEMWATCH_BLESS=1 cargo test -p memwatch-core api_docs`"
-            );
-        }
-    }
-
     #[test]
     fn labels_are_unique_serialized_and_parse_back() {
         let mut seen = std::collections::BTreeSet::new();

@@ -25,6 +25,7 @@ pub struct Family<'a> {
 
 impl Family<'_> {
     /// A sample of the family with these labels.
+    #[inline]
     pub fn add(&mut self, labels: &[(&str, &str)], value: f64) -> &mut Self {
         self.lines.push_str(self.name);
         if !labels.is_empty() {
@@ -46,6 +47,7 @@ impl Family<'_> {
     }
 
     /// A sample, if there is a value: absent is left out, never written as 0.
+    #[inline]
     pub fn opt(&mut self, labels: &[(&str, &str)], value: Option<f64>) -> &mut Self {
         if let Some(v) = value {
             self.add(labels, v);
@@ -69,6 +71,7 @@ impl Drop for Family<'_> {
     }
 }
 
+#[inline]
 fn escape(out: &mut String, v: &str) {
     for c in v.chars() {
         match c {
@@ -80,6 +83,7 @@ fn escape(out: &mut String, v: &str) {
     }
 }
 
+#[inline]
 fn number(out: &mut String, v: f64) {
     if v.is_nan() {
         out.push_str("NaN");
@@ -98,6 +102,7 @@ pub struct Writer {
 
 impl Writer {
     /// A writer appending to `out`.
+    #[inline]
     pub fn new(out: String) -> Self {
         Writer { out }
     }
@@ -114,10 +119,12 @@ impl Writer {
         }
     }
     /// A gauge family.
+    #[inline]
     pub fn gauge(&mut self, name: &'static str, help: &'static str) -> Family<'_> {
         self.family(name, Kind::Gauge, help)
     }
     /// A counter family.
+    #[inline]
     pub fn counter(&mut self, name: &'static str, help: &'static str) -> Family<'_> {
         self.family(name, Kind::Counter, help)
     }

@@ -1,8 +1,10 @@
 //! The checkpoint signal before a pause (`policy.checkpoint_signal`): a job at its critical line is
-//! asked to save first, through its root, and paused only when the grace runs out. (A Slurm job
-//! attached by id is asked through Slurm, every task on every node: `effects.rs`.)
+//! asked to save first, through its root, and paused only when the grace runs out; a Slurm job
+//! attached by id is asked through Slurm, every task on every node.
 
-use super::harness::{ALL, PID, Sim};
+use crate::seam::SlurmCall;
+
+use super::harness::{ALL, Kind, PID, SLURM_ID, Sim};
 use super::host::Act;
 use crate::config::SignalName;
 
@@ -78,4 +80,36 @@ fn a_job_that_recovers_within_the_grace_runs_on() {
         );
         s.check();
     }
+}
+
+/// A Slurm job attached by id (`memwatch attach --slurm-job`) is asked through Slurm (`scancel
+/// --signal`, every task on every node), not through this node's root alone.
+#[test]
+fn a_slurm_job_attached_by_id_is_asked_through_slurm() {
+    let usr1 = SignalName::parse("SIGUSR1").expect("a signal name");
+    let mut s = Sim::with(Kind::Slurm, CONFIG, &[]);
+    let r = s.cmd(serde_json::json!({"cmd": "detach", "target": "sim"}));
+    assert!(r.ok, "detach: {:?}", r.error);
+    // No Slurm cgroup plugin here: its tasks come from `scontrol listpids`.
+    *s.host.listpids.lock().unwrap() = Some(vec![PID, PID + 1]);
+    let r = s.cmd_as(
+        0,
+        serde_json::json!({"cmd": "attach_slurm", "job_id": SLURM_ID, "name": "sim"}),
+    );
+    assert!(r.ok, "attach by id: {:?}", r.error);
+    s.sample(0.97);
+    assert!(s.pause().is_none(), "paused before the grace");
+    assert!(
+        s.slurm
+            .contains(&(SlurmCall::Signal("USR1".into()), SLURM_ID.into())),
+        "{:?}",
+        s.slurm
+    );
+    assert!(
+        !s.host.acts().contains(&Act::Signal(PID, usr1)),
+        "{:?}",
+        s.host.acts()
+    );
+    assert_eq!(s.events().iter().filter(|e| e.0 == "checkpoint").count(), 1);
+    s.check();
 }

@@ -103,6 +103,8 @@ pub struct FakeHost {
     state: Arc<Mutex<serde_json::Value>>,
     /// The audit log's lines, oldest first.
     events: Arc<Mutex<Vec<Event>>>,
+    /// What `scontrol listpids` prints for the Slurm job, as pids (`None`: no scontrol).
+    pub listpids: Mutex<Option<Vec<u32>>>,
 }
 
 impl FakeHost {
@@ -120,6 +122,7 @@ impl FakeHost {
             fired: Mutex::new(Vec::new()),
             state: Arc::new(Mutex::new(serde_json::Value::Null)),
             events: Arc::new(Mutex::new(Vec::new())),
+            listpids: Mutex::new(None),
         })
     }
 

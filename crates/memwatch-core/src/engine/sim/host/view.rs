@@ -181,10 +181,14 @@ impl HostView for FakeHost {
     }
 
     fn slurm_listpids(&self, _ctl: &Slurmctl, id: &str) -> Result<Vec<u32>, SlurmError> {
-        Err(SlurmError::Spawn {
-            command: format!("scontrol listpids {id}"),
-            reason: "no scontrol in the simulator".into(),
-        })
+        self.listpids
+            .lock()
+            .unwrap()
+            .clone()
+            .ok_or_else(|| SlurmError::Spawn {
+                command: format!("scontrol listpids {id}"),
+                reason: "no scontrol in the simulator".into(),
+            })
     }
 
     fn open_config(

@@ -35,7 +35,7 @@ macro_rules! actions {
             /// What it means, as docs/api.md's table of actions has it.
             fn doc(self) -> String {
                 match self {
-                    $(Action::$variant => [$($doc),*].iter().map(|l| l.trim()).collect::<Vec<_>>().join(" "),)*
+                    $(Action::$variant => crate::reason::paragraph(&[$($doc),*]),)*
                 }
             }
         }

@@ -129,3 +129,9 @@ impl Writer {
         self.family(name, Kind::Counter, help)
     }
 }
+
+/// A count of bytes as a sample's value (the text format's numbers are floats).
+#[inline]
+pub fn bytes(v: u64) -> f64 {
+    v as f64
+}

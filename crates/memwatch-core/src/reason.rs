@@ -12,6 +12,12 @@ use crate::config::Step;
 use crate::policy::{Cause, Resource, Resumed};
 use crate::sample::Collector;
 
+/// A doc comment's lines as one paragraph: how the `reasons!` and `actions!` lists give their
+/// entries' meanings to docs/api.md's tables.
+pub(crate) fn paragraph(lines: &[&str]) -> String {
+    lines.iter().map(|l| l.trim()).collect::<Vec<_>>().join(" ")
+}
+
 /// Declares `Reason` with its labels, the actions it goes with and its meaning (its doc comment),
 /// and `Reason::ALL`, from one list: docs/api.md's table of reasons is generated from it
 /// ([`Reason::table`]), so a new reason is documented by construction.
@@ -56,7 +62,7 @@ macro_rules! reasons {
             /// The actions it goes with and what it means, as docs/api.md's table has them.
             fn doc(&self) -> (&'static str, String) {
                 match self {
-                    $(Reason::$variant => ($actions, [$($doc),*].iter().map(|l| l.trim()).collect::<Vec<_>>().join(" ")),)*
+                    $(Reason::$variant => ($actions, paragraph(&[$($doc),*])),)*
                     Reason::Collector(c) => ("collector_down, collector_up", c.what().to_owned()),
                     Reason::Other(_) => ("", String::new()),
                 }

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::expo::Writer;
+use crate::expo::{Writer, bytes as b};
 use serde::{Deserialize, Serialize};
 
 use super::error::ReadError;
@@ -148,10 +148,6 @@ impl CgroupMemory {
         )
         .opt(&labels, cg.oom_kills.map(|n| n as f64));
     }
-}
-
-fn b(v: u64) -> f64 {
-    v as f64
 }
 
 #[cfg(test)]

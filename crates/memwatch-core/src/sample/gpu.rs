@@ -2,7 +2,7 @@
 //!
 //! A field the driver reports as not supported is `None`, never a sentinel value.
 
-use crate::expo::Writer;
+use crate::expo::{Writer, bytes as b};
 use serde::{Deserialize, Serialize};
 
 /// One GPU at one moment.
@@ -195,8 +195,4 @@ pub fn series(gpus: &[GpuSample], w: &mut Writer) {
             );
         }
     }
-}
-
-fn b(v: u64) -> f64 {
-    v as f64
 }

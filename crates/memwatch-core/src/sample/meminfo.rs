@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use crate::expo::Writer;
+use crate::expo::{Writer, bytes as b};
 use serde::{Deserialize, Serialize};
 
 use super::error::{ReadError, parse_u64};
@@ -129,10 +129,6 @@ impl MemInfo {
         )
         .opt(&[], self.swap_cached_bytes.map(b));
     }
-}
-
-fn b(v: u64) -> f64 {
-    v as f64
 }
 
 #[cfg(test)]

@@ -79,9 +79,7 @@ mod tests {
     fn observation(now_ms: u64, host: f64) -> Observation {
         Observation {
             now_ms,
-            host_memory: Reading::Value(host),
-            swap: Reading::Absent,
-            pressure: Reading::Absent,
+            host: vec![(policy::Resource::HostMemory, Reading::Value(host))],
             cpu_temperature: None,
             gpus: Vec::new(),
             jobs: vec![JobObservation {

@@ -140,15 +140,7 @@ reasons! {
 impl From<&Resource> for Reason {
     /// A resource's kind, without its scope: `gpu_temperature`, not `gpu_temperature:0`.
     fn from(r: &Resource) -> Reason {
-        match r {
-            Resource::HostMemory => Reason::HostMemory,
-            Resource::Swap => Reason::Swap,
-            Resource::Pressure => Reason::Pressure,
-            Resource::CpuTemperature => Reason::CpuTemperature,
-            Resource::GpuMemory(_) => Reason::GpuMemory,
-            Resource::GpuTemperature(_) => Reason::GpuTemperature,
-            Resource::JobCgroup(_) => Reason::JobCgroup,
-        }
+        Reason::parse(r.kind())
     }
 }
 

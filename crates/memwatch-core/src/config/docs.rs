@@ -1,7 +1,14 @@
 //! The documentation of every setting, by dotted key: the source of the comments in
 //! memwatch.example.toml, and of `memwatch config example`. A test fails when a setting has none.
 
-/// One line of documentation for every setting, by dotted key, in file order.
+/// Every documented key: [`DOCS`], then each resource's `[policy.KEY]` table
+/// (`config::policy::RESOURCE_DOCS`, beside its settings).
+pub fn every() -> impl Iterator<Item = &'static (&'static str, &'static str)> {
+    DOCS.iter().chain(super::policy::RESOURCE_DOCS)
+}
+
+/// One line of documentation for every setting but a resource's own table, by dotted key, in file
+/// order.
 pub const DOCS: &[(&str, &str)] = &[
     (
         "listen",
@@ -188,42 +195,6 @@ fresh sample when the last is older than interval_ms. At or below interval_ms: n
     (
         "policy.checkpoint_grace_ms",
         "Time the job gets to checkpoint before it is paused.",
-    ),
-    (
-        "policy.host_memory",
-        "Host RAM in use: 1 - MemAvailable / MemTotal. Critical at 90 % used pauses the jobs before\n\
-         earlyoom's default kill line (10 % available with swap also under 10 %) and well before the\n\
-         kernel's OOM killer; warn at 80 %.",
-    ),
-    (
-        "policy.swap",
-        "Swap in use: (SwapTotal - SwapFree) / SwapTotal; absent without swap. Warn only by default:\n\
-         swap is slow, not fatal, and host_memory covers the OOM risk.",
-    ),
-    (
-        "policy.pressure",
-        "PSI memory \"full\" over 10 s: the share of time every task waited for memory (thrashing).\n\
-         Critical at 40 % for 2 s, before systemd-oomd's default kill at 60 % for 30 s.",
-    ),
-    (
-        "policy.job_cgroup",
-        "An attached job's memory cgroup: working set (usage less inactive file cache) / limit, absent\n\
-         when unlimited. Critical at 95 %: the cgroup's OOM killer fires at 100 %.",
-    ),
-    (
-        "policy.gpu_memory",
-        "GPU memory used / total. Warn only by default: pausing frees no GPU memory; memwatch advises and\n\
-         rewrites the batch instead.",
-    ),
-    (
-        "policy.gpu_temperature",
-        "GPU core temperature against NVML's slowdown and shutdown points (fallbacks when NVML reports\n\
-         none): pause 5 °C before shutdown, resume only 5 °C under slowdown after 10 s, so a GPU hovering\n\
-         at a threshold does not flap.",
-    ),
-    (
-        "policy.cpu_temperature",
-        "The hottest hwmon / thermal-zone sensor against its max (slowdown) and crit (shutdown) points.",
     ),
     (
         "adapt",

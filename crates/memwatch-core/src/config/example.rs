@@ -1,17 +1,19 @@
-//! The documented example configuration, rendered from the defaults and [`DOCS`].
+//! The documented example configuration, rendered from the defaults and [`DOCS`](super::DOCS).
 
 use std::fmt::Write as _;
 
-use super::{Config, DOCS};
+use super::{Config, docs};
 
-/// Why the example configuration cannot be rendered: the defaults and [`DOCS`] disagree.
+/// Why the example configuration cannot be rendered: the defaults and [`DOCS`](super::DOCS) disagree.
 #[derive(Debug, thiserror::Error)]
 pub enum ExampleError {
-    /// A setting with no text in [`DOCS`].
-    #[error("setting `{0}` has no documentation in config::DOCS")]
+    /// A setting with no text in [`DOCS`](super::DOCS).
+    #[error(
+        "setting `{0}` has no documentation in config::DOCS (a resource's table: config::policy::RESOURCE_DOCS)"
+    )]
     Undocumented(String),
-    /// A text in [`DOCS`] for a key that is not a setting.
-    #[error("config::DOCS documents `{0}`, which is not a setting")]
+    /// A text in [`DOCS`](super::DOCS) for a key that is not a setting.
+    #[error("config::DOCS or RESOURCE_DOCS documents `{0}`, which is not a setting")]
     Stale(String),
     /// The defaults do not serialize as TOML.
     #[error("the defaults as TOML: {0}")]
@@ -23,9 +25,9 @@ fn doc(key: &str) -> Result<&'static str, ExampleError> {
         ["policy", _, field] => format!("policy.*.{field}"),
         _ => String::new(),
     };
-    DOCS.iter()
+    docs::every()
         .find(|(k, _)| *k == key)
-        .or_else(|| DOCS.iter().find(|(k, _)| *k == generic))
+        .or_else(|| docs::every().find(|(k, _)| *k == generic))
         .map(|(_, d)| *d)
         .ok_or_else(|| ExampleError::Undocumented(key.to_owned()))
 }
@@ -36,7 +38,7 @@ fn comment(out: &mut String, text: &str) {
     }
 }
 
-/// Renders the example configuration from the defaults and [`DOCS`]. Fails if a setting is undocumented
+/// Renders the example configuration from the defaults and [`DOCS`](super::DOCS). Fails if a setting is undocumented
 /// or a documented key no longer exists.
 pub fn example_toml() -> Result<String, ExampleError> {
     let table = toml::Table::try_from(Config::default())?;
@@ -51,7 +53,7 @@ pub fn example_toml() -> Result<String, ExampleError> {
         seen.iter()
             .any(|s| s == k || (k.starts_with("policy.*.") && s.ends_with(&k[8..])))
     };
-    if let Some((stale, _)) = DOCS.iter().find(|(k, _)| !used(k)) {
+    if let Some((stale, _)) = docs::every().find(|(k, _)| !used(k)) {
         return Err(ExampleError::Stale((*stale).to_owned()));
     }
     Ok(out)

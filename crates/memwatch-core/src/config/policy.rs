@@ -1,5 +1,6 @@
 //! Policy settings: thresholds, hold times and actions per resource. Defaults and their reasons are
-//! documented in `config::DOCS` and the example file.
+//! documented in `config::DOCS`, each resource's table in [`RESOURCE_DOCS`] here, and the example
+//! file.
 
 use serde::{Deserialize, Deserializer, Serialize};
 
@@ -149,6 +150,47 @@ pub struct Policy {
     #[serde(deserialize_with = "given::cpu_temperature")]
     pub cpu_temperature: TempPolicy,
 }
+
+/// What each resource's `[policy.KEY]` table is: the comment above it in the example file (its keys'
+/// own comments are `config::DOCS`' `policy.*.KEY`).
+pub const RESOURCE_DOCS: &[(&str, &str)] = &[
+    (
+        "policy.host_memory",
+        "Host RAM in use: 1 - MemAvailable / MemTotal. Critical at 90 % used pauses the jobs before\n\
+         earlyoom's default kill line (10 % available with swap also under 10 %) and well before the\n\
+         kernel's OOM killer; warn at 80 %.",
+    ),
+    (
+        "policy.swap",
+        "Swap in use: (SwapTotal - SwapFree) / SwapTotal; absent without swap. Warn only by default:\n\
+         swap is slow, not fatal, and host_memory covers the OOM risk.",
+    ),
+    (
+        "policy.pressure",
+        "PSI memory \"full\" over 10 s: the share of time every task waited for memory (thrashing).\n\
+         Critical at 40 % for 2 s, before systemd-oomd's default kill at 60 % for 30 s.",
+    ),
+    (
+        "policy.job_cgroup",
+        "An attached job's memory cgroup: working set (usage less inactive file cache) / limit, absent\n\
+         when unlimited. Critical at 95 %: the cgroup's OOM killer fires at 100 %.",
+    ),
+    (
+        "policy.gpu_memory",
+        "GPU memory used / total. Warn only by default: pausing frees no GPU memory; memwatch advises and\n\
+         rewrites the batch instead.",
+    ),
+    (
+        "policy.gpu_temperature",
+        "GPU core temperature against NVML's slowdown and shutdown points (fallbacks when NVML reports\n\
+         none): pause 5 °C before shutdown, resume only 5 °C under slowdown after 10 s, so a GPU hovering\n\
+         at a threshold does not flap.",
+    ),
+    (
+        "policy.cpu_temperature",
+        "The hottest hwmon / thermal-zone sensor against its max (slowdown) and crit (shutdown) points.",
+    ),
+];
 
 /// A `[policy.X]` table holds the keys it gives, each over that resource's own default: setting
 /// `critical` alone keeps the rest of the resource's defaults. Each key is read where it is written,
@@ -314,15 +356,28 @@ fn holds_ok(name: &str, enter: u64, leave: u64) -> Result<(), (String, String)> 
 }
 
 impl Policy {
-    /// Cross-field checks: returns the dotted key at fault and why.
-    pub fn validate(&self) -> Result<(), (String, String)> {
-        for (name, r) in [
+    /// Each resource's ratio settings, by the resource's key (`policy::Resource::kind`).
+    pub fn ratios(&self) -> [(&'static str, &RatioPolicy); 5] {
+        [
             ("host_memory", &self.host_memory),
             ("swap", &self.swap),
             ("pressure", &self.pressure),
             ("job_cgroup", &self.job_cgroup),
             ("gpu_memory", &self.gpu_memory),
-        ] {
+        ]
+    }
+
+    /// The ratio settings of the resource whose key is `kind`; `None` for a temperature's or an
+    /// unknown key.
+    pub fn ratio(&self, kind: &str) -> Option<&RatioPolicy> {
+        self.ratios()
+            .into_iter()
+            .find_map(|(k, r)| (k == kind).then_some(r))
+    }
+
+    /// Cross-field checks: returns the dotted key at fault and why.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        for (name, r) in self.ratios() {
             // Both values are said: one of them may be a default the file never wrote.
             for (key, v, other, w) in [
                 ("warn_leave", r.warn_leave.0, "warn", r.warn.0),
@@ -405,13 +460,7 @@ impl Policy {
                 return Err((key.into(), format!("must be at most {max}, got {v}")));
             }
         }
-        for (name, r) in [
-            ("host_memory", &self.host_memory),
-            ("swap", &self.swap),
-            ("pressure", &self.pressure),
-            ("job_cgroup", &self.job_cgroup),
-            ("gpu_memory", &self.gpu_memory),
-        ] {
+        for (name, r) in self.ratios() {
             holds_ok(name, r.enter_hold_ms, r.leave_hold_ms)?;
         }
         for (name, t) in [

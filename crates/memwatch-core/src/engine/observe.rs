@@ -366,32 +366,14 @@ impl Engine {
 
     fn observation(&self, now_ms: u64) -> Observation {
         let s = self.latest.as_deref();
-        let host_memory = match self.host_memory {
-            Some((available, total)) if total > 0 => {
-                Reading::Value(1.0 - available as f64 / total as f64)
-            }
-            _ => Reading::Unknown,
+        let src = policy::HostSources {
+            sample: s,
+            memory: self.host_memory,
         };
-        let swap = match s.and_then(|s| s.host.memory.as_ref()) {
-            Some(m) if m.swap_total_bytes == 0 => Reading::Absent,
-            Some(m) => Reading::Value(m.swap_used_bytes() as f64 / m.swap_total_bytes as f64),
-            None => Reading::Unknown,
-        };
-        let pressure = match s {
-            None => Reading::Unknown,
-            Some(s)
-                if !s
-                    .collectors
-                    .iter()
-                    .any(|c| c.name == "pressure" && c.success) =>
-            {
-                Reading::Unknown
-            }
-            Some(s) => match s.host.pressure.memory.as_ref().and_then(|p| p.full) {
-                Some(full) => Reading::Value(full.avg10),
-                None => Reading::Absent,
-            },
-        };
+        let host = policy::Resource::HOST
+            .iter()
+            .map(|r| (r.clone(), r.read(&src)))
+            .collect();
         let cpu_temperature = s.and_then(|s| {
             s.host
                 .temperatures
@@ -472,9 +454,7 @@ impl Engine {
             .collect();
         Observation {
             now_ms,
-            host_memory,
-            swap,
-            pressure,
+            host,
             cpu_temperature,
             gpus,
             jobs,

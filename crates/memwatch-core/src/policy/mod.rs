@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{OnCritical, OnMaxPause, Policy, RatioPolicy, TempPolicy};
 pub use level::{Level, LevelState, Reading, Thresholds};
-pub use resource::{Cause, KeyError, Resource, Resumed};
+pub use resource::{Cause, HostSources, KeyError, Resource, Resumed};
 
 /// A second pause on a projection within this long of the last one's end is strict (see
 /// `PauseState::strict`).
@@ -102,12 +102,8 @@ impl JobObservation {
 pub struct Observation {
     /// When the observation was made (engine clock, ms).
     pub now_ms: u64,
-    /// 1 - MemAvailable / MemTotal.
-    pub host_memory: Reading,
-    /// Swap used / total; `Absent` without swap.
-    pub swap: Reading,
-    /// PSI memory full avg10, 0–1; `Absent` without PSI.
-    pub pressure: Reading,
+    /// Each host-wide resource ([`Resource::HOST`]) with its reading ([`Resource::read`]).
+    pub host: Vec<(Resource, Reading)>,
     /// The hottest CPU sensor relative to its own thresholds.
     pub cpu_temperature: Option<Temperature>,
     /// Each GPU.
@@ -266,26 +262,14 @@ pub fn temp_thresholds(t: &Temperature, p: &TempPolicy) -> Thresholds {
 
 /// The level keys, with their reading, thresholds and action, for one observation.
 fn resources(obs: &Observation, cfg: &Policy) -> Vec<(Resource, Reading, Thresholds, OnCritical)> {
-    let mut v = vec![
-        (
-            Resource::HostMemory,
-            obs.host_memory,
-            ratio_thresholds(&cfg.host_memory),
-            cfg.host_memory.action,
-        ),
-        (
-            Resource::Swap,
-            obs.swap,
-            ratio_thresholds(&cfg.swap),
-            cfg.swap.action,
-        ),
-        (
-            Resource::Pressure,
-            obs.pressure,
-            ratio_thresholds(&cfg.pressure),
-            cfg.pressure.action,
-        ),
-    ];
+    let mut v: Vec<_> = obs
+        .host
+        .iter()
+        .filter_map(|(r, reading)| {
+            let p = cfg.ratio(r.kind())?;
+            Some((r.clone(), *reading, ratio_thresholds(p), p.action))
+        })
+        .collect();
     let temp = |t: &Option<Temperature>, p: &TempPolicy| match t {
         Some(t) => (Reading::Value(t.celsius), temp_thresholds(t, p)),
         None => (

@@ -7,6 +7,9 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use super::Reading;
+use crate::sample::{Collector, Sample};
+
 /// A resource with a level. Ordered by its key, as the string keys were (`gpu_memory:0` before
 /// `host_memory`): the levels' lists and the pause reasons keep their order.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -68,6 +71,48 @@ impl Resource {
         }
     }
 
+    /// The host-wide resources whose level is a share of the host's own numbers, in the order the
+    /// policy walks them. Each reads itself ([`Resource::read`]); its settings are `[policy.KEY]`,
+    /// found by its key (`config::Policy::ratio`). The engine and the policy need nothing more of
+    /// one: a new host-wide resource is its variant here, its settings, and its reason.
+    pub const HOST: &'static [Resource] =
+        &[Resource::HostMemory, Resource::Swap, Resource::Pressure];
+
+    /// Its reading on the host, for one of [`Resource::HOST`]; `Unknown` for any other (a GPU's, a
+    /// temperature's and a job's come from their own observations).
+    pub fn read(&self, src: &HostSources<'_>) -> Reading {
+        match self {
+            // 1 - MemAvailable / MemTotal, from the latest probe (fresher than the sample).
+            Resource::HostMemory => match src.memory {
+                Some((available, total)) if total > 0 => {
+                    Reading::Value(1.0 - available as f64 / total as f64)
+                }
+                _ => Reading::Unknown,
+            },
+            // Swap used / total; absent without swap.
+            Resource::Swap => match src.sample.and_then(|s| s.host.memory.as_ref()) {
+                Some(m) if m.swap_total_bytes == 0 => Reading::Absent,
+                Some(m) => Reading::Value(m.swap_used_bytes() as f64 / m.swap_total_bytes as f64),
+                None => Reading::Unknown,
+            },
+            // PSI memory full avg10; unknown when its collector failed, absent without PSI.
+            Resource::Pressure => match src.sample {
+                Some(s)
+                    if s.collectors
+                        .iter()
+                        .any(|c| c.name == Collector::Pressure.name() && c.success) =>
+                {
+                    match s.host.pressure.memory.as_ref().and_then(|p| p.full) {
+                        Some(full) => Reading::Value(full.avg10),
+                        None => Reading::Absent,
+                    }
+                }
+                _ => Reading::Unknown,
+            },
+            _ => Reading::Unknown,
+        }
+    }
+
     /// Its value for people, in its unit: " 92 °C", " 12.5 %" (pressure), " 98 %".
     pub fn value_words(&self, value: Option<f64>) -> String {
         match value {
@@ -89,6 +134,15 @@ impl fmt::Display for Resource {
             _ => f.write_str(self.kind()),
         }
     }
+}
+
+/// What the host-wide resources ([`Resource::HOST`]) are read from.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HostSources<'a> {
+    /// The latest full sample.
+    pub sample: Option<&'a Sample>,
+    /// The latest (MemAvailable, MemTotal), from a probe or the sample.
+    pub memory: Option<(u64, u64)>,
 }
 
 /// A key that names no resource (or cause): the key as given, and what is wrong with it.
@@ -279,5 +333,70 @@ mod tests {
         );
         assert_eq!(Resource::HostMemory.value_words(Some(0.981)), " 98 %");
         assert_eq!(Resource::Pressure.value_words(Some(0.125)), " 12.5 %");
+    }
+
+    /// Each host-wide resource reads itself: swap as used / total (absent without swap), pressure
+    /// only from a PSI collector that succeeded, host memory from the probe's numbers.
+    #[test]
+    fn host_resources_read_their_own_numbers() {
+        use crate::sample::meminfo::MemInfo;
+        use crate::sample::psi::{Psi, PsiLine};
+        use crate::sample::{CollectorStatus, Sample};
+        let mut sample = Sample::default();
+        sample.host.memory = Some(MemInfo {
+            swap_total_bytes: 4 << 30,
+            swap_free_bytes: 1 << 30,
+            ..MemInfo::default()
+        });
+        sample.host.pressure.memory = Some(Psi {
+            full: Some(PsiLine {
+                avg10: 0.25,
+                ..PsiLine::default()
+            }),
+            ..Psi::default()
+        });
+        let pressure_ok = |success| CollectorStatus {
+            name: "pressure".into(),
+            success,
+            duration_seconds: 0.0,
+            errors_total: 0,
+        };
+        sample.collectors = vec![pressure_ok(true)];
+        let src = HostSources {
+            sample: Some(&sample),
+            memory: Some((1 << 30, 4 << 30)),
+        };
+        let read: Vec<Reading> = Resource::HOST.iter().map(|r| r.read(&src)).collect();
+        assert_eq!(
+            read,
+            [
+                Reading::Value(0.75),
+                Reading::Value(0.75),
+                Reading::Value(0.25)
+            ]
+        );
+        // Every host-wide resource has settings of its own and a reason that is not `Other`.
+        let cfg = crate::config::Policy::default();
+        for r in Resource::HOST {
+            assert!(cfg.ratio(r.kind()).is_some(), "no [policy.{}]", r.kind());
+            assert!(
+                !matches!(
+                    crate::reason::Reason::from(r),
+                    crate::reason::Reason::Other(_)
+                ),
+                "{r} has no reason"
+            );
+        }
+        // Without swap, swap is absent; a failed PSI read is unknown, not zero.
+        sample.host.memory.as_mut().unwrap().swap_total_bytes = 0;
+        sample.collectors = vec![pressure_ok(false)];
+        let src = HostSources {
+            sample: Some(&sample),
+            memory: None,
+        };
+        assert_eq!(Resource::Swap.read(&src), Reading::Absent);
+        assert_eq!(Resource::Pressure.read(&src), Reading::Unknown);
+        assert_eq!(Resource::HostMemory.read(&src), Reading::Unknown);
+        assert_eq!(Resource::GpuMemory(0).read(&src), Reading::Unknown);
     }
 }

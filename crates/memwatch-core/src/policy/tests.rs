@@ -5,9 +5,11 @@ use super::*;
 fn obs(now_ms: u64) -> Observation {
     Observation {
         now_ms,
-        host_memory: Reading::Value(0.30),
-        swap: Reading::Absent,
-        pressure: Reading::Value(0.0),
+        host: vec![
+            (Resource::HostMemory, Reading::Value(0.30)),
+            (Resource::Swap, Reading::Absent),
+            (Resource::Pressure, Reading::Value(0.0)),
+        ],
         cpu_temperature: None,
         gpus: vec![GpuObservation {
             index: 0,
@@ -85,15 +87,24 @@ fn run(cfg: &Policy, steps: &[Step]) -> Vec<Vec<String>> {
         .collect()
 }
 
+/// Sets a host-wide resource's reading.
+fn set(o: &mut Observation, r: Resource, v: Reading) {
+    for (k, reading) in &mut o.host {
+        if *k == r {
+            *reading = v;
+        }
+    }
+}
+
 fn calm(_: &mut Observation) {}
 fn host_critical(o: &mut Observation) {
-    o.host_memory = Reading::Value(0.93);
+    set(o, Resource::HostMemory, Reading::Value(0.93));
 }
 fn host_recovering(o: &mut Observation) {
-    o.host_memory = Reading::Value(0.80);
+    set(o, Resource::HostMemory, Reading::Value(0.80));
 }
 fn host_unknown(o: &mut Observation) {
-    o.host_memory = Reading::Unknown;
+    set(o, Resource::HostMemory, Reading::Unknown);
 }
 fn cgroup_critical(o: &mut Observation) {
     o.jobs[0].cgroup = Reading::Value(0.96);
@@ -354,7 +365,7 @@ fn user_resume_overrides_the_current_episode_only() {
     st = next;
     // The episode ends, a new one starts: the policy may pause again.
     let mut calm_obs = obs(6000);
-    calm_obs.host_memory = Reading::Value(0.5);
+    set(&mut calm_obs, Resource::HostMemory, Reading::Value(0.5));
     st = advance(&st, calm_obs.clone(), &cfg).0;
     calm_obs.now_ms = 12_000;
     st = advance(&st, calm_obs, &cfg).0;
@@ -568,4 +579,35 @@ fn a_pause_carried_over_a_restart_waits_for_its_cause_to_be_read() {
         "{d:?}"
     );
     assert_eq!(w.1, None);
+}
+
+fn swap_full(o: &mut Observation) {
+    set(o, Resource::Swap, Reading::Value(0.95));
+}
+
+/// Swap is a host-wide resource like any other: its level comes from its own `[policy.swap]`, and
+/// its default action only warns (slow, not fatal); told to pause, it pauses the jobs.
+#[test]
+fn full_swap_warns_by_default_and_pauses_when_told() {
+    let d = Policy::default();
+    let out = run(&d, &[(0, calm), (1000, swap_full), (2000, swap_full)]);
+    assert_eq!(out[1], s(&["level swap critical"]));
+    assert!(out[2].is_empty(), "{:?}", out[2]);
+    let cfg = Policy {
+        swap: RatioPolicy {
+            action: OnCritical::Pause,
+            ..d.swap.clone()
+        },
+        ..d.clone()
+    };
+    let out = run(&cfg, &[(0, calm), (1000, swap_full)]);
+    assert_eq!(out[1], s(&["level swap critical", "pause"]));
+    // Its own thresholds, not host_memory's: 0.85 is under swap's critical (0.90).
+    let out = run(
+        &cfg,
+        &[(0, |o: &mut Observation| {
+            set(o, Resource::Swap, Reading::Value(0.85))
+        })],
+    );
+    assert_eq!(out[0], s(&["level swap warn"]));
 }

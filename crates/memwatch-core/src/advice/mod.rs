@@ -117,20 +117,27 @@ pub struct Input<'a> {
     /// Thermal pauses per job in the last hour.
     pub thermal_pauses: &'a [(String, u32)],
     /// The policy's levels by key (`host_memory`, `job_cgroup:NAME`, `gpu_memory:INDEX`): memory
-    /// advice starts where one is at warn or worse, and cites it.
+    /// advice starts where one is at warn or worse (`LevelState::settled`: not while only a leave
+    /// hold keeps it there), and cites it.
     pub levels: &'a BTreeMap<Resource, LevelState>,
 }
 
-/// "`what` is at critical: 97 % used (`detail`)" when the level at `key` is warn or worse.
+/// "`what` is at critical: 97 % used (`detail`)" when the level at `key` is warn or worse, as
+/// `LevelState::settled` has it: a GPU back at 30 % is not "nearly full" for the 5 s its level is
+/// held critical.
 fn at_warn(input: &Input, key: &Resource, what: &str, detail: &str) -> Option<(Level, String)> {
-    let l = input.levels.get(key).filter(|l| l.level >= Level::Warn)?;
+    let l = input.levels.get(key)?;
+    let level = l.settled();
+    if level < Level::Warn {
+        return None;
+    }
     let pct = l
         .value
         .map(|v| format!(": {:.0} % used", v * 100.0))
         .unwrap_or_default();
     Some((
-        l.level,
-        format!("{what} is at {}{pct} ({detail})", l.level.as_str()),
+        level,
+        format!("{what} is at {}{pct} ({detail})", level.as_str()),
     ))
 }
 

@@ -305,6 +305,52 @@ fn full_gpu_halves_the_micro_batch_keeping_the_effective_batch() {
     assert_eq!(smaller_divisor(12), 6);
 }
 
+/// Seen on a real H200 (scripts/gpu-check.sh): GPU memory back at 30 % while its level is held
+/// critical for `leave_hold_ms`. The advice follows the value's level (`pending`), not the hold:
+/// nothing to shrink at ok, and a warn while the value points to warn.
+#[test]
+fn a_level_held_only_by_its_leave_hold_advises_at_the_values_level() {
+    let (mut sample, jobs, knobs) = note_001();
+    sample.gpus[1].memory_used_bytes = Some(gb(19.5));
+    let mut held = levels(&sample, &jobs);
+    let gpu = Resource::GpuMemory(1);
+    assert_eq!(held[&gpu].level, Level::Critical);
+    let ask = |levels: &BTreeMap<Resource, LevelState>| {
+        advise(&Input {
+            sample: &sample,
+            previous: None,
+            jobs: &seen(&jobs),
+            knobs: &knobs,
+            thermal_pauses: &[],
+            levels,
+        })
+    };
+    // Back down, the level still critical: no batch advice, no techniques.
+    held.get_mut(&gpu).unwrap().value = Some(0.30);
+    held.get_mut(&gpu).unwrap().pending = Some((Level::Ok, 1000));
+    let a = ask(&held);
+    assert!(
+        !a.iter()
+            .any(|x| x.id == "gpu-batch:t5:1" || x.id == "gpu-memory-techniques:1"),
+        "{a:?}"
+    );
+    // Pointing to warn: advised at warn, and said so.
+    held.get_mut(&gpu).unwrap().value = Some(0.92);
+    held.get_mut(&gpu).unwrap().pending = Some((Level::Warn, 1000));
+    let a = ask(&held);
+    let b = a.iter().find(|x| x.id == "gpu-batch:t5:1").unwrap();
+    assert_eq!(b.severity, Severity::Warn);
+    assert!(
+        b.evidence[0].contains("is at warn: 92 % used"),
+        "{:?}",
+        b.evidence
+    );
+    // Entering a higher level is not advised before the policy enters it.
+    held.get_mut(&gpu).unwrap().level = Level::Ok;
+    held.get_mut(&gpu).unwrap().pending = Some((Level::Critical, 1000));
+    assert!(!ask(&held).iter().any(|x| x.id == "gpu-batch:t5:1"));
+}
+
 #[test]
 fn hot_gpu_gets_a_power_cap_and_repeated_pauses_are_flagged() {
     let (mut sample, _, _) = note_001();

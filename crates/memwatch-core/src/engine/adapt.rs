@@ -8,7 +8,7 @@ use crate::adapt::rules::Signals;
 use crate::adapt::{Directive, JobConfig};
 use crate::advice::{self, Knobs};
 use crate::audit::{Action, Reason};
-use crate::policy::{Level, Resource};
+use crate::policy::{Level, LevelState, Resource};
 use crate::rewrite::profile::{Knob, Profile};
 use crate::rewrite::{Format, Scalar};
 
@@ -132,16 +132,14 @@ pub fn knobs_for_advice(c: &JobConfig) -> Knobs {
 }
 
 impl Engine {
-    /// "`what` is at critical (97 % used)" when the level of `key` is warn or worse.
+    /// "`what` is at critical (97 % used)" when the level of `key` is warn or worse, as
+    /// `LevelState::settled` has it (a level held only by its leave hold asks for no cut).
     fn evidence(&self, key: &Resource, what: &str) -> Option<String> {
         let l = self.policy.levels.get(key)?;
-        (l.level >= Level::Warn).then(|| match l.value {
-            Some(v) => format!(
-                "{what} is at {} ({:.0} % used)",
-                l.level.as_str(),
-                v * 100.0
-            ),
-            None => format!("{what} is at {}", l.level.as_str()),
+        let level = l.settled();
+        (level >= Level::Warn).then(|| match l.value {
+            Some(v) => format!("{what} is at {} ({:.0} % used)", level.as_str(), v * 100.0),
+            None => format!("{what} is at {}", level.as_str()),
         })
     }
 
@@ -149,8 +147,7 @@ impl Engine {
         self.policy
             .levels
             .get(key)
-            .map(|l| l.level)
-            .unwrap_or(Level::Ok)
+            .map_or(Level::Ok, LevelState::settled)
     }
 
     fn signals(

@@ -91,6 +91,16 @@ impl LevelState {
             known: false,
         }
     }
+
+    /// The level to advise and adapt at: `level`, or the lower level the value already points to
+    /// while a leave hold keeps `level` (the hold keeps a pause from flapping; what is no longer
+    /// full needs no cut). A higher pending level is not entered before the policy enters it.
+    pub fn settled(&self) -> Level {
+        match self.pending {
+            Some((lower, _)) if lower < self.level => lower,
+            _ => self.level,
+        }
+    }
 }
 
 /// The level the value points to, given the current level (hysteresis).
@@ -290,5 +300,19 @@ mod tests {
             &t,
         );
         assert_eq!(got, vec![Ok, Ok, Ok, Ok, Critical]);
+    }
+
+    #[test]
+    fn a_leave_hold_settles_at_the_lower_level_an_enter_hold_does_not() {
+        let mut l = LevelState::new(0);
+        l.level = Level::Critical;
+        assert_eq!(l.settled(), Level::Critical);
+        l.pending = Some((Level::Ok, 10));
+        assert_eq!(l.settled(), Level::Ok);
+        l.pending = Some((Level::Warn, 10));
+        assert_eq!(l.settled(), Level::Warn);
+        l.level = Level::Ok;
+        l.pending = Some((Level::Critical, 10));
+        assert_eq!(l.settled(), Level::Ok);
     }
 }

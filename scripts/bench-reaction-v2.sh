@@ -12,7 +12,8 @@
 # chunk), when usage crossed 95 %, when the daemon decided the pause (its pause's since_ms on the
 # same clock) and the job's last progress before the freeze; whether the reflex made the stop.
 # Root; python3; release builds of memwatch and memhog. RUNS rounds (default 10). Each run prints
-# "rate MiB/s, crossing → decided ms, crossing → last progress ms, frozen at MiB, OOM kills, reflex".
+# "rate MiB/s, crossing → decided ms, crossing → last progress ms, frozen at MiB, OOM kills, reflex
+# | the pause's reason".
 #
 #   ./scripts/bench-reaction-v2.sh [memwatch] [memhog]   (default target/release/{memwatch,memhog})
 set -u
@@ -68,7 +69,10 @@ run() {
   oom=$(awk '$1 == "oom_kill" { print $2 }' "$d/memory.events")
   anchor=$(py "import json; print(json.load(open('$W/$p/state/state.json'))['clock']['anchor_ms'])" 2>/dev/null || echo 0)
   since=$(get "$api/api/v1/jobs" | py "import json,sys; d=json.load(sys.stdin); print(next(((j.get('pause') or {}).get('since_ms') or 0 for j in d['jobs'] if j['name']=='$name'), 0))")
-  reflex=$(get "$api/api/v1/events?limit=50" | py "import json,sys; d=json.load(sys.stdin); print(int(any(e.get('job')=='$name' and e.get('action')=='pause' and 'stopped by the reflex' in (e.get('detail') or '') for e in d.get('events',[]))))")
+  get "$api/api/v1/events?limit=50" | py "import json,sys; d=json.load(sys.stdin); print('\n'.join(e.get('action') + ': ' + (e.get('detail') or '') for e in d.get('events',[]) if e.get('job')=='$name' and e.get('action')!='attach'))" >"$W/pause"
+  reflex=$(grep -c '^pause: .*stopped by the reflex' "$W/pause")
+  [ "$reflex" -gt 0 ] && reflex=1
+  PAUSE=$(paste -sd '|' "$W/pause")
   awk -v base="$base" -v used="$used" -v lim=$((LIMIT_MIB << 20)) -v dec="${since:-0}" -v anchor="$anchor" -v oom="${oom:-0}" -v reflex="$reflex" '
     { t[NR] = $1 / 1000; mib[NR] = $2; top = $2 }
     END {
@@ -88,7 +92,7 @@ run() {
   rmdir "$d"
 }
 for n in $(seq "$RUNS"); do
-  for p in $POLICIES; do run "$p" "$n" && echo "run $n $p: $(tail -n 1 "$W/$p.runs")"; done
+  for p in $POLICIES; do run "$p" "$n" && echo "run $n $p: $(tail -n 1 "$W/$p.runs") | $PAUSE"; done
 done
 # p50 / p90 / max of column C of a file ("none" left out, counted).
 stats() {

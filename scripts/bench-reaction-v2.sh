@@ -73,19 +73,8 @@ run() {
   reflex=$(grep -c '^pause: .*stopped by the reflex' "$W/pause")
   [ "$reflex" -gt 0 ] && reflex=1
   PAUSE=$(paste -sd '|' "$W/pause")
-  awk -v base="$base" -v used="$used" -v lim=$((LIMIT_MIB << 20)) -v dec="${since:-0}" -v anchor="$anchor" -v oom="${oom:-0}" -v reflex="$reflex" '
-    { t[NR] = $1 / 1000; mib[NR] = $2; top = $2 }
-    END {
-      for (i = 1; i <= NR; i++) {
-        u = base + (top > 0 ? (used - base) * mib[i] / top : 0)
-        if (!a25 && u >= 0.25 * lim) { a25 = t[i]; m25 = mib[i] }
-        if (!a75 && u >= 0.75 * lim) { a75 = t[i]; m75 = mib[i] }
-        if (!x && u >= 0.95 * lim) x = t[i]
-      }
-      r = (a75 > a25) ? (m75 - m25) / ((a75 - a25) / 1000) : 0
-      dd = (dec > 0) ? dec - anchor - x : -1
-      printf "%.0f %s %s %d %d %d\n", r, (x && dd >= 0) ? sprintf("%.2f", dd) : "none", x ? sprintf("%.2f", t[NR] - x) : "none", used / 1048576, oom, reflex
-    }' "$W/stamps" >>"$W/$p.runs"
+  echo "$(awk -v base="$base" -v used="$used" -v lim=$((LIMIT_MIB << 20)) -v dec="${since:-0}" -v anchor="$anchor" \
+    -f scripts/vm/scenarios/stamps.awk "$W/stamps") $((used >> 20)) ${oom:-0} $reflex" >>"$W/$p.runs"
   echo 1 >"$d/cgroup.kill"
   wait $pid 2>/dev/null
   for _ in $(seq 100); do [ -s "$d/cgroup.procs" ] || break; sleep 0.02; done

@@ -58,6 +58,7 @@ cp "$deb" "$in/"
 cp "$memhog" "$in/memhog"
 cp scripts/vm/scenarios/*.sh "$in/scenarios/"
 mv "$in/scenarios/lib.sh" "$in/lib.sh"
+cp scripts/vm/scenarios/*.awk "$in/"
 cp scripts/vm/guest-run.sh "$in/run.sh"
 printf '%s\n' "$@" >"$in/scenarios/list"
 # The guest's own limit on run.sh: the scenarios' timeouts added up.

@@ -92,21 +92,7 @@ policy() {
     # Rate (MiB/s, 25–75 % of the limit), crossing → decided, crossing → last progress (ms). The
     # cgroup's usage at a stamp: its usage before growth plus memhog's share of what it has charged
     # since, as read once frozen (page tables and the like grow with what is touched).
-    m=$(awk -v base="$base" -v used="$(cat "$DIR/memory.current" 2>/dev/null || echo 0)" -v lim=$((LIMIT_MIB * 1048576)) -v dec="${since:-0}" -v anchor="$anchor" '
-      { t[NR] = $1 / 1000; mib[NR] = $2; top = $2 }
-      END {
-        for (i = 1; i <= NR; i++) {
-          u = base + (top > 0 ? (used - base) * mib[i] / top : 0)
-          if (!a25 && u >= 0.25 * lim) { a25 = t[i]; m25 = mib[i] }
-          if (!a75 && u >= 0.75 * lim) { a75 = t[i]; m75 = mib[i] }
-          if (!x && u >= 0.95 * lim) x = t[i]
-        }
-        last = t[NR]; lastmib = top
-        r = (a75 > a25) ? (m75 - m25) / ((a75 - a25) / 1000) : 0
-        d = (dec > 0) ? dec - anchor : 0
-        if (!x) printf "%.0f none none %d\n", r, lastmib
-        else printf "%.0f %s %.1f %d\n", r, (d > 0 ? sprintf("%.1f", d - x) : "none"), last - x, lastmib
-      }' /run/rv-stamps)
+    m=$(awk -v base="$base" -v used="$(cat "$DIR/memory.current" 2>/dev/null || echo 0)" -v lim=$((LIMIT_MIB * 1048576)) -v dec="${since:-0}" -v anchor="$anchor" -f "$IN/stamps.awk" /run/rv-stamps)
     set -- $m
     rates="$rates $1" ms_decided="$ms_decided $2" ms_last="$ms_last $3" at="$at $used"
     finish "$unit"

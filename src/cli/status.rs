@@ -67,8 +67,12 @@ fn levels(o: &mut String, levels: &[LevelView], now_ms: u64, paint: Paint) {
             .iter()
             .filter(|l| l.level == level)
             .map(|l| {
+                let leaving = l
+                    .settling
+                    .map(|to| format!(" (leaving: {} unless it rises again)", to.as_str()))
+                    .unwrap_or_default();
                 format!(
-                    "{}{} for {}",
+                    "{}{} for {}{leaving}",
                     l.resource.words(),
                     l.resource.value_words(l.value),
                     human::duration(now_ms.saturating_sub(l.since_ms) as f64 / 1000.0)

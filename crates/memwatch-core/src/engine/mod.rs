@@ -77,6 +77,11 @@ pub struct LevelView {
     pub value: Option<f64>,
     /// When the level last changed (engine clock, ms).
     pub since_ms: u64,
+    /// While only its leave hold keeps `level` (the value is back under its line): the lower level
+    /// it points to (`LevelState::settled`), which advice and config rewrites already go by. Left
+    /// out otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settling: Option<policy::Level>,
 }
 
 /// How many times memwatch took one action for one reason.
@@ -454,6 +459,7 @@ impl Engine {
                     level: l.level,
                     value: l.value,
                     since_ms: l.since_ms,
+                    settling: (l.settled() != l.level).then(|| l.settled()),
                 })
                 .collect(),
             events: self.audit.recent().cloned().collect(),

@@ -12,7 +12,9 @@
 //!
 //! `ONLY=stop` times the stop by signals alone, for jobs of `SIZES` processes (default 1024):
 //! `BLOCKS` (default 3) blocks of `RUNS` pauses each, a fresh daemon per block, and with
-//! `BASE_BIN=<an earlier memwatch>` that build's blocks alternated with this one's.
+//! `BASE_BIN=<an earlier memwatch>` that build's blocks alternated with this one's. With
+//! `JOB_USER=<a local user>` the job runs as that user (the daemon stays root), so that each
+//! process's owner is checked before its signal, as for every job that is not root's.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -98,7 +100,10 @@ fn stops_only(hog: &Path, runs: usize) {
         }
         for ((name, _), t) in builds.iter().zip(&mut times) {
             println!(
-                "  {n:>5} processes, SIGSTOP, {name}: request → all stopped p50 {:.2} ms, p90 {:.2} ms, max {:.2} ms ({} pauses)",
+                "  {n:>5} processes{}, SIGSTOP, {name}: request → all stopped p50 {:.2} ms, p90 {:.2} ms, max {:.2} ms ({} pauses)",
+                std::env::var("JOB_USER")
+                    .map(|u| format!(" of {u}"))
+                    .unwrap_or_default(),
                 common::pct(t, 0.5),
                 common::pct(t, 0.9),
                 common::pct(t, 1.0),
@@ -113,7 +118,17 @@ fn job(hog: &Path, n: usize, freezer: Option<&Path>) -> (Child, Vec<u32>) {
     let enter = freezer
         .map(|d| format!("echo $$ > {}/cgroup.procs && ", d.display()))
         .unwrap_or_default();
-    let mut child = Command::new("sh")
+    let mut command = Command::new("sh");
+    if let Some(name) = std::env::var("JOB_USER").ok().filter(|u| !u.is_empty()) {
+        use std::os::unix::process::CommandExt as _;
+        let user = nix::unistd::User::from_name(&name)
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| panic!("JOB_USER {name:?} is not a local user"));
+        // std drops root's supplementary groups when it sets the uid.
+        command.uid(user.uid.as_raw()).gid(user.gid.as_raw());
+    }
+    let mut child = command
         .args([
             "-c",
             &format!(

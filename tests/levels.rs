@@ -1,11 +1,12 @@
 //! A level held only by its leave hold: the value is back under its line while the level stays for
 //! `leave_hold_ms` (so that a pause does not flap). Seen on a real H200 (BENCHMARKS.md, "On a real
 //! GPU"): GPU memory back at 30 % read "CRITICAL" and was advised "nearly full". Now the API says
-//! where the level is going (`settling`), `memwatch status` says it is leaving, and no advice asks
-//! to shrink what is no longer full.
+//! where the level is going (`settling`), `memwatch status` says it is leaving (and so does
+//! `memwatch top`, in tmux), and no advice asks to shrink what is no longer full.
 
 mod common;
 
+use common::tmux::Tmux;
 use common::{Daemon, Opts, memwatch};
 
 const GPU0_USED: &str = "\"memory_used\": 10307921510";
@@ -74,6 +75,17 @@ fn a_level_in_its_leave_hold_is_shown_leaving_and_advised_at_its_value() {
             && line.contains("(leaving: ok unless it rises again)"),
         "{out}"
     );
+    // `memwatch top` in a real terminal says the same.
+    let url = d.url();
+    let bin = common::bin();
+    let t = Tmux::start(200, 50, &[bin.to_str().unwrap(), "top", "--url", &url]);
+    t.wait_for(", leaving)");
+    assert!(
+        t.text().contains("CRITICAL GPU 0 memory 30 % ("),
+        "{}",
+        t.text()
+    );
+    drop(t);
     // Up again over its leave line: no longer settling.
     d.set_gpu_state(&fixture.replacen(GPU0_USED, "\"memory_used\": 20500000000", 1));
     d.wait_until(

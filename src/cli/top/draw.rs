@@ -129,11 +129,17 @@ fn level_line(m: &Model, now_ms: u64) -> Line<'static> {
         for l in m.overview.levels.iter().filter(|l| l.level == level) {
             spans.push(Span::styled(
                 format!(
-                    "{} {}{} ({}) ",
+                    "{} {}{} ({}{}) ",
                     level.as_str().to_uppercase(),
                     l.resource.words(),
                     l.resource.value_words(l.value),
-                    human::duration(now_ms.saturating_sub(l.since_ms) as f64 / 1000.0)
+                    human::duration(now_ms.saturating_sub(l.since_ms) as f64 / 1000.0),
+                    // Back under its line, held by its leave hold (`memwatch status` says to what).
+                    if l.settling.is_some() {
+                        ", leaving"
+                    } else {
+                        ""
+                    }
                 ),
                 colour(level),
             ));

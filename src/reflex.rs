@@ -9,7 +9,8 @@
 //! own freezer cgroup's `freezer.state` (v1) or `cgroup.freeze` (v2), or the pidfd pinned on the
 //! job's root since attach). It reads the working set (usage less inactive file cache, as the engine
 //! counts it) when woken; at critical it fires once: freezes the cgroup, or stops the root through
-//! its pidfd after the uid check on the pinned process. It then wakes the owner task, which takes the
+//! its pidfd, where the owner could (the kernel's check, with the owner's uids on the thread
+//! (`act::as_owner`), or a read of the pinned process's uids). It then wakes the owner task, which takes the
 //! stop over as the policy's own pause (write-ahead record, the rest of the tree, the way out), or
 //! undoes it where the job is gone or someone else paused it first.
 //!
@@ -187,9 +188,19 @@ impl Reflex {
         let Ok((_, text)) = procs.read() else {
             return false;
         };
-        text.lines()
+        let pids: Vec<u32> = text
+            .lines()
             .filter_map(|l| l.trim().parse::<u32>().ok())
-            .all(|pid| crate::act::signal::owner_may_freeze(&self.process_root, pid, self.owner))
+            .collect();
+        // The kernel's check with the owner's uids where the processes are this machine's.
+        let kernel = (self.process_root == std::path::Path::new("/"))
+            .then(|| crate::act::as_owner::all_within_reach(self.owner, &pids))
+            .flatten();
+        kernel.unwrap_or_else(|| {
+            pids.iter().all(|&pid| {
+                crate::act::signal::owner_may_freeze(&self.process_root, pid, self.owner)
+            })
+        })
     }
 
     /// Reads the job's working set and, at critical, acts.
@@ -218,12 +229,17 @@ impl Reflex {
                 Done::Froze(frozen.clone())
             }
             Act::Stop { root, pidfd } => {
-                if !crate::act::signal::alive(pidfd, root.pid)
-                    || !crate::act::signal::owner_may_signal(
+                if !crate::act::signal::alive(pidfd, root.pid) {
+                    return Look::Nothing;
+                }
+                // With the owner's uids the kernel checks at the signal; else the uids are read.
+                let as_owner = crate::act::as_owner::AsOwner::take(self.owner);
+                if (as_owner.is_none()
+                    && !crate::act::signal::owner_may_signal(
                         &self.process_root,
                         root.pid,
                         self.owner,
-                    )
+                    ))
                     || crate::act::signal::send_pinned(pidfd, root.pid, Signal::SIGSTOP).is_err()
                 {
                     return Look::Nothing;

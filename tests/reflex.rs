@@ -8,6 +8,9 @@
 //!   `held`, by the mechanism the reflex used) and no OOM kill happened;
 //! - with room made, the job is resumed and finishes.
 //!
+//! Each runs as root's job, then as a local user's (attached by that user), whose stop the kernel
+//! checks against the user's uids.
+//!
 //! Then the same hog under a daemon with `reflex = false`: nothing is armed, and the pause comes
 //! from the engine's probe (its event does not name the reflex), so the first part is the reflex's.
 //! Kept in its own test binary so no other test competes with it for the CPU.
@@ -21,9 +24,9 @@ use common::{Daemon, Opts, eventually, proc_state, recorded_pause};
 
 const MIB: u64 = 1 << 20;
 
-/// One hog run under `d`: returns the pause event's detail.
-fn run(d: &Daemon, cg: &MemCgroup, name: &str, reflex: bool) -> String {
-    let (mut hog, mut out, go) = d.fast_hog(cg, name);
+/// One hog run under `d`, as local user `user` when given: returns the pause event's detail.
+fn run(d: &Daemon, cg: &MemCgroup, name: &str, reflex: bool, user: Option<&str>) -> String {
+    let (mut hog, mut out, go) = d.fast_hog_of(cg, name, user);
     let pid = hog.id();
     let mut line = String::new();
     if reflex {
@@ -41,7 +44,7 @@ fn run(d: &Daemon, cg: &MemCgroup, name: &str, reflex: bool) -> String {
         );
         assert_eq!(
             armed["how"],
-            if name == "by-freezer" {
+            if name.starts_with("by-freezer") {
                 "freezer"
             } else {
                 "signals"
@@ -147,8 +150,15 @@ fn the_reflex_stops_a_fast_hog_at_its_line_and_the_engine_holds_it() {
         sampling: "probe_interval_ms = 1000\nfast_interval_ms = 1000",
         ..Opts::default()
     });
-    for (name, cg) in [("by-signals", &signalled), ("by-freezer", &frozen)] {
-        let detail = run(&d, cg, name, true);
+    // Root's job, then a user's: the user's is stopped from a thread that took the user's uids,
+    // so the kernel checks the owner at the signal (and at the freezer's check of its members).
+    for (name, cg, user) in [
+        ("by-signals", &signalled, None),
+        ("by-freezer", &frozen, None),
+        ("by-signals-of-a-user", &signalled, Some("memwatch-test")),
+        ("by-freezer-of-a-user", &frozen, Some("memwatch-test")),
+    ] {
+        let detail = run(&d, cg, name, true, user);
         assert!(
             detail.contains("stopped by the reflex"),
             "{name}: the pause was not the reflex's: {detail}\n{}",
@@ -164,7 +174,7 @@ fn the_reflex_stops_a_fast_hog_at_its_line_and_the_engine_holds_it() {
         extra_config: "[policy]\nreaction_ms = 0\nreflex = false\n",
         ..Opts::default()
     });
-    let detail = run(&off, &signalled, "by-probe", false);
+    let detail = run(&off, &signalled, "by-probe", false, None);
     assert!(
         !detail.contains("stopped by the reflex"),
         "reflex = false, yet the reflex paused the job: {detail}"

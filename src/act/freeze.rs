@@ -124,7 +124,14 @@ impl Freezing for Frozen {
             return true;
         }
         let mut pids = Vec::new();
-        pids_below(&self.dir, &mut pids) && pids.iter().all(|p| owner_may_freeze(root, *p, owner))
+        if !pids_below(&self.dir, &mut pids) {
+            return false;
+        }
+        // The kernel's check with the owner's uids where the processes are this machine's.
+        let kernel = (root == Path::new("/"))
+            .then(|| super::as_owner::all_within_reach(owner, &pids))
+            .flatten();
+        kernel.unwrap_or_else(|| pids.iter().all(|p| owner_may_freeze(root, *p, owner)))
     }
 
     fn freeze(&self) -> std::io::Result<bool> {
@@ -254,5 +261,57 @@ mod tests {
         assert!(owned(root, &tree, 1000).is_some());
         cgroup(root, &[10, 11, deep[ANCESTRY_AT_MOST]]);
         assert_eq!(owned(root, &tree, 1000), None);
+    }
+
+    /// On the machine's own processes the owner's reach is the kernel's answer: a real v1 freezer
+    /// cgroup holding a user's process is within that user's reach until a root process joins it.
+    #[test]
+    fn a_real_cgroup_with_a_root_process_is_out_of_a_users_reach() {
+        let base = Path::new("/sys/fs/cgroup/freezer");
+        if !rustix::process::geteuid().is_root() || !base.join("cgroup.procs").exists() {
+            eprintln!("skipped: needs root and a v1 freezer");
+            return;
+        }
+        let dir = base.join(format!("memwatch-reach-{}", std::process::id()));
+        fs::create_dir(&dir).unwrap();
+        let spawn = |args: &[&str]| {
+            std::process::Command::new(args[0])
+                .args(&args[1..])
+                .spawn()
+                .unwrap()
+        };
+        let mut user = spawn(&[
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "sleep",
+            "60",
+        ]);
+        let mut roots = spawn(&["sleep", "60"]);
+        let frozen = Frozen {
+            version: Version::V1,
+            dir: dir.clone(),
+        };
+        fs::write(dir.join("cgroup.procs"), user.id().to_string()).unwrap();
+        // setpriv has taken the user's uids once it has exec'd sleep.
+        let dropped = (0..5000).any(|_| {
+            std::thread::sleep(Duration::from_millis(1));
+            crate::proc::read_status(Path::new("/"), user.id()).is_ok_and(|s| s.uids[0] == 65534)
+        });
+        assert!(dropped, "setpriv never took the user's uid");
+        let reach = |owner| frozen.within_reach(Path::new("/"), owner);
+        assert!(reach(65534), "the user's own process");
+        fs::write(dir.join("cgroup.procs"), roots.id().to_string()).unwrap();
+        assert!(!reach(65534), "root's process in the user's cgroup");
+        assert!(!reach(1000), "a third user's reach");
+        assert!(reach(0), "root reaches every process");
+        for c in [&mut user, &mut roots] {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+        // The cgroup is empty now: nothing in it is out of reach.
+        assert!(reach(65534));
+        fs::remove_dir(&dir).unwrap();
     }
 }

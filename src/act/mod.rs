@@ -2,6 +2,7 @@
 //! systemd for a unit's cgroup, `systemd.rs`), the state file, the state lock, the audit log, and
 //! recovery of a predecessor's pauses. The engine decides; this carries out.
 
+pub mod as_owner;
 pub mod audit;
 pub mod cgroup_error;
 pub mod driver;

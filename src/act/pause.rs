@@ -15,6 +15,7 @@ use std::os::fd::OwnedFd;
 
 use std::collections::{HashMap, HashSet};
 
+use super::as_owner::AsOwner;
 use super::pin::Pinned;
 use super::signal::{SignalError, alive, owner_may_signal, pidfd_open, send, send_pinned};
 use crate::proc::{ProcRef, children_files, children_of, parent_map, read_stat};
@@ -24,9 +25,12 @@ const MAX_WALKS: usize = 8;
 
 /// Stops the tree under `root_ref` on behalf of user `owner`. Returns the processes this call stopped,
 /// root first. With `pinned` (the pidfd kept since attach) the root is checked and signalled through
-/// it. Only processes the owner could signal themselves are stopped ([`owner_may_signal`], checked on
-/// the pinned process just before its signal): a root that is out of reach refuses the pause, a
-/// descendant out of reach (a `sudo` child) is left running and its own children are still walked.
+/// it. Only processes the owner could signal themselves are stopped: a root that is out of reach
+/// refuses the pause, a descendant out of reach (a `sudo` child) is left running and its own children
+/// are still walked. Where the daemon runs as root, the signals of a user's job go out with that
+/// user's uids ([`AsOwner`]) and the kernel's kill(2) check decides, at the signal itself; else the
+/// process's uids are read first ([`owner_may_signal`], on the pinned process just before its
+/// signal).
 ///
 /// The root is stopped first, before any walk. Each child found in the walk gets a pidfd *before* its
 /// stat is read, so one read of /proc/PID/stat both identifies it (its parent is the process whose
@@ -37,8 +41,8 @@ const MAX_WALKS: usize = 8;
 /// between walks, or by a thread started since its stat was read, is caught).
 ///
 /// `members`, the tree's processes pinned at the job's last walk ([`pin_members`](super::pin::pin_members)), are stopped
-/// right after the root, through their descriptors, with no read but the owner's check (none for
-/// root's jobs): a tree that did not change since is stopped at the kernel's cost per signal, and the
+/// right after the root, through their descriptors, with no read (the owner's check is the
+/// kernel's, or a read of each one's uids where the daemon cannot take the owner's): a tree that did not change since is stopped at the kernel's cost per signal, and the
 /// walks then only look for what is new. A member gone since is skipped, and so is one whose parent
 /// is not the root or a member stopped here and alive: it may have left the tree (its parent
 /// exited), where the recovery after a crash, which continues the stopped members of the job's tree,
@@ -52,7 +56,73 @@ pub fn stop_tree(
     owner: u32,
     members: &[Pinned],
 ) -> Result<Vec<ProcRef>, SignalError> {
-    if !owner_may_signal(root, root_ref.pid, owner) {
+    // Signals go out with the owner's uids where the daemon can take them, so the kernel's own
+    // kill(2) check decides each one (`AsOwner`); else each process's uids are read first.
+    let sender = Sender::new(owner);
+    let mut stopped: Vec<ProcRef> = Vec::new();
+    match stop_all(root, root_ref, pinned, &sender, members, &mut stopped) {
+        Ok(()) => Ok(stopped),
+        Err(e) => {
+            // Undo: never leave half a tree stopped.
+            resume(root, &stopped, pinned);
+            Err(e)
+        }
+    }
+}
+
+/// Who checks that the job's owner could send a signal itself.
+struct Sender {
+    owner: u32,
+    /// The kernel, at the signal: the daemon may take the owner's uids on this thread.
+    kernel: bool,
+}
+
+impl Sender {
+    fn new(owner: u32) -> Sender {
+        Sender {
+            owner,
+            kernel: owner != 0 && AsOwner::take(owner).is_some(),
+        }
+    }
+
+    /// Whether `pid` may be signalled for the owner as far as a read can tell: always when the
+    /// kernel checks at the signal.
+    fn may(&self, root: &Path, pid: u32) -> bool {
+        self.kernel || owner_may_signal(root, pid, self.owner)
+    }
+
+    /// Sends `SIGSTOP` with the owner's uids where the kernel checks, else with the daemon's.
+    fn stop(
+        &self,
+        pid: u32,
+        send: impl FnOnce() -> Result<(), SignalError>,
+    ) -> Result<(), SignalError> {
+        let _as = if self.kernel {
+            AsOwner::take(self.owner)
+        } else {
+            None
+        };
+        if self.kernel && _as.is_none() {
+            // Taken a moment ago, refused now: refuse the signal rather than send it unchecked.
+            return Err(SignalError::Other {
+                pid,
+                reason: "could not take the job owner's uids to signal as them".into(),
+            });
+        }
+        send()
+    }
+}
+
+/// [`stop_tree`]'s work; `stopped` holds what it stopped, root first, also when it fails.
+fn stop_all(
+    root: &Path,
+    root_ref: ProcRef,
+    pinned: Option<&OwnedFd>,
+    sender: &Sender,
+    members: &[Pinned],
+    stopped: &mut Vec<ProcRef>,
+) -> Result<(), SignalError> {
+    if !sender.may(root, root_ref.pid) {
         return Err(SignalError::Denied(root_ref.pid));
     }
     match pinned {
@@ -60,35 +130,45 @@ pub fn stop_tree(
             if !alive(fd, root_ref.pid) {
                 return Err(SignalError::Gone(root_ref.pid));
             }
-            send_pinned(fd, root_ref.pid, Signal::SIGSTOP)?;
+            sender.stop(root_ref.pid, || {
+                send_pinned(fd, root_ref.pid, Signal::SIGSTOP)
+            })?;
         }
-        None => send(root, root_ref, Signal::SIGSTOP)?,
+        None => sender.stop(root_ref.pid, || send(root, root_ref, Signal::SIGSTOP))?,
     }
-    let mut stopped: Vec<ProcRef> = vec![root_ref];
+    stopped.push(root_ref);
     let mut known: HashSet<u32> = HashSet::from([root_ref.pid]);
     // The processes still holding their place in the tree: the root, and members stopped here that
     // have not exited (asked only of those that are some member's parent).
     let parents: HashSet<u32> = members.iter().map(|m| m.parent).collect();
     let mut in_tree: HashSet<u32> = HashSet::from([root_ref.pid]);
-    for m in members {
-        if known.contains(&m.proc.pid)
-            || !in_tree.contains(&m.parent)
-            || !owner_may_signal(root, m.proc.pid, owner)
-        {
-            continue;
-        }
-        match send_pinned(m.fd(), m.proc.pid, Signal::SIGSTOP) {
-            Ok(()) => {
-                stopped.push(m.proc);
-                known.insert(m.proc.pid);
-                if parents.contains(&m.proc.pid) && alive(m.fd(), m.proc.pid) {
-                    in_tree.insert(m.proc.pid);
-                }
+    {
+        // One change of uids for all the members: between their signals nothing is read.
+        let _as = if sender.kernel {
+            AsOwner::take(sender.owner)
+        } else {
+            None
+        };
+        let checked = _as.is_some();
+        for m in members {
+            if known.contains(&m.proc.pid)
+                || !in_tree.contains(&m.parent)
+                || (!checked && !owner_may_signal(root, m.proc.pid, sender.owner))
+            {
+                continue;
             }
-            Err(SignalError::Gone(_)) => {}
-            Err(e) => {
-                resume(root, &stopped, pinned);
-                return Err(e);
+            match send_pinned(m.fd(), m.proc.pid, Signal::SIGSTOP) {
+                Ok(()) => {
+                    stopped.push(m.proc);
+                    known.insert(m.proc.pid);
+                    if parents.contains(&m.proc.pid) && alive(m.fd(), m.proc.pid) {
+                        in_tree.insert(m.proc.pid);
+                    }
+                }
+                // Out of the owner's reach, said by the kernel: the walk leaves it running.
+                Err(SignalError::Gone(_)) | Err(SignalError::Denied(_)) if checked => {}
+                Err(SignalError::Gone(_)) => {}
+                Err(e) => return Err(e),
             }
         }
     }
@@ -125,39 +205,29 @@ pub fn stop_tree(
                 if known.contains(&kid) {
                     continue;
                 }
-                match stop_child(root, kid, parent, owner) {
-                    Ok(Some((r, n))) => {
-                        threads.insert(kid, n);
-                        stopped.push(r);
-                        known.insert(kid);
-                        new += 1;
-                    }
-                    Ok(None) => {
-                        known.insert(kid);
-                    }
-                    Err(e) => {
-                        // Undo: never leave half a tree stopped.
-                        resume(root, &stopped, pinned);
-                        return Err(e);
-                    }
+                if let Some((r, n)) = stop_child(root, kid, parent, sender)? {
+                    threads.insert(kid, n);
+                    stopped.push(r);
+                    new += 1;
                 }
+                known.insert(kid);
             }
         }
         if new == 0 {
             break;
         }
     }
-    Ok(stopped)
+    Ok(())
 }
 
-/// Stops `pid` if it is a running child of `parent` that `owner` could signal; with its threads as
+/// Stops `pid` if it is a running child of `parent` that the owner could signal; with its threads as
 /// its stat showed them. `Ok(None)`: gone, no longer that parent's child, already stopped by someone
 /// else (a user's Ctrl-Z stays theirs to undo), or out of the owner's reach.
 fn stop_child(
     root: &Path,
     pid: u32,
     parent: u32,
-    owner: u32,
+    sender: &Sender,
 ) -> Result<Option<(ProcRef, u32)>, SignalError> {
     let fd = match pidfd_open(pid) {
         Ok(fd) => fd,
@@ -170,23 +240,27 @@ fn stop_child(
     if s.ppid != parent || s.state == 'Z' || s.is_stopped() {
         return Ok(None);
     }
-    // Read after the pidfd pinned the process: these are its uids, not a newcomer's.
-    if !owner_may_signal(root, pid, owner) {
+    let beyond = || {
         tracing::warn!(
             pid,
-            owner,
+            owner = sender.owner,
             "left a process of the job running: its user could not signal it (it runs as another user)"
         );
-        return Ok(None);
+        Ok(None)
+    };
+    // Read after the pidfd pinned the process: these are its uids, not a newcomer's.
+    if !sender.may(root, pid) {
+        return beyond();
     }
     let r = s.proc_ref();
-    let sent = match &fd {
+    let sent = sender.stop(pid, || match &fd {
         Some(fd) => send_pinned(fd, pid, Signal::SIGSTOP),
         None => send(root, r, Signal::SIGSTOP),
-    };
+    });
     match sent {
         Ok(()) => Ok(Some((r, s.threads))),
         Err(SignalError::Gone(_)) => Ok(None),
+        Err(SignalError::Denied(_)) if sender.kernel => beyond(),
         Err(e) => Err(e),
     }
 }

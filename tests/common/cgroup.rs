@@ -166,11 +166,23 @@ impl MemCgroup {
         go: &std::path::Path,
         own_freezer: bool,
     ) -> (Child, std::io::BufReader<std::process::ChildStdout>) {
+        self.hog_as(program, args, go, own_freezer, None)
+    }
+
+    /// `hog_with`, the hog run as user `uid` when given (`spawn_as`).
+    pub fn hog_as(
+        &self,
+        program: &std::path::Path,
+        args: &[&str],
+        go: &std::path::Path,
+        own_freezer: bool,
+        uid: Option<u32>,
+    ) -> (Child, std::io::BufReader<std::process::ChildStdout>) {
         use std::io::BufRead as _;
         let go = go.to_string_lossy();
         let mut all = args.to_vec();
         all.extend(["--wait-file", &go]);
-        let mut child = self.spawn_with(program, &all, own_freezer);
+        let mut child = self.spawn_as(program, &all, own_freezer, uid);
         let mut out = std::io::BufReader::new(child.stdout.take().expect("the hog's stdout"));
         let mut line = String::new();
         out.read_line(&mut line).expect("the hog's first line");
@@ -181,6 +193,18 @@ impl MemCgroup {
     /// `spawn`, saying whether the process joins the freezer cgroup too (`own_freezer`): then the job
     /// owns a freezable cgroup, else memwatch stops it with signals.
     pub fn spawn_with(&self, program: &std::path::Path, args: &[&str], own_freezer: bool) -> Child {
+        self.spawn_as(program, args, own_freezer, None)
+    }
+
+    /// `spawn_with`, the program run as user `uid` when given (the shell joins the cgroups as root,
+    /// then `setpriv` takes the user's uid and gid before the exec).
+    pub fn spawn_as(
+        &self,
+        program: &std::path::Path,
+        args: &[&str],
+        own_freezer: bool,
+        uid: Option<u32>,
+    ) -> Child {
         let procs = self.dir.join("cgroup.procs");
         let mut script = format!("echo $$ > '{}'", procs.display());
         if let Some(f) = self.freezer.as_ref().filter(|_| own_freezer) {
@@ -189,7 +213,13 @@ impl MemCgroup {
                 f.join("cgroup.procs").display()
             ));
         }
-        script.push_str(&format!(" && exec '{}'", program.display()));
+        script.push_str(" && exec");
+        if let Some(uid) = uid {
+            script.push_str(&format!(
+                " setpriv --reuid={uid} --regid={uid} --clear-groups"
+            ));
+        }
+        script.push_str(&format!(" '{}'", program.display()));
         for a in args {
             script.push_str(&format!(" '{a}'"));
         }

@@ -67,14 +67,52 @@ impl Daemon {
         cg: &cgroup::MemCgroup,
         name: &str,
     ) -> (Child, BufReader<std::process::ChildStdout>, PathBuf) {
+        self.fast_hog_of(cg, name, None)
+    }
+
+    /// `fast_hog`, the hog run and attached by local user `user` when given (the daemon's
+    /// directories opened to it first, `open_to_everyone`).
+    pub fn fast_hog_of(
+        &self,
+        cg: &cgroup::MemCgroup,
+        name: &str,
+        user: Option<&str>,
+    ) -> (Child, BufReader<std::process::ChildStdout>, PathBuf) {
         cg.set_limit(512 << 20);
         let go = self.dir.path().join(format!("go-{name}"));
-        let (hog, out) = cg.hog(
+        let uid = user.map(super::ensure_user);
+        if uid.is_some() {
+            self.open_to_everyone();
+        }
+        let (hog, out) = cg.hog_as(
             &memhog(),
             &["--rate-mib", "1024", "--total-mib", "768"],
             &go,
+            cg.freezer.is_some(),
+            uid,
         );
-        let (code, _, err) = self.ctl(&["attach", &hog.id().to_string(), "--name", name]);
+        let pid = hog.id().to_string();
+        let attach = ["attach", pid.as_str(), "--name", name];
+        let (code, err) = match user {
+            Some(user) => {
+                let out = Command::new("runuser")
+                    .args(["-u", user, "--"])
+                    .arg(super::bin())
+                    .args(attach)
+                    .arg("--socket")
+                    .arg(&self.socket)
+                    .output()
+                    .expect("runuser");
+                (
+                    out.status.code().unwrap_or(-1),
+                    String::from_utf8_lossy(&out.stderr).into_owned(),
+                )
+            }
+            None => {
+                let (code, _, err) = self.ctl(&attach);
+                (code, err)
+            }
+        };
         assert_eq!(code, 0, "attach {name}: {err}");
         (hog, out, go)
     }

@@ -140,6 +140,8 @@ fn the_control_protocol_never_panics() {
         memwatch::engine::Settings::from(&config),
         None,
     ));
+    // The reads a request needs, made as the daemon makes them before the engine takes it.
+    let preparer = memwatch::control::prepare::Preparer::of(&config);
     let callers = prop_oneof![Just(0u32), Just(1000u32), any::<u32>()];
     run(
         "control: requests",
@@ -147,7 +149,12 @@ fn the_control_protocol_never_panics() {
         |(line, uid)| {
             if let Ok(request) = serde_json::from_str::<memwatch::control::Request>(&line) {
                 let caller = memwatch::control::Caller { uid, pid: None };
-                let r = engine.borrow_mut().handle_command(request, caller, 1_000);
+                let prepared = memwatch::engine::Read::of(&request)
+                    .map(|read| preparer.read(read, caller))
+                    .unwrap_or_default();
+                let r = engine
+                    .borrow_mut()
+                    .handle_command(request, caller, prepared, 1_000);
                 assert!(r.ok || r.error.is_some());
             }
         },

@@ -45,10 +45,15 @@ fn terminate_ends_the_whole_job_and_leaves_nothing_stopped() {
     // exits, as a shell would.)
     let waiter = std::thread::spawn(move || hog.wait());
     let gone = |p: &u32| proc_state(*p).is_none_or(|s| s == 'Z');
+    // On failure, what ended the root (an OOM kill first, say) and what the daemon did.
     assert!(
         eventually(25.0, || pids.iter().all(gone)),
-        "left behind: {:?}",
-        pids.iter().map(|p| (p, proc_state(*p))).collect::<Vec<_>>()
+        "left behind: {:?}; OOM kills in the cgroup {} → {}\nevents: {:#?}\nlog:\n{}",
+        pids.iter().map(|p| (p, proc_state(*p))).collect::<Vec<_>>(),
+        oom_before,
+        cg.oom_kills(),
+        d.events(),
+        d.log_text()
     );
     assert_eq!(cg.oom_kills(), oom_before, "the OOM killer fired");
     // The event is published with the view after the step that sent SIGTERM; the processes can be

@@ -2,6 +2,7 @@
 //! The daemon takes the caller's uid from the socket (SO_PEERCRED), never from the message.
 
 pub mod client;
+pub mod prepare;
 pub mod server;
 
 pub use memwatch_core::control::*;

@@ -8,7 +8,9 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 
+use super::prepare::Preparer;
 use super::{Caller, MAX_LINE, Request, Response};
+use memwatch_core::engine::Prepared;
 
 /// A request on its way to the owner task, with the channel for the answer.
 pub struct Envelope {
@@ -16,6 +18,8 @@ pub struct Envelope {
     pub request: Request,
     /// Who sent it.
     pub caller: Caller,
+    /// What the request needed read from the host, read before it was sent (`prepare`).
+    pub prepared: Prepared,
     /// Where the answer goes.
     pub reply: oneshot::Sender<Response>,
 }
@@ -129,6 +133,7 @@ pub async fn serve(
     to_owner: mpsc::Sender<Envelope>,
     path: PathBuf,
     limits: Limits,
+    preparer: std::sync::Arc<Preparer>,
 ) {
     let open = std::sync::Arc::new(std::sync::Mutex::new(Open::default()));
     let mut last_warned: Option<std::time::Instant> = None;
@@ -150,9 +155,10 @@ pub async fn serve(
                     continue;
                 };
                 let tx = to_owner.clone();
+                let preparer = preparer.clone();
                 tokio::spawn(async move {
                     let _slot = slot;
-                    if let Err(e) = connection(stream, tx).await {
+                    if let Err(e) = connection(stream, tx, preparer).await {
                         tracing::debug!(error = %e, "control connection ended");
                     }
                 });
@@ -171,7 +177,11 @@ async fn write(stream: &mut (impl AsyncWriteExt + Unpin), r: &Response) -> std::
     stream.write_all(&line).await
 }
 
-async fn connection(stream: UnixStream, to_owner: mpsc::Sender<Envelope>) -> std::io::Result<()> {
+async fn connection(
+    stream: UnixStream,
+    to_owner: mpsc::Sender<Envelope>,
+    preparer: std::sync::Arc<Preparer>,
+) -> std::io::Result<()> {
     let cred = stream.peer_cred()?;
     let caller = Caller {
         uid: cred.uid(),
@@ -204,11 +214,14 @@ async fn connection(stream: UnixStream, to_owner: mpsc::Sender<Envelope>) -> std
         let response = match serde_json::from_slice::<Request>(&buf) {
             Err(e) => Response::error(format!("bad request: {e}")),
             Ok(request) => {
+                // A slow read holds up this caller only, not the owner task.
+                let prepared = preparer.prepare(&request, caller).await;
                 let (reply, answer) = oneshot::channel();
                 if to_owner
                     .send(Envelope {
                         request,
                         caller,
+                        prepared,
                         reply,
                     })
                     .await

@@ -37,8 +37,8 @@ enum Input {
     Outcome(Box<Outcome>),
     /// A reader found the published sample stale.
     Demand,
-    /// A control request (CLI, HTTP).
-    Command(Envelope),
+    /// A control request (CLI, HTTP), with what was read for it. Boxed, as the outcome.
+    Command(Box<Envelope>),
     /// The full sample in flight finished (or its task panicked). Boxed: a sample is large, and
     /// comes once a second at most.
     Sampled(Box<Result<FullResult, tokio::task::JoinError>>),
@@ -186,7 +186,7 @@ impl Owner {
             _ = self.woken.notified() => Input::Woken,
             Some(outcome) = self.outcomes.recv() => Input::Outcome(Box::new(outcome)),
             _ = self.shared.demand.notified() => Input::Demand,
-            Some(env) = self.requests.recv() => Input::Command(env),
+            Some(env) = self.requests.recv() => Input::Command(Box::new(env)),
             done = sampling::in_flight(&mut self.full) => Input::Sampled(Box::new(done)),
             _ = tokio::time::sleep_until(next_full), if sampling => {
                 // On cadence unless more than an interval late.
@@ -218,7 +218,7 @@ impl Owner {
                 self.demanded =
                     self.full.is_none() && self.shared.sample_age_ms() > self.shared.fresh_ms;
             }
-            Input::Command(env) => self.command(env, now),
+            Input::Command(env) => self.command(*env, now),
             Input::Sampled(done) => return self.sampled(*done),
             Input::FullDue => {
                 self.demanded = false;
@@ -293,7 +293,9 @@ impl Owner {
             .load(std::sync::atomic::Ordering::Relaxed);
         let fresh = self.shared.fresh_ms;
         self.demanded |= full_every > fresh && self.shared.sample_age_ms() > fresh;
-        let reply = self.engine.handle_command(env.request, env.caller, now);
+        let reply = self
+            .engine
+            .handle_command(env.request, env.caller, env.prepared, now);
         let _ = env.reply.send(reply);
         self.executor.drain(&mut self.engine, now);
         self.watches.sync(&mut self.engine);

@@ -65,6 +65,7 @@ impl Bound {
                 total: config.control.max_connections.get(),
                 per_uid: config.control.max_connections_per_uid.get(),
             },
+            crate::control::prepare::Preparer::of(config),
         ));
         let (stop_http, mut http_stopped) = watch::channel(false);
         let limits = crate::http::Limits {

@@ -22,6 +22,8 @@ async fn ask(state: &AppState, request: Request) -> Response {
     let env = Envelope {
         request,
         caller: Caller::ANONYMOUS,
+        // The trainer's requests need no read of the host.
+        prepared: Default::default(),
         reply,
     };
     if state.owner.send(env).await.is_err() {

@@ -7,9 +7,42 @@ use crate::control::{Caller, Refusal, Request, Response};
 use crate::job::Job;
 use crate::policy;
 
+use super::{OpenedConfig, Prepared};
+
+/// A job's config file asked for at attach, with what the host read of it beforehand.
+pub(super) struct ConfigAsk {
+    file: std::path::PathBuf,
+    profile: String,
+    keys: Vec<String>,
+    opened: Option<OpenedConfig>,
+}
+
+impl ConfigAsk {
+    /// The config, read with user `owner`'s rights: the host's read where it is this one, else
+    /// one made now through `view`.
+    fn open(
+        self,
+        view: &dyn crate::seam::HostView,
+        owner: u32,
+    ) -> Result<crate::adapt::JobConfig, Refusal> {
+        let result = match self.opened {
+            Some(o) if o.is(&self.file, &self.profile, &self.keys, owner) => o.result,
+            _ => view.open_config(&self.file, &self.profile, &self.keys, owner),
+        };
+        result.map_err(|e| Refusal::invalid(e.to_string()))
+    }
+}
+
 impl Engine {
-    /// Answers one control request.
-    pub fn handle_command(&mut self, request: Request, caller: Caller, now_ms: u64) -> Response {
+    /// Answers one control request, with what the host read for it beforehand (`prepared`, see
+    /// [`Read::of`](super::Read::of); a read not handed in is made through the view).
+    pub fn handle_command(
+        &mut self,
+        request: Request,
+        caller: Caller,
+        prepared: Prepared,
+        now_ms: u64,
+    ) -> Response {
         let result = match request {
             Request::Attach {
                 pid,
@@ -20,7 +53,12 @@ impl Engine {
                 launch,
             } => {
                 let config = match config_file {
-                    Some(f) => Some((f, profile.unwrap_or_else(|| "generic".into()), keys)),
+                    Some(file) => Some(ConfigAsk {
+                        file,
+                        profile: profile.unwrap_or_else(|| super::DEFAULT_PROFILE.into()),
+                        keys,
+                        opened: prepared.config,
+                    }),
                     None if profile.is_some() || !keys.is_empty() => {
                         return Response::error("--profile and --key need --config-file");
                     }
@@ -87,7 +125,7 @@ impl Engine {
             } => return self.progress(&target, progress, token, caller, now_ms),
             Request::Detach { target } => self.detach(&target, caller, now_ms),
             Request::AttachSlurm { job_id, name } => {
-                self.attach_slurm(&job_id, name, caller, now_ms)
+                self.attach_slurm(&job_id, name, caller, prepared.slurm_pids, now_ms)
             }
             Request::DetachSlurm { job_id } => self.detach_slurm(&job_id, caller, now_ms),
             Request::Pause { target } => {
@@ -391,7 +429,7 @@ impl Engine {
         &mut self,
         pid: u32,
         name: Option<String>,
-        config: Option<(std::path::PathBuf, String, Vec<String>)>,
+        config: Option<ConfigAsk>,
         caller: Caller,
         now_ms: u64,
         slurm: Option<&str>,
@@ -490,11 +528,7 @@ impl Engine {
             )));
         }
         let job_config = match config {
-            Some((file, profile, keys)) => Some(
-                self.view
-                    .open_config(&file, &profile, &keys, owner)
-                    .map_err(|e| Refusal::invalid(e.to_string()))?,
-            ),
+            Some(ask) => Some(ask.open(self.view.as_ref(), owner)?),
             None => None,
         };
         let mut job = Job::new(

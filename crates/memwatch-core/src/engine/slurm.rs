@@ -1,7 +1,7 @@
 //! Slurm jobs followed by job id: adopted when their first task appears on this node (a prolog
 //! attaches them before it does), paused whole through Slurm, and ended by a requeue.
 
-use super::Engine;
+use super::{Engine, ListedPids};
 use crate::audit::{Action, Reason};
 use crate::control::{Caller, Refusal};
 use crate::held::{Slurmctl, Suspended};
@@ -143,6 +143,7 @@ impl Engine {
         id: &str,
         name: Option<String>,
         caller: Caller,
+        listed: Option<ListedPids>,
         now_ms: u64,
     ) -> Result<String, Refusal> {
         if !slurm::valid_id(id) {
@@ -166,7 +167,7 @@ impl Engine {
             }
             self.pending_slurm.remove(id);
         }
-        if let Some(attached) = self.adopt_slurm(id, name.clone(), caller, now_ms)? {
+        if let Some(attached) = self.adopt_slurm(id, name.clone(), caller, listed, now_ms)? {
             return Ok(attached);
         }
         if !caller.is_root() {
@@ -206,6 +207,7 @@ impl Engine {
         id: &str,
         name: Option<String>,
         caller: Caller,
+        listed: Option<ListedPids>,
         now_ms: u64,
     ) -> Result<Option<String>, Refusal> {
         let cgroup = self.view.slurm_job(id, &self.slurm_node);
@@ -215,12 +217,16 @@ impl Engine {
                 self.view.pids_below(&c.memory.dir, &mut pids);
                 self.view.slurm_tasks(&pids)
             }
-            // No cgroup plugin: Slurm's own list (only when asked, never in the waiting loop).
+            // No cgroup plugin: Slurm's own list (only when asked, never in the waiting loop),
+            // the one the host made before the request where it did.
             None if !self.pending_slurm.contains_key(id) => {
-                match self
-                    .view
-                    .slurm_listpids(&Slurmctl::new(&self.cfg.slurm, &self.slurm_node), id)
-                {
+                let listed = match listed.filter(|l| l.job_id == id) {
+                    Some(l) => l.result,
+                    None => self
+                        .view
+                        .slurm_listpids(&Slurmctl::new(&self.cfg.slurm, &self.slurm_node), id),
+                };
+                match listed {
                     Ok(pids) => self.view.slurm_tasks(&pids),
                     Err(e) => {
                         tracing::debug!(slurm_job_id = id, error = %e, "scontrol listpids");
@@ -294,7 +300,7 @@ impl Engine {
             .collect();
         for (id, p) in waiting {
             let shown = p.name.clone().unwrap_or_else(|| format!("slurm-{id}"));
-            let outcome = self.adopt_slurm(&id, p.name.clone(), p.caller, now_ms);
+            let outcome = self.adopt_slurm(&id, p.name.clone(), p.caller, None, now_ms);
             let expired = now_ms.saturating_sub(p.since_ms)
                 > self.cfg.slurm.adopt_within_seconds.saturating_mul(1000);
             let within = self.cfg.slurm.adopt_within_seconds;

@@ -55,10 +55,12 @@ pub trait HostView: Send + Sync {
     /// Whether the process `pidfd` holds (pid `pid`) is still running: its pidfd is not readable.
     fn alive(&self, pidfd: &OwnedFd, pid: u32) -> bool;
     /// The pids of Slurm job `id` on this node, as `scontrol listpids` gives them (where Slurm's
-    /// cgroup plugin is not used).
+    /// cgroup plugin is not used). The daemon makes this read before the command reaches the engine
+    /// (`engine::Prepared`); the engine asks here only where a command came without it.
     fn slurm_listpids(&self, ctl: &Slurmctl, id: &str) -> Result<Vec<u32>, SlurmError>;
     /// A job's training config at attach: `file` (absolute) read with user `owner`'s rights, its
-    /// knobs found by `profile` and `keys`, and a new token for the job.
+    /// knobs found by `profile` and `keys`, and a new token for the job. Like `slurm_listpids`, read
+    /// by the daemon before the command (`engine::Prepared`), and here only where it was not.
     fn open_config(
         &self,
         file: &Path,

@@ -214,9 +214,21 @@ impl Sim {
     }
 
     pub fn cmd_as(&mut self, uid: u32, request: serde_json::Value) -> crate::control::Response {
+        self.cmd_prepared(uid, request, crate::engine::Prepared::default())
+    }
+
+    /// A control command from user `uid`, with what the host read for it beforehand.
+    pub fn cmd_prepared(
+        &mut self,
+        uid: u32,
+        request: serde_json::Value,
+        prepared: crate::engine::Prepared,
+    ) -> crate::control::Response {
         let request = serde_json::from_value(request).unwrap();
         let caller = crate::control::Caller { uid, pid: None };
-        let r = self.engine.handle_command(request, caller, self.now);
+        let r = self
+            .engine
+            .handle_command(request, caller, prepared, self.now);
         self.drain();
         self.check();
         r

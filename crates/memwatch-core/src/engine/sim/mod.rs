@@ -14,6 +14,7 @@ pub(super) mod host;
 mod kills;
 mod lifecycle;
 mod oomd;
+mod prepared;
 mod reflex;
 
 use crate::seam::SlurmCall;

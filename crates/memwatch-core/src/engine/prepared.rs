@@ -1,0 +1,144 @@
+//! Reads a control request needs from the host, made before the engine takes the request and off
+//! the task that runs the engine: a job's config file (a user's file, read with its owner's rights,
+//! which may sit on a slow disk) and Slurm's list of a job's pids on this node (`scontrol
+//! listpids`, a process that may take its whole timeout). The engine says what a request needs
+//! ([`Read::of`]); the host makes the read and hands it in with the request ([`Prepared`]). The
+//! engine takes a read only where it is the one it would make itself (the same file, profile, keys
+//! and owner; the same Slurm job) and makes its own through its `HostView` otherwise, as a test's
+//! engine does when handed nothing.
+
+use std::path::PathBuf;
+
+use crate::adapt::{ConfigFileError, JobConfig};
+use crate::control::Request;
+use crate::seam::SlurmError;
+
+/// The profile a config file is read with when the request names none.
+pub const DEFAULT_PROFILE: &str = "generic";
+
+/// A read a request needs from the host.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Read {
+    /// The config file of an attach of `pid`, with its profile and key overrides; read with the
+    /// rights of the process's owner, and only for a caller who may attach it (root, or that owner).
+    Config {
+        /// The process to be attached.
+        pid: u32,
+        /// The config file.
+        file: PathBuf,
+        /// The profile its knobs are found by.
+        profile: String,
+        /// KNOB=dotted.path overrides.
+        keys: Vec<String>,
+    },
+    /// Slurm job `job_id`'s pids on this node, where its job cgroup is not found here.
+    SlurmPids {
+        /// The Slurm job's id.
+        job_id: String,
+    },
+}
+
+impl Read {
+    /// What `request` needs read before the engine takes it; `None`: nothing.
+    pub fn of(request: &Request) -> Option<Read> {
+        match request {
+            Request::Attach {
+                pid,
+                config_file: Some(file),
+                profile,
+                keys,
+                ..
+            } => Some(Read::Config {
+                pid: *pid,
+                file: file.clone(),
+                profile: profile.clone().unwrap_or_else(|| DEFAULT_PROFILE.into()),
+                keys: keys.clone(),
+            }),
+            Request::AttachSlurm { job_id, .. } => Some(Read::SlurmPids {
+                job_id: job_id.clone(),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// What the host read for a request ([`Read`]), handed to the engine with it.
+#[derive(Debug, Default)]
+pub struct Prepared {
+    /// A job's config file, opened.
+    pub config: Option<OpenedConfig>,
+    /// Slurm's list of a job's pids.
+    pub slurm_pids: Option<ListedPids>,
+}
+
+/// A job's config file, opened with the rights of user `owner`.
+#[derive(Debug)]
+pub struct OpenedConfig {
+    /// The file.
+    pub file: PathBuf,
+    /// The profile its knobs were found by.
+    pub profile: String,
+    /// The key overrides.
+    pub keys: Vec<String>,
+    /// Whose rights it was read with (the process's owner, read from its status).
+    pub owner: u32,
+    /// The config, or why it cannot be one.
+    pub result: Result<JobConfig, ConfigFileError>,
+}
+
+impl OpenedConfig {
+    /// Whether this is the read of `file`, `profile` and `keys` with `owner`'s rights.
+    pub fn is(&self, file: &std::path::Path, profile: &str, keys: &[String], owner: u32) -> bool {
+        self.file == file && self.profile == profile && self.keys == keys && self.owner == owner
+    }
+}
+
+/// `scontrol listpids`' answer for Slurm job `job_id`.
+#[derive(Debug)]
+pub struct ListedPids {
+    /// The Slurm job's id.
+    pub job_id: String,
+    /// Its pids on this node, or why there is no list.
+    pub result: Result<Vec<u32>, SlurmError>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_attach_with_a_config_and_a_slurm_attach_need_reads_and_nothing_else_does() {
+        let attach = |config: Option<&str>, profile: Option<&str>| Request::Attach {
+            pid: 42,
+            name: None,
+            config_file: config.map(PathBuf::from),
+            profile: profile.map(str::to_owned),
+            keys: vec!["batch_size=train.batch".into()],
+            launch: None,
+        };
+        assert_eq!(
+            Read::of(&attach(Some("/home/u/ds.json"), None)),
+            Some(Read::Config {
+                pid: 42,
+                file: "/home/u/ds.json".into(),
+                profile: DEFAULT_PROFILE.into(),
+                keys: vec!["batch_size=train.batch".into()],
+            })
+        );
+        assert!(matches!(
+            Read::of(&attach(Some("/a.yaml"), Some("hf"))),
+            Some(Read::Config { profile, .. }) if profile == "hf"
+        ));
+        assert_eq!(Read::of(&attach(None, None)), None);
+        assert_eq!(
+            Read::of(&Request::AttachSlurm {
+                job_id: "4242".into(),
+                name: None
+            }),
+            Some(Read::SlurmPids {
+                job_id: "4242".into()
+            })
+        );
+        assert_eq!(Read::of(&Request::Pause { target: "x".into() }), None);
+    }
+}

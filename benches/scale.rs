@@ -13,8 +13,9 @@
 //! `ONLY=stop` times the stop by signals alone, for jobs of `SIZES` processes (default 1024):
 //! `BLOCKS` (default 3) blocks of `RUNS` pauses each, a fresh daemon per block, and with
 //! `BASE_BIN=<an earlier memwatch>` that build's blocks alternated with this one's. With
-//! `JOB_USER=<a local user>` the job runs as that user (the daemon stays root), so that each
-//! process's owner is checked before its signal, as for every job that is not root's.
+//! `JOB_USER=<a local user>` the job runs as that user (the daemon stays root), so that its
+//! signals go out under the owner's check, as for every job that is not root's (the kernel's, with
+//! the user's uids taken for them; a status read each in builds before `act/as_owner.rs`).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

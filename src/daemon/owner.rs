@@ -346,7 +346,13 @@ impl Owner {
         let (host, cgroups) = sampling::probe(&self.engine, &mut self.host_meminfo, now);
         self.engine.handle_probe(host, cgroups, now);
         self.executor.drain(&mut self.engine, now);
-        self.publish_if_dirty();
+        // A probe that paused, resumed or moved a job between levels changed what its reflex should
+        // be: a job resumed here is armed again now, not at the next full sample (up to a calm
+        // interval later, while it may grow as fast as before its pause).
+        if self.engine.take_dirty() {
+            self.watches.sync(&mut self.engine);
+            self.shared.publish_view(self.engine.view());
+        }
         let wait = self
             .engine
             .probe_interval_ms(now)

@@ -28,18 +28,7 @@ fn kill(mut c: std::process::Child) {
 
 /// Runs memwatch as `user`.
 fn as_user(user: &str, d: &Daemon, args: &[&str]) -> (i32, String) {
-    let out = Command::new("runuser")
-        .args(["-u", user, "--"])
-        .arg(common::bin())
-        .args(args)
-        .arg("--socket")
-        .arg(&d.socket)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    d.ctl_as(user, args)
 }
 
 #[test]

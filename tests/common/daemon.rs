@@ -94,20 +94,7 @@ impl Daemon {
         let pid = hog.id().to_string();
         let attach = ["attach", pid.as_str(), "--name", name];
         let (code, err) = match user {
-            Some(user) => {
-                let out = Command::new("runuser")
-                    .args(["-u", user, "--"])
-                    .arg(super::bin())
-                    .args(attach)
-                    .arg("--socket")
-                    .arg(&self.socket)
-                    .output()
-                    .expect("runuser");
-                (
-                    out.status.code().unwrap_or(-1),
-                    String::from_utf8_lossy(&out.stderr).into_owned(),
-                )
-            }
+            Some(user) => self.ctl_as(user, &attach),
             None => {
                 let (code, _, err) = self.ctl(&attach);
                 (code, err)
@@ -115,6 +102,23 @@ impl Daemon {
         };
         assert_eq!(code, 0, "attach {name}: {err}");
         (hog, out, go)
+    }
+
+    /// `memwatch ARGS --socket <this daemon's>` run as local user `user` (`runuser`): its exit code
+    /// and stderr.
+    pub fn ctl_as(&self, user: &str, args: &[&str]) -> (i32, String) {
+        let out = Command::new("runuser")
+            .args(["-u", user, "--"])
+            .arg(super::bin())
+            .args(args)
+            .arg("--socket")
+            .arg(&self.socket)
+            .output()
+            .expect("runuser");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     }
 
     /// Opens the daemon's directories (state and socket) to every user, so that tests acting as an

@@ -15,6 +15,13 @@ use common::{Daemon, Opts, eventually, proc_state};
 
 const MIB: u64 = 1 << 20;
 
+/// The daemon's last 80 log lines, for a failure's message.
+fn log_tail(d: &Daemon) -> String {
+    let log = d.log_text();
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(80)..].join("\n")
+}
+
 /// A series of the daemon's /metrics, by its name and labels as printed.
 fn metric(d: &Daemon, series: &str) -> Option<f64> {
     d.metrics()
@@ -45,11 +52,12 @@ fn hog_is_paused_before_the_oom_killer_in_every_run() {
 
         assert!(
             eventually(5.0, || cg.paused(pid)),
-            "run {run}: the hog was not paused (state {:?}, OOM kills {} → {})\n{:?}",
+            "run {run}: the hog was not paused (state {:?}, OOM kills {} → {})\n{:?}\nlog:\n{}",
             proc_state(pid),
             oom_before,
             cg.oom_kills(),
-            d.events()
+            d.events(),
+            log_tail(&d)
         );
         let usage: u64 = std::fs::read_to_string(cg.dir.join(if cg.version == 1 {
             "memory.usage_in_bytes"
@@ -74,11 +82,12 @@ fn hog_is_paused_before_the_oom_killer_in_every_run() {
         next_samples(2.0);
         assert!(
             eventually(2.0, || cg.paused(pid)),
-            "run {run}: not held with no room (state {:?}, OOM kills {} → {})\n{:#?}",
+            "run {run}: not held with no room (state {:?}, OOM kills {} → {})\n{:#?}\nlog:\n{}",
             proc_state(pid),
             oom_before,
             cg.oom_kills(),
-            d.events().iter().rev().take(12).collect::<Vec<_>>()
+            d.events().iter().rev().take(12).collect::<Vec<_>>(),
+            log_tail(&d)
         );
         // Held over the next two full samples, each of which could have resumed it.
         next_samples(2.0);

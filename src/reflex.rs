@@ -192,15 +192,7 @@ impl Reflex {
             .lines()
             .filter_map(|l| l.trim().parse::<u32>().ok())
             .collect();
-        // The kernel's check with the owner's uids where the processes are this machine's.
-        let kernel = (self.process_root == std::path::Path::new("/"))
-            .then(|| crate::act::as_owner::all_within_reach(self.owner, &pids))
-            .flatten();
-        kernel.unwrap_or_else(|| {
-            pids.iter().all(|&pid| {
-                crate::act::signal::owner_may_freeze(&self.process_root, pid, self.owner)
-            })
-        })
+        crate::act::signal::all_may_freeze(&self.process_root, &pids, self.owner)
     }
 
     /// Reads the job's working set and, at critical, acts.

@@ -127,11 +127,7 @@ impl Freezing for Frozen {
         if !pids_below(&self.dir, &mut pids) {
             return false;
         }
-        // The kernel's check with the owner's uids where the processes are this machine's.
-        let kernel = (root == Path::new("/"))
-            .then(|| super::as_owner::all_within_reach(owner, &pids))
-            .flatten();
-        kernel.unwrap_or_else(|| pids.iter().all(|p| owner_may_freeze(root, *p, owner)))
+        super::signal::all_may_freeze(root, &pids, owner)
     }
 
     fn freeze(&self) -> std::io::Result<bool> {

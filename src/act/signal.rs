@@ -38,6 +38,17 @@ pub fn owner_may_freeze(root: &Path, pid: u32, owner: u32) -> bool {
         }
 }
 
+/// Whether a freeze of a cgroup holding `pids` is within `owner`'s reach for every one of them
+/// ([`owner_may_freeze`]): asked of the kernel with the owner's uids
+/// ([`all_within_reach`](super::as_owner::all_within_reach)) where the processes are this machine's
+/// (`root` is "/"), else read from each one's status.
+pub fn all_may_freeze(root: &Path, pids: &[u32], owner: u32) -> bool {
+    let kernel = (owner != 0 && root == Path::new("/"))
+        .then(|| super::as_owner::all_within_reach(owner, pids))
+        .flatten();
+    kernel.unwrap_or_else(|| pids.iter().all(|&p| owner_may_freeze(root, p, owner)))
+}
+
 /// nix's signal for the core's name (every standard signal has one).
 pub fn nix_signal(sig: crate::config::SignalName, pid: u32) -> Result<Signal, SignalError> {
     Signal::try_from(sig.number()).map_err(|e| SignalError::Other {

@@ -85,6 +85,7 @@ fn main() {
         Arc::new(tokio::sync::Notify::new()),
         Arc::new(memwatch::wake::Notified::default()),
         armory.clone(),
+        Arc::new(tokio::sync::Notify::new()),
     )
     .expect("the wake thread");
     std::thread::sleep(Duration::from_millis(100));

@@ -39,9 +39,9 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use crate::job::held::Frozen;
+use crate::job::held::{Frozen, ReflexHow, ReflexPlan};
 use crate::proc::ProcRef;
-use crate::sample::cgroup::Version;
+use crate::sample::cgroup::{CgroupDir, Version};
 
 pub use crate::job::held::{Done, Fired};
 use crate::sample::kept::KeptFile;
@@ -148,6 +148,35 @@ impl Reflex {
             inactive_key,
             act,
         }
+    }
+
+    /// The reflex `plan` describes for `job`, whose memory cgroup is `memory`: its act opened (the
+    /// freezer's state file, or the root's pidfd the plan carries).
+    pub fn prepare(
+        job: &str,
+        memory: &CgroupDir,
+        plan: &ReflexPlan,
+        process_root: &Path,
+    ) -> std::io::Result<Reflex> {
+        let act = match &plan.how {
+            ReflexHow::Freeze(f) => Reflex::freezer(f)?,
+            ReflexHow::Stop(root) => match &plan.pidfd {
+                Some(pidfd) => Act::Stop {
+                    root: *root,
+                    pidfd: pidfd.clone(),
+                },
+                None => return Err(std::io::Error::other("no pidfd on the job's root")),
+            },
+        };
+        Ok(Reflex::open(
+            job,
+            &memory.dir,
+            memory.version,
+            plan.critical_bytes,
+            plan.owner,
+            process_root,
+            act,
+        ))
     }
 
     /// The freezer act on the job's own cgroup `f`, if its state file opens for writing.
@@ -257,9 +286,20 @@ pub struct Armory {
     fired: Mutex<Vec<Fired>>,
 }
 
-impl crate::act::driver::FiredReflexes for Armory {
+impl crate::act::driver::Reflexes for Armory {
     fn take(&self, job: &str) -> Option<Fired> {
         Armory::take(self, job)
+    }
+
+    fn arm(
+        &self,
+        job: &str,
+        memory: &CgroupDir,
+        plan: &ReflexPlan,
+        process_root: &Path,
+    ) -> std::io::Result<()> {
+        Armory::arm(self, Reflex::prepare(job, memory, plan, process_root)?);
+        Ok(())
     }
 }
 

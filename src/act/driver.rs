@@ -17,17 +17,26 @@ use super::signal::SignalError;
 use super::slurm::SlurmError;
 use super::{freeze::Freezing as _, lend::Lending as _, oomd::Marking as _, slurm::Scontrol as _};
 pub use crate::job::held::Mechanism;
-use crate::job::held::{Fired, Frozen, Loan, OomdMark, Slurmctl};
+use crate::job::held::{Fired, Frozen, Loan, OomdMark, ReflexPlan, Slurmctl};
 use crate::proc::ProcRef;
 use crate::sample::cgroup::CgroupDir;
 
 pub use memwatch_core::seam::{HostDriver, SlurmAnswer, SlurmCall};
 
-/// What the reflexes armed in the wake thread did, not yet handed to the engine
-/// (`crate::reflex::Armory`).
-pub trait FiredReflexes: Send + Sync + std::fmt::Debug {
+/// The reflexes the wake thread holds (`crate::reflex::Armory`): what they did, not yet handed to
+/// the engine, and a reflex handed to it.
+pub trait Reflexes: Send + Sync + std::fmt::Debug {
     /// What `job`'s reflex did, if it fired and is not taken yet (taken: handled once).
     fn take(&self, job: &str) -> Option<Fired>;
+    /// Arms `job`'s reflex as `plan` says (recorded already), reading the job's usage in its memory
+    /// cgroup `memory`; `/proc` lies under `process_root`.
+    fn arm(
+        &self,
+        job: &str,
+        memory: &CgroupDir,
+        plan: &ReflexPlan,
+        process_root: &Path,
+    ) -> std::io::Result<()>;
 }
 
 /// The driver that acts on this machine, through `/proc` and the cgroup tree under `root`.
@@ -35,7 +44,7 @@ pub trait FiredReflexes: Send + Sync + std::fmt::Debug {
 pub struct Host {
     root: PathBuf,
     /// What the wake thread's reflexes did, where the daemon arms any.
-    armory: Option<Arc<dyn FiredReflexes>>,
+    armory: Option<Arc<dyn Reflexes>>,
 }
 
 impl Host {
@@ -47,8 +56,9 @@ impl Host {
         }
     }
 
-    /// The same, taking over what the reflexes of `armory` did before a stop of the engine's own.
-    pub fn with_armory(root: &Path, armory: Arc<dyn FiredReflexes>) -> Self {
+    /// The same, taking over what the reflexes of `armory` did before a stop of the engine's own,
+    /// and arming a resumed job's reflex there.
+    pub fn with_armory(root: &Path, armory: Arc<dyn Reflexes>) -> Self {
         Host {
             root: root.to_path_buf(),
             armory: Some(armory),
@@ -134,6 +144,19 @@ impl HostDriver for Host {
 
     fn fired_reflex(&self, job: &str) -> Option<Fired> {
         self.armory.as_ref()?.take(job)
+    }
+
+    fn arm_reflex(&self, job: &str, memory: &CgroupDir, plan: &ReflexPlan) -> bool {
+        let Some(armory) = &self.armory else {
+            return false;
+        };
+        match armory.arm(job, memory, plan, &self.root) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::info!(job, error = %e, "no reflex for this job; its probe decides");
+                false
+            }
+        }
     }
 }
 

@@ -24,6 +24,9 @@ use crate::shared::Shared;
 
 /// Consecutive sampler panics after which the daemon exits non-zero (a supervisor restarts it).
 const MAX_SAMPLER_PANICS: u32 = 3;
+/// A turn at least this long is logged: a job growing at 1 GiB/s gains 50 MiB meanwhile, with only
+/// an armed reflex to stop it.
+const SLOW_TURN: Duration = Duration::from_millis(50);
 
 /// What the owner task acts on: one per turn.
 enum Input {
@@ -33,6 +36,9 @@ enum Input {
     Watchdog,
     /// The wake thread saw a kernel notification (a threshold, a PSI trigger) or fired a reflex.
     Woken,
+    /// A job's v1 thresholds are registered (off this task): it is watched from now on, and its
+    /// reflex can be armed.
+    Registered,
     /// An effect finished. Boxed, as the sample: the input lives for one turn, and the rest are small.
     Outcome(Box<Outcome>),
     /// A reader found the published sample stale.
@@ -48,6 +54,25 @@ enum Input {
     Deadline,
     /// A probe is due.
     ProbeDue,
+}
+
+impl Input {
+    /// The input's name, for the log.
+    fn name(&self) -> &'static str {
+        match self {
+            Input::Stop => "stop",
+            Input::Watchdog => "watchdog",
+            Input::Woken => "woken",
+            Input::Registered => "registered",
+            Input::Outcome(_) => "outcome",
+            Input::Demand => "demand",
+            Input::Command(_) => "command",
+            Input::Sampled(_) => "sampled",
+            Input::FullDue => "full sample due",
+            Input::Deadline => "deadline",
+            Input::ProbeDue => "probe due",
+        }
+    }
 }
 
 /// Where the owner task's parts come from; see [`Owner::new`].
@@ -81,6 +106,8 @@ pub(super) struct Owner {
     requests: mpsc::Receiver<Envelope>,
     watches: Watches,
     woken: Arc<tokio::sync::Notify>,
+    /// Woken when the registrar finished a job's thresholds.
+    registered: Arc<tokio::sync::Notify>,
     guardian: Option<Guardian>,
     /// The sampler, while no full sample is in flight.
     sampler: Option<Sampler>,
@@ -128,6 +155,7 @@ impl Owner {
             executor: p.executor,
             outcomes: p.outcomes,
             requests: p.requests,
+            registered: p.watches.registered(),
             watches: p.watches,
             woken: p.woken,
             guardian: p.guardian,
@@ -148,7 +176,17 @@ impl Owner {
         let mut stop = std::pin::pin!(stop);
         loop {
             let input = self.next(stop.as_mut()).await;
-            if let Flow::Stop(failure) = self.handle(input) {
+            let (what, started) = (input.name(), std::time::Instant::now());
+            let flow = self.handle(input);
+            let took = started.elapsed();
+            if took >= SLOW_TURN {
+                tracing::info!(
+                    input = what,
+                    took_ms = took.as_secs_f64() * 1000.0,
+                    "a slow turn of the owner task: no job was probed and no reflex armed meanwhile"
+                );
+            }
+            if let Flow::Stop(failure) = flow {
                 return failure;
             }
         }
@@ -184,6 +222,7 @@ impl Owner {
             _ = stop => Input::Stop,
             _ = self.watchdog.tick(), if self.watchdog_every.is_some() => Input::Watchdog,
             _ = self.woken.notified() => Input::Woken,
+            _ = self.registered.notified() => Input::Registered,
             Some(outcome) = self.outcomes.recv() => Input::Outcome(Box::new(outcome)),
             _ = self.shared.demand.notified() => Input::Demand,
             Some(env) = self.requests.recv() => Input::Command(Box::new(env)),
@@ -207,6 +246,10 @@ impl Owner {
             Input::Stop => return Flow::Stop(None),
             Input::Watchdog => self.watchdog(),
             Input::Woken => self.woken(now),
+            Input::Registered => {
+                self.watches.sync(&mut self.engine);
+                self.publish_if_dirty();
+            }
             Input::Outcome(outcome) => {
                 self.engine.handle_outcome(*outcome, now);
                 self.executor.drain(&mut self.engine, now);

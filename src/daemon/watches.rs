@@ -28,6 +28,15 @@ pub(super) struct Watches {
     jobs: std::collections::HashMap<String, (Vec<u64>, bool)>,
     /// A v1 job's limit is not known yet: sync again after the next probe, which reads it.
     pub(super) limit_unknown: bool,
+    /// The v1 registrations under way, by job: the generation last asked (an older one that
+    /// finishes is stale). The job is not watched until it is done; the engine probes it meanwhile.
+    registering: std::collections::HashMap<String, u64>,
+    generation: u64,
+    /// The v1 jobs whose thresholds the wake thread has from a registration that finished: while
+    /// a new one is under way (a limit changed), the old thresholds still wake the job's reflex.
+    registered_once: std::collections::HashSet<String>,
+    /// Woken when the registrar finished one.
+    registered: Arc<tokio::sync::Notify>,
 }
 
 impl Watches {
@@ -38,13 +47,15 @@ impl Watches {
         counts: Arc<crate::wake::Notified>,
         armory: Arc<crate::reflex::Armory>,
     ) -> Watches {
-        let wakers = match crate::wake::Wakers::start(woken, counts, armory.clone()) {
-            Ok(w) => Some(w),
-            Err(e) => {
-                tracing::warn!(error = %e, "no kernel notifications; polling only");
-                None
-            }
-        };
+        let registered = Arc::new(tokio::sync::Notify::new());
+        let wakers =
+            match crate::wake::Wakers::start(woken, counts, armory.clone(), registered.clone()) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no kernel notifications; polling only");
+                    None
+                }
+            };
         if let Some(w) = &wakers {
             let psi = host.root.join("proc/pressure/memory");
             if crate::wake::on_kernel_fs(&psi) {
@@ -62,7 +73,16 @@ impl Watches {
             process_root: host.process_root.clone(),
             jobs: Default::default(),
             limit_unknown: false,
+            registering: Default::default(),
+            generation: 0,
+            registered_once: Default::default(),
+            registered,
         }
+    }
+
+    /// Woken each time a v1 job's thresholds are registered: sync then.
+    pub(super) fn registered(&self) -> Arc<tokio::sync::Notify> {
+        self.registered.clone()
     }
 
     /// Registers what is new or changed, drops what is gone.
@@ -70,18 +90,44 @@ impl Watches {
         let Some(w) = &self.wakers else {
             return;
         };
+        for r in w.take_registered() {
+            if self.registering.get(&r.job) != Some(&r.generation) {
+                continue; // asked again since, or gone
+            }
+            self.registering.remove(&r.job);
+            match r.result {
+                Ok(()) => {
+                    self.registered_once.insert(r.job.clone());
+                    engine.set_watched(&r.job, true);
+                }
+                Err(e) => {
+                    self.registered_once.remove(&r.job);
+                    tracing::info!(job = %r.job, error = %e, "no kernel notifications for this job; probing it");
+                    engine.set_watched(&r.job, false);
+                }
+            }
+        }
         let plan = engine.wake_plan();
         self.limit_unknown = plan.iter().any(|p| p.thresholds.is_empty() && !p.limitless);
         for p in &plan {
             let key = (p.thresholds.clone(), p.limitless);
             if self.jobs.get(&p.job) != Some(&key) {
+                self.registering.remove(&p.job);
+                if p.limitless || p.dir.version != Version::V1 {
+                    self.registered_once.remove(&p.job);
+                }
                 let result = match p.dir.version {
                     _ if p.limitless => Ok(true),
                     Version::V1
                         if !p.thresholds.is_empty() && crate::wake::on_kernel_fs(&p.dir.dir) =>
                     {
-                        w.watch_v1_thresholds(&p.job, &p.dir.dir, &p.thresholds)
-                            .map(|()| true)
+                        // Watched once the registrar is done; probed until then.
+                        self.generation += 1;
+                        w.watch_v1_thresholds(&p.job, &p.dir.dir, &p.thresholds, self.generation)
+                            .map(|()| {
+                                self.registering.insert(p.job.clone(), self.generation);
+                                false
+                            })
                     }
                     Version::V2 if crate::wake::on_kernel_fs(&p.dir.dir) => {
                         if let Err(e) = w.watch_psi(
@@ -108,8 +154,12 @@ impl Watches {
                 engine.set_watched(&p.job, watched);
                 self.jobs.insert(p.job.clone(), key);
             }
-            // A reflex rides on the job's thresholds (v1) or the wake thread's reads (v2).
-            let woken = !p.limitless && !p.thresholds.is_empty() && engine.is_watched(&p.job);
+            // A reflex rides on the job's thresholds (v1; while new ones register, the old ones) or
+            // the wake thread's reads (v2). The job is probed until its new thresholds are in.
+            let renewing =
+                self.registering.contains_key(&p.job) && self.registered_once.contains(&p.job);
+            let woken =
+                !p.limitless && !p.thresholds.is_empty() && (engine.is_watched(&p.job) || renewing);
             let reflex = p.reflex.as_ref().filter(|_| woken);
             if arm(
                 &self.armory,
@@ -129,6 +179,10 @@ impl Watches {
             }
             keep
         });
+        self.registering
+            .retain(|job, _| plan.iter().any(|p| &p.job == job));
+        self.registered_once
+            .retain(|job| plan.iter().any(|p| &p.job == job));
         for job in self.armory.armed_jobs() {
             if !plan.iter().any(|p| p.job == job) && self.armory.disarm(&job) {
                 engine.disarm_reflex(&job);
@@ -169,18 +223,8 @@ fn arm(
             if armed.is_some() && !armory.disarm(job) {
                 return false; // it fired: the engine takes it over first
             }
-            let act = match &plan.how {
-                crate::engine::ReflexHow::Freeze(f) => crate::reflex::Reflex::freezer(f),
-                crate::engine::ReflexHow::Stop(root) => match &plan.pidfd {
-                    Some(pidfd) => Ok(crate::reflex::Act::Stop {
-                        root: *root,
-                        pidfd: pidfd.clone(),
-                    }),
-                    None => Err(std::io::Error::other("no pidfd on the job's root")),
-                },
-            };
-            let act = match act {
-                Ok(a) => a,
+            let reflex = match crate::reflex::Reflex::prepare(job, memory, plan, process_root) {
+                Ok(r) => r,
                 Err(e) => {
                     tracing::info!(job, error = %e, "no reflex for this job; its probe decides");
                     engine.disarm_reflex(job);
@@ -191,15 +235,7 @@ fn arm(
                 tracing::warn!(job, error = %e, "the reflex is not armed: it could not be recorded");
                 return false;
             }
-            armory.arm(crate::reflex::Reflex::open(
-                job,
-                &memory.dir,
-                memory.version,
-                plan.critical_bytes,
-                plan.owner,
-                process_root,
-                act,
-            ));
+            armory.arm(reflex);
             tracing::debug!(job, critical_bytes = plan.critical_bytes, how = ?plan.how, "reflex armed");
             true
         }

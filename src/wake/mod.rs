@@ -32,8 +32,10 @@ use std::sync::{Arc, mpsc};
 use tokio::sync::Notify;
 
 pub mod reads;
+pub mod register;
 
 use reads::UsageReads;
+use register::{Finished, Order, Registered, Thresholds};
 
 /// What a watch is for: the job it concerns (its name) or the host (`None`).
 pub type Key = Option<String>;
@@ -97,66 +99,97 @@ impl Notified {
 }
 
 /// The handle the owner task keeps: add and drop watches; notifications wake the `Notify` given to
-/// [`Wakers::start`].
+/// [`Wakers::start`]. Commands reach the wake thread through the registrar ([`register`]), in order.
 pub struct Wakers {
-    tx: mpsc::SyncSender<Cmd>,
-    /// Writing a byte here interrupts the thread's poll so it picks up new commands.
-    kick: OwnedFd,
+    tx: mpsc::SyncSender<Order>,
+    /// Writing a byte here interrupts the wake thread's poll so it picks up new commands.
+    kick: Arc<OwnedFd>,
+    /// v1 registrations the registrar finished.
+    finished: Arc<Finished>,
 }
 
 impl Wakers {
-    /// Starts the polling thread; each notification wakes `out` and is counted in `counts`; a v1
-    /// threshold's crossing first fires the job's reflex in `armory`, if one is armed.
+    /// Starts the polling thread and the registrar; each notification wakes `out` and is counted in
+    /// `counts`; a v1 threshold's crossing first fires the job's reflex in `armory`, if one is armed;
+    /// each finished v1 registration wakes `registered`.
     pub fn start(
         out: Arc<Notify>,
         counts: Arc<Notified>,
         armory: Arc<crate::reflex::Armory>,
+        registered: Arc<Notify>,
     ) -> std::io::Result<Wakers> {
         let (read, write) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)?;
-        let (tx, rx) = mpsc::sync_channel(COMMANDS_QUEUED);
+        let kick = Arc::new(write);
+        let (wake_tx, wake_rx) = mpsc::sync_channel(COMMANDS_QUEUED);
         std::thread::Builder::new()
             .name("wake".into())
-            .spawn(move || run(read, rx, out, &counts, &armory))?;
-        Ok(Wakers { tx, kick: write })
+            .spawn(move || run(read, wake_rx, out, &counts, &armory))?;
+        let finished = Arc::new(Finished {
+            list: std::sync::Mutex::new(Vec::new()),
+            notify: registered,
+        });
+        let (tx, rx) = mpsc::sync_channel(COMMANDS_QUEUED);
+        let (k, f) = (kick.clone(), finished.clone());
+        std::thread::Builder::new()
+            .name("wake-register".into())
+            .spawn(move || register::run(rx, wake_tx, k, f))?;
+        Ok(Wakers { tx, kick, finished })
     }
 
-    /// Queues a command for the thread and kicks it; never waits (a full queue means the thread is
-    /// stuck: the command is dropped and polling covers what it was for).
-    fn send(&self, cmd: Cmd) {
-        match self.tx.try_send(cmd) {
-            Ok(()) => {
-                let _ = nix::unistd::write(&self.kick, &[1u8]);
-            }
+    /// Queues an order for the registrar; never waits (a full queue means a thread is stuck: the
+    /// order is dropped and polling covers what it was for). `false` when dropped.
+    fn order(&self, order: Order) -> bool {
+        match self.tx.try_send(order) {
+            Ok(()) => true,
             Err(e) => {
-                tracing::warn!(error = %e, "the wake thread does not take commands; polling only for this watch")
+                tracing::warn!(error = %e, "the wake thread does not take commands; polling only for this watch");
+                false
             }
         }
     }
 
+    fn send(&self, cmd: Cmd) {
+        self.order(Order::Forward(cmd));
+    }
+
     /// Watches a v1 memory cgroup: notified whenever usage crosses one of `thresholds` (bytes), up or
-    /// down. Replaces the job's earlier watch.
+    /// down. Replaces the job's earlier watch. The files are opened here (an error is told now); the
+    /// thresholds are registered by the registrar, which then hands the watch to the wake thread and
+    /// tells, as `generation`, that it is done ([`Wakers::take_registered`]). `Ok`: asked.
     pub fn watch_v1_thresholds(
         &self,
         job: &str,
         dir: &Path,
         thresholds: &[u64],
+        generation: u64,
     ) -> std::io::Result<()> {
         let efd = eventfd()?;
         let usage = std::fs::File::open(dir.join("memory.usage_in_bytes"))?;
-        let mut control = std::fs::OpenOptions::new()
-            .write(true)
-            .open(dir.join("cgroup.event_control"))?;
-        for t in thresholds {
-            control
-                .write_all(format!("{} {} {t}", efd.as_raw_fd(), usage.as_raw_fd()).as_bytes())?;
+        let control = dir.join("cgroup.event_control");
+        std::fs::metadata(&control)?;
+        let asked = self.order(Order::Thresholds(Thresholds {
+            job: job.to_owned(),
+            generation,
+            efd,
+            usage,
+            control,
+            thresholds: thresholds.to_vec(),
+        }));
+        if asked {
+            Ok(())
+        } else {
+            Err(std::io::Error::other("the registrar does not take orders"))
         }
-        self.send(Cmd::Watch(
-            Some(job.to_owned()),
-            vec![efd, usage.into()],
-            Kind::Eventfd,
-        ));
-        Ok(())
+    }
+
+    /// The v1 registrations finished since the last call.
+    pub fn take_registered(&self) -> Vec<Registered> {
+        self.finished
+            .list
+            .lock()
+            .map(|mut l| std::mem::take(&mut *l))
+            .unwrap_or_default()
     }
 
     /// A PSI trigger on `pressure_file` (a cgroup's `memory.pressure` or `/proc/pressure/memory`):
@@ -203,7 +236,7 @@ impl Wakers {
     /// Interrupts the thread's poll so it looks at a reflex just armed (a v2 job's usage is read at
     /// once).
     pub fn rearm(&self) {
-        let _ = nix::unistd::write(&self.kick, &[1u8]);
+        let _ = nix::unistd::write(&*self.kick, &[1u8]);
     }
 
     /// Drops the job's watches (the kernel removes a threshold when its eventfd closes).

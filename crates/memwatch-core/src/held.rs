@@ -32,6 +32,47 @@ pub enum ReflexHow {
     Stop(crate::host::ProcRef),
 }
 
+/// What the engine would arm for a job now (`engine::reflex`), and what the host driver hands to
+/// the wake thread (`HostDriver::arm_reflex`).
+#[derive(Debug, Clone)]
+pub struct ReflexPlan {
+    /// The working set at which it fires (bytes).
+    pub critical_bytes: u64,
+    /// What it acts on.
+    pub how: ReflexHow,
+    /// The job's owner.
+    pub owner: u32,
+    /// The root's pidfd (a `Stop` needs it).
+    pub pidfd: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
+}
+
+impl PartialEq for ReflexPlan {
+    /// The same reflex (its pidfd aside: the job's, kept since attach).
+    fn eq(&self, other: &Self) -> bool {
+        self.critical_bytes == other.critical_bytes
+            && self.how == other.how
+            && self.owner == other.owner
+    }
+}
+
+impl ReflexPlan {
+    /// Whether the reflex armed as `armed` is this one.
+    pub fn is(&self, armed: Option<&Armed>) -> bool {
+        armed.is_some_and(|a| a.critical_bytes == self.critical_bytes && a.how == self.how)
+    }
+}
+
+/// What a pause being ended still holds while its job's reflex is armed ahead of the thaw
+/// (`Engine::resume_job`): the armed record covers it too, so that a daemon that dies between the
+/// record and the thaw leaves nothing held that recovery would not undo.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resuming {
+    /// The cgroup the pause froze.
+    pub frozen: Option<Frozen>,
+    /// The processes the pause stopped.
+    pub stopped: Vec<crate::host::ProcRef>,
+}
+
 /// What a fired reflex did (`crate::reflex`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Done {
@@ -63,6 +104,8 @@ pub struct Armed {
     pub how: ReflexHow,
     /// When it was armed (engine clock, ms).
     pub since_ms: u64,
+    /// The pause it was armed ahead of the end of, until that pause is undone.
+    pub resuming: Option<Resuming>,
 }
 
 impl Armed {

@@ -250,6 +250,11 @@ impl Engine {
     /// through Slurm, after any suspend still under way (the calls run in order).
     pub(super) fn resume_job(&mut self, name: &str) {
         if let Some(p) = self.end_pause(name) {
+            // The job's stop at critical is recorded before the thaw and handed over right after
+            // it, with no write between: a slow disk that holds the owner task after the thaw
+            // (a page-cache write throttled while a checkpoint is flushed) never leaves a resumed
+            // job growing with nothing armed to stop it.
+            let ahead = self.arm_ahead(name, &p);
             if let Some(s) = p.suspended() {
                 self.effects.push_back(Effect::Slurm(super::SlurmRequest {
                     job: name.to_owned(),
@@ -266,6 +271,9 @@ impl Engine {
             }
             let pinned = self.jobs.get(name).and_then(|j| j.pidfd.clone());
             self.host.continue_tree(&p.stopped, pinned.as_deref());
+            if let Some((memory, plan)) = ahead {
+                self.hand_over_ahead(name, &memory, &plan);
+            }
         }
         self.dirty = true;
         self.save();

@@ -9,15 +9,12 @@
 //! the job not paused, not being ended, not a Slurm job (a Slurm pause goes through Slurm), not
 //! critical already (critical and running means a person overrode the line), and nobody's override.
 
-use std::os::fd::OwnedFd;
-use std::sync::Arc;
-
 use crate::config::SignalName;
 
 use super::Engine;
 use crate::audit::{Action, Reason};
 use crate::held::Mechanism;
-pub use crate::held::{Armed, ReflexHow};
+pub use crate::held::{Armed, ReflexHow, ReflexPlan};
 use crate::job::Job;
 use crate::record::{HoldRecord, PersistedPause, PhaseRecord};
 
@@ -35,45 +32,31 @@ use crate::held::{Done, Fired};
 use crate::host::Version;
 use crate::policy::{By, Cause, Level, PauseState, Resource};
 
-/// What the engine would arm for a job now.
-#[derive(Debug, Clone)]
-pub struct ReflexPlan {
-    /// The working set at which it fires (bytes).
-    pub critical_bytes: u64,
-    /// What it acts on.
-    pub how: ReflexHow,
-    /// The job's owner.
-    pub owner: u32,
-    /// The root's pidfd (a `Stop` needs it).
-    pub pidfd: Option<Arc<OwnedFd>>,
-}
-
-impl PartialEq for ReflexPlan {
-    /// The same reflex (its pidfd aside: the job's, kept since attach).
-    fn eq(&self, other: &Self) -> bool {
-        self.critical_bytes == other.critical_bytes
-            && self.how == other.how
-            && self.owner == other.owner
-    }
-}
-
-impl ReflexPlan {
-    /// Whether the reflex armed as `armed` is this one.
-    pub fn is(&self, armed: Option<&Armed>) -> bool {
-        armed.is_some_and(|a| a.critical_bytes == self.critical_bytes && a.how == self.how)
-    }
-}
-
 /// The state file's record of the reflex `armed` of `job`: a pause in phase `armed`, undone as one
 /// being made.
 pub(super) fn record(armed: &Armed, job: &str) -> PersistedPause {
-    let (hold, stopped) = match &armed.how {
-        ReflexHow::Freeze(f) => (
-            HoldRecord::from(&Mechanism::choose(None, Some(f.clone()))),
-            vec![],
-        ),
-        ReflexHow::Stop(root) => (HoldRecord::Signals, vec![*root]),
+    // Ahead of a pause's end, the record covers what that pause still holds: its frozen cgroup
+    // (the reflex's own, where both freeze; `Engine::arm_ahead` arms no other) and the processes
+    // it stopped.
+    let resuming = armed.resuming.as_ref();
+    let frozen = match &armed.how {
+        ReflexHow::Freeze(f) => Some(f.clone()),
+        ReflexHow::Stop(_) => None,
+    }
+    .or_else(|| resuming.and_then(|r| r.frozen.clone()));
+    let hold = match &frozen {
+        Some(f) => HoldRecord::from(&Mechanism::choose(None, Some(f.clone()))),
+        None => HoldRecord::Signals,
     };
+    let mut stopped = match &armed.how {
+        ReflexHow::Stop(root) => vec![*root],
+        ReflexHow::Freeze(_) => vec![],
+    };
+    for p in resuming.map(|r| r.stopped.as_slice()).unwrap_or_default() {
+        if !stopped.contains(p) {
+            stopped.push(*p);
+        }
+    }
     PersistedPause {
         since_ms: armed.since_ms,
         by: By::Policy,
@@ -159,6 +142,7 @@ impl Engine {
             critical_bytes: plan.critical_bytes,
             how: plan.how.clone(),
             since_ms: j.sampled_at_ms.max(j.probed_at_ms),
+            resuming: None,
         });
         if let Err(e) = self.write_state() {
             if let Some(j) = self.jobs.get_mut(job) {
@@ -167,6 +151,68 @@ impl Engine {
             return Err(ArmError::Unrecorded(e));
         }
         Ok(())
+    }
+
+    /// At the end of pause `p` (taken off the job already, not yet undone): the job's reflex, where
+    /// the engine would arm one now and the host watches its cgroup, recorded as armed, the record
+    /// covering what `p` still holds ([`crate::held::Resuming`]); what to hand over once `p` is
+    /// undone. `None` (the watches arm it at their next sync) where one record cannot cover both:
+    /// `p` froze a cgroup other than the one the reflex would, or suspended a Slurm job.
+    pub(super) fn arm_ahead(
+        &mut self,
+        name: &str,
+        p: &crate::job::Pause,
+    ) -> Option<(crate::sample::cgroup::CgroupDir, ReflexPlan)> {
+        let j = self.jobs.get(name)?;
+        if !j.watched || j.armed.is_some() || p.suspended().is_some() {
+            return None;
+        }
+        let plan = self.reflex_plan(j)?;
+        let memory = j.cgroup_dir.clone()?;
+        if let (Some(held), ReflexHow::Freeze(f)) = (p.frozen(), &plan.how) {
+            if held != f {
+                return None;
+            }
+        }
+        let since_ms = j.sampled_at_ms.max(j.probed_at_ms);
+        let j = self.jobs.get_mut(name)?;
+        j.armed = Some(Armed {
+            critical_bytes: plan.critical_bytes,
+            how: plan.how.clone(),
+            since_ms,
+            resuming: Some(crate::held::Resuming {
+                frozen: p.frozen().cloned(),
+                stopped: p.stopped.clone(),
+            }),
+        });
+        if let Err(e) = self.write_state() {
+            tracing::warn!(job = name, error = %e, "the reflex is not armed ahead of the resume: it could not be recorded");
+            if let Some(j) = self.jobs.get_mut(name) {
+                j.armed = None;
+            }
+            return None;
+        }
+        Some((memory, plan))
+    }
+
+    /// Hands the reflex [`Engine::arm_ahead`] recorded to the host, now that the pause is undone;
+    /// its record no longer needs to cover that pause.
+    pub(super) fn hand_over_ahead(
+        &mut self,
+        name: &str,
+        memory: &crate::sample::cgroup::CgroupDir,
+        plan: &ReflexPlan,
+    ) {
+        let taken = self.host.arm_reflex(name, memory, plan);
+        if let Some(j) = self.jobs.get_mut(name) {
+            match j.armed.as_mut() {
+                Some(a) if taken => a.resuming = None,
+                _ => j.armed = None,
+            }
+        }
+        if taken {
+            tracing::debug!(job = name, critical_bytes = plan.critical_bytes, how = ?plan.how, "reflex armed as the job resumes");
+        }
     }
 
     /// The wake thread no longer holds the job's reflex (it was disarmed before it could fire).

@@ -9,7 +9,7 @@ use super::Pinned;
 use super::error::{CgroupError, SignalError, SlurmError};
 use super::view::HostView;
 use crate::config::SignalName;
-use crate::held::{Fired, Frozen, Loan, Mechanism, OomdMark, Slurmctl};
+use crate::held::{Fired, Frozen, Loan, Mechanism, OomdMark, ReflexPlan, Slurmctl};
 use crate::host::ProcRef;
 use crate::sample::cgroup::CgroupDir;
 
@@ -110,6 +110,12 @@ pub trait HostDriver: Send + Sync {
     /// itself, so that a stop the reflex made is the pause.
     fn fired_reflex(&self, _job: &str) -> Option<Fired> {
         None
+    }
+    /// Hands `job`'s reflex as `plan` says, recorded already, to what fires it (the daemon's wake
+    /// thread), the job's usage read in its memory cgroup `memory`. `false` where nothing took it:
+    /// the daemon's watches arm it at their next sync.
+    fn arm_reflex(&self, _job: &str, _memory: &CgroupDir, _plan: &ReflexPlan) -> bool {
+        false
     }
 }
 

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use crate::adapt::{ConfigFileError, JobConfig};
 use crate::audit::{Event, EventSink};
 use crate::config::SignalName;
-use crate::held::{CgroupOwner, Device, Fired, Frozen, Loan, OomdMark, Slurmctl};
+use crate::held::{CgroupOwner, Device, Fired, Frozen, Loan, OomdMark, ReflexPlan, Slurmctl};
 use crate::host::{Errno, Pinned, ProcRef, Version};
 use crate::job::origin::Origin;
 use crate::proc::{Stat, Status, parse_stat, parse_status};
@@ -45,6 +45,8 @@ pub enum Act {
     RestoreLimit(PathBuf, CgroupOwner),
     OomdMark(PathBuf),
     OomdUnmark(PathBuf),
+    /// A job's reflex handed to the wake thread by the engine itself (a resume).
+    ArmReflex(String),
 }
 
 /// What the next acts do wrong.

@@ -277,3 +277,129 @@ fn a_reflex_is_planned_for_a_limited_v2_cgroup() {
         );
     }
 }
+
+/// A job whose cgroup is at its critical line until the policy pauses it, then falls back: the
+/// pause's acts so far, and the state it leaves.
+fn paused_at_the_line_then_calm(s: &mut Sim) {
+    s.cgroup_limit = Some(4 << 30);
+    s.sample(0.1);
+    s.engine.set_watched("sim", true);
+    s.now += 1000;
+    s.sample_unchanged(0.1, 4000 << 20);
+    assert!(s.held(), "paused at the line");
+    for _ in 0..120 {
+        s.now += 1000;
+        s.sample_unchanged(0.1, 1 << 30);
+        if s.pause().is_none() {
+            return;
+        }
+    }
+    panic!("never resumed: {:?}", s.pause());
+}
+
+/// A job the policy resumes is armed within the resume itself: its reflex recorded before the thaw
+/// and handed over right after it, with no state write between (the sim's hand-over checks the
+/// record is there). A slow disk that holds the owner task after the thaw then never leaves the
+/// job growing with nothing armed to stop it, as a resume that left the arming to the next sync of
+/// the watches did.
+#[test]
+fn a_resumed_job_is_armed_ahead_of_its_thaw_and_handed_over_right_after_it() {
+    let mut s = Sim::new(Kind::V2);
+    paused_at_the_line_then_calm(&mut s);
+    let dir = cgroup_dir(&s.root(), Kind::V2).unwrap();
+    let acts = s.host.acts();
+    let thaw = acts.iter().rposition(|a| *a == Act::Thaw(dir.clone()));
+    let armed = acts.iter().position(|a| *a == Act::ArmReflex("sim".into()));
+    assert!(
+        matches!((thaw, armed), (Some(t), Some(a)) if t < a
+            && acts[t + 1..a].iter().all(|x| matches!(x, Act::Continue(_)))),
+        "the thaw, then at once the hand-over: {acts:?}"
+    );
+    assert!(!s.held());
+    let a = s.engine.armed_reflex("sim").expect("armed");
+    assert_eq!(
+        a.how,
+        ReflexHow::Freeze(Frozen {
+            version: Version::V2,
+            dir
+        })
+    );
+    assert!(a.resuming.is_none(), "the pause it covered is undone");
+    let r = &s.host.state()["jobs"][0]["paused"];
+    assert_eq!(r["phase"], "armed", "{r}");
+    assert_eq!(r["hold"]["kind"], "cgroup_v2_freeze", "{r}");
+}
+
+/// A daemon killed after the reflex was recorded ahead of a resume, before the thaw, leaves a record
+/// that covers the pause it was ending: the restarted daemon undoes it from that record alone, and
+/// nothing of the job stays frozen.
+#[test]
+fn a_daemon_killed_between_the_record_ahead_and_the_thaw_leaves_nothing_frozen() {
+    let mut s = Sim::new(Kind::V2);
+    s.cgroup_limit = Some(4 << 30);
+    s.sample(0.1);
+    s.engine.set_watched("sim", true);
+    assert!(s.cmd(super::pause_cmd()).ok);
+    assert!(s.held(), "paused by hand");
+    // The pause's end as a resume begins it: taken off the job, its stop recorded ahead, and the
+    // daemon killed before the thaw.
+    let p = s.engine.end_pause("sim").expect("the pause");
+    assert!(s.engine.arm_ahead("sim", &p).is_some(), "recorded ahead");
+    let r = &s.host.state()["jobs"][0]["paused"];
+    assert_eq!(
+        (r["phase"].as_str(), r["hold"]["kind"].as_str()),
+        (Some("armed"), Some("cgroup_v2_freeze")),
+        "{r}"
+    );
+    assert!(s.held(), "not thawed yet");
+    s.restart();
+    assert!(!s.held(), "{:?}", s.host.acts());
+    assert!(s.all_running());
+    assert!(s.pause().is_none());
+}
+
+/// The armed record ahead of a resume covers what the pause holds beside the reflex's own act: its
+/// frozen cgroup where the reflex would stop the root by signals, every process it stopped where
+/// the reflex would freeze.
+#[test]
+fn the_record_ahead_of_a_resume_covers_the_pause_and_the_reflex() {
+    let worker = ProcRef {
+        pid: PID + 1,
+        start_time: 1000 + u64::from(PID) + 1,
+    };
+    let f = Frozen {
+        version: Version::V1,
+        dir: "/sys/fs/cgroup/freezer/job".into(),
+    };
+    let armed =
+        |how: ReflexHow, frozen: Option<Frozen>, stopped: Vec<ProcRef>| crate::held::Armed {
+            critical_bytes: 95 << 20,
+            how,
+            since_ms: 1,
+            resuming: Some(crate::held::Resuming { frozen, stopped }),
+        };
+    let stop_over_freezer = super::super::reflex::record(
+        &armed(ReflexHow::Stop(root()), Some(f.clone()), vec![]),
+        "sim",
+    );
+    assert_eq!(
+        stop_over_freezer.hold,
+        crate::record::HoldRecord::from(&crate::held::Mechanism::choose(None, Some(f.clone())))
+    );
+    assert_eq!(stop_over_freezer.stopped, [root()]);
+    let freeze_over_signals = super::super::reflex::record(
+        &armed(ReflexHow::Freeze(f.clone()), None, vec![root(), worker]),
+        "sim",
+    );
+    assert_eq!(
+        freeze_over_signals.hold,
+        crate::record::HoldRecord::from(&crate::held::Mechanism::choose(None, Some(f)))
+    );
+    assert_eq!(freeze_over_signals.stopped, [root(), worker]);
+    let stop_over_signals = super::super::reflex::record(
+        &armed(ReflexHow::Stop(root()), None, vec![root(), worker]),
+        "sim",
+    );
+    assert_eq!(stop_over_signals.hold, crate::record::HoldRecord::Signals);
+    assert_eq!(stop_over_signals.stopped, [root(), worker], "once each");
+}

@@ -190,4 +190,19 @@ impl HostDriver for FakeHost {
         let at = fired.iter().position(|f| f.job == job)?;
         Some(fired.remove(at))
     }
+
+    fn arm_reflex(&self, job: &str, _memory: &CgroupDir, _plan: &ReflexPlan) -> bool {
+        let state = self.state();
+        let recorded = state["jobs"]
+            .as_array()
+            .and_then(|jobs| jobs.iter().find(|j| j["name"] == job))
+            .is_some_and(|j| j["paused"]["phase"] == "armed");
+        if !recorded {
+            self.violate(format!(
+                "{job}'s reflex handed over with no armed record: {state}"
+            ));
+        }
+        self.act(Act::ArmReflex(job.to_owned()));
+        true
+    }
 }

@@ -1,0 +1,239 @@
+//! The registrar: the one way into the wake thread, and the thread that makes a v1 job's threshold
+//! writes, so that the owner task never waits for them.
+//!
+//! The kernel registers each v1 memory threshold (a write to `cgroup.event_control`) under an RCU
+//! grace period (`synchronize_rcu` in `mem_cgroup_usage_register_event`): a job's two dozen
+//! thresholds took 100 to 230 ms on this 2-core machine with a hog running (BENCHMARKS.md). Made on
+//! the owner task, that stopped every probe, reflex arm and control request for as long, at each
+//! attach and each change of a limit. Here they are made on a thread of their own; the owner task
+//! goes on probing the job (it is not watched yet) and hears when they are done
+//! ([`Wakers::take_registered`](super::Wakers::take_registered), its `Notify`).
+//!
+//! Every command for the wake thread passes through this thread's queue, in the order it was
+//! given, so a job's later watch, or its unwatch, never overtakes an earlier registration.
+
+use std::io::Write as _;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Instant;
+
+use tokio::sync::Notify;
+
+use super::{Cmd, Kind};
+
+/// What the registrar is given.
+pub(super) enum Order {
+    /// Passed on to the wake thread as it is.
+    Forward(Cmd),
+    /// A v1 job's thresholds to register, then watch.
+    Thresholds(Thresholds),
+}
+
+/// A v1 job's thresholds, with what they are registered on (opened by the caller, so that a cgroup
+/// without the files is told at once).
+pub(super) struct Thresholds {
+    pub(super) job: String,
+    pub(super) generation: u64,
+    pub(super) efd: OwnedFd,
+    pub(super) usage: std::fs::File,
+    pub(super) control: PathBuf,
+    pub(super) thresholds: Vec<u64>,
+}
+
+/// A registration that finished: its job, the generation it was asked with
+/// ([`Wakers::watch_v1_thresholds`](super::Wakers::watch_v1_thresholds)), and whether the kernel took
+/// every threshold (then the wake thread watches them).
+#[derive(Debug)]
+pub struct Registered {
+    /// The job.
+    pub job: String,
+    /// The generation it was asked with.
+    pub generation: u64,
+    /// `Ok` when every threshold was registered and the wake thread watches them.
+    pub result: std::io::Result<()>,
+}
+
+/// Registrations finished and not yet taken, and who is told of each.
+pub(super) struct Finished {
+    pub(super) list: Mutex<Vec<Registered>>,
+    pub(super) notify: Arc<Notify>,
+}
+
+/// The registrar's loop: each order in turn, until the owner's handle is dropped.
+pub(super) fn run(
+    orders: mpsc::Receiver<Order>,
+    wake: mpsc::SyncSender<Cmd>,
+    kick: Arc<OwnedFd>,
+    finished: Arc<Finished>,
+) {
+    let forward = |cmd: Cmd| match wake.try_send(cmd) {
+        Ok(()) => {
+            let _ = nix::unistd::write(&*kick, &[1u8]);
+            true
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "the wake thread does not take commands; polling only for this watch");
+            false
+        }
+    };
+    while let Ok(order) = orders.recv() {
+        match order {
+            Order::Forward(cmd) => {
+                forward(cmd);
+            }
+            Order::Thresholds(t) => {
+                let started = Instant::now();
+                let (job, count) = (t.job.clone(), t.thresholds.len());
+                let result = register(&t).and_then(|()| {
+                    let fds = vec![t.efd, t.usage.into()];
+                    if forward(Cmd::Watch(Some(job.clone()), fds, Kind::Eventfd)) {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::other(
+                            "the wake thread does not take commands",
+                        ))
+                    }
+                });
+                tracing::debug!(
+                    job,
+                    thresholds = count,
+                    took_ms = started.elapsed().as_secs_f64() * 1000.0,
+                    ok = result.is_ok(),
+                    "v1 thresholds registered"
+                );
+                if let Ok(mut list) = finished.list.lock() {
+                    list.push(Registered {
+                        job,
+                        generation: t.generation,
+                        result,
+                    });
+                }
+                finished.notify.notify_one();
+            }
+        }
+    }
+}
+
+/// Writes each threshold to the cgroup's `cgroup.event_control`, on the eventfd and usage file given.
+fn register(t: &Thresholds) -> std::io::Result<()> {
+    let mut control = std::fs::OpenOptions::new().write(true).open(&t.control)?;
+    for th in &t.thresholds {
+        control
+            .write_all(format!("{} {} {th}", t.efd.as_raw_fd(), t.usage.as_raw_fd()).as_bytes())?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read as _;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use crate::wake::Wakers;
+
+    /// A cgroup directory whose `cgroup.event_control` is a FIFO: a writer's open waits until a
+    /// reader opens it, as a slow registration holds its writer.
+    fn slow_cgroup() -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("memory.usage_in_bytes"), "0\n").unwrap();
+        nix::unistd::mkfifo(
+            &d.path().join("cgroup.event_control"),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+        d
+    }
+
+    #[test]
+    fn a_registration_that_waits_holds_neither_its_caller_nor_a_later_one_out_of_order() {
+        let d = slow_cgroup();
+        let registered = Arc::new(tokio::sync::Notify::new());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let wakers = Wakers::start(
+            Arc::new(tokio::sync::Notify::new()),
+            Arc::default(),
+            Arc::default(),
+            registered.clone(),
+        )
+        .unwrap();
+        // Asked from another thread, so that a call that waited for the registration would show as
+        // no answer rather than as a test that never ends.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let dir = d.path().to_owned();
+        let wakers = std::thread::spawn(move || {
+            let asked = wakers.watch_v1_thresholds("job", &dir, &[100, 200, 300], 7);
+            let again = wakers.watch_v1_thresholds("job", &dir, &[400], 8);
+            tx.send((asked.is_ok(), again.is_ok())).unwrap();
+            wakers
+        });
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(60)),
+            Ok((true, true)),
+            "asked, while nothing reads the control file"
+        );
+        let wakers = wakers.join().unwrap();
+        assert!(
+            wakers.take_registered().is_empty(),
+            "nothing is registered yet"
+        );
+
+        // The kernel's side: the registrations' writes, read until both are done.
+        let fifo = d.path().join("cgroup.event_control");
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || {
+                // Each open takes one writer's registration, or both where the second writer
+                // came before the first one's end of file.
+                let mut text = String::new();
+                while !text.ends_with(" 400") {
+                    let mut f = std::fs::File::open(&fifo).unwrap();
+                    f.read_to_string(&mut text).unwrap();
+                }
+                text
+            })
+        };
+        let mut done = Vec::new();
+        while done.len() < 2 {
+            let told = rt.block_on(async {
+                tokio::time::timeout(Duration::from_secs(60), registered.notified()).await
+            });
+            assert!(told.is_ok(), "not told: {done:?}");
+            done.extend(wakers.take_registered());
+        }
+        let got: Vec<(&str, u64, bool)> = done
+            .iter()
+            .map(|r| (r.job.as_str(), r.generation, r.result.is_ok()))
+            .collect();
+        assert_eq!(got, [("job", 7, true), ("job", 8, true)], "in order");
+        let text = reader.join().unwrap();
+        // Three writes of "<eventfd> <usage fd> <bytes>" for generation 7, then one for 8.
+        let words: Vec<&str> = text.split(' ').collect();
+        let (efd, usage) = (words[0], words[1]);
+        let first = format!("{efd} {usage} 100{efd} {usage} 200{efd} {usage} 300");
+        assert!(text.starts_with(&first), "{text}");
+        assert!(text.ends_with(" 400") && text.len() > first.len(), "{text}");
+    }
+
+    #[test]
+    fn a_cgroup_without_the_control_file_is_told_at_once() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("memory.usage_in_bytes"), "0\n").unwrap();
+        let wakers = Wakers::start(
+            Arc::new(tokio::sync::Notify::new()),
+            Arc::default(),
+            Arc::default(),
+            Arc::new(tokio::sync::Notify::new()),
+        )
+        .unwrap();
+        let e = wakers
+            .watch_v1_thresholds("job", d.path(), &[100], 1)
+            .unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
+        assert!(wakers.take_registered().is_empty());
+    }
+}

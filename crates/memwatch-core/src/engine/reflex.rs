@@ -44,10 +44,7 @@ pub(super) fn record(armed: &Armed, job: &str) -> PersistedPause {
         ReflexHow::Stop(_) => None,
     }
     .or_else(|| resuming.and_then(|r| r.frozen.clone()));
-    let hold = match &frozen {
-        Some(f) => HoldRecord::from(&Mechanism::choose(None, Some(f.clone()))),
-        None => HoldRecord::Signals,
-    };
+    let hold = HoldRecord::from(&Mechanism::choose(None, frozen));
     let mut stopped = match &armed.how {
         ReflexHow::Stop(root) => vec![*root],
         ReflexHow::Freeze(_) => vec![],
@@ -135,6 +132,16 @@ impl Engine {
     /// Records `plan` as the job's armed reflex, in the state file before it is handed to the wake
     /// thread: an error means it must not be armed.
     pub fn arm_reflex(&mut self, job: &str, plan: &ReflexPlan) -> Result<(), ArmError> {
+        self.record_armed(job, plan, None)
+    }
+
+    /// `arm_reflex`, the record covering `resuming` too (a pause being ended).
+    fn record_armed(
+        &mut self,
+        job: &str,
+        plan: &ReflexPlan,
+        resuming: Option<crate::held::Resuming>,
+    ) -> Result<(), ArmError> {
         let Some(j) = self.jobs.get_mut(job) else {
             return Err(ArmError::NoJob(job.to_owned()));
         };
@@ -142,7 +149,7 @@ impl Engine {
             critical_bytes: plan.critical_bytes,
             how: plan.how.clone(),
             since_ms: j.sampled_at_ms.max(j.probed_at_ms),
-            resuming: None,
+            resuming,
         });
         if let Err(e) = self.write_state() {
             if let Some(j) = self.jobs.get_mut(job) {
@@ -174,22 +181,12 @@ impl Engine {
                 return None;
             }
         }
-        let since_ms = j.sampled_at_ms.max(j.probed_at_ms);
-        let j = self.jobs.get_mut(name)?;
-        j.armed = Some(Armed {
-            critical_bytes: plan.critical_bytes,
-            how: plan.how.clone(),
-            since_ms,
-            resuming: Some(crate::held::Resuming {
-                frozen: p.frozen().cloned(),
-                stopped: p.stopped.clone(),
-            }),
-        });
-        if let Err(e) = self.write_state() {
+        let resuming = crate::held::Resuming {
+            frozen: p.frozen().cloned(),
+            stopped: p.stopped.clone(),
+        };
+        if let Err(e) = self.record_armed(name, &plan, Some(resuming)) {
             tracing::warn!(job = name, error = %e, "the reflex is not armed ahead of the resume: it could not be recorded");
-            if let Some(j) = self.jobs.get_mut(name) {
-                j.armed = None;
-            }
             return None;
         }
         Some((memory, plan))

@@ -111,23 +111,46 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     failure.map_or(Ok(()), Err)
 }
 
-/// One daemon per state directory; a guardian finishing a recovery holds the lock for a moment.
-async fn lock(config: &Config) -> Result<StateLock, DaemonError> {
-    let dir = config.control.state_dir.clone();
-    let wait = dir.clone();
-    tokio::task::spawn_blocking(move || StateLock::acquire(&wait, Duration::from_secs(5)))
-        .await
-        .map_err(DaemonError::LockTask)?
-        .map_err(|error| DaemonError::Lock {
-            dir: dir.clone(),
-            error,
-        })?
-        .ok_or(DaemonError::Locked(dir))
+/// One daemon per runtime directory (the guardian's lock: a guardian finishing a recovery holds it
+/// for a moment) and per state directory (the audit log and the journal have one writer).
+async fn lock(config: &Config) -> Result<Vec<StateLock>, DaemonError> {
+    let mut dirs = vec![config.control.runtime_dir()];
+    if config.control.state_dir != dirs[0] {
+        dirs.push(config.control.state_dir.clone());
+    }
+    let mut locks = Vec::new();
+    for dir in dirs {
+        let wait = dir.clone();
+        let lock =
+            tokio::task::spawn_blocking(move || StateLock::acquire(&wait, Duration::from_secs(5)))
+                .await
+                .map_err(DaemonError::LockTask)?
+                .map_err(|error| DaemonError::Lock {
+                    dir: dir.clone(),
+                    error,
+                })?
+                .ok_or(DaemonError::Locked(dir))?;
+        locks.push(lock);
+    }
+    Ok(locks)
 }
 
-/// The previous daemon's state file, if it left one that reads.
+/// The previous daemon's state file, if it left one that reads. One that an earlier build kept in
+/// the state directory is moved to the runtime directory first.
 fn previous_state(config: &Config) -> Option<persist::Persisted> {
-    persist::load(&config.control.state_dir).unwrap_or_else(|e| {
+    let runtime = config.control.runtime_dir();
+    match persist::adopt_legacy(&config.control.state_dir, &runtime) {
+        Ok(true) => tracing::info!(
+            from = %config.control.state_dir.display(),
+            to = %runtime.display(),
+            "the state file moved to the runtime directory"
+        ),
+        Ok(false) => {}
+        Err(e) => {
+            tracing::error!(error = %e, "cannot move the state file to the runtime directory")
+        }
+    }
+    persist::load(&runtime).unwrap_or_else(|e| {
         tracing::error!(error = %e, "cannot read the previous state; nothing to recover");
         None
     })
@@ -136,7 +159,11 @@ fn previous_state(config: &Config) -> Option<persist::Persisted> {
 /// The guardian that undoes this daemon's pauses if it dies; none if it cannot start.
 fn guardian(config: &Config) -> Option<Guardian> {
     let grace = Duration::from_millis(config.control.successor_grace_ms);
-    match Guardian::spawn(&config.control.state_dir, &config.host.process_root, grace) {
+    match Guardian::spawn(
+        &config.control.runtime_dir(),
+        &config.host.process_root,
+        grace,
+    ) {
         Ok(g) => {
             tracing::info!(pid = g.pid(), "guardian started");
             Some(g)

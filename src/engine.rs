@@ -9,12 +9,13 @@ pub use memwatch_core::engine::*;
 use crate::act::driver::Host;
 use crate::view::RootView;
 
-/// Opens the engine's stores in `cfg.state_dir`: starts the writer of `state.json` and opens
-/// `events.jsonl` (loading its newest events), reads this node's Slurm name (`[slurm] node_name`,
-/// else the host name), the emergency swap records and the journal of rewrites.
+/// Opens the engine's stores: starts the writer of `state.json` in `cfg.runtime_dir`; opens
+/// `events.jsonl` in `cfg.state_dir` (loading its newest events) and reads there the emergency swap
+/// records and the journal of rewrites; reads this node's Slurm name (`[slurm] node_name`, else the
+/// host name).
 pub fn open_stores(cfg: &Settings) -> Stores {
     Stores::new(
-        Box::new(crate::act::persist::StateWriter::new(&cfg.state_dir)),
+        Box::new(crate::act::persist::StateWriter::new(&cfg.runtime_dir)),
         crate::act::audit::open(&cfg.state_dir, cfg.audit_max_bytes),
         crate::act::slurm::node_name(&cfg.slurm),
         LeftBehind {
@@ -25,7 +26,7 @@ pub fn open_stores(cfg: &Settings) -> Stores {
 }
 
 /// An engine with no jobs on this machine: it reads and acts under `cfg.process_root`, and its
-/// stores are opened in `cfg.state_dir`; `clock_anchor` continues the clock of a daemon that ran
+/// stores are opened in `cfg.runtime_dir` and `cfg.state_dir`; `clock_anchor` continues the clock of a daemon that ran
 /// before on this boot.
 pub fn open(cfg: Settings, clock_anchor: Option<crate::act::persist::ClockAnchor>) -> Engine {
     let host = Arc::new(Host::new(&cfg.process_root));

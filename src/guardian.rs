@@ -7,7 +7,7 @@
 //! It costs nothing while it waits: one sleeping process, no timer, no polling.
 //!
 //! What it does then: it gives a successor `control.successor_grace_ms` (5 s) to take over, watching
-//! the state directory's lock (`daemon.lock`) every 50 ms. A successor — the daemon systemd restarts
+//! the runtime directory's lock (`daemon.lock`) every 50 ms. A successor — the daemon systemd restarts
 //! after `RestartSec=1` — takes the lock, re-adopts the jobs and goes on holding every pause the
 //! policy made (a job paused at its memory limit stays paused, rather than thawed into the OOM
 //! killer); the guardian then just exits. If no daemon holds the lock when the grace is over, none is
@@ -57,16 +57,16 @@ const STAND_DOWN: &[u8] = b"S";
 pub struct Guardian {
     child: Child,
     wake: std::fs::File,
-    state_dir: PathBuf,
+    runtime_dir: PathBuf,
     process_root: PathBuf,
     grace: Duration,
 }
 
 impl Guardian {
-    /// Starts `memwatch guardian` for this state directory and process root, giving a successor
+    /// Starts `memwatch guardian` for this runtime directory and process root, giving a successor
     /// `grace` to take over.
     pub fn spawn(
-        state_dir: &Path,
+        runtime_dir: &Path,
         process_root: &Path,
         grace: Duration,
     ) -> std::io::Result<Guardian> {
@@ -86,8 +86,8 @@ impl Guardian {
         }
         let child = cmd
             .arg("guardian")
-            .arg("--state-dir")
-            .arg(state_dir)
+            .arg("--runtime-dir")
+            .arg(runtime_dir)
             .arg("--process-root")
             .arg(process_root)
             .arg("--successor-grace-ms")
@@ -99,7 +99,7 @@ impl Guardian {
         Ok(Guardian {
             child,
             wake: std::fs::File::from(write),
-            state_dir: state_dir.to_owned(),
+            runtime_dir: runtime_dir.to_owned(),
             process_root: process_root.to_owned(),
             grace,
         })
@@ -121,7 +121,7 @@ impl Guardian {
     pub fn keep_alive(&mut self) -> bool {
         match self.child.try_wait() {
             Ok(None) => false,
-            _ => match Guardian::spawn(&self.state_dir, &self.process_root, self.grace) {
+            _ => match Guardian::spawn(&self.runtime_dir, &self.process_root, self.grace) {
                 Ok(g) => {
                     tracing::warn!(pid = g.pid(), restarted = true, "guardian started");
                     *self = g;
@@ -138,7 +138,7 @@ impl Guardian {
 
 /// `memwatch guardian`: waits for the daemon's end, then for a successor up to `grace`, then undoes
 /// the pauses unless a new daemon runs.
-pub fn run(state_dir: &Path, process_root: &Path, grace: Duration) -> ExitCode {
+pub fn run(runtime_dir: &Path, process_root: &Path, grace: Duration) -> ExitCode {
     for sig in [
         nix::sys::signal::Signal::SIGTERM,
         nix::sys::signal::Signal::SIGINT,
@@ -168,11 +168,11 @@ pub fn run(state_dir: &Path, process_root: &Path, grace: Duration) -> ExitCode {
     }
     let grace = if stood_down { Duration::ZERO } else { grace };
     let dead = u32::try_from(daemon.as_raw()).unwrap_or(0);
-    if successor_within(state_dir, grace, dead) {
+    if successor_within(runtime_dir, grace, dead) {
         tracing::info!("a new memwatch daemon took over; it holds the paused jobs");
         return ExitCode::SUCCESS;
     }
-    match recover(state_dir, process_root) {
+    match recover(runtime_dir, process_root) {
         Ok(0) => ExitCode::SUCCESS,
         Ok(n) => {
             tracing::warn!(
@@ -192,12 +192,12 @@ pub fn run(state_dir: &Path, process_root: &Path, grace: Duration) -> ExitCode {
 /// lock still held by `dead`'s own descriptors (its last thread has not closed them yet, though we
 /// were reparented) is no successor's. A lock taken for a look is let go at once, so a daemon
 /// starting meanwhile waits a moment at most.
-fn successor_within(state_dir: &Path, grace: Duration, dead: u32) -> bool {
+fn successor_within(runtime_dir: &Path, grace: Duration, dead: u32) -> bool {
     let start = std::time::Instant::now();
     loop {
-        match StateLock::acquire(state_dir, Duration::ZERO) {
+        match StateLock::acquire(runtime_dir, Duration::ZERO) {
             // Held by another: a successor runs, unless it is the dead daemon's lock.
-            Ok(None) if persist::lock_holder(state_dir) != Some(dead) => return true,
+            Ok(None) if persist::lock_holder(runtime_dir) != Some(dead) => return true,
             Ok(None) => {}
             Ok(Some(lock)) => drop(lock),
             Err(e) => {
@@ -218,7 +218,7 @@ pub enum RecoverError {
     /// The state lock could not be taken.
     #[error("{dir}: cannot take the state lock: {source}")]
     Lock {
-        /// The state directory.
+        /// The runtime directory.
         dir: std::path::PathBuf,
         /// The OS's error.
         #[source]
@@ -230,7 +230,7 @@ pub enum RecoverError {
     /// The state file, its pauses undone, could not be written back.
     #[error("{dir}: cannot write the state file back: {source}")]
     Write {
-        /// The state directory.
+        /// The runtime directory.
         dir: std::path::PathBuf,
         /// The OS's error.
         #[source]
@@ -240,14 +240,14 @@ pub enum RecoverError {
 
 /// Takes the lock and undoes every recorded pause; returns how many jobs it resumed. `Ok(0)` without
 /// touching anything when another daemon holds the lock.
-pub fn recover(state_dir: &Path, process_root: &Path) -> Result<usize, RecoverError> {
-    if !state_dir.join(persist::STATE_FILE).is_file() {
+pub fn recover(runtime_dir: &Path, process_root: &Path) -> Result<usize, RecoverError> {
+    if !runtime_dir.join(persist::STATE_FILE).is_file() {
         // Nothing was ever recorded (or the directory is gone): nothing to undo, nothing to create.
         return Ok(0);
     }
-    let lock = StateLock::acquire(state_dir, Duration::from_millis(200)).map_err(|source| {
+    let lock = StateLock::acquire(runtime_dir, Duration::from_millis(200)).map_err(|source| {
         RecoverError::Lock {
-            dir: state_dir.to_owned(),
+            dir: runtime_dir.to_owned(),
             source,
         }
     })?;
@@ -255,7 +255,7 @@ pub fn recover(state_dir: &Path, process_root: &Path) -> Result<usize, RecoverEr
         // A new daemon runs and recovers by itself.
         return Ok(0);
     };
-    let Some(mut state) = persist::load(state_dir)? else {
+    let Some(mut state) = persist::load(runtime_dir)? else {
         return Ok(0);
     };
     let mut resumed = 0;
@@ -271,8 +271,8 @@ pub fn recover(state_dir: &Path, process_root: &Path) -> Result<usize, RecoverEr
     if resumed > 0 {
         // Written in this build's format, so labelled with its version.
         state.version = persist::VERSION;
-        persist::save(state_dir, &state).map_err(|source| RecoverError::Write {
-            dir: state_dir.to_owned(),
+        persist::save(runtime_dir, &state).map_err(|source| RecoverError::Write {
+            dir: runtime_dir.to_owned(),
             source,
         })?;
     }

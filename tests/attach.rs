@@ -101,6 +101,19 @@ fn a_tree_is_paused_and_resumed_together() {
 
 #[test]
 fn a_crashed_daemon_is_followed_by_one_that_resumes_the_job() {
+    crashed_and_followed(false);
+}
+
+/// An earlier build kept `state.json` in the state directory: a daemon of this build started after
+/// it moves the file to its runtime directory and resumes what it records as paused.
+#[test]
+fn a_pause_an_earlier_build_recorded_in_the_state_directory_is_resumed() {
+    crashed_and_followed(true);
+}
+
+/// Pauses a job by hand, kills the daemon and its guardian, optionally moves the state file where
+/// an earlier build kept it, and checks a new daemon resumes and re-adopts the job.
+fn crashed_and_followed(legacy: bool) {
     let mut d = daemon("");
     let s = sleeper();
     let pid = s.id().to_string();
@@ -117,6 +130,10 @@ fn a_crashed_daemon_is_followed_by_one_that_resumes_the_job() {
         Some('T'),
         "SIGKILL cannot resume anything"
     );
+    let legacy_file = state.join("state.json");
+    if legacy {
+        std::fs::rename(d.runtime.join("state.json"), &legacy_file).unwrap();
+    }
     let started = std::time::Instant::now();
     let d2 = Daemon::start(Opts {
         root: "/".into(),
@@ -131,6 +148,11 @@ fn a_crashed_daemon_is_followed_by_one_that_resumes_the_job() {
     eprintln!("resumed {:?} after the restart began", started.elapsed());
     // Re-adopted: still attached, now running.
     assert_eq!(d2.job_state("crashy").as_deref(), Some("running"));
+    assert!(
+        !legacy_file.exists(),
+        "the state file left in the state directory"
+    );
+    assert!(d2.runtime.join("state.json").is_file());
     // The API shows the restart's resume once a view with it is published.
     d2.wait_event("the restart's resume among the events", |e| {
         e["action"] == "resume" && e["reason"] == "restart"

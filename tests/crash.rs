@@ -154,7 +154,7 @@ struct Tally {
 
 fn rounds(path: &str, cgroup: Option<(PathBuf, &'static str)>, rng: &mut Rng) -> [Tally; 2] {
     let job = Job::start(cgroup);
-    let state_dir = tempfile::tempdir().unwrap();
+    let state_dir = common::tempdir();
     let state = state_dir.path().join("state");
     let mut d = start(&state, &job);
     let root = job.pids[0].to_string();

@@ -64,7 +64,7 @@ fn a_dead_daemon_that_is_not_restarted_leaves_no_job_stopped() {
     );
     // Its work done, the guardian is gone too, and the state file says nothing is paused.
     assert!(eventually(5.0, || proc_state(guardian).is_none_or(|s| s == 'Z')));
-    let state = std::fs::read_to_string(d.state.join("state.json")).unwrap();
+    let state = std::fs::read_to_string(d.runtime.join("state.json")).unwrap();
     let v: serde_json::Value = serde_json::from_str(&state).unwrap();
     assert!(v["jobs"][0]["paused"].is_null(), "{state}");
     // A later daemon re-adopts the job, running.
@@ -152,16 +152,19 @@ fn the_guardian_leaves_after_a_clean_stop_and_is_replaced_when_killed() {
     );
 }
 
-/// A pause that cannot be written ahead is refused: with the state directory full, `pause` fails with
-/// a clear error and the job keeps running, so no crash can leave it stopped unrecorded.
+/// A pause that cannot be written ahead is refused: with the runtime directory (where the state file
+/// lies) full, `pause` fails with a clear error and the job keeps running, so no crash can leave it
+/// stopped unrecorded.
 #[test]
 fn a_pause_that_cannot_be_saved_is_refused() {
-    let top = tempfile::tempdir().unwrap();
+    let top = common::tempdir();
     let state = top.path().join("state");
-    std::fs::create_dir(&state).unwrap();
+    // The harness's runtime directory: `state` beside the socket, in `run`.
+    let runtime = top.path().join("run/state");
+    std::fs::create_dir_all(&runtime).unwrap();
     let mounted = Command::new("mount")
         .args(["-t", "tmpfs", "-o", "size=256k", "tmpfs"])
-        .arg(&state)
+        .arg(&runtime)
         .status()
         .unwrap();
     assert!(mounted.success(), "mount a small tmpfs (needs root)");
@@ -171,13 +174,14 @@ fn a_pause_that_cannot_be_saved_is_refused() {
             let _ = Command::new("umount").arg("-l").arg(&self.0).status();
         }
     }
-    let _unmount = Unmount(state.clone());
+    let _unmount = Unmount(runtime.clone());
     let d = Daemon::start(Opts {
         root: "/".into(),
         gpu_state: None,
-        state: Some(state.clone()),
+        state: Some(state),
         ..Opts::default()
     });
+    assert_eq!(d.runtime, runtime);
     let (child, pids) = job(None);
     assert_eq!(
         d.ctl(&["attach", &pids[0].to_string(), "--name", "full"]).0,
@@ -186,7 +190,7 @@ fn a_pause_that_cannot_be_saved_is_refused() {
     // Fill the rest of the file system.
     let _ = Command::new("dd")
         .args(["if=/dev/zero", "bs=4k"])
-        .arg(format!("of={}", state.join("filler").display()))
+        .arg(format!("of={}", runtime.join("filler").display()))
         .output()
         .unwrap();
     let (code, _, err) = d.ctl(&["pause", "full"]);
@@ -198,7 +202,7 @@ fn a_pause_that_cannot_be_saved_is_refused() {
     );
     assert_eq!(d.job_state("full").as_deref(), Some("running"));
     // With room again it pauses.
-    std::fs::remove_file(state.join("filler")).unwrap();
+    std::fs::remove_file(runtime.join("filler")).unwrap();
     assert_eq!(d.ctl(&["pause", "full"]).0, 0);
     assert!(eventually(2.0, || proc_state(pids[0]) == Some('T')));
     drop(d);

@@ -82,7 +82,7 @@ fn a_successor_within_the_grace_holds_a_policy_pause() {
         };
         let (mut child, pids) = common::memhog_tree(place.as_deref(), 3);
         let (hot, cool) = (gpu_state(97, pids[0]), gpu_state(60, pids[0]));
-        let state_dir = tempfile::tempdir().unwrap();
+        let state_dir = common::tempdir();
         let state = state_dir.path().join("state");
         let mut d = start(&state, &hot);
         assert_eq!(d.ctl(&["attach", &pids[0].to_string(), "--name", "h"]).0, 0);

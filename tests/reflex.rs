@@ -32,7 +32,7 @@ fn run(d: &Daemon, cg: &MemCgroup, name: &str, reflex: bool, user: Option<&str>)
     if reflex {
         // Armed, and recorded so, before the hog starts.
         d.wait_until(
-            |d| recorded_pause(&d.state, name).is_some_and(|p| p["phase"] == "armed"),
+            |d| recorded_pause(&d.runtime, name).is_some_and(|p| p["phase"] == "armed"),
             "the reflex recorded as armed",
         );
         // The API and the metrics say so, with the line it fires at (95 % of 512 MiB).
@@ -60,7 +60,7 @@ fn run(d: &Daemon, cg: &MemCgroup, name: &str, reflex: bool, user: Option<&str>)
     } else {
         d.wait_samples(d.samples() + 2);
         assert_eq!(
-            recorded_pause(&d.state, name),
+            recorded_pause(&d.runtime, name),
             None,
             "armed with reflex = false"
         );
@@ -84,10 +84,10 @@ fn run(d: &Daemon, cg: &MemCgroup, name: &str, reflex: bool, user: Option<&str>)
     d.wait_until(|d| pause(d).is_some(), "the pause event");
     let detail = pause(d).unwrap();
     d.wait_until(
-        |d| recorded_pause(&d.state, name).is_some_and(|p| p["phase"] == "held"),
+        |d| recorded_pause(&d.runtime, name).is_some_and(|p| p["phase"] == "held"),
         "the pause held and recorded",
     );
-    let hold = recorded_pause(&d.state, name).unwrap()["hold"]["kind"].clone();
+    let hold = recorded_pause(&d.runtime, name).unwrap()["hold"]["kind"].clone();
     let frozen = proc_state(pid) != Some('T');
     assert_eq!(
         hold,

@@ -31,9 +31,9 @@ fn start(state: &Path) -> Daemon {
     })
 }
 
-/// Whether the job's record in the state file is a reflex armed.
-fn armed(state: &Path, job: &str) -> bool {
-    recorded_pause(state, job).is_some_and(|p| p["phase"] == "armed")
+/// Whether the job's record in the state file (in `runtime`) is a reflex armed.
+fn armed(runtime: &Path, job: &str) -> bool {
+    recorded_pause(runtime, job).is_some_and(|p| p["phase"] == "armed")
 }
 
 /// The hog stopped, or its freezer cgroup frozen (or freezing).
@@ -56,9 +56,10 @@ fn no_job_is_left_stopped_after_a_kill_around_a_reflex() {
         eprintln!("no v1 memory controller: the reflex rides on v1 thresholds; nothing to test");
         return;
     }
-    let state_dir = tempfile::tempdir().unwrap();
+    let state_dir = common::tempdir();
     let state = state_dir.path().join("state");
     let mut d = start(&state);
+    let runtime = d.runtime.clone();
     let (mut fired_at_kill, mut armed_at_kill, mut left_held) = (0, 0, 0);
     let mut resumed_ms = Vec::new();
     for round in 0..rounds {
@@ -82,7 +83,7 @@ fn no_job_is_left_stopped_after_a_kill_around_a_reflex() {
         let name = format!("crashy{round}");
         let (code, _, err) = d.ctl(&["attach", &pid.to_string(), "--name", &name]);
         assert_eq!(code, 0, "{err}");
-        d.wait_until(|_| armed(&state, &name), "the reflex armed");
+        d.wait_until(|_| armed(&runtime, &name), "the reflex armed");
         let oom_before = cg.oom_kills();
         std::fs::write(&go, "").unwrap();
         // The line is reached about 240 ms after the go: kill anywhere from 200 to 300 ms.
@@ -90,7 +91,7 @@ fn no_job_is_left_stopped_after_a_kill_around_a_reflex() {
         d.kill_both();
         if held(cg, pid) {
             fired_at_kill += 1;
-            if armed(&state, &name) {
+            if armed(&runtime, &name) {
                 // Fired, and the engine had not yet recorded its pause.
                 armed_at_kill += 1;
             }

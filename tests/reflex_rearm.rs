@@ -42,7 +42,8 @@ fn a_job_resumed_by_a_probe_is_armed_again_before_the_next_sample() {
     );
     let (code, _, err) = d.ctl(&["attach", &hog.id().to_string(), "--name", "hog"]);
     assert_eq!(code, 0, "attach: {err}");
-    let armed = |d: &Daemon| recorded_pause(&d.state, "hog").is_some_and(|p| p["phase"] == "armed");
+    let armed =
+        |d: &Daemon| recorded_pause(&d.runtime, "hog").is_some_and(|p| p["phase"] == "armed");
     d.wait_until(armed, "the reflex armed at attach");
     std::fs::write(&go, "").unwrap();
     d.wait_until(
@@ -54,7 +55,7 @@ fn a_job_resumed_by_a_probe_is_armed_again_before_the_next_sample() {
         "the hog paused at its line",
     );
     d.wait_until(
-        |d| recorded_pause(&d.state, "hog").is_some_and(|p| p["phase"] == "held"),
+        |d| recorded_pause(&d.runtime, "hog").is_some_and(|p| p["phase"] == "held"),
         "the pause held",
     );
     // Room: the next probe reads the new limit and resumes the hog, which grows on.
@@ -71,7 +72,7 @@ fn a_job_resumed_by_a_probe_is_armed_again_before_the_next_sample() {
     assert!(
         eventually(5.0, || armed(&d)),
         "no reflex 5 s after the resume: {:?}\nevents: {:#?}",
-        recorded_pause(&d.state, "hog"),
+        recorded_pause(&d.runtime, "hog"),
         d.events()
     );
     let line =

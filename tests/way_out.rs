@@ -451,7 +451,7 @@ fn crash_on_the_way_out(
     let Some(python) = ready_python() else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::tempdir();
     let state = dir.path().join("state");
     let start = || {
         Daemon::start(Opts {

@@ -127,8 +127,8 @@ impl StateStore for StateWriter {
     }
 }
 
-/// An exclusive lock on the state directory (`daemon.lock`), held by the daemon for its whole life and
-/// by the guardian while it recovers. Released by the kernel when its holder dies. The file holds the
+/// An exclusive lock on a directory (`daemon.lock`): the runtime directory's is held by the daemon
+/// for its whole life and by the guardian while it recovers; the state directory's by the daemon. Released by the kernel when its holder dies. The file holds the
 /// pid of whoever took it last ([`lock_holder`]): a dying daemon's lock is still held for a moment
 /// after its children are reparented (another of its threads may close its descriptors last), and
 /// the guardian must not take it for a successor's.
@@ -178,6 +178,25 @@ pub fn lock_holder(dir: &Path) -> Option<u32> {
         .trim()
         .parse()
         .ok()
+}
+
+/// Moves a state file an earlier build kept in the state directory (`from`) to the runtime
+/// directory (`to`), unless `to` has one already: a daemon upgraded while jobs were paused still
+/// finds their pauses. `Ok(true)` when one was moved.
+pub fn adopt_legacy(from: &Path, to: &Path) -> std::io::Result<bool> {
+    let legacy = from.join(STATE_FILE);
+    if from == to || to.join(STATE_FILE).exists() {
+        return Ok(false);
+    }
+    let bytes = match std::fs::read(&legacy) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    private_dir(to)?;
+    write_atomic(&to.join(STATE_FILE), &bytes)?;
+    std::fs::remove_file(&legacy)?;
+    Ok(true)
 }
 
 /// Reads the state file; `Ok(None)` when there is none.
@@ -256,5 +275,28 @@ mod tests {
         let e = load(dir.path()).unwrap_err();
         assert_eq!(e.path, dir.path().join(STATE_FILE));
         assert!(e.to_string().contains("state.json"), "{e}");
+    }
+
+    #[test]
+    fn a_state_file_left_in_the_state_directory_moves_to_the_runtime_directory_once() {
+        let base = tempfile::tempdir().unwrap();
+        let (state, runtime) = (base.path().join("state"), base.path().join("run/state"));
+        std::fs::create_dir_all(&state).unwrap();
+        std::fs::write(state.join(STATE_FILE), "legacy").unwrap();
+        assert!(adopt_legacy(&state, &runtime).unwrap());
+        assert_eq!(
+            std::fs::read_to_string(runtime.join(STATE_FILE)).unwrap(),
+            "legacy"
+        );
+        assert!(!state.join(STATE_FILE).exists());
+        // Nothing left to move; and a newer file in the runtime directory is never overwritten.
+        assert!(!adopt_legacy(&state, &runtime).unwrap());
+        std::fs::write(state.join(STATE_FILE), "older").unwrap();
+        assert!(!adopt_legacy(&state, &runtime).unwrap());
+        assert_eq!(
+            std::fs::read_to_string(runtime.join(STATE_FILE)).unwrap(),
+            "legacy"
+        );
+        assert!(!adopt_legacy(&runtime, &runtime).unwrap());
     }
 }

@@ -35,7 +35,7 @@ pub(super) enum Command {
     #[command(hide = true)]
     Guardian {
         #[arg(long, value_name = "DIR")]
-        state_dir: PathBuf,
+        runtime_dir: PathBuf,
         #[arg(long, value_name = "DIR", default_value = "/")]
         process_root: PathBuf,
         /// How long to wait for a successor daemon before resuming the jobs

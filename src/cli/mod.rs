@@ -59,7 +59,7 @@ pub fn main() -> ExitCode {
         };
     }
     if let Command::Guardian {
-        state_dir,
+        runtime_dir,
         process_root,
         successor_grace_ms,
     } = &cli.command
@@ -69,7 +69,7 @@ pub fn main() -> ExitCode {
             cli.log_format.unwrap_or(LogFormat::Text),
         );
         return crate::guardian::run(
-            state_dir,
+            runtime_dir,
             process_root,
             std::time::Duration::from_millis((*successor_grace_ms).min(60_000)),
         );

@@ -9,13 +9,13 @@ use crate::control::server::BindError;
 /// A failure that ends [`super::run`].
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
-    /// Another daemon holds the state directory's lock.
-    #[error("another memwatch daemon is running with state directory {}", .0.display())]
+    /// Another daemon holds the lock of the runtime or the state directory.
+    #[error("another memwatch daemon is running with directory {}", .0.display())]
     Locked(PathBuf),
     /// The lock could not be taken: the directory or its lock file failed.
     #[error("cannot lock {}", dir.display())]
     Lock {
-        /// The state directory.
+        /// The runtime or the state directory.
         dir: PathBuf,
         /// The OS's error.
         #[source]

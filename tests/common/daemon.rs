@@ -12,6 +12,8 @@ pub struct Daemon {
     /// The control socket and state directory (kept across restarts when `Opts::state` is given).
     pub socket: PathBuf,
     pub state: PathBuf,
+    /// The runtime directory (`state.json`): the default, `state` beside the socket.
+    pub runtime: PathBuf,
     pub log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
@@ -26,7 +28,8 @@ pub struct Opts<'a> {
     pub calm_interval_ms: Option<u64>,
     /// More keys of `[sampling]` (the harness writes the section).
     pub sampling: &'a str,
-    /// Control socket and state live here; a fresh temp dir when `None`.
+    /// The state directory; the control socket and the runtime directory lie beside it, in `run`. A
+    /// fresh temp dir when `None` (`super::tempdir`).
     pub state: Option<PathBuf>,
     /// Set in the daemon's environment (what systemd would set, say); nothing else of the test's
     /// environment is changed.
@@ -131,7 +134,7 @@ impl Daemon {
     }
 
     pub fn start(o: Opts) -> Daemon {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = super::tempdir();
         let gpu_state = dir.path().join("gpu.json");
         if let Some(s) = o.gpu_state {
             std::fs::write(&gpu_state, s).unwrap();
@@ -139,6 +142,7 @@ impl Daemon {
         let state = o.state.clone().unwrap_or_else(|| dir.path().join("state"));
         // The state directory is private (it holds tokens); the socket lives beside it, as in /run.
         let socket = state.with_file_name("run").join("control.sock");
+        let runtime = socket.with_file_name("state");
         let config = dir.path().join("memwatch.toml");
         std::fs::write(
             &config,
@@ -209,6 +213,7 @@ impl Daemon {
             gpu_state,
             socket,
             state,
+            runtime,
             log,
         };
         d.wait_until(

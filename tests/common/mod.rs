@@ -59,9 +59,25 @@ pub fn fake_nvml() -> PathBuf {
     .clone()
 }
 
-/// The pause record of `job` in the state file under `state_dir` (null or absent: `None`).
-pub fn recorded_pause(state_dir: &Path, job: &str) -> Option<serde_json::Value> {
-    let text = std::fs::read_to_string(state_dir.join("state.json")).ok()?;
+/// A fresh directory for a daemon's files, on a tmpfs (/dev/shm) where there is one: its runtime
+/// directory (`state.json`) then lies on a tmpfs as /run does on the machines memwatch runs on, and a
+/// busy disk (a test build's writes) does not hold the daemon's writes ahead of a pause.
+pub fn tempdir() -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        if let Ok(dir) = tempfile::Builder::new()
+            .prefix("memwatch-test.")
+            .tempdir_in(shm)
+        {
+            return dir;
+        }
+    }
+    tempfile::tempdir().unwrap()
+}
+
+/// The pause record of `job` in the state file in `runtime_dir` (null or absent: `None`).
+pub fn recorded_pause(runtime_dir: &Path, job: &str) -> Option<serde_json::Value> {
+    let text = std::fs::read_to_string(runtime_dir.join("state.json")).ok()?;
     let v: serde_json::Value = serde_json::from_str(&text).ok()?;
     v["jobs"]
         .as_array()?

@@ -66,7 +66,7 @@ finish() {
 # (now_ms) when given; POLICY names it (shipped or level-only).
 policy() {
   rate=$1 runs=$2 until=${3:-}
-  anchor=$(jq -r '.clock.anchor_ms' /var/lib/memwatch/state.json)
+  anchor=$(jq -r '.clock.anchor_ms' /run/memwatch/state/state.json)
   survived=0 killed=0 n=0 lines='' rates='' ms_decided='' ms_last='' at='' REFLEX=0
   while [ $n -lt "$runs" ] && { [ -z "$until" ] || [ "$(now_ms)" -lt "$until" ]; }; do
     n=$((n + 1))

@@ -110,8 +110,16 @@ fresh sample when the last is older than interval_ms. At or below interval_ms: n
     ),
     (
         "control.state_dir",
-        "Where the attached jobs, the paused set (so a restarted daemon resumes what it paused) and the\n\
-         audit log (events.jsonl) are kept.",
+        "Where what outlives a reboot is kept: the audit log (events.jsonl), the journal of config\n\
+         changes and the records of emergency swap files.",
+    ),
+    (
+        "control.runtime_dir",
+        "Where the live state is kept: state.json (the attached jobs and the paused set, so that a\n\
+         restarted daemon or the guardian resumes what was paused) and the daemon's lock. It describes\n\
+         live processes only, so it belongs on a tmpfs: a pause's record written ahead of the pause never\n\
+         waits there for a busy disk. Unset (the default): \"state\" beside the control socket, here\n\
+         /run/memwatch/state, so one daemon per socket is one per runtime directory.",
     ),
     (
         "control.audit_max_bytes",

@@ -41,14 +41,20 @@ fn comment(out: &mut String, text: &str) {
 /// Renders the example configuration from the defaults and [`DOCS`](super::DOCS). Fails if a setting is undocumented
 /// or a documented key no longer exists.
 pub fn example_toml() -> Result<String, ExampleError> {
-    let table = toml::Table::try_from(Config::default())?;
+    let defaults = Config::default();
+    let table = toml::Table::try_from(&defaults)?;
+    // Settings unset by default, shown commented out with the value they then take.
+    let unset = [(
+        "control.runtime_dir",
+        toml::Value::String(defaults.control.runtime_dir().display().to_string()),
+    )];
     let mut out = String::from(
         "# memwatch configuration. Every setting is shown with its default value.\n\
          # Default location: /etc/memwatch/memwatch.toml (or pass --config PATH).\n\
          # This file is generated from the defaults by `memwatch config example`.\n",
     );
     let mut seen = Vec::new();
-    emit(&mut out, "", &table, &mut seen)?;
+    emit(&mut out, "", &table, &unset, &mut seen)?;
     let used = |k: &str| {
         seen.iter()
             .any(|s| s == k || (k.starts_with("policy.*.") && s.ends_with(&k[8..])))
@@ -64,6 +70,7 @@ fn emit(
     out: &mut String,
     prefix: &str,
     table: &toml::Table,
+    unset: &[(&str, toml::Value)],
     seen: &mut Vec<String>,
 ) -> Result<(), ExampleError> {
     let dotted = |k: &str| {
@@ -82,6 +89,17 @@ fn emit(
         let _ = writeln!(out, "{key} = {value}");
         seen.push(name);
     }
+    for (name, value) in unset {
+        let Some(key) = name.strip_prefix(prefix).and_then(|k| k.strip_prefix('.')) else {
+            continue;
+        };
+        if prefix.is_empty() || key.contains('.') {
+            continue;
+        }
+        comment(out, doc(name)?);
+        let _ = writeln!(out, "# {key} = {value}");
+        seen.push((*name).to_owned());
+    }
     for (key, value) in table.iter() {
         let Some(inner) = value.as_table() else {
             continue;
@@ -91,7 +109,7 @@ fn emit(
         comment(out, doc(&name)?);
         let _ = writeln!(out, "[{name}]");
         seen.push(name.clone());
-        emit(out, &name, inner, seen)?;
+        emit(out, &name, inner, unset, seen)?;
     }
     Ok(())
 }

@@ -111,9 +111,16 @@ pub struct Control {
     /// Unix socket for memwatch's commands. Any user may connect; the daemon checks the caller's
     /// uid (SO_PEERCRED): root may act on any process, others only on their own.
     pub socket: PathBuf,
-    /// Where the attached jobs, the paused set (so a restarted daemon resumes what it paused) and
-    /// the audit log (events.jsonl) are kept.
+    /// Where what outlives a reboot is kept: the audit log (events.jsonl), the journal of config
+    /// changes and the records of emergency swap files.
     pub state_dir: PathBuf,
+    /// Where the live state is kept: `state.json` (the attached jobs and the paused set, so that a
+    /// restarted daemon or the guardian resumes what was paused) and the daemon's lock. It describes
+    /// live processes only, so it belongs on a tmpfs: a pause's record written ahead of the pause
+    /// never waits there for a busy disk. Unset: `state` beside the control socket
+    /// (/run/memwatch/state), so one daemon per socket is one per runtime directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runtime_dir: Option<PathBuf>,
     /// The audit log is trimmed to its newer half when it grows past this size.
     pub audit_max_bytes: Positive,
     /// Most control-socket connections other users than root may have open at once (at most 4096).
@@ -132,11 +139,26 @@ pub struct Control {
     pub successor_grace_ms: u64,
 }
 
+impl Control {
+    /// The runtime directory: `runtime_dir`, else `state` beside the control socket.
+    pub fn runtime_dir(&self) -> PathBuf {
+        match &self.runtime_dir {
+            Some(dir) => dir.clone(),
+            None => self
+                .socket
+                .parent()
+                .unwrap_or(std::path::Path::new("/run/memwatch"))
+                .join("state"),
+        }
+    }
+}
+
 impl Default for Control {
     fn default() -> Self {
         Control {
             socket: PathBuf::from("/run/memwatch/control.sock"),
             state_dir: PathBuf::from("/var/lib/memwatch"),
+            runtime_dir: None,
             audit_max_bytes: Positive(4 * 1024 * 1024),
             max_connections: Positive(256),
             max_connections_per_uid: Positive(16),

@@ -8,6 +8,23 @@ fn empty_file_is_defaults() {
     assert_eq!(parse("").unwrap(), Config::default());
 }
 
+/// The runtime directory is `state` beside the control socket unless it is given: one daemon per
+/// socket is one per runtime directory, whatever else a config moves.
+#[test]
+fn the_runtime_directory_lies_beside_the_socket_unless_given() {
+    assert_eq!(
+        parse("").unwrap().control.runtime_dir(),
+        Path::new("/run/memwatch/state")
+    );
+    let moved = parse("[control]\nsocket = \"/run/user/1000/mw/control.sock\"\n").unwrap();
+    assert_eq!(
+        moved.control.runtime_dir(),
+        Path::new("/run/user/1000/mw/state")
+    );
+    let given = parse("[control]\nruntime_dir = \"/dev/shm/mw\"\n").unwrap();
+    assert_eq!(given.control.runtime_dir(), Path::new("/dev/shm/mw"));
+}
+
 /// A `[policy.X]` table that gives some keys keeps that resource's defaults for the others (not
 /// another resource's); a default that no longer fits a given key is said with both values.
 #[test]

@@ -331,7 +331,7 @@ impl Engine {
         self.state
             .write(&state)
             .map_err(|e| record::StateWriteError {
-                path: self.cfg.state_dir.join(record::STATE_FILE),
+                path: self.cfg.runtime_dir.join(record::STATE_FILE),
                 reason: e.to_string(),
             })
     }

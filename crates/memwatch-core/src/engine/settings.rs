@@ -21,8 +21,10 @@ pub struct Settings {
     pub adapt: Adapt,
     /// `[sampling]`: how often, and how calm stretches it.
     pub sampling: Sampling,
-    /// `[control] state_dir`: the state file, the audit log, the rewrite journal, the swap records.
+    /// `[control] state_dir`: the audit log, the rewrite journal, the swap records.
     pub state_dir: PathBuf,
+    /// `[control] runtime_dir`, resolved (`Control::runtime_dir`): the state file.
+    pub runtime_dir: PathBuf,
     /// `[control] audit_max_bytes`.
     pub audit_max_bytes: u64,
     /// `[control] max_jobs_per_uid`.
@@ -44,6 +46,7 @@ impl From<&Config> for Settings {
             adapt: c.adapt.clone(),
             sampling: c.sampling.clone(),
             state_dir: c.control.state_dir.clone(),
+            runtime_dir: c.control.runtime_dir(),
             audit_max_bytes: c.control.audit_max_bytes.0,
             max_jobs_per_uid: c.control.max_jobs_per_uid.get(),
             max_directives_per_job: c.control.max_directives_per_job.get(),

@@ -13,7 +13,7 @@ use crate::host::ProcRef;
 
 pub use pause::{HoldRecord, PersistedPause, PhaseRecord, VERSION};
 
-/// The state file's name inside `control.state_dir`.
+/// The state file's name inside the runtime directory (`control.runtime_dir`).
 pub const STATE_FILE: &str = "state.json";
 
 /// The state file could not be read or does not parse: which file, and why.

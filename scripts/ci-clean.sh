@@ -82,7 +82,9 @@ while read -r dev _; do
 done < <(tail -n +2 /proc/swaps)
 
 scripts/test-users.sh --remove && said "removed the test users and groups"
-rm -f "${TMPDIR:-/tmp}/memwatch-test-users.lock" /dev/shm/memwatch-*
+rm -f "${TMPDIR:-/tmp}/memwatch-test-users.lock"
+# The tests' files and directories in /dev/shm (their daemons' directories: tests/common's tempdir).
+rm -rf /dev/shm/memwatch-*
 # Private directories of launches killed before they could remove their own.
 rm -rf "${TMPDIR:-/tmp}"/memwatch-launch-*
 

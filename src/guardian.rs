@@ -195,11 +195,13 @@ pub fn run(runtime_dir: &Path, process_root: &Path, grace: Duration) -> ExitCode
 fn successor_within(runtime_dir: &Path, grace: Duration, dead: u32) -> bool {
     let start = std::time::Instant::now();
     loop {
-        match StateLock::acquire(runtime_dir, Duration::ZERO) {
+        match StateLock::acquire_existing(runtime_dir, Duration::ZERO) {
             // Held by another: a successor runs, unless it is the dead daemon's lock.
             Ok(None) if persist::lock_holder(runtime_dir) != Some(dead) => return true,
             Ok(None) => {}
             Ok(Some(lock)) => drop(lock),
+            // The directory (or its lock) was removed: nothing is left to guard, or to hand over.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return false,
             Err(e) => {
                 tracing::error!(error = %e, "cannot look at the state lock; not waiting for a successor");
                 return false;
@@ -245,12 +247,15 @@ pub fn recover(runtime_dir: &Path, process_root: &Path) -> Result<usize, Recover
         // Nothing was ever recorded (or the directory is gone): nothing to undo, nothing to create.
         return Ok(0);
     }
-    let lock = StateLock::acquire(runtime_dir, Duration::from_millis(200)).map_err(|source| {
-        RecoverError::Lock {
+    // The daemon took the lock before it wrote the state file, so the lock file is there; gone
+    // since, with its directory, there is nothing to undo and nothing is made again.
+    let lock = match StateLock::acquire_existing(runtime_dir, Duration::from_millis(200)) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        taken => taken.map_err(|source| RecoverError::Lock {
             dir: runtime_dir.to_owned(),
             source,
-        }
-    })?;
+        })?,
+    };
     let Some(_lock) = lock else {
         // A new daemon runs and recovers by itself.
         return Ok(0);

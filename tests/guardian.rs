@@ -123,6 +123,26 @@ fn a_frozen_cgroup_is_thawed_when_the_daemon_dies() {
     }
 }
 
+/// A daemon's directories removed once it died (a test's temporary ones, a purge) are not made
+/// again by its guardian: with nothing left to guard it leaves.
+#[test]
+fn a_guardian_whose_directories_are_gone_makes_nothing_and_leaves() {
+    let d = daemon();
+    let guardian = d.wait_guardian_pid();
+    let top = d.dir.path().to_owned();
+    let runtime = d.runtime.clone();
+    assert!(runtime.join("daemon.lock").is_file());
+    // The daemon killed first, then its directories removed (the harness's order on drop).
+    drop(d);
+    assert!(!top.exists());
+    assert!(
+        eventually(5.0, || proc_state(guardian).is_none_or(|s| s == 'Z')),
+        "the guardian stayed"
+    );
+    assert!(!runtime.exists(), "{} made again", runtime.display());
+    assert!(!top.exists(), "{} made again", top.display());
+}
+
 #[test]
 fn the_guardian_leaves_after_a_clean_stop_and_is_replaced_when_killed() {
     let mut d = daemon();

@@ -138,11 +138,30 @@ pub struct StateLock {
 
 impl StateLock {
     /// Takes the lock, waiting up to `wait` for another holder to let go; `Ok(None)` if it did not.
+    /// Creates the directory (private) and the lock file if they are missing.
     pub fn acquire(dir: &Path, wait: std::time::Duration) -> std::io::Result<Option<StateLock>> {
-        use std::os::fd::AsRawFd;
         private_dir(dir)?;
+        StateLock::take(dir, wait, true)
+    }
+
+    /// The same where a daemon took it before: the lock file must be there already (an error of
+    /// kind `NotFound` if it, or its directory, is gone), and nothing is created. The guardian's,
+    /// so that it never makes again a directory removed after its daemon's end.
+    pub fn acquire_existing(
+        dir: &Path,
+        wait: std::time::Duration,
+    ) -> std::io::Result<Option<StateLock>> {
+        StateLock::take(dir, wait, false)
+    }
+
+    fn take(
+        dir: &Path,
+        wait: std::time::Duration,
+        create: bool,
+    ) -> std::io::Result<Option<StateLock>> {
+        use std::os::fd::AsRawFd;
         let file = std::fs::OpenOptions::new()
-            .create(true)
+            .create(create)
             .truncate(false)
             .write(true)
             .open(dir.join("daemon.lock"))?;

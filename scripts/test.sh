@@ -10,6 +10,37 @@ cd "$(dirname "$0")/.."
 
 have() { command -v "$1" >/dev/null 2>&1; }
 
+# Room on disk, asked first so that a full disk is named here and not, half an hour in, as a failed test:
+# a clean run grows target/ to about 7 GiB and the venv (torch) to about 5 GiB, and the emergency
+# swapfile test (tests/way_out.rs) makes 1 GiB of swap in /var/tmp, which the daemon refuses unless
+# another 1 GiB stays free. What target/ and the venv already hold counts towards it.
+free_gib() { df -P -B1G "$1" 2>/dev/null | awk 'NR == 2 { print $4 }'; }
+used_gib() { { du -s -B1G "$@" 2>/dev/null || true; } | awk '{ n += $1 } END { print n + 0 }'; }
+if [ -n "${MEMWATCH_SKIP_TRAINER:-}" ]; then build_gib=7; else build_gib=12; fi
+build_gib=$((build_gib - $(used_gib target "${MEMWATCH_VENV:-.venv}")))
+[ "$build_gib" -gt 0 ] || build_gib=0
+swap_gib=2
+here=$(df -P . | awk 'NR == 2 { print $1 }')
+there=$(df -P /var/tmp 2>/dev/null | awk 'NR == 2 { print $1 }')
+if [ "$here" = "$there" ]; then
+  need=$((build_gib + swap_gib)) free=$(free_gib .)
+  [ "${free:-0}" -ge "$need" ] || {
+    echo "scripts/test.sh: $PWD and /var/tmp have ${free:-0} GiB free on one disk; the tests need $need GiB (builds $build_gib, emergency swapfile $swap_gib): free some and run again" >&2
+    exit 1
+  }
+else
+  free=$(free_gib .)
+  [ "${free:-0}" -ge "$build_gib" ] || {
+    echo "scripts/test.sh: $PWD has ${free:-0} GiB free; the builds need $build_gib GiB: free some and run again" >&2
+    exit 1
+  }
+  free=$(free_gib /var/tmp)
+  [ "${free:-0}" -ge "$swap_gib" ] || {
+    echo "scripts/test.sh: /var/tmp has ${free:-0} GiB free; the emergency swapfile test needs $swap_gib GiB: free some and run again" >&2
+    exit 1
+  }
+fi
+
 install_debian() {
   if [ "$(id -u)" != 0 ] || ! have apt-get; then
     echo "scripts/test.sh: missing $*; install them (Debian: apt-get install $*) and run again" >&2

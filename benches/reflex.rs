@@ -15,6 +15,8 @@
 //! `waitid(WSTOPPED)` on the hog, which is this process's child (signals), or by reading the
 //! freezer's state every 20 µs until it says FROZEN (freezer; that resolution is part of every
 //! freezer row alike). Latency = stop − crossing. Survival: the cgroup's OOM killer did not fire.
+//! Past the line: the cgroup's peak usage (memory.max_usage_in_bytes, reset at the go) less the line,
+//! what the job took after the crossing before it stopped.
 //!
 //! With `WORKERS=N` each hog first starts N sleeping workers (a job of N + 1 processes, as a trainer
 //! with DataLoader workers), the limit is 512 MiB above what they hold, and a stop is timed to the
@@ -29,6 +31,15 @@
 //!
 //! With `BASE_BIN=<an earlier memwatch>` that build's reflex rows run too, alternated run by run with
 //! this build's: a before and after in one run.
+//!
+//! With `BUSY=N`, N threads spin for the whole bench (the normal policy, as a job's busy threads),
+//! and the threads that time the crossing and the stop run at real-time priority so that the spin
+//! delays neither stamp; the floors' and the poller's threads stay at the normal policy. With
+//! `RT0=1` this build also runs with its wake thread at the daemon's priority (`reflex_priority =
+//! 0`): the real-time priority's share of the figures.
+//!
+//! With `SLOW_US=N` each run slower than N µs is told on stderr, with the daemon's pause event (what
+//! stopped the job: the reflex, with its own time, or the engine's probe).
 //!
 //! `cargo bench --bench reflex` (RUNS=30 by default; RATES=1024,4096 in MiB/s; WORKERS=0; NICE unset).
 
@@ -64,13 +75,19 @@ enum Row {
     Poller,
     /// `BASE_BIN`'s memwatch with the reflex, by the freezer or not.
     Base { freezer: bool },
+    /// This build with the reflex and its wake thread at the daemon's priority
+    /// (`reflex_priority = 0`), by the freezer or not (`RT0=1`).
+    Priority0 { freezer: bool },
 }
 
 impl Row {
     fn freezer(self) -> bool {
         matches!(
             self,
-            Row::Memwatch { freezer: true, .. } | Row::Base { freezer: true } | Row::FloorFreeze
+            Row::Memwatch { freezer: true, .. }
+                | Row::Base { freezer: true }
+                | Row::Priority0 { freezer: true }
+                | Row::FloorFreeze
         )
     }
 
@@ -97,6 +114,8 @@ impl Row {
             Row::Poller => "1 ms poller → SIGSTOP",
             Row::Base { freezer: false } => "base reflex, SIGSTOP",
             Row::Base { freezer: true } => "base reflex, freezer",
+            Row::Priority0 { freezer: false } => "priority 0 reflex, SIGSTOP",
+            Row::Priority0 { freezer: true } => "priority 0 reflex, freezer",
         }
     }
 }
@@ -151,7 +170,7 @@ fn watcher(
                 sigstop();
             }
         })),
-        Row::Memwatch { .. } | Row::Base { .. } => None,
+        Row::Memwatch { .. } | Row::Base { .. } | Row::Priority0 { .. } => None,
     }
 }
 
@@ -219,6 +238,9 @@ fn stopped_at(
 
 struct Outcome {
     killed: bool,
+    /// How far past the line the cgroup's usage went before the stop (MiB; v1's
+    /// memory.max_usage_in_bytes, reset at the go): what a late stop costs in memory.
+    past_mib: Option<f64>,
     /// µs from the crossing to the stop; `None`: not stopped (or no crossing seen).
     latency_us: Option<f64>,
 }
@@ -290,7 +312,10 @@ fn run(
             "attach failed"
         );
         // Ready as a user's job would be: measured (its limit known), and armed where it may be.
-        let reflex = matches!(row, Row::Memwatch { reflex: true, .. } | Row::Base { .. });
+        let reflex = matches!(
+            row,
+            Row::Memwatch { reflex: true, .. } | Row::Base { .. } | Row::Priority0 { .. }
+        );
         let kind = if row.freezer() {
             "cgroup_v1_freezer"
         } else {
@@ -313,16 +338,22 @@ fn run(
         let stop = stop.clone();
         std::thread::spawn(move || {
             let _usage = usage;
+            timer_thread();
             common::wait_eventfd(&observer, &stop)
         })
     };
     let stopped = {
         let stop = stop.clone();
         let freezer = cg.freezer.clone();
-        std::thread::spawn(move || stopped_at(row, freezer.as_deref(), pid, tree, stop))
+        std::thread::spawn(move || {
+            timer_thread();
+            stopped_at(row, freezer.as_deref(), pid, tree, stop)
+        })
     };
     let w = watcher(row, cg, pid, line, workers > 0, stop.clone());
     let oom = cg.oom_kills();
+    let peak = cg.dir.join("memory.max_usage_in_bytes");
+    let _ = std::fs::write(&peak, "0");
     std::fs::write(&go, "").unwrap();
     let t0 = Instant::now();
     while !stopped.is_finished() && t0.elapsed() < Duration::from_secs(5) {
@@ -333,7 +364,13 @@ fn run(
     }
     stop.store(true, Ordering::Relaxed);
     let killed = cg.oom_kills() > oom;
+    let past_mib = std::fs::read_to_string(&peak)
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok())
+        .map(|p| (p as f64 - line as f64) / MIB as f64);
     common::let_go(cg, d, &name, pid);
+    // What stopped the job (SLOW_US): its pause event, recorded before the detach.
+    let events = d.map(|d| d.events()).unwrap_or_default();
     let _ = child.kill();
     let stop_at = stopped.join().ok().flatten();
     let _ = child.wait();
@@ -360,7 +397,48 @@ fn run(
         }),
         _ => None,
     };
-    Outcome { killed, latency_us }
+    if let (Some(slow), Some(l)) = (slow_us(), latency_us)
+        && l > slow
+    {
+        let pause = events
+            .lines()
+            .rev()
+            .find(|e| {
+                e.contains(&format!("\"job\":\"{name}\"")) && e.contains("\"action\":\"pause\"")
+            })
+            .unwrap_or("(no pause event)");
+        eprintln!("{} run {i}: {l:.0} µs; {pause}", row.label());
+    }
+    Outcome {
+        killed,
+        past_mib,
+        latency_us,
+    }
+}
+
+/// With `BUSY=N`, N threads that spin for the whole bench at the normal policy, as a job's busy
+/// threads would.
+fn busy() -> usize {
+    std::env::var("BUSY")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Under `BUSY`, the threads that time the crossing and the stop run at real-time priority 50, so
+/// that the spinning threads delay neither stamp.
+fn timer_thread() {
+    if busy() > 0 {
+        let param = nix::libc::sched_param { sched_priority: 50 };
+        // SAFETY: sched_setscheduler(2) on the calling thread, with a parameter alive for the call.
+        let rc = unsafe { nix::libc::sched_setscheduler(0, nix::libc::SCHED_FIFO, &param) };
+        assert_eq!(rc, 0, "SCHED_FIFO for the timing threads (run as root)");
+    }
+}
+
+/// With `SLOW_US=N`, each run slower than N µs is told on stderr with the daemon's pause event.
+fn slow_us() -> Option<f64> {
+    std::env::var("SLOW_US").ok().and_then(|v| v.parse().ok())
 }
 
 fn main() {
@@ -389,6 +467,20 @@ fn main() {
     let with = Daemon::start("[policy]\nreaction_ms = 0\n");
     let without = Daemon::start("[policy]\nreaction_ms = 0\nreflex = false\n");
     let base = common::base_bin().map(|b| Daemon::start_bin(&b, "[policy]\nreaction_ms = 0\n"));
+    let rt0 = (std::env::var("RT0").as_deref() == Ok("1"))
+        .then(|| Daemon::start("[policy]\nreaction_ms = 0\nreflex_priority = 0\n"));
+    let spin = Arc::new(AtomicBool::new(true));
+    let spinners: Vec<_> = (0..busy())
+        .map(|_| {
+            let spin = spin.clone();
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while spin.load(Ordering::Relaxed) {
+                    n = std::hint::black_box(n.wrapping_add(1));
+                }
+            })
+        })
+        .collect();
     let rows = [
         Row::Memwatch {
             reflex: true,
@@ -411,17 +503,21 @@ fn main() {
         Row::Poller,
         Row::Base { freezer: false },
         Row::Base { freezer: true },
+        Row::Priority0 { freezer: false },
+        Row::Priority0 { freezer: true },
     ];
     // With workers, the reflex's rows and the floors.
     let rows: Vec<Row> = rows
         .into_iter()
         .filter(|r| base.is_some() || !matches!(r, Row::Base { .. }))
+        .filter(|r| rt0.is_some() || !matches!(r, Row::Priority0 { .. }))
         .filter(|r| {
             workers == 0
                 || matches!(
                     r,
                     Row::Memwatch { reflex: true, .. }
                         | Row::Base { .. }
+                        | Row::Priority0 { .. }
                         | Row::FloorStop
                         | Row::FloorFreeze
                 )
@@ -435,6 +531,7 @@ fn main() {
                     Row::Memwatch { reflex: true, .. } => Some(&with),
                     Row::Memwatch { reflex: false, .. } => Some(&without),
                     Row::Base { .. } => base.as_ref(),
+                    Row::Priority0 { .. } => rt0.as_ref(),
                     _ => None,
                 };
                 outs[k].push(run(&cg, &hog, rate, workers, *row, d, i * rows.len() + k));
@@ -444,15 +541,22 @@ fn main() {
             let killed = o.iter().filter(|o| o.killed).count();
             let mut lat: Vec<f64> = o.iter().filter_map(|o| o.latency_us).collect();
             let n = lat.len();
+            let mut past: Vec<f64> = o.iter().filter_map(|o| o.past_mib).collect();
             println!(
                 "{:<27} {rate:>5} MiB/s, {:>4} processes: OOM-killed {killed}/{runs}, timed {n}, crossing→stop p50 {:>6.0} µs, \
-                 p90 {:>6.0} µs, max {:>6.0} µs",
+                 p90 {:>6.0} µs, max {:>6.0} µs; past the line p50 {:.1} MiB, max {:.1} MiB",
                 row.label(),
                 workers + 1,
                 pct(&mut lat, 0.5),
                 pct(&mut lat, 0.9),
                 pct(&mut lat, 1.0),
+                pct(&mut past, 0.5),
+                pct(&mut past, 1.0),
             );
         }
+    }
+    spin.store(false, Ordering::Relaxed);
+    for s in spinners {
+        let _ = s.join();
     }
 }

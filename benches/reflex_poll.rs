@@ -86,6 +86,7 @@ fn main() {
         Arc::new(memwatch::wake::Notified::default()),
         armory.clone(),
         Arc::new(tokio::sync::Notify::new()),
+        1,
     )
     .expect("the wake thread");
     std::thread::sleep(Duration::from_millis(100));

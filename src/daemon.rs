@@ -87,7 +87,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let (executor, outcomes) = Executor::start(&config.host.process_root);
     let woken = Arc::new(tokio::sync::Notify::new());
     let (counts, wake) = (shared.kernel.clone(), woken.clone());
-    let watches = Watches::start(&config.host, &mut engine, wake, counts, armory);
+    let priority = config.policy.reflex_priority;
+    let watches = Watches::start(&config.host, &mut engine, wake, counts, armory, priority);
     let mut owner = Owner::new(owner::Parts {
         sampling: config.sampling,
         host: config.host,

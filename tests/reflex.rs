@@ -13,6 +13,9 @@
 //!
 //! Then the same hog under a daemon with `reflex = false`: nothing is armed, and the pause comes
 //! from the engine's probe (its event does not name the reflex), so the first part is the reflex's.
+//! The first daemon's wake thread runs at real-time priority 1 (SCHED_FIFO, `policy.reflex_priority`'s
+//! default); the second's, with `reflex_priority = 0`, at the normal policy.
+//!
 //! Kept in its own test binary so no other test competes with it for the CPU.
 
 mod common;
@@ -23,6 +26,38 @@ use common::cgroup::MemCgroup;
 use common::{Daemon, Opts, eventually, proc_state, recorded_pause};
 
 const MIB: u64 = 1 << 20;
+
+/// The scheduling policy and real-time priority of the daemon's thread named `wake`, from
+/// /proc/PID/task/TID/stat (fields 41 and 40); None before the thread is there.
+fn wake_thread_scheduling(d: &Daemon) -> Option<(u32, u32)> {
+    let pid = d.child.id();
+    let task = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .filter_map(Result::ok)
+        .find(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "wake")
+        })?;
+    let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    // After the command's closing parenthesis come fields 3, 4, …: field N is at N - 3.
+    Some((
+        fields.get(41 - 3)?.parse().ok()?,
+        fields.get(40 - 3)?.parse().ok()?,
+    ))
+}
+
+/// Waits until the wake thread runs with `want` (policy, priority): it sets its own as it starts.
+fn assert_wake_thread(d: &Daemon, want: (u32, u32)) {
+    assert!(
+        eventually(5.0, || wake_thread_scheduling(d) == Some(want)),
+        "the wake thread's policy and priority: {:?}, want {want:?}\n{}",
+        wake_thread_scheduling(d),
+        d.log_text()
+    );
+}
+
+const SCHED_OTHER: u32 = 0;
+const SCHED_FIFO: u32 = 1;
 
 /// One hog run under `d`, as local user `user` when given: returns the pause event's detail.
 fn run(d: &Daemon, cg: &MemCgroup, name: &str, reflex: bool, user: Option<&str>) -> String {
@@ -150,6 +185,7 @@ fn the_reflex_stops_a_fast_hog_at_its_line_and_the_engine_holds_it() {
         sampling: "probe_interval_ms = 1000\nfast_interval_ms = 1000",
         ..Opts::default()
     });
+    assert_wake_thread(&d, (SCHED_FIFO, 1));
     // Root's job, then a user's: the user's is stopped from a thread that took the user's uids,
     // so the kernel checks the owner at the signal (and at the freezer's check of its members).
     for (name, cg, user) in [
@@ -171,9 +207,10 @@ fn the_reflex_stops_a_fast_hog_at_its_line_and_the_engine_holds_it() {
         root: "/".into(),
         gpu_state: None,
         interval_ms: 1000,
-        extra_config: "[policy]\nreaction_ms = 0\nreflex = false\n",
+        extra_config: "[policy]\nreaction_ms = 0\nreflex = false\nreflex_priority = 0\n",
         ..Opts::default()
     });
+    assert_wake_thread(&off, (SCHED_OTHER, 0));
     let detail = run(&off, &signalled, "by-probe", false, None);
     assert!(
         !detail.contains("stopped by the reflex"),

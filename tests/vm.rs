@@ -2,7 +2,8 @@
 //! (systemd 257, kernel 6.12) booted under qemu, which this machine (no systemd, cgroup v1) is not.
 //! `scripts/vm/run.sh` boots the guest once (its image cached by `scripts/vm/image.sh`) and runs the
 //! scenarios in `scripts/vm/scenarios/` in it against the .deb that `scripts/build-deb.sh` makes:
-//! `install` (apt-get offline, the service started, metrics, status, no stale samples, the unit's
+//! `install` (apt-get offline, the service started, metrics, status, the wake thread
+//! at real-time priority, no stale samples, the unit's
 //! exposure, restart and stop), `freeze-v2` (a systemd unit's job growing toward its MemoryMax is
 //! frozen through cgroup.freeze, never OOM-killed, and thawed on detach), `launch-systemd` (`memwatch
 //! launch` as root and as an ordinary user runs the job in a transient scope of its own, removed when it
@@ -148,6 +149,12 @@ fn the_package_runs_under_systemd_and_freezes_with_cgroup_v2_on_debian_13() {
         outcomes,
         &["boot", "install", "freeze-v2", "launch-systemd"],
         &[],
+    );
+    assert!(
+        outcomes
+            .iter()
+            .any(|o| o.scenario == "install" && o.ok && o.detail.starts_with("realtime: ")),
+        "install: no ok line on the wake thread's real-time priority"
     );
 }
 

@@ -46,16 +46,22 @@ impl Watches {
         woken: Arc<tokio::sync::Notify>,
         counts: Arc<crate::wake::Notified>,
         armory: Arc<crate::reflex::Armory>,
+        priority: u8,
     ) -> Watches {
         let registered = Arc::new(tokio::sync::Notify::new());
-        let wakers =
-            match crate::wake::Wakers::start(woken, counts, armory.clone(), registered.clone()) {
-                Ok(w) => Some(w),
-                Err(e) => {
-                    tracing::warn!(error = %e, "no kernel notifications; polling only");
-                    None
-                }
-            };
+        let wakers = match crate::wake::Wakers::start(
+            woken,
+            counts,
+            armory.clone(),
+            registered.clone(),
+            priority,
+        ) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::warn!(error = %e, "no kernel notifications; polling only");
+                None
+            }
+        };
         if let Some(w) = &wakers {
             let psi = host.root.join("proc/pressure/memory");
             if crate::wake::on_kernel_fs(&psi) {

@@ -112,11 +112,14 @@ impl Wakers {
     /// Starts the polling thread and the registrar; each notification wakes `out` and is counted in
     /// `counts`; a v1 threshold's crossing first fires the job's reflex in `armory`, if one is armed;
     /// each finished v1 registration wakes `registered`.
+    /// The wake thread runs at real-time `priority` (SCHED_FIFO; 0: the daemon's own), where the
+    /// kernel allows it ([`realtime`]).
     pub fn start(
         out: Arc<Notify>,
         counts: Arc<Notified>,
         armory: Arc<crate::reflex::Armory>,
         registered: Arc<Notify>,
+        priority: u8,
     ) -> std::io::Result<Wakers> {
         let (read, write) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)?;
@@ -124,7 +127,10 @@ impl Wakers {
         let (wake_tx, wake_rx) = mpsc::sync_channel(COMMANDS_QUEUED);
         std::thread::Builder::new()
             .name("wake".into())
-            .spawn(move || run(read, wake_rx, out, &counts, &armory))?;
+            .spawn(move || {
+                realtime(priority);
+                run(read, wake_rx, out, &counts, &armory)
+            })?;
         let finished = Arc::new(Finished {
             list: std::sync::Mutex::new(Vec::new()),
             notify: registered,
@@ -266,6 +272,32 @@ struct Watch {
 
 /// Commands that may wait for the wake thread (it takes them all at each turn).
 const COMMANDS_QUEUED: usize = 256;
+
+/// Puts the calling thread in SCHED_FIFO at `priority` (none at 0), so that it runs the moment the
+/// kernel wakes it, ahead of every thread of the normal policy, a job's busy ones among them. It
+/// sleeps but for the short work of a notification. The kernel refuses without CAP_SYS_NICE or an
+/// RLIMIT_RTPRIO of at least `priority` (or with real-time group scheduling and no budget for the
+/// daemon's cgroup): the thread then keeps the daemon's policy, and the log says why.
+pub fn realtime(priority: u8) {
+    if priority == 0 {
+        return;
+    }
+    let param = nix::libc::sched_param {
+        sched_priority: i32::from(priority),
+    };
+    // SAFETY: sched_setscheduler(2) on the calling thread (pid 0) with a parameter that lives
+    // across the call; it changes nothing but this thread's scheduling.
+    let rc = unsafe { nix::libc::sched_setscheduler(0, nix::libc::SCHED_FIFO, &param) };
+    if rc == 0 {
+        tracing::debug!(priority, "the wake thread runs at real-time priority");
+    } else {
+        tracing::info!(
+            priority,
+            error = %std::io::Error::last_os_error(),
+            "the wake thread runs at the daemon's priority: real-time scheduling refused (policy.reflex_priority; CAP_SYS_NICE or LimitRTPRIO)"
+        );
+    }
+}
 
 fn run(
     kick: OwnedFd,

@@ -159,6 +159,7 @@ mod tests {
             Arc::default(),
             Arc::default(),
             registered.clone(),
+            0,
         )
         .unwrap();
         // Asked from another thread, so that a call that waited for the registration would show as
@@ -228,6 +229,7 @@ mod tests {
             Arc::default(),
             Arc::default(),
             Arc::new(tokio::sync::Notify::new()),
+            0,
         )
         .unwrap();
         let e = wakers

@@ -34,6 +34,22 @@ else
   result $S fail "status: memwatch status exit $?: $(head -n 3 /tmp/status.txt | tr '\n' ' ')"
 fi
 
+# The wake thread (the kernel's notifications, the reflexes) at real-time priority under the unit
+# (LimitRTPRIO=1, policy.reflex_priority = 1): SCHED_FIFO is policy 1 in /proc/TID/stat's 41st field.
+pid=$(main_pid memwatch)
+tid=$(grep -lx wake /proc/"$pid"/task/*/comm 2>/dev/null | head -n 1 | cut -d/ -f5)
+prio= policy=
+if [ -n "$tid" ]; then
+  # The command (field 2) is "(wake)", with no space: fields split on blanks.
+  prio=$(awk '{ print $40 }' /proc/"$pid"/task/"$tid"/stat)
+  policy=$(awk '{ print $41 }' /proc/"$pid"/task/"$tid"/stat)
+fi
+if [ "$policy" = 1 ] && [ "$prio" = 1 ]; then
+  result $S ok "realtime: the wake thread ($tid) runs SCHED_FIFO at priority $prio under the unit"
+else
+  result $S fail "realtime: the wake thread (${tid:-none}) has policy ${policy:-?} priority ${prio:-?}; journal: $(journalctl -u memwatch --no-pager | grep -m 1 'real-time')"
+fi
+
 # The journal of the daemon's first 30 s (from its start, on the monotonic clock).
 until_us=$((started + 30000000))
 while [ "$(awk '{ printf "%d\n", $1 * 1000000 }' /proc/uptime)" -lt "$until_us" ]; do sleep 1; done

@@ -168,6 +168,15 @@ fresh sample when the last is older than interval_ms. At or below interval_ms: n
          every other line.",
     ),
     (
+        "policy.reflex_priority",
+        "The real-time priority (SCHED_FIFO, 1-99) of the wake thread, which reads the kernel's\n\
+         notifications and fires the reflexes, so that it runs the moment the kernel wakes it even\n\
+         while the job it watches keeps every core busy; 0: the daemon's own priority. It sleeps but\n\
+         for those moments. Needs CAP_SYS_NICE or an RLIMIT_RTPRIO of at least this (the unit's\n\
+         LimitRTPRIO=1); where the kernel refuses, the thread runs at the daemon's priority and the\n\
+         log says so once.",
+    ),
+    (
         "policy.reaction_ms",
         "Pause when a job's memory is projected to hit its tightest limit (the host's MemAvailable, its\n\
          cgroup limit) sooner than this, whatever the levels say. It covers a probe interval plus the\n\

@@ -105,6 +105,13 @@ pub struct Policy {
     /// then taken over by the engine as its own pause. Off: the engine decides on its probe, as for
     /// every other line.
     pub reflex: bool,
+    /// The real-time priority (SCHED_FIFO, 1–99) of the wake thread, which reads the kernel's
+    /// notifications and fires the reflexes, so that it runs the moment the kernel wakes it even
+    /// while the job it watches keeps every core busy; 0: the daemon's own priority. It sleeps but
+    /// for those moments. It needs CAP_SYS_NICE or an RLIMIT_RTPRIO of at least this (the unit's
+    /// `LimitRTPRIO=1`); where the kernel refuses, the thread runs at the daemon's priority and the
+    /// log says so once.
+    pub reflex_priority: u8,
     /// Pause when a job's memory is projected to hit its tightest limit (the host's MemAvailable,
     /// its cgroup limit) sooner than this, whatever the levels say. It covers a probe interval plus
     /// the signalling, with room to spare.
@@ -306,6 +313,7 @@ impl Default for Policy {
         Policy {
             dry_run: false,
             reflex: true,
+            reflex_priority: 1,
             reaction_ms: 250,
             resume_headroom_ms: 1000,
             max_pause_seconds: 300,
@@ -398,6 +406,15 @@ impl Policy {
                     ));
                 }
             }
+        }
+        if self.reflex_priority > 99 {
+            return Err((
+                "policy.reflex_priority".into(),
+                format!(
+                    "{} is not a real-time priority: give 1 to 99, or 0 for none",
+                    self.reflex_priority
+                ),
+            ));
         }
         if !self.checkpoint_signal.is_empty() {
             match SignalName::parse(&self.checkpoint_signal) {

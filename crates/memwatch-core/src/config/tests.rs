@@ -181,6 +181,16 @@ fn bad_configs_name_key_and_line() {
             "SIGCONT cannot",
         ),
         (
+            "[policy]\nreflex_priority = 100\n",
+            "line 2, key `policy.reflex_priority`",
+            "not a real-time priority",
+        ),
+        (
+            "[policy]\nreflex_priority = 300\n",
+            "key `policy.reflex_priority`",
+            "line 2",
+        ),
+        (
             "[policy]\nmax_pause_seconds = 900\n",
             "line 2, key `policy.max_pause_seconds`",
             "NCCL watchdog",

@@ -369,8 +369,6 @@ fn run(
         .and_then(|t| t.trim().parse::<u64>().ok())
         .map(|p| (p as f64 - line as f64) / MIB as f64);
     common::let_go(cg, d, &name, pid);
-    // What stopped the job (SLOW_US): its pause event, recorded before the detach.
-    let events = d.map(|d| d.events()).unwrap_or_default();
     let _ = child.kill();
     let stop_at = stopped.join().ok().flatten();
     let _ = child.wait();
@@ -400,6 +398,8 @@ fn run(
     if let (Some(slow), Some(l)) = (slow_us(), latency_us)
         && l > slow
     {
+        // What stopped the job: its pause event, recorded before the detach.
+        let events = d.map(|d| d.events()).unwrap_or_default();
         let pause = events
             .lines()
             .rev()
@@ -429,10 +429,7 @@ fn busy() -> usize {
 /// that the spinning threads delay neither stamp.
 fn timer_thread() {
     if busy() > 0 {
-        let param = nix::libc::sched_param { sched_priority: 50 };
-        // SAFETY: sched_setscheduler(2) on the calling thread, with a parameter alive for the call.
-        let rc = unsafe { nix::libc::sched_setscheduler(0, nix::libc::SCHED_FIFO, &param) };
-        assert_eq!(rc, 0, "SCHED_FIFO for the timing threads (run as root)");
+        memwatch::wake::realtime(50).expect("SCHED_FIFO for the timing threads (run as root)");
     }
 }
 

@@ -128,7 +128,17 @@ impl Wakers {
         std::thread::Builder::new()
             .name("wake".into())
             .spawn(move || {
-                realtime(priority);
+                match realtime(priority) {
+                    Ok(()) if priority > 0 => {
+                        tracing::debug!(priority, "the wake thread runs at real-time priority")
+                    }
+                    Ok(()) => {}
+                    Err(e) => tracing::info!(
+                        priority,
+                        error = %e,
+                        "the wake thread runs at the daemon's priority: real-time scheduling refused (policy.reflex_priority; CAP_SYS_NICE or LimitRTPRIO)"
+                    ),
+                }
                 run(read, wake_rx, out, &counts, &armory)
             })?;
         let finished = Arc::new(Finished {
@@ -277,10 +287,10 @@ const COMMANDS_QUEUED: usize = 256;
 /// kernel wakes it, ahead of every thread of the normal policy, a job's busy ones among them. It
 /// sleeps but for the short work of a notification. The kernel refuses without CAP_SYS_NICE or an
 /// RLIMIT_RTPRIO of at least `priority` (or with real-time group scheduling and no budget for the
-/// daemon's cgroup): the thread then keeps the daemon's policy, and the log says why.
-pub fn realtime(priority: u8) {
+/// daemon's cgroup): the thread then keeps the daemon's policy, and the error says why.
+pub fn realtime(priority: u8) -> std::io::Result<()> {
     if priority == 0 {
-        return;
+        return Ok(());
     }
     let param = nix::libc::sched_param {
         sched_priority: i32::from(priority),
@@ -289,13 +299,9 @@ pub fn realtime(priority: u8) {
     // across the call; it changes nothing but this thread's scheduling.
     let rc = unsafe { nix::libc::sched_setscheduler(0, nix::libc::SCHED_FIFO, &param) };
     if rc == 0 {
-        tracing::debug!(priority, "the wake thread runs at real-time priority");
+        Ok(())
     } else {
-        tracing::info!(
-            priority,
-            error = %std::io::Error::last_os_error(),
-            "the wake thread runs at the daemon's priority: real-time scheduling refused (policy.reflex_priority; CAP_SYS_NICE or LimitRTPRIO)"
-        );
+        Err(std::io::Error::last_os_error())
     }
 }
 

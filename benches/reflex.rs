@@ -39,7 +39,10 @@
 //! 0`): the real-time priority's share of the figures.
 //!
 //! With `SLOW_US=N` each run slower than N µs is told on stderr, with the daemon's pause event (what
-//! stopped the job: the reflex, with its own time, or the engine's probe).
+//! stopped the job: the reflex, with its own time, or the engine's probe). With `ROWS=w1,w2` only the
+//! rows whose label holds one of the words run (`ROWS=freez`: the freezer's rows and its floor;
+//! `ROWS=reflex,floor`: the reflexes and the floors). With `DAEMON_LOG=warn` the daemons' warnings
+//! (a slow turn of the owner task, with what it handled) come on stderr too.
 //!
 //! `cargo bench --bench reflex` (RUNS=30 by default; RATES=1024,4096 in MiB/s; WORKERS=0; NICE unset).
 
@@ -508,6 +511,10 @@ fn main() {
         .into_iter()
         .filter(|r| base.is_some() || !matches!(r, Row::Base { .. }))
         .filter(|r| rt0.is_some() || !matches!(r, Row::Priority0 { .. }))
+        .filter(|r| {
+            // `ROWS=freezer,floor`: only the rows whose label holds one of the words.
+            std::env::var("ROWS").map_or(true, |w| w.split(',').any(|w| r.label().contains(w)))
+        })
         .filter(|r| {
             workers == 0
                 || matches!(

@@ -123,12 +123,14 @@ impl Daemon {
             ),
         )
         .unwrap();
+        // `DAEMON_LOG=warn`: the daemon's warnings too (a slow turn of its owner task), on stderr.
+        let level = std::env::var("DAEMON_LOG").unwrap_or_else(|_| "error".into());
         let mut command = Command::new(bin);
         command.args([
             "--config",
             config.to_str().unwrap(),
             "--log-level",
-            "error",
+            &level,
             "run",
         ]);
         if let Some(n) = nice() {

@@ -1,8 +1,8 @@
 //! A v2 job's usage, read by the wake thread on its own timer. cgroup v2 has no usage thresholds, so
 //! these reads stand in for v1's: a read that finds usage on the other side of one of the engine's
-//! lines (half the limit, warn, critical and each half percent above it) wakes the owner task as a
-//! threshold's eventfd would, and a read at or over the critical line looks at the job's reflex
-//! (`crate::reflex`), which fires there.
+//! lines (half the limit, warn, critical, each tenth of a percent for a percent above it, then each
+//! half percent) wakes the owner task as a threshold's eventfd would, and a read at or over the
+//! critical line looks at the job's reflex (`crate::reflex`), which fires there.
 //!
 //! A read comes after the time growth at [`FASTEST_GROWTH`] would take to cover the room left to the
 //! critical line and half the margin from the line to the limit, between 1 ms and 1 s

@@ -49,8 +49,26 @@ impl MemCgroup {
         } else {
             "memory.max"
         };
-        std::fs::write(self.dir.join(file), bytes.to_string())
-            .expect("set the cgroup's memory limit");
+        // Lowering it under what the cgroup holds fails with EBUSY while the memory of a process
+        // that just exited is still being freed (the last reference to its address space may be
+        // a reader's of its /proc files): asked again until the kernel takes it.
+        let t = std::time::Instant::now();
+        loop {
+            match std::fs::write(self.dir.join(file), bytes.to_string()) {
+                Ok(()) => return,
+                Err(e)
+                    if e.raw_os_error() == Some(16)
+                        && t.elapsed() < std::time::Duration::from_secs(10) =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(10))
+                }
+                Err(e) => panic!(
+                    "set {}'s memory limit to {bytes} (it holds {}): {e}",
+                    self.dir.display(),
+                    self.usage()
+                ),
+            }
+        }
     }
 
     /// OOM kills inside the cgroup so far.

@@ -384,16 +384,25 @@ impl Engine {
                 let limit = j.cgroup().and_then(|c| c.limit_bytes);
                 // Usage is at least the working set, so a usage threshold is crossed at or before
                 // the working-set level it stands for: half the limit (growth worth measuring),
-                // warn, critical — and every half percent above critical, because usage counts
-                // inactive page cache that the working set does not: the crossing at critical may
-                // come a little early, and the next one decides.
+                // warn, critical — and more above critical, because usage counts inactive page
+                // cache that the working set does not: the crossing at critical may come a little
+                // early, and the next one decides. Every tenth of a percent for the first percent
+                // (a cgroup holding a little cache: its reflex fires half a MiB later in 512 MiB,
+                // not 2.6), then every half percent.
                 let thresholds = limit
                     .map(|l| {
                         let mut ratios = vec![0.5, p.warn.0, p.critical.0];
-                        let mut r = p.critical.0 + 0.005;
-                        while r < 1.0 && ratios.len() < 24 {
+                        let mut r = p.critical.0;
+                        while ratios.len() < 24 {
+                            r += if r < p.critical.0 + 0.0095 {
+                                0.001
+                            } else {
+                                0.005
+                            };
+                            if r >= 1.0 {
+                                break;
+                            }
                             ratios.push(r);
-                            r += 0.005;
                         }
                         let mut t: Vec<u64> =
                             ratios.iter().map(|r| (l as f64 * r) as u64).collect();

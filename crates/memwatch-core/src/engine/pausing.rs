@@ -53,6 +53,7 @@ impl Engine {
         // cgroup, decided on the last full sample, so the pause itself walks nothing but the
         // cgroup's member list: a process that became another user's since then keeps the freezer
         // out.
+        let made_by_reflex = made.is_some();
         let mechanism = match made {
             Some(m) => m,
             None => {
@@ -136,6 +137,16 @@ impl Engine {
                     ctl: s.ctl,
                     ending: None,
                 }));
+                Ok(())
+            }
+            Mechanism::FreezeV1(f) | Mechanism::FreezeV2(f) if made_by_reflex => {
+                // The reflex wrote the freeze already. Not written again: a second write holds the
+                // freezer's lock while the job freezes, and its wait would be on this task. The
+                // executor waits for it to settle, as for a freeze that did not settle at once.
+                self.emit(Effect::Settle {
+                    job: name.to_owned(),
+                    frozen: f,
+                });
                 Ok(())
             }
             Mechanism::FreezeV1(f) | Mechanism::FreezeV2(f) => match self.host.freeze(&f) {

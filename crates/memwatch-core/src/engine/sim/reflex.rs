@@ -63,6 +63,22 @@ fn fire(s: &Sim, done: &Done) {
     }
 }
 
+/// A freeze the reflex made is not written again by the engine: its pause waits for it to settle
+/// (the executor's wait off the owner task), and holds once it has.
+fn settled_unwritten(s: &mut Sim) {
+    if matches!(s.kind, Kind::V1 | Kind::V2) {
+        let p = s.pause().expect("paused");
+        assert_eq!(p.phase, crate::job::PausePhase::Pausing, "{:?}", s.kind);
+        s.settle(true);
+    }
+    assert!(
+        !s.host.acts().iter().any(|a| matches!(a, Act::Freeze(_))),
+        "{:?}: the reflex's freeze written again: {:?}",
+        s.kind,
+        s.host.acts()
+    );
+}
+
 /// The job's pause event says `said`, and a resume by hand undoes the pause whole.
 fn said_and_resumed(s: &mut Sim, said: &str) {
     let view = s.engine.view();
@@ -96,6 +112,7 @@ fn a_fired_reflex_becomes_the_policys_pause_held_the_same_way() {
         );
         s.drain();
         s.check();
+        settled_unwritten(&mut s);
         let p = s.pause().expect("the reflex's stop became a pause");
         assert_eq!(p.mechanism.name(), kind.record(), "{kind:?}");
         assert_eq!(p.phase, crate::job::PausePhase::Held, "{kind:?}");
@@ -133,6 +150,7 @@ fn a_policy_pause_decided_while_the_reflexs_stop_waits_is_that_stop() {
             took_us: 31,
         });
         s.sample(0.97);
+        settled_unwritten(&mut s);
         let p = s.pause().expect("paused");
         assert_eq!(p.mechanism.name(), kind.record(), "{kind:?}");
         assert_eq!(p.phase, crate::job::PausePhase::Held, "{kind:?}");
@@ -203,6 +221,38 @@ fn a_reflex_not_the_policys_to_make_is_undone_or_left_to_the_pause_that_holds() 
     assert_eq!(s.host.state_of(PID + 1), Some('S'));
 }
 
+/// A freeze the reflex wrote that does not settle in time (a process stuck in the kernel) is thawed
+/// and the job stopped with signals instead, as a freeze of the engine's own would be: the pause
+/// holds by signals and nothing stays frozen.
+#[test]
+fn a_reflexs_freeze_that_does_not_settle_becomes_a_stop_by_signals() {
+    for kind in [Kind::V1, Kind::V2] {
+        let mut s = Sim::new(kind);
+        let done = arm(&mut s);
+        fire(&s, &done);
+        s.engine.handle_reflex(
+            Fired {
+                job: "sim".into(),
+                done,
+                working_set: 96 << 20,
+                took_us: 9,
+            },
+            s.now,
+        );
+        s.drain();
+        s.check();
+        s.settle(false);
+        let p = s.pause().expect("still paused");
+        assert_eq!(p.mechanism.name(), "signals", "{kind:?}");
+        assert_eq!(p.phase, crate::job::PausePhase::Held, "{kind:?}");
+        let dir = cgroup_dir(&s.root(), kind).unwrap();
+        assert!(!s.host.frozen(&dir), "{kind:?}: left frozen");
+        assert_eq!(s.host.state_of(PID), Some('T'), "{kind:?}: the root");
+        assert_eq!(s.host.state_of(PID + 1), Some('T'), "{kind:?}: the worker");
+        said_and_resumed(&mut s, "stopped by the reflex 9 µs");
+    }
+}
+
 /// A daemon killed after its reflex fired, before the engine took the stop over, leaves the armed
 /// record: the restarted daemon undoes it from that record alone (the root continued, the freezer
 /// thawed), and nothing of the job stays stopped.
@@ -225,6 +275,46 @@ fn a_restarted_daemon_undoes_an_armed_record_that_may_have_fired() {
             _ => assert!(s.host.acts().contains(&Act::Continue(vec![PID]))),
         }
     }
+}
+
+/// A job's usage thresholds past its critical line come every tenth of a percent for the first
+/// percent, so a cgroup holding a little page cache at the crossing of the line (usage over it, the
+/// working set not yet) is looked at again half a MiB later in 512 MiB, not 2.6 MiB later; then
+/// every half percent, all under the limit, at most 24.
+#[test]
+fn a_jobs_thresholds_past_its_line_come_a_tenth_of_a_percent_apart() {
+    let limit: u64 = 512 << 20;
+    let mut s = Sim::new(Kind::V2);
+    s.oom_kills = Some(0);
+    s.cgroup_limit = Some(limit);
+    s.sample(0.1);
+    let plan = s.engine.wake_plan();
+    let t = &plan
+        .iter()
+        .find(|p| p.job == "sim")
+        .expect("a wake plan")
+        .thresholds;
+    let line = (limit as f64 * 0.95) as u64;
+    let at = t
+        .iter()
+        .position(|&x| x == line)
+        .unwrap_or_else(|| panic!("no threshold at the line {line}: {t:?}"));
+    let tenth = limit / 1000 + 1;
+    let first: Vec<u64> = t[at..].windows(2).take(10).map(|w| w[1] - w[0]).collect();
+    assert_eq!(first.len(), 10, "{t:?}");
+    assert!(first.iter().all(|&g| g <= tenth), "{first:?}");
+    assert!(
+        t[at + 10..]
+            .windows(2)
+            .all(|w| w[1] - w[0] <= limit / 200 + 1),
+        "{t:?}"
+    );
+    assert!(
+        t.last()
+            .is_some_and(|&x| x > (limit as f64 * 0.99) as u64 && x < limit),
+        "{t:?}"
+    );
+    assert!(t.len() <= 24 && t.windows(2).all(|w| w[0] < w[1]), "{t:?}");
 }
 
 /// The engine plans a reflex for a job whose cgroup v2 has a limit (v1's: tests/reflex.rs, on a real

@@ -512,7 +512,7 @@ fn main() {
         .filter(|r| base.is_some() || !matches!(r, Row::Base { .. }))
         .filter(|r| rt0.is_some() || !matches!(r, Row::Priority0 { .. }))
         .filter(|r| {
-            // `ROWS=freezer,floor`: only the rows whose label holds one of the words.
+            // `ROWS=reflex,floor`: only the rows whose label holds one of the words.
             std::env::var("ROWS").map_or(true, |w| w.split(',').any(|w| r.label().contains(w)))
         })
         .filter(|r| {

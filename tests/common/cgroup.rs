@@ -57,7 +57,7 @@ impl MemCgroup {
             match std::fs::write(self.dir.join(file), bytes.to_string()) {
                 Ok(()) => return,
                 Err(e)
-                    if e.raw_os_error() == Some(16)
+                    if e.kind() == std::io::ErrorKind::ResourceBusy
                         && t.elapsed() < std::time::Duration::from_secs(10) =>
                 {
                     std::thread::sleep(std::time::Duration::from_millis(10))

@@ -63,6 +63,19 @@ fn fire(s: &Sim, done: &Done) {
     }
 }
 
+/// The wake thread hands what it did (at 96 MiB, `took_us` after its wake-up) to the engine.
+fn handed(s: &mut Sim, done: Done, took_us: u64) {
+    s.engine.handle_reflex(
+        Fired {
+            job: "sim".into(),
+            done,
+            working_set: 96 << 20,
+            took_us,
+        },
+        s.now,
+    );
+}
+
 /// A freeze the reflex made is not written again by the engine: its pause waits for it to settle
 /// (the executor's wait off the owner task), and holds once it has.
 fn settled_unwritten(s: &mut Sim) {
@@ -101,15 +114,7 @@ fn a_fired_reflex_becomes_the_policys_pause_held_the_same_way() {
         let mut s = Sim::new(kind);
         let done = arm(&mut s);
         fire(&s, &done);
-        s.engine.handle_reflex(
-            Fired {
-                job: "sim".into(),
-                done,
-                working_set: 96 << 20,
-                took_us: 42,
-            },
-            s.now,
-        );
+        handed(&mut s, done, 42);
         s.drain();
         s.check();
         settled_unwritten(&mut s);
@@ -230,15 +235,7 @@ fn a_reflexs_freeze_that_does_not_settle_becomes_a_stop_by_signals() {
         let mut s = Sim::new(kind);
         let done = arm(&mut s);
         fire(&s, &done);
-        s.engine.handle_reflex(
-            Fired {
-                job: "sim".into(),
-                done,
-                working_set: 96 << 20,
-                took_us: 9,
-            },
-            s.now,
-        );
+        handed(&mut s, done, 9);
         s.drain();
         s.check();
         s.settle(false);

@@ -63,7 +63,8 @@ fn fire(s: &Sim, done: &Done) {
     }
 }
 
-/// The wake thread hands what it did (at 96 MiB, `took_us` after its wake-up) to the engine.
+/// The wake thread hands what it did (at 96 MiB, `took_us` after its wake-up) to the engine, whose
+/// effects are then carried out and its invariants checked.
 fn handed(s: &mut Sim, done: Done, took_us: u64) {
     s.engine.handle_reflex(
         Fired {
@@ -74,6 +75,8 @@ fn handed(s: &mut Sim, done: Done, took_us: u64) {
         },
         s.now,
     );
+    s.drain();
+    s.check();
 }
 
 /// A freeze the reflex made is not written again by the engine: its pause waits for it to settle
@@ -115,8 +118,6 @@ fn a_fired_reflex_becomes_the_policys_pause_held_the_same_way() {
         let done = arm(&mut s);
         fire(&s, &done);
         handed(&mut s, done, 42);
-        s.drain();
-        s.check();
         settled_unwritten(&mut s);
         let p = s.pause().expect("the reflex's stop became a pause");
         assert_eq!(p.mechanism.name(), kind.record(), "{kind:?}");
@@ -236,8 +237,6 @@ fn a_reflexs_freeze_that_does_not_settle_becomes_a_stop_by_signals() {
         let done = arm(&mut s);
         fire(&s, &done);
         handed(&mut s, done, 9);
-        s.drain();
-        s.check();
         s.settle(false);
         let p = s.pause().expect("still paused");
         assert_eq!(p.mechanism.name(), "signals", "{kind:?}");

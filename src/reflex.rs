@@ -8,7 +8,9 @@
 //! a [`Reflex`]: the job's usage and memory.stat kept open, and what to act on, open too (the job's
 //! own freezer cgroup's `freezer.state` (v1) or `cgroup.freeze` (v2), or the pidfd pinned on the
 //! job's root since attach). It reads the working set (usage less inactive file cache, as the engine
-//! counts it) when woken; at critical it fires once: freezes the cgroup, or stops the root through
+//! counts it) when woken (a freezer reflex freezes first where usage less the cache it last read is
+//! over the line, and thaws at once where the cache it reads then holds the job under: see
+//! `Reflex::look`); at critical it fires once: freezes the cgroup, or stops the root through
 //! its pidfd, where the owner could (the kernel's check, with the owner's uids on the thread
 //! (`act::as_owner`), or a read of the pinned process's uids). It then wakes the owner task, which takes the
 //! stop over as the policy's own pause (write-ahead record, the rest of the tree, the way out), or
@@ -80,8 +82,19 @@ pub struct Reflex {
     stat: KeptFile,
     /// memory.stat's key for inactive file cache (`total_inactive_file` on v1, `inactive_file` on v2).
     inactive_key: &'static str,
+    /// The inactive file cache at the last read of memory.stat (when armed, and at each look over
+    /// the line): whether the working set is over the line before memory.stat is read again.
+    inactive_seen: u64,
+    /// When a freeze made ahead of the read of memory.stat was last taken back: within
+    /// [`THAWED_READ_FIRST`] of it every look reads first.
+    thawed_at: Option<Instant>,
     act: Act,
 }
+
+/// After a freeze made ahead of its read was taken back (the job's cache grew and holds it under its
+/// line), its reflex reads first for this long: a job whose cache hovers at its line is frozen and
+/// thawed at most once a second.
+pub const THAWED_READ_FIRST: Duration = Duration::from_secs(1);
 
 pub use memwatch_core::held::FASTEST_GROWTH;
 /// The shortest time between two reads of a v2 job's usage: 4 MiB of growth at 4 GiB/s.
@@ -138,7 +151,7 @@ impl Reflex {
             Version::V1 => "total_inactive_file",
             Version::V2 => "inactive_file",
         };
-        Reflex {
+        let mut reflex = Reflex {
             job: job.to_owned(),
             critical_bytes,
             owner,
@@ -146,8 +159,14 @@ impl Reflex {
             usage: KeptFile::new(memory_dir.join(crate::sample::cgroup::usage_file(version))),
             stat: KeptFile::new(memory_dir.join("memory.stat")),
             inactive_key,
+            inactive_seen: 0,
+            thawed_at: None,
             act,
-        }
+        };
+        // Unread, it counts as no cache: the first look of a freezer reflex over the line by usage
+        // then freezes first and reads after.
+        reflex.inactive_seen = reflex.inactive().unwrap_or(0);
+        reflex
     }
 
     /// The reflex `plan` describes for `job`, whose memory cgroup is `memory`: its act opened (the
@@ -190,20 +209,21 @@ impl Reflex {
         })
     }
 
-    /// The job's working set now (usage less inactive file cache), if both read; `usage` when the
-    /// caller has just read it.
-    fn working_set(&mut self, usage: Option<u64>) -> Option<u64> {
-        let usage: u64 = match usage {
-            Some(u) => u,
-            None => self.usage.read().ok()?.1.trim().parse().ok()?,
-        };
-        if usage < self.critical_bytes {
-            return Some(usage);
+    /// The job's usage: `usage` when the caller has just read it, else read now.
+    fn usage(&mut self, usage: Option<u64>) -> Option<u64> {
+        match usage {
+            Some(u) => Some(u),
+            None => self.usage.read().ok()?.1.trim().parse().ok(),
         }
+    }
+
+    /// The inactive file cache now, kept as [`Reflex::inactive_seen`].
+    fn inactive(&mut self) -> Option<u64> {
         let (path, stat) = self.stat.read().ok()?;
         let [inactive] = crate::sample::keyed::stat_values(path, stat, [self.inactive_key]);
         let inactive = inactive.unwrap_or(0);
-        Some(usage.saturating_sub(inactive))
+        self.inactive_seen = inactive;
+        Some(inactive)
     }
 
     /// Whether every member of the freezer cgroup could be signalled by the owner.
@@ -225,29 +245,70 @@ impl Reflex {
     }
 
     /// Reads the job's working set and, at critical, acts.
+    ///
+    /// The working set is usage less inactive file cache, and memory.stat, where the cache is
+    /// read, takes about 50 µs to read (the kernel sums the cgroup's counters first). So a freezer
+    /// reflex whose job is over the line by its usage less the cache last seen freezes first and
+    /// reads after: where the cache grew meanwhile and holds the working set under the line, it
+    /// thaws the cgroup at once (frozen for one read of memory.stat, unseen by the job's parent),
+    /// and the cache it read makes its next look read first, as does every look within
+    /// [`THAWED_READ_FIRST`] of that thaw. A stop by signals always reads first:
+    /// a SIGSTOP taken back is seen (a shell reports its foreground job stopped).
     fn look(&mut self, woke: Instant, usage: Option<u64>) -> Look {
-        let Some(working_set) = self.working_set(usage) else {
+        let Some(usage) = self.usage(usage) else {
             return Look::Nothing;
         };
+        if usage < self.critical_bytes {
+            return self.below(usage);
+        }
+        let freeze_first = matches!(self.act, Act::Freeze { .. })
+            && usage.saturating_sub(self.inactive_seen) >= self.critical_bytes
+            && self
+                .thawed_at
+                .is_none_or(|at| woke.saturating_duration_since(at) >= THAWED_READ_FIRST);
+        if freeze_first {
+            if !self.members_within_reach() || !self.freeze(true) {
+                return Look::Nothing;
+            }
+            let took = woke.elapsed();
+            let working_set = match self.inactive() {
+                Some(inactive) => usage.saturating_sub(inactive),
+                // Unread: the freeze holds, and the engine, which takes it over, decides.
+                None => usage.saturating_sub(self.inactive_seen),
+            };
+            // A thaw that fails leaves the freeze to the engine, as one that stands.
+            if working_set < self.critical_bytes && self.freeze(false) {
+                self.thawed_at = Some(woke);
+                tracing::debug!(
+                    job = self.job,
+                    working_set,
+                    "frozen ahead of the read of its cache, which holds it under the line: thawed"
+                );
+                return self.below(working_set);
+            }
+            let frozen = match &self.act {
+                Act::Freeze { frozen, .. } => frozen.clone(),
+                Act::Stop { .. } => return Look::Nothing,
+            };
+            return self.fired(Done::Froze(frozen), working_set, took);
+        }
+        let Some(inactive) = self.inactive() else {
+            return Look::Nothing;
+        };
+        let working_set = usage.saturating_sub(inactive);
         if working_set < self.critical_bytes {
-            tracing::trace!(
-                job = self.job,
-                working_set,
-                critical = self.critical_bytes,
-                "below the reflex's line"
-            );
-            return Look::Below(self.critical_bytes - working_set);
+            return self.below(working_set);
         }
         if !self.members_within_reach() {
             return Look::Nothing;
         }
         let done = match &mut self.act {
-            Act::Freeze { frozen, state, .. } => {
-                let (_, word) = crate::act::freeze::state_file(frozen.version, true);
-                if state.write_all(word.as_bytes()).is_err() {
+            Act::Freeze { frozen, .. } => {
+                let frozen = frozen.clone();
+                if !self.freeze(true) {
                     return Look::Nothing;
                 }
-                Done::Froze(frozen.clone())
+                Done::Froze(frozen)
             }
             Act::Stop { root, pidfd } => {
                 if !crate::act::signal::alive(pidfd, root.pid) {
@@ -268,11 +329,38 @@ impl Reflex {
                 Done::Stopped(*root)
             }
         };
+        let took = woke.elapsed();
+        self.fired(done, working_set, took)
+    }
+
+    /// Below the line, at `working_set`.
+    fn below(&self, working_set: u64) -> Look {
+        tracing::trace!(
+            job = self.job,
+            working_set,
+            critical = self.critical_bytes,
+            "below the reflex's line"
+        );
+        Look::Below(self.critical_bytes - working_set)
+    }
+
+    /// Writes the freezer's state (`freeze`: frozen, else thawed); `false` where it failed or this
+    /// reflex stops by signals.
+    fn freeze(&mut self, freeze: bool) -> bool {
+        let Act::Freeze { frozen, state, .. } = &mut self.act else {
+            return false;
+        };
+        let (_, word) = crate::act::freeze::state_file(frozen.version, freeze);
+        state.write_all(word.as_bytes()).is_ok()
+    }
+
+    /// What it did, made `took` after the wake-up.
+    fn fired(&self, done: Done, working_set: u64, took: Duration) -> Look {
         Look::Fired(Fired {
             job: self.job.clone(),
             done,
             working_set,
-            took_us: u64::try_from(woke.elapsed().as_micros()).unwrap_or(u64::MAX),
+            took_us: u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
         })
     }
 }
@@ -525,5 +613,54 @@ pub(crate) mod tests {
             std::fs::read_to_string(v1.path().join("freezer.state")).unwrap(),
             "FROZEN"
         );
+    }
+
+    #[test]
+    fn a_freezer_reflex_over_the_line_by_the_cache_last_seen_freezes_before_it_reads_the_cache() {
+        // Armed with no cache; memory.stat then cannot be read: the freeze is made on the usage
+        // and the cache last seen, before memory.stat is read, and it stands.
+        let d = v2_cgroup(200 * MIB, 0);
+        let armory = armed(d.path());
+        set(d.path(), 990 * MIB, 0);
+        std::fs::remove_file(d.path().join("memory.stat")).unwrap();
+        assert_eq!(armory.crossing("job", Instant::now()), Crossing::Fired);
+        assert_eq!(freeze_word(d.path()), "1");
+        assert_eq!(armory.take_fired()[0].working_set, 990 * MIB);
+    }
+
+    #[test]
+    fn a_freeze_ahead_of_cache_that_grew_is_thawed_at_once_and_made_again_a_second_later_at_most() {
+        // Armed with no cache; then 300 MiB of the 990 MiB charged is inactive file cache. The
+        // fixture's file keeps each write at the next offset, so it shows every write in order.
+        let d = v2_cgroup(200 * MIB, 0);
+        let armory = armed(d.path());
+        let now = Instant::now();
+        set(d.path(), 990 * MIB, 300 * MIB);
+        assert_eq!(armory.crossing("job", now), Crossing::Below(260 * MIB));
+        assert_eq!(freeze_word(d.path()), "10", "frozen, then thawed");
+        assert!(armory.take_fired().is_empty());
+        // The cache it read is the one it goes by: no freeze while the cache holds the job under.
+        assert_eq!(armory.crossing("job", now), Crossing::Below(260 * MIB));
+        assert_eq!(freeze_word(d.path()), "10");
+        // The cache seen falls to 10 MiB (the working set 5 MiB under the line), then grows again
+        // within the second after the thaw: read first, so no second freeze.
+        let later = now + THAWED_READ_FIRST / 2;
+        set(d.path(), 955 * MIB, 10 * MIB);
+        assert_eq!(armory.crossing("job", later), Crossing::Below(5 * MIB));
+        set(d.path(), 990 * MIB, 300 * MIB);
+        assert_eq!(armory.crossing("job", later), Crossing::Below(260 * MIB));
+        assert_eq!(freeze_word(d.path()), "10");
+        // A second later, the same is frozen ahead and thawed again.
+        set(d.path(), 955 * MIB, 10 * MIB);
+        assert_eq!(armory.crossing("job", later), Crossing::Below(5 * MIB));
+        set(d.path(), 990 * MIB, 300 * MIB);
+        let second = now + THAWED_READ_FIRST;
+        assert_eq!(armory.crossing("job", second), Crossing::Below(260 * MIB));
+        assert_eq!(freeze_word(d.path()), "1010");
+        // The cache turns into anonymous memory: read first, then frozen.
+        set(d.path(), 990 * MIB, 10 * MIB);
+        assert_eq!(armory.crossing("job", now), Crossing::Fired);
+        assert_eq!(freeze_word(d.path()), "10101");
+        assert_eq!(armory.take_fired()[0].working_set, 980 * MIB);
     }
 }

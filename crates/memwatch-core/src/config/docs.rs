@@ -118,8 +118,9 @@ fresh sample when the last is older than interval_ms. At or below interval_ms: n
         "Where the live state is kept: state.json (the attached jobs and the paused set, so that a\n\
          restarted daemon or the guardian resumes what was paused) and the daemon's lock. It describes\n\
          live processes only, so it belongs on a tmpfs: a pause's record written ahead of the pause never\n\
-         waits there for a busy disk. Unset (the default): \"state\" beside the control socket, here\n\
-         /run/memwatch/state, so one daemon per socket is one per runtime directory.",
+         waits there for a busy disk (a write of it that takes 10 ms or more is logged as a warning).\n\
+         Unset (the default): \"state\" beside the control socket, here /run/memwatch/state, so one\n\
+         daemon per socket is one per runtime directory.",
     ),
     (
         "control.audit_max_bytes",

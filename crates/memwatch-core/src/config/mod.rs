@@ -117,8 +117,9 @@ pub struct Control {
     /// Where the live state is kept: `state.json` (the attached jobs and the paused set, so that a
     /// restarted daemon or the guardian resumes what was paused) and the daemon's lock. It describes
     /// live processes only, so it belongs on a tmpfs: a pause's record written ahead of the pause
-    /// never waits there for a busy disk. Unset: `state` beside the control socket
-    /// (/run/memwatch/state), so one daemon per socket is one per runtime directory.
+    /// never waits there for a busy disk (a write of 10 ms or more is logged as a warning). Unset:
+    /// `state` beside the control socket (/run/memwatch/state), so one daemon per socket is one per
+    /// runtime directory.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub runtime_dir: Option<PathBuf>,
     /// The audit log is trimmed to its newer half when it grows past this size.

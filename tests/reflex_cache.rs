@@ -1,0 +1,121 @@
+//! The freezer reflex ahead of its read of the cache, on a real v1 memory cgroup: a job that reads a
+//! file bigger than its limit fills the cgroup with page cache, so its usage crosses the critical line
+//! while its working set (usage less inactive file cache) stays far below it. The reflex, armed when
+//! the job held no cache, goes by the cache it last read, so at the crossing it freezes the job's own
+//! freezer cgroup first and reads memory.stat after: the cache it then reads holds the job under its
+//! line, so it thaws the cgroup at once. The job reads the whole file, is never paused (no pause event,
+//! its record stays `armed`), its freezer is left thawed and the OOM killer never fires.
+//!
+//! Kept in its own test binary so no other test competes with it for the CPU.
+
+mod common;
+
+use std::io::BufRead;
+use std::process::Command;
+
+use common::cgroup::MemCgroup;
+use common::{Daemon, Opts, eventually, recorded_pause};
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn page_cache_over_the_line_is_frozen_ahead_only_for_a_read_and_never_paused() {
+    let Some(mut cg) = MemCgroup::new(256 * MIB) else {
+        eprintln!("no memory cgroup to test in");
+        return;
+    };
+    if cg.version != 1 || !cg.with_freezer() {
+        eprintln!("no v1 memory and freezer controllers: the reflex rides on v1 thresholds");
+        return;
+    }
+    let d = Daemon::start(Opts {
+        root: "/".into(),
+        gpu_state: None,
+        interval_ms: 1000,
+        extra_config: "[policy]\nreaction_ms = 0\n",
+        sampling: "probe_interval_ms = 1000\nfast_interval_ms = 1000",
+        ..Opts::default()
+    });
+    // 384 MiB written past the page cache (O_DIRECT), so that the job's read is what caches it, in
+    // its own cgroup; on the build's disk, not a tmpfs, whose pages stay charged to their writer.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let file = dir.path().join("data");
+    let dd = Command::new("dd")
+        .arg("if=/dev/zero")
+        .arg(format!("of={}", file.display()))
+        .args(["bs=1M", "count=384", "oflag=direct", "status=none"])
+        .status()
+        .expect("dd");
+    assert!(dd.success(), "dd could not write {}", file.display());
+    let go = dir.path().join("go");
+    let script = format!(
+        "echo ready; while [ ! -e {go} ]; do sleep 0.01; done; cat {file} > /dev/null; echo done; \
+         exec sleep 60",
+        go = go.display(),
+        file = file.display()
+    );
+    let mut job = cg.spawn(std::path::Path::new("/bin/sh"), &["-c", &script]);
+    let mut out = std::io::BufReader::new(job.stdout.take().expect("the job's stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line).expect("the job's first line");
+    assert_eq!(line.trim(), "ready");
+    let pid = job.id().to_string();
+    let (code, _, err) = d.ctl(&["attach", &pid, "--name", "reader"]);
+    assert_eq!(code, 0, "attach: {err}");
+    d.wait_until(
+        |d| recorded_pause(&d.runtime, "reader").is_some_and(|p| p["phase"] == "armed"),
+        "the reflex recorded as armed",
+    );
+    let armed = d
+        .jobs()
+        .into_iter()
+        .find(|j| j["name"] == "reader")
+        .unwrap()["reflex"]
+        .clone();
+    assert_eq!(armed["how"], "freezer", "the API's reflex: {armed}");
+    let oom_before = cg.oom_kills();
+
+    std::fs::write(&go, "").unwrap();
+    // Read on a thread of its own: a job left frozen would never say it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut last = String::new();
+        let _ = out.read_line(&mut last);
+        let _ = tx.send(last);
+    });
+    let last = rx.recv_timeout(std::time::Duration::from_secs(60));
+    assert_eq!(
+        last.as_deref().map(str::trim),
+        Ok("done"),
+        "the job did not read the whole file within 60 s (its freezer frozen: {}):\n{}",
+        cg.frozen(),
+        d.log_text()
+    );
+    assert!(
+        cg.usage() > 243 * MIB,
+        "the cache never reached the critical line (95 % of 256 MiB): usage {} MiB",
+        cg.usage() / MIB
+    );
+    let thawed = "frozen ahead of the read of its cache";
+    assert!(
+        eventually(5.0, || d.log_text().contains(thawed)),
+        "the reflex never froze ahead of its read of the cache and thawed:\n{}",
+        d.log_text()
+    );
+    assert!(!cg.frozen(), "the job's freezer was left frozen");
+    assert!(
+        d.events()
+            .iter()
+            .all(|e| !(e["job"] == "reader" && e["action"] == "pause")),
+        "a job whose working set stayed under its line was paused: {:#?}",
+        d.events()
+    );
+    assert_eq!(
+        recorded_pause(&d.runtime, "reader").map(|p| p["phase"].clone()),
+        Some("armed".into()),
+        "the reflex is no longer armed"
+    );
+    assert_eq!(cg.oom_kills(), oom_before, "the OOM killer fired");
+    let _ = job.kill();
+    let _ = job.wait();
+}

@@ -38,6 +38,10 @@
 //! `RT0=1` this build also runs with its wake thread at the daemon's priority (`reflex_priority =
 //! 0`): the real-time priority's share of the figures.
 //!
+//! With `HOG_UID=N` the hog runs as user N (root attaches it): a job not root's, whose reflex acts with
+//! its owner's checks (the kernel's at a signal, sent with the owner's uids; at a freeze, the same
+//! asked of every member first). The floors make no such check.
+//!
 //! With `SLOW_US=N` each run slower than N µs is told on stderr, with the daemon's pause event (what
 //! stopped the job: the reflex, with its own time, or the engine's probe). With `ROWS=w1,w2` only the
 //! rows whose label holds one of the words run (`ROWS=freez`: the freezer's rows and its floor;
@@ -293,7 +297,7 @@ fn run(
         "--rate-mib {rate} --total-mib 768 --chunk-mib 1 --hold-ms 200 --workers {workers} --worker-mib 0"
     );
     let all: Vec<&str> = args.split_whitespace().collect();
-    let (mut child, _) = cg.hog_with(hog, &all, &go, row.freezer());
+    let (mut child, _) = cg.hog_as(hog, &all, &go, row.freezer(), hog_uid());
     let pid = child.id();
     let limit = settled(cg, workers) + LIMIT;
     cg.set_limit(limit);
@@ -437,6 +441,12 @@ fn timer_thread() {
 }
 
 /// With `SLOW_US=N`, each run slower than N µs is told on stderr with the daemon's pause event.
+/// `HOG_UID=N`: the hog runs as that user (root attaches it), so the reflex acts with the owner's
+/// checks: the kernel's at the signal, and each member's at a freeze.
+fn hog_uid() -> Option<u32> {
+    std::env::var("HOG_UID").ok().and_then(|v| v.parse().ok())
+}
+
 fn slow_us() -> Option<f64> {
     std::env::var("SLOW_US").ok().and_then(|v| v.parse().ok())
 }
@@ -548,7 +558,7 @@ fn main() {
             let mut past: Vec<f64> = o.iter().filter_map(|o| o.past_mib).collect();
             println!(
                 "{:<27} {rate:>5} MiB/s, {:>4} processes: OOM-killed {killed}/{runs}, timed {n}, crossing→stop p50 {:>6.0} µs, \
-                 p90 {:>6.0} µs, max {:>6.0} µs; past the line p50 {:.1} MiB, max {:.1} MiB",
+                 p90 {:>6.0} µs, max {:>6.0} µs; past the line p50 {:.2} MiB, max {:.2} MiB",
                 row.label(),
                 workers + 1,
                 pct(&mut lat, 0.5),

@@ -82,8 +82,9 @@ pub struct Reflex {
     stat: KeptFile,
     /// memory.stat's key for inactive file cache (`total_inactive_file` on v1, `inactive_file` on v2).
     inactive_key: &'static str,
-    /// The inactive file cache at the last read of memory.stat (when armed, and at each look over
-    /// the line): whether the working set is over the line before memory.stat is read again.
+    /// The inactive file cache at the last read of memory.stat (when armed, and at each look; below
+    /// the line by usage, a freezer reflex's only): whether the working set is over the line before
+    /// memory.stat is read again.
     inactive_seen: u64,
     /// When a freeze made ahead of the read of memory.stat was last taken back: within
     /// [`THAWED_READ_FIRST`] of it every look reads first.
@@ -248,7 +249,8 @@ impl Reflex {
     ///
     /// The working set is usage less inactive file cache, and memory.stat, where the cache is
     /// read, takes about 50 µs to read (the kernel sums the cgroup's counters first). So a freezer
-    /// reflex whose job is over the line by its usage less the cache last seen freezes first and
+    /// reflex whose job is over the line by its usage less the cache last seen (when armed, and at
+    /// each look, under the line too) freezes first and
     /// reads after: where the cache grew meanwhile and holds the working set under the line, it
     /// thaws the cgroup at once (frozen for one read of memory.stat, unseen by the job's parent),
     /// and the cache it read makes its next look read first, as does every look within
@@ -259,6 +261,11 @@ impl Reflex {
             return Look::Nothing;
         };
         if usage < self.critical_bytes {
+            // The cache now, off the stop's path: a v1 job's crossings of half its limit and of
+            // warn come before its critical line, so the cache it goes by there is the latest.
+            if matches!(self.act, Act::Freeze { .. }) {
+                let _ = self.inactive();
+            }
             return self.below(usage);
         }
         let freeze_first = matches!(self.act, Act::Freeze { .. })
@@ -626,6 +633,25 @@ pub(crate) mod tests {
         assert_eq!(armory.crossing("job", Instant::now()), Crossing::Fired);
         assert_eq!(freeze_word(d.path()), "1");
         assert_eq!(armory.take_fired()[0].working_set, 990 * MIB);
+    }
+
+    #[test]
+    fn a_look_below_the_line_reads_the_cache_that_the_next_crossing_goes_by() {
+        // Armed with no cache; at 900 MiB (under the line by usage) 100 MiB is cache, still there at
+        // 990 MiB: the crossing goes by the cache seen at 900 MiB, so it reads first and freezes
+        // nothing.
+        let d = v2_cgroup(200 * MIB, 0);
+        let armory = armed(d.path());
+        let now = Instant::now();
+        set(d.path(), 900 * MIB, 100 * MIB);
+        assert_eq!(armory.crossing("job", now), Crossing::Below(50 * MIB));
+        set(d.path(), 990 * MIB, 100 * MIB);
+        assert_eq!(armory.crossing("job", now), Crossing::Below(60 * MIB));
+        assert_eq!(
+            freeze_word(d.path()),
+            "0",
+            "frozen ahead of a cache it had seen"
+        );
     }
 
     #[test]

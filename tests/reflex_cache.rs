@@ -1,10 +1,13 @@
-//! The freezer reflex ahead of its read of the cache, on a real v1 memory cgroup: a job that reads a
-//! file bigger than its limit fills the cgroup with page cache, so its usage crosses the critical line
-//! while its working set (usage less inactive file cache) stays far below it. The reflex, armed when
-//! the job held no cache, goes by the cache it last read, so at the crossing it freezes the job's own
-//! freezer cgroup first and reads memory.stat after: the cache it then reads holds the job under its
-//! line, so it thaws the cgroup at once. The job reads the whole file, is never paused (no pause event,
-//! its record stays `armed`), its freezer is left thawed and the OOM killer never fires.
+//! The freezer reflex ahead of its read of the cache, on a real v1 memory cgroup limited to 256 MiB: a
+//! job first holds 225 MiB of its own memory (past its warn line, 80 %, under its critical line, 95 %),
+//! then reads 24 MiB of a file, which the kernel keeps as page cache: its usage crosses the critical
+//! line (to about 97 %, short of the limit, so nothing is reclaimed) while its working set (usage less
+//! inactive file cache) stays under it. The reflex read
+//! the cache at the job's last crossing under the line (warn), when it had none, so at the crossing of
+//! critical it freezes the job's own freezer cgroup first and reads memory.stat after: the cache it then
+//! reads holds the job under its line, so it thaws the cgroup at once. The job reads what it reads, is
+//! never paused (no pause event, its record stays `armed`), its freezer is left thawed and the OOM
+//! killer never fires.
 //!
 //! Kept in its own test binary so no other test competes with it for the CPU.
 
@@ -36,22 +39,27 @@ fn page_cache_over_the_line_is_frozen_ahead_only_for_a_read_and_never_paused() {
         sampling: "probe_interval_ms = 1000\nfast_interval_ms = 1000",
         ..Opts::default()
     });
-    // 384 MiB written past the page cache (O_DIRECT), so that the job's read is what caches it, in
+    // 64 MiB written past the page cache (O_DIRECT), so that the job's read is what caches it, in
     // its own cgroup; on the build's disk, not a tmpfs, whose pages stay charged to their writer.
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let file = dir.path().join("data");
     let dd = Command::new("dd")
         .arg("if=/dev/zero")
         .arg(format!("of={}", file.display()))
-        .args(["bs=1M", "count=384", "oflag=direct", "status=none"])
+        .args(["bs=1M", "count=64", "oflag=direct", "status=none"])
         .status()
         .expect("dd");
     assert!(dd.success(), "dd could not write {}", file.display());
     let go = dir.path().join("go");
+    // memhog says `ready`, then `done 225` once it holds its 225 MiB (for a minute); then 24 MiB of
+    // the file.
     let script = format!(
-        "echo ready; while [ ! -e {go} ]; do sleep 0.01; done; cat {file} > /dev/null; echo done; \
-         exec sleep 60",
+        "echo ready; while [ ! -e {go} ]; do sleep 0.01; done; \
+         {memhog} --rate-mib 1024 --total-mib 225 --hold-ms 60000 | \
+         (read ready; read held; dd if={file} of=/dev/null bs=1M count=24 status=none; echo done; \
+         exec sleep 60)",
         go = go.display(),
+        memhog = common::memhog().display(),
         file = file.display()
     );
     let mut job = cg.spawn(std::path::Path::new("/bin/sh"), &["-c", &script]);
@@ -87,13 +95,13 @@ fn page_cache_over_the_line_is_frozen_ahead_only_for_a_read_and_never_paused() {
     assert_eq!(
         last.as_deref().map(str::trim),
         Ok("done"),
-        "the job did not read the whole file within 60 s (its freezer frozen: {}):\n{}",
+        "the job did not read the file within 60 s (its freezer frozen: {}):\n{}",
         cg.frozen(),
         d.log_text()
     );
     assert!(
         cg.usage() > 243 * MIB,
-        "the cache never reached the critical line (95 % of 256 MiB): usage {} MiB",
+        "the cache never took the job past its critical line (95 % of 256 MiB): usage {} MiB",
         cg.usage() / MIB
     );
     let thawed = "frozen ahead of the read of its cache";

@@ -250,12 +250,12 @@ impl Reflex {
     /// The working set is usage less inactive file cache, and memory.stat, where the cache is
     /// read, takes about 50 µs to read (the kernel sums the cgroup's counters first). So a freezer
     /// reflex whose job is over the line by its usage less the cache last seen (when armed, and at
-    /// each look, under the line too) freezes first and
-    /// reads after: where the cache grew meanwhile and holds the working set under the line, it
-    /// thaws the cgroup at once (frozen for one read of memory.stat, unseen by the job's parent),
-    /// and the cache it read makes its next look read first, as does every look within
-    /// [`THAWED_READ_FIRST`] of that thaw. A stop by signals always reads first:
-    /// a SIGSTOP taken back is seen (a shell reports its foreground job stopped).
+    /// each look, under the line too) freezes first and reads after: where the cache grew
+    /// meanwhile and holds the working set under the line, it thaws the cgroup at once (frozen for
+    /// one read of memory.stat, unseen by the job's parent), and the cache it read makes its next
+    /// look read first, as does every look within [`THAWED_READ_FIRST`] of that thaw. A stop by
+    /// signals always reads first: a SIGSTOP taken back is seen (a shell reports its foreground
+    /// job stopped).
     fn look(&mut self, woke: Instant, usage: Option<u64>) -> Look {
         let Some(usage) = self.usage(usage) else {
             return Look::Nothing;

@@ -1,0 +1,214 @@
+//! The reflex's tests, on fixture cgroups (files in a temp directory); their helpers serve the wake
+//! thread's tests too.
+
+use super::*;
+
+pub(crate) const MIB: u64 = 1 << 20;
+
+/// A v2 job's cgroup on a fixture tree: usage, memory.stat, `cgroup.freeze` (0) and one member.
+pub(crate) fn v2_cgroup(usage: u64, inactive_file: u64) -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    set(d.path(), usage, inactive_file);
+    std::fs::write(d.path().join("cgroup.freeze"), "0").unwrap();
+    std::fs::write(d.path().join("cgroup.procs"), "4242\n").unwrap();
+    d
+}
+
+pub(crate) fn set(dir: &Path, usage: u64, inactive_file: u64) {
+    std::fs::write(dir.join("memory.current"), format!("{usage}\n")).unwrap();
+    std::fs::write(
+        dir.join("memory.stat"),
+        format!("anon {usage}\nfile 0\ninactive_file {inactive_file}\n"),
+    )
+    .unwrap();
+}
+
+/// Root's v2 reflex freezing `dir` at 950 MiB of a 1000 MiB limit.
+pub(crate) fn armed(dir: &Path) -> Armory {
+    let frozen = Frozen {
+        version: Version::V2,
+        dir: dir.to_owned(),
+    };
+    let act = Reflex::freezer(&frozen).unwrap();
+    let armory = Armory::default();
+    armory.arm(Reflex::open(
+        "job",
+        dir,
+        Version::V2,
+        950 * MIB,
+        0,
+        Path::new("/"),
+        act,
+    ));
+    armory
+}
+
+pub(crate) fn freeze_word(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join("cgroup.freeze")).unwrap()
+}
+
+#[test]
+fn the_time_between_reads_is_the_fastest_growths_time_to_the_line_and_half_the_margin() {
+    assert_eq!(poll_after(0, 0), POLL_MIN);
+    assert_eq!(poll_after(MIB, 0), POLL_MIN, "1 MiB at 4 GiB/s is 0.24 ms");
+    // At the line of a 512 MiB limit (95 %): half of its 25.6 MiB margin, 3.1 ms at 4 GiB/s.
+    let margin = 512 * MIB - (512.0 * MIB as f64 * 0.95).ceil() as u64;
+    let at_line = poll_after(0, margin);
+    assert!(
+        at_line > Duration::from_millis(3) && at_line < Duration::from_millis(4),
+        "{at_line:?}"
+    );
+    assert_eq!(
+        poll_after(40 * MIB, 0),
+        Duration::from_secs_f64(40.0 / 4096.0)
+    );
+    assert_eq!(poll_after(768 << 20, 512 << 20), Duration::from_millis(250));
+    assert_eq!(poll_after(64 << 30, 0), POLL_MAX);
+}
+
+#[test]
+fn a_v2_reflex_fires_once_past_its_line_and_is_disarmed() {
+    let d = v2_cgroup(200 * MIB, 0);
+    let armory = armed(d.path());
+    let now = Instant::now();
+    assert_eq!(armory.crossing("job", now), Crossing::Below(750 * MIB));
+    assert_eq!(freeze_word(d.path()), "0");
+    set(d.path(), 990 * MIB, 0);
+    assert_eq!(armory.crossing("job", now), Crossing::Fired);
+    assert_eq!(freeze_word(d.path()), "1");
+    let fired = armory.take_fired();
+    assert_eq!(fired.len(), 1);
+    assert_eq!(
+        fired[0].done,
+        Done::Froze(Frozen {
+            version: Version::V2,
+            dir: d.path().to_owned()
+        })
+    );
+    assert_eq!(fired[0].working_set, 990 * MIB);
+    assert_eq!(armory.crossing("job", now), Crossing::None, "fired once");
+    assert!(armory.armed_jobs().is_empty());
+}
+
+#[test]
+fn inactive_file_cache_over_the_line_is_not_a_crossing() {
+    // 990 MiB charged, 300 MiB of it inactive file cache the kernel would reclaim first: a
+    // working set of 690 MiB, 260 MiB below the line.
+    let d = v2_cgroup(990 * MIB, 300 * MIB);
+    let armory = armed(d.path());
+    let now = Instant::now();
+    assert_eq!(armory.crossing("job", now), Crossing::Below(260 * MIB));
+    assert_eq!(freeze_word(d.path()), "0");
+    // The cache turns into anonymous memory: at the line.
+    set(d.path(), 990 * MIB, 10 * MIB);
+    assert_eq!(armory.crossing("job", now), Crossing::Fired);
+    assert_eq!(freeze_word(d.path()), "1");
+    assert_eq!(armory.take_fired()[0].working_set, 980 * MIB);
+}
+
+#[test]
+fn a_reflex_that_cannot_read_leaves_it_to_the_engine_and_a_v1_reflex_freezes_its_cgroup() {
+    let d = v2_cgroup(990 * MIB, 0);
+    std::fs::remove_file(d.path().join("memory.current")).unwrap();
+    let armory = armed(d.path());
+    let now = Instant::now();
+    assert_eq!(armory.crossing("job", now), Crossing::Unread);
+    assert!(armory.disarm("job"));
+    assert_eq!(armory.crossing("job", now), Crossing::None);
+
+    let v1 = tempfile::tempdir().unwrap();
+    std::fs::write(
+        v1.path().join("memory.usage_in_bytes"),
+        format!("{}\n", 990 * MIB),
+    )
+    .unwrap();
+    std::fs::write(v1.path().join("memory.stat"), "total_inactive_file 0\n").unwrap();
+    std::fs::write(v1.path().join("freezer.state"), "THAWED").unwrap();
+    let frozen = Frozen {
+        version: Version::V1,
+        dir: v1.path().to_owned(),
+    };
+    let act = Reflex::freezer(&frozen).unwrap();
+    armory.arm(Reflex::open(
+        "v1",
+        v1.path(),
+        Version::V1,
+        950 * MIB,
+        0,
+        Path::new("/"),
+        act,
+    ));
+    assert_eq!(armory.crossing("v1", now), Crossing::Fired);
+    assert_eq!(
+        std::fs::read_to_string(v1.path().join("freezer.state")).unwrap(),
+        "FROZEN"
+    );
+}
+
+#[test]
+fn a_freezer_reflex_over_the_line_by_the_cache_last_seen_freezes_before_it_reads_the_cache() {
+    // Armed with no cache; memory.stat then cannot be read: the freeze is made on the usage
+    // and the cache last seen, before memory.stat is read, and it stands.
+    let d = v2_cgroup(200 * MIB, 0);
+    let armory = armed(d.path());
+    set(d.path(), 990 * MIB, 0);
+    std::fs::remove_file(d.path().join("memory.stat")).unwrap();
+    assert_eq!(armory.crossing("job", Instant::now()), Crossing::Fired);
+    assert_eq!(freeze_word(d.path()), "1");
+    assert_eq!(armory.take_fired()[0].working_set, 990 * MIB);
+}
+
+#[test]
+fn a_look_below_the_line_reads_the_cache_that_the_next_crossing_goes_by() {
+    // Armed with no cache; at 900 MiB (under the line by usage) 100 MiB is cache, still there at
+    // 990 MiB: the crossing goes by the cache seen at 900 MiB, so it reads first and freezes
+    // nothing.
+    let d = v2_cgroup(200 * MIB, 0);
+    let armory = armed(d.path());
+    let now = Instant::now();
+    set(d.path(), 900 * MIB, 100 * MIB);
+    assert_eq!(armory.crossing("job", now), Crossing::Below(50 * MIB));
+    set(d.path(), 990 * MIB, 100 * MIB);
+    assert_eq!(armory.crossing("job", now), Crossing::Below(60 * MIB));
+    assert_eq!(
+        freeze_word(d.path()),
+        "0",
+        "frozen ahead of a cache it had seen"
+    );
+}
+
+#[test]
+fn a_freeze_ahead_of_cache_that_grew_is_thawed_at_once_and_made_again_a_second_later_at_most() {
+    // Armed with no cache; then 300 MiB of the 990 MiB charged is inactive file cache. The
+    // fixture's file keeps each write at the next offset, so it shows every write in order.
+    let d = v2_cgroup(200 * MIB, 0);
+    let armory = armed(d.path());
+    let now = Instant::now();
+    set(d.path(), 990 * MIB, 300 * MIB);
+    assert_eq!(armory.crossing("job", now), Crossing::Below(260 * MIB));
+    assert_eq!(freeze_word(d.path()), "10", "frozen, then thawed");
+    assert!(armory.take_fired().is_empty());
+    // The cache it read is the one it goes by: no freeze while the cache holds the job under.
+    assert_eq!(armory.crossing("job", now), Crossing::Below(260 * MIB));
+    assert_eq!(freeze_word(d.path()), "10");
+    // The cache seen falls to 10 MiB (the working set 5 MiB under the line), then grows again
+    // within the second after the thaw: read first, so no second freeze.
+    let later = now + THAWED_READ_FIRST / 2;
+    set(d.path(), 955 * MIB, 10 * MIB);
+    assert_eq!(armory.crossing("job", later), Crossing::Below(5 * MIB));
+    set(d.path(), 990 * MIB, 300 * MIB);
+    assert_eq!(armory.crossing("job", later), Crossing::Below(260 * MIB));
+    assert_eq!(freeze_word(d.path()), "10");
+    // A second later, the same is frozen ahead and thawed again.
+    set(d.path(), 955 * MIB, 10 * MIB);
+    assert_eq!(armory.crossing("job", later), Crossing::Below(5 * MIB));
+    set(d.path(), 990 * MIB, 300 * MIB);
+    let second = now + THAWED_READ_FIRST;
+    assert_eq!(armory.crossing("job", second), Crossing::Below(260 * MIB));
+    assert_eq!(freeze_word(d.path()), "1010");
+    // The cache turns into anonymous memory: read first, then frozen.
+    set(d.path(), 990 * MIB, 10 * MIB);
+    assert_eq!(armory.crossing("job", now), Crossing::Fired);
+    assert_eq!(freeze_word(d.path()), "10101");
+    assert_eq!(armory.take_fired()[0].working_set, 980 * MIB);
+}

@@ -82,9 +82,9 @@ pub struct Reflex {
     stat: KeptFile,
     /// memory.stat's key for inactive file cache (`total_inactive_file` on v1, `inactive_file` on v2).
     inactive_key: &'static str,
-    /// The inactive file cache at the last read of memory.stat (when armed, and at each look; below
-    /// the line by usage, a freezer reflex's only): whether the working set is over the line before
-    /// memory.stat is read again.
+    /// The inactive file cache at the last read of memory.stat (a freezer reflex's when armed and
+    /// at each look under the line; any reflex's at each look over it): whether the working set is
+    /// over the line before memory.stat is read again.
     inactive_seen: u64,
     /// When a freeze made ahead of the read of memory.stat was last taken back: within
     /// [`THAWED_READ_FIRST`] of it every look reads first.
@@ -164,9 +164,11 @@ impl Reflex {
             thawed_at: None,
             act,
         };
-        // Unread, it counts as no cache: the first look of a freezer reflex over the line by usage
-        // then freezes first and reads after.
-        reflex.inactive_seen = reflex.inactive().unwrap_or(0);
+        // A freezer reflex's only (a stop by signals always reads first). Unread, it counts as no
+        // cache: the first look over the line by usage then freezes first and reads after.
+        if matches!(reflex.act, Act::Freeze { .. }) {
+            reflex.inactive_seen = reflex.inactive().unwrap_or(0);
+        }
         reflex
     }
 

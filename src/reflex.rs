@@ -7,8 +7,8 @@
 //! stopped, and recovery and the guardian undo it as a pause being made. The wake thread then holds
 //! a [`Reflex`]: the job's usage and memory.stat kept open, and what to act on, open too (the job's
 //! own freezer cgroup's `freezer.state` (v1) or `cgroup.freeze` (v2), or the pidfd pinned on the
-//! job's root since attach). It reads the working set (usage less inactive file cache, as the engine
-//! counts it) when woken (a freezer reflex freezes first where usage less the cache it last read is
+//! job's root since attach). It reads the cgroup's unreclaimable memory (usage less clean page cache,
+//! as the engine counts it) when woken (a freezer reflex freezes first where usage less the cache it last read is
 //! over the line, and thaws at once where the cache it reads then holds the job under: see
 //! `Reflex::look`); at critical it fires once: freezes the cgroup, or stops the root through
 //! its pidfd, where the owner could (the kernel's check, with the owner's uids on the thread
@@ -43,7 +43,7 @@ use nix::sys::signal::Signal;
 
 use crate::job::held::{Frozen, ReflexHow, ReflexPlan};
 use crate::proc::ProcRef;
-use crate::sample::cgroup::{CgroupDir, Version};
+use crate::sample::cgroup::{CgroupDir, PageCache, Version};
 
 pub use crate::job::held::{Done, Fired};
 use crate::sample::kept::KeptFile;
@@ -72,7 +72,7 @@ pub enum Act {
 /// A stop at critical, ready in the wake thread.
 pub struct Reflex {
     job: String,
-    /// The working set at which it fires (bytes).
+    /// The unreclaimable memory at which it fires (bytes).
     critical_bytes: u64,
     /// The job's owner: the reflex acts only where that user could.
     owner: u32,
@@ -80,12 +80,12 @@ pub struct Reflex {
     process_root: PathBuf,
     usage: KeptFile,
     stat: KeptFile,
-    /// memory.stat's key for inactive file cache (`total_inactive_file` on v1, `inactive_file` on v2).
-    inactive_key: &'static str,
-    /// The inactive file cache at the last read of memory.stat (a freezer reflex's when armed and
-    /// at each look under the line; any reflex's at each look over it): whether the working set is
-    /// over the line before memory.stat is read again.
-    inactive_seen: u64,
+    /// memory.stat's keys for the clean page cache (`sample::cgroup::cache_keys`).
+    cache_keys: [&'static str; 4],
+    /// The page cache at the last read of memory.stat (a freezer reflex's when armed and at
+    /// each look under the line; any reflex's at each look over it): whether the job is over the
+    /// line before memory.stat is read again.
+    cache_seen: PageCache,
     /// When a freeze made ahead of the read of memory.stat was last taken back: within
     /// [`THAWED_READ_FIRST`] of it every look reads first.
     thawed_at: Option<Instant>,
@@ -121,7 +121,7 @@ enum Look {
 pub enum Crossing {
     /// It fired (and is disarmed): what it did is among [`Armory::take_fired`].
     Fired,
-    /// The working set lies this many bytes below the line.
+    /// The unreclaimable memory lies this many bytes below the line.
     Below(u64),
     /// Not read, or at critical but the act was refused or failed: the engine's probe decides.
     Unread,
@@ -148,10 +148,6 @@ impl Reflex {
         process_root: &Path,
         act: Act,
     ) -> Reflex {
-        let inactive_key = match version {
-            Version::V1 => "total_inactive_file",
-            Version::V2 => "inactive_file",
-        };
         let mut reflex = Reflex {
             job: job.to_owned(),
             critical_bytes,
@@ -159,15 +155,15 @@ impl Reflex {
             process_root: process_root.to_owned(),
             usage: KeptFile::new(memory_dir.join(crate::sample::cgroup::usage_file(version))),
             stat: KeptFile::new(memory_dir.join("memory.stat")),
-            inactive_key,
-            inactive_seen: 0,
+            cache_keys: crate::sample::cgroup::cache_keys(version),
+            cache_seen: PageCache::default(),
             thawed_at: None,
             act,
         };
         // A freezer reflex's only (a stop by signals always reads first). Unread, it counts as no
         // cache: the first look over the line by usage then freezes first and reads after.
         if matches!(reflex.act, Act::Freeze { .. }) {
-            reflex.inactive_seen = reflex.inactive().unwrap_or(0);
+            reflex.cache_seen = reflex.cache().unwrap_or_default();
         }
         reflex
     }
@@ -220,13 +216,16 @@ impl Reflex {
         }
     }
 
-    /// The inactive file cache now, kept as [`Reflex::inactive_seen`].
-    fn inactive(&mut self) -> Option<u64> {
+    /// The page cache now, kept as [`Reflex::cache_seen`].
+    fn cache(&mut self) -> Option<PageCache> {
         let (path, stat) = self.stat.read().ok()?;
-        let [inactive] = crate::sample::keyed::stat_values(path, stat, [self.inactive_key]);
-        let inactive = inactive.unwrap_or(0);
-        self.inactive_seen = inactive;
-        Some(inactive)
+        let cache = PageCache::from_stat(crate::sample::keyed::stat_values(
+            path,
+            stat,
+            self.cache_keys,
+        ));
+        self.cache_seen = cache;
+        Some(cache)
     }
 
     /// Whether every member of the freezer cgroup could be signalled by the owner.
@@ -247,13 +246,13 @@ impl Reflex {
         crate::act::signal::all_may_freeze(&self.process_root, &pids, self.owner)
     }
 
-    /// Reads the job's working set and, at critical, acts.
+    /// Reads the job's unreclaimable memory and, at critical, acts.
     ///
-    /// The working set is usage less inactive file cache, and memory.stat, where the cache is
+    /// That is usage less clean page cache, and memory.stat, where the cache is
     /// read, takes about 50 µs to read (the kernel sums the cgroup's counters first). So a freezer
     /// reflex whose job is over the line by its usage less the cache last seen (when armed, and at
     /// each look, under the line too) freezes first and reads after: where the cache grew
-    /// meanwhile and holds the working set under the line, it thaws the cgroup at once (frozen for
+    /// meanwhile and holds the job under the line, it thaws the cgroup at once (frozen for
     /// one read of memory.stat, unseen by the job's parent), and the cache it read makes its next
     /// look read first, as does every look within [`THAWED_READ_FIRST`] of that thaw. A stop by
     /// signals always reads first: a SIGSTOP taken back is seen (a shell reports its foreground
@@ -266,12 +265,12 @@ impl Reflex {
             // The cache now, off the stop's path: a v1 job's crossings of half its limit and of
             // warn come before its critical line, so the cache it goes by there is the latest.
             if matches!(self.act, Act::Freeze { .. }) {
-                let _ = self.inactive();
+                let _ = self.cache();
             }
             return self.below(usage);
         }
         let freeze_first = matches!(self.act, Act::Freeze { .. })
-            && usage.saturating_sub(self.inactive_seen) >= self.critical_bytes
+            && usage.saturating_sub(self.cache_seen.clean()) >= self.critical_bytes
             && self
                 .thawed_at
                 .is_none_or(|at| woke.saturating_duration_since(at) >= THAWED_READ_FIRST);
@@ -280,33 +279,32 @@ impl Reflex {
                 return Look::Nothing;
             }
             let took = woke.elapsed();
-            let working_set = match self.inactive() {
-                Some(inactive) => usage.saturating_sub(inactive),
-                // Unread: the freeze holds, and the engine, which takes it over, decides.
-                None => usage.saturating_sub(self.inactive_seen),
-            };
+            // Unread: the cache last seen; the freeze holds, and the engine, which takes it over,
+            // decides.
+            let cache = self.cache().unwrap_or(self.cache_seen);
+            let unreclaimable = usage.saturating_sub(cache.clean());
             // A thaw that fails leaves the freeze to the engine, as one that stands.
-            if working_set < self.critical_bytes && self.freeze(false) {
+            if unreclaimable < self.critical_bytes && self.freeze(false) {
                 self.thawed_at = Some(woke);
                 tracing::debug!(
                     job = self.job,
-                    working_set,
+                    unreclaimable,
                     "frozen ahead of the read of its cache, which holds it under the line: thawed"
                 );
-                return self.below(working_set);
+                return self.below(unreclaimable);
             }
             let frozen = match &self.act {
                 Act::Freeze { frozen, .. } => frozen.clone(),
                 Act::Stop { .. } => return Look::Nothing,
             };
-            return self.fired(Done::Froze(frozen), working_set, took);
+            return self.fired(Done::Froze(frozen), usage, cache, took);
         }
-        let Some(inactive) = self.inactive() else {
+        let Some(cache) = self.cache() else {
             return Look::Nothing;
         };
-        let working_set = usage.saturating_sub(inactive);
-        if working_set < self.critical_bytes {
-            return self.below(working_set);
+        let unreclaimable = usage.saturating_sub(cache.clean());
+        if unreclaimable < self.critical_bytes {
+            return self.below(unreclaimable);
         }
         if !self.members_within_reach() {
             return Look::Nothing;
@@ -339,18 +337,18 @@ impl Reflex {
             }
         };
         let took = woke.elapsed();
-        self.fired(done, working_set, took)
+        self.fired(done, usage, cache, took)
     }
 
-    /// Below the line, at `working_set`.
-    fn below(&self, working_set: u64) -> Look {
+    /// Below the line, at `unreclaimable`.
+    fn below(&self, unreclaimable: u64) -> Look {
         tracing::trace!(
             job = self.job,
-            working_set,
+            unreclaimable,
             critical = self.critical_bytes,
             "below the reflex's line"
         );
-        Look::Below(self.critical_bytes - working_set)
+        Look::Below(self.critical_bytes - unreclaimable)
     }
 
     /// Writes the freezer's state (`freeze`: frozen, else thawed); `false` where it failed or this
@@ -363,12 +361,13 @@ impl Reflex {
         state.write_all(word.as_bytes()).is_ok()
     }
 
-    /// What it did, made `took` after the wake-up.
-    fn fired(&self, done: Done, working_set: u64, took: Duration) -> Look {
+    /// What it did, made `took` after the wake-up, at `usage` and `cache`.
+    fn fired(&self, done: Done, usage: u64, cache: PageCache, took: Duration) -> Look {
         Look::Fired(Fired {
             job: self.job.clone(),
             done,
-            working_set,
+            usage,
+            cache,
             took_us: u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
         })
     }

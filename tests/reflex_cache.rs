@@ -1,9 +1,9 @@
 //! The freezer reflex ahead of its read of the cache, on a real v1 memory cgroup limited to 256 MiB: a
 //! job first holds 225 MiB of its own memory (past its warn line, 80 %, under its critical line, 95 %),
 //! then reads 24 MiB of a file, which the kernel keeps as page cache: its usage crosses the critical
-//! line (to about 97 %, short of the limit, so nothing is reclaimed) while its working set (usage less
-//! inactive file cache) stays under it. The reflex read
-//! the cache at the job's last crossing under the line (warn), when it had none, so at the crossing of
+//! line (to about 97 %, short of the limit, so nothing is reclaimed) while its unreclaimable memory
+//! (usage less clean page cache) stays under it. The reflex read the cache at the job's last crossing
+//! under the line (warn), when it had none, so at the crossing of
 //! critical it freezes the job's own freezer cgroup first and reads memory.stat after: the cache it then
 //! reads holds the job under its line, so it thaws the cgroup at once. The job reads what it reads, is
 //! never paused (no pause event, its record stays `armed`), its freezer is left thawed and the OOM
@@ -14,42 +14,19 @@
 mod common;
 
 use std::io::BufRead;
-use std::process::Command;
 
-use common::cgroup::MemCgroup;
-use common::{Daemon, Opts, eventually, recorded_pause};
+use common::{eventually, recorded_pause};
 
 const MIB: u64 = 1 << 20;
 
 #[test]
 fn page_cache_over_the_line_is_frozen_ahead_only_for_a_read_and_never_paused() {
-    let Some(mut cg) = MemCgroup::new(256 * MIB) else {
-        eprintln!("no memory cgroup to test in");
+    let Some((cg, d)) = common::cache::cgroup_and_daemon(256 * MIB) else {
         return;
     };
-    if cg.version != 1 || !cg.with_freezer() {
-        eprintln!("no v1 memory and freezer controllers: the reflex rides on v1 thresholds");
-        return;
-    }
-    let d = Daemon::start(Opts {
-        root: "/".into(),
-        gpu_state: None,
-        interval_ms: 1000,
-        extra_config: "[policy]\nreaction_ms = 0\n",
-        sampling: "probe_interval_ms = 1000\nfast_interval_ms = 1000",
-        ..Opts::default()
-    });
-    // 64 MiB written past the page cache (O_DIRECT), so that the job's read is what caches it, in
-    // its own cgroup; on the build's disk, not a tmpfs, whose pages stay charged to their writer.
+    // 64 MiB, of which the job reads 24.
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let file = dir.path().join("data");
-    let dd = Command::new("dd")
-        .arg("if=/dev/zero")
-        .arg(format!("of={}", file.display()))
-        .args(["bs=1M", "count=64", "oflag=direct", "status=none"])
-        .status()
-        .expect("dd");
-    assert!(dd.success(), "dd could not write {}", file.display());
+    let file = common::cache::uncached_file(dir.path(), "data", 64);
     let go = dir.path().join("go");
     // memhog says `ready`, then `done 225` once it holds its 225 MiB (for a minute); then 24 MiB of
     // the file.
@@ -115,7 +92,7 @@ fn page_cache_over_the_line_is_frozen_ahead_only_for_a_read_and_never_paused() {
         d.events()
             .iter()
             .all(|e| !(e["job"] == "reader" && e["action"] == "pause")),
-        "a job whose working set stayed under its line was paused: {:#?}",
+        "a job whose unreclaimable memory stayed under its line was paused: {:#?}",
         d.events()
     );
     assert_eq!(

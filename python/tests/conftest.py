@@ -178,13 +178,18 @@ class MemCgroup:
             out[k] = int(v)
         return out
 
-    def working_set(self) -> int:
-        """Usage less inactive page cache, as memwatch counts it."""
+    def unreclaimable(self) -> int:
+        """Usage less clean page cache (active and inactive file pages not dirty or under writeback),
+        as memwatch counts a job's cgroup."""
         if self.version == 1:
             usage = int((self.dir / "memory.usage_in_bytes").read_text())
-            return usage - self._stat().get("total_inactive_file", 0)
-        usage = int((self.dir / "memory.current").read_text())
-        return usage - self._stat().get("inactive_file", 0)
+            keys = ("total_inactive_file", "total_active_file", "total_dirty", "total_writeback")
+        else:
+            usage = int((self.dir / "memory.current").read_text())
+            keys = ("inactive_file", "active_file", "file_dirty", "file_writeback")
+        stat = self._stat()
+        inactive, active, dirty, writeback = (stat.get(k, 0) for k in keys)
+        return usage - max(0, inactive + active - dirty - writeback)
 
     def oom_kills(self) -> int:
         name = "memory.oom_control" if self.version == 1 else "memory.events"

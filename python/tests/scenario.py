@@ -101,11 +101,11 @@ def under_pressure(
         if gpu:
             d.set_gpu(p.pid, 0.92)
         # The workers' memory crosses warn: the limit comes down to where the cgroup sits at 86 %.
-        cg.set_limit(int(cg.working_set() / 0.86))
+        cg.set_limit(int(cg.unreclaimable() / 0.86))
         eventually(
             30,
             lambda: _staged(d, name),
-            lambda: f"memwatch staged no change: cgroup {cg.dir} at {cg.working_set() / MIB:.0f} MiB, limit "
+            lambda: f"memwatch staged no change: cgroup {cg.dir} at {cg.unreclaimable() / MIB:.0f} MiB, limit "
             f"{(cg.dir / ('memory.limit_in_bytes' if cg.version == 1 else 'memory.max')).read_text().strip()} "
             f"job {d.job(name)}, events {d.events()[-5:]}",
         )

@@ -61,7 +61,7 @@ def test_every_rank_takes_the_change_one_rank_was_asked_for(
         # Rank 0's node only: its GPU at 92 % and its cgroup at 86 % (warn).
         cg0, _, p0 = ranks[0]
         d.set_gpu(p0.pid, 0.92)
-        cg0.set_limit(int(cg0.working_set() / 0.86))
+        cg0.set_limit(int(cg0.unreclaimable() / 0.86))
         eventually(
             30,
             lambda: (d.job(jobs[0]) or {}).get("config", {}).get("directives"),

@@ -43,7 +43,7 @@ pub fn render(jobs: &[JobView], now_ms: u64) -> String {
     let _ = writeln!(
         o,
         "{:<20}{:>8}  {:<18}{:>6}{:>9}{:>9}{:>8}{:>9}{:>18}  TIGHTEST LIMIT",
-        "JOB", "PID", "STATE", "PROCS", "PSS", "RSS", "SWAP", "GPU", "CGROUP WS/LIMIT",
+        "JOB", "PID", "STATE", "PROCS", "PSS", "RSS", "SWAP", "GPU", "CGROUP MEM/LIMIT",
     );
     for j in jobs {
         let state = match &j.pause {
@@ -67,7 +67,7 @@ pub fn render(jobs: &[JobView], now_ms: u64) -> String {
         let cg = s.and_then(|s| s.cgroup.as_ref()).map(|c| {
             format!(
                 "{}/{}",
-                human(c.working_set_bytes()),
+                human(c.unreclaimable_bytes()),
                 c.limit_bytes.map(human).unwrap_or_else(|| "none".into())
             )
         });
@@ -277,6 +277,8 @@ mod tests {
             limit_source: None,
             oom_kills: None,
             inactive_file_bytes: None,
+            active_file_bytes: None,
+            dirty_bytes: None,
             anon_bytes: Some(900 << 20),
             file_bytes: Some(124 << 20),
         });

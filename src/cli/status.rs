@@ -252,7 +252,7 @@ pub fn render(s: &Sample, view: &Overview, url: &str, now_ms: u64, paint: Paint)
             Some(l) => format!(
                 "limit {}, {} left",
                 human(l),
-                human(l.saturating_sub(cg.working_set_bytes()))
+                human(l.saturating_sub(cg.unreclaimable_bytes()))
             ),
             None => "no limit".into(),
         };

@@ -12,7 +12,7 @@ pub fn render(out: &mut String, v: &View) {
 
 fn series(w: &mut Writer, v: &View) {
     type Get = fn(&crate::job::JobView) -> Option<f64>;
-    let series: [(&'static str, &'static str, Get); 24] = [
+    let series: [(&'static str, &'static str, Get); 25] = [
         (
             "memwatch_job_emergency_swap_bytes",
             "Size of the emergency swap memwatch made for the job's way out (0: none).",
@@ -93,7 +93,7 @@ fn series(w: &mut Writer, v: &View) {
         ),
         (
             "memwatch_job_reflex_critical_bytes",
-            "The working set of the job's cgroup at which its armed reflex stops it; absent when none is armed.",
+            "The unreclaimable memory of the job's cgroup (usage less clean page cache) at which its armed reflex stops it; absent when none is armed.",
             |j| j.reflex.as_ref().map(|r| r.critical_bytes as f64),
         ),
         (
@@ -159,12 +159,22 @@ fn series(w: &mut Writer, v: &View) {
         ),
         (
             "memwatch_job_cgroup_memory_working_set_bytes",
-            "The job cgroup's usage less inactive file cache.",
+            "The job cgroup's usage less inactive file cache (kubelet's working set).",
             |j| {
                 j.sample
                     .as_ref()
                     .and_then(|s| s.cgroup.as_ref())
                     .map(|c| c.working_set_bytes() as f64)
+            },
+        ),
+        (
+            "memwatch_job_cgroup_memory_unreclaimable_bytes",
+            "The job cgroup's usage less clean page cache (active and inactive file pages not dirty or under writeback): what its cgroup level counts.",
+            |j| {
+                j.sample
+                    .as_ref()
+                    .and_then(|s| s.cgroup.as_ref())
+                    .map(|c| c.unreclaimable_bytes() as f64)
             },
         ),
         (

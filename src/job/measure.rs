@@ -172,21 +172,29 @@ pub fn measure(
 }
 
 /// The job's cgroup, when it shows nothing a walk would need to see since the walk `previous` came
-/// from: the same `members`, usage within max(8 MiB, 5 %) of that walk's, and the same count of OOM
-/// kills. One read of each `cgroup.procs` and of the usage file instead of every process's.
+/// from: the same `members`, usage and unreclaimable memory within max(8 MiB, 5 %) of that walk's,
+/// and the same count of OOM kills. One read of each `cgroup.procs`, of the usage file and, where
+/// that walk found clean page cache, of memory.stat, instead of every process's files: a job
+/// growing into its cache at its limit moves its unreclaimable memory, not its usage.
 pub fn unchanged(cg: &CgroupDir, members: &Members, previous: &JobSample) -> Option<CgroupMemory> {
     let before = previous.cgroup.as_ref()?;
     if !super::members::same(&cg.dir, members) {
         return None;
     }
     let usage_bytes = cgroup::read_usage(cg).ok()?;
-    let oom_kills = cgroup::read_oom_kills(cg);
-    (!moved(before.usage_bytes, usage_bytes) && oom_kills == before.oom_kills).then(|| {
+    let now = if before.clean_cache_bytes() > 0 {
+        before.read_again(usage_bytes, cgroup::read_cache(cg)?)
+    } else {
         CgroupMemory {
             usage_bytes,
             ..before.clone()
         }
-    })
+    };
+    let oom_kills = cgroup::read_oom_kills(cg);
+    (!moved(before.usage_bytes, usage_bytes)
+        && !moved(before.unreclaimable_bytes(), now.unreclaimable_bytes())
+        && oom_kills == before.oom_kills)
+        .then_some(now)
 }
 
 /// A job's measurement: unchanged when `members` (those of its last walk) and [`unchanged`] say

@@ -66,6 +66,41 @@ fn the_time_between_reads_is_the_fastest_growths_time_to_the_line_and_half_the_m
     assert_eq!(poll_after(64 << 30, 0), POLL_MAX);
 }
 
+/// A dataset hot in the job's page cache (active, read each epoch) holds it under its line as
+/// inactive cache does; dirty pages, which must be written out before they can be dropped, do not.
+#[test]
+fn active_page_cache_holds_a_job_under_its_line_and_dirty_pages_do_not() {
+    let d = v2_cgroup(200 * MIB, 0);
+    let armory = armed(d.path());
+    let now = Instant::now();
+    assert_eq!(armory.crossing("job", now), Crossing::Below(750 * MIB));
+    let stat = |active: u64, dirty: u64| {
+        std::fs::write(d.path().join("memory.current"), format!("{}\n", 990 * MIB)).unwrap();
+        std::fs::write(
+            d.path().join("memory.stat"),
+            format!(
+                "anon {}\nfile {}\ninactive_file {}\nactive_file {active}\nfile_dirty {dirty}\nfile_writeback 0\n",
+                690 * MIB,
+                300 * MIB,
+                10 * MIB
+            ),
+        )
+        .unwrap();
+    };
+    // 990 MiB charged, 310 MiB of it clean cache: 680 MiB, 270 MiB under the line.
+    // Frozen ahead (the cache it read under the line was none), thawed once it read this one.
+    stat(300 * MIB, 0);
+    assert_eq!(armory.crossing("job", now), Crossing::Below(270 * MIB));
+    assert_eq!(freeze_word(d.path()), "10");
+    // 280 MiB of the cache dirty: 960 MiB the kernel cannot drop at once.
+    stat(300 * MIB, 280 * MIB);
+    assert_eq!(armory.crossing("job", now), Crossing::Fired);
+    assert_eq!(freeze_word(d.path()), "101");
+    let fired = armory.take_fired();
+    assert_eq!(fired[0].unreclaimable(), 960 * MIB);
+    assert_eq!(fired[0].usage, 990 * MIB);
+}
+
 #[test]
 fn a_v2_reflex_fires_once_past_its_line_and_is_disarmed() {
     let d = v2_cgroup(200 * MIB, 0);
@@ -85,7 +120,7 @@ fn a_v2_reflex_fires_once_past_its_line_and_is_disarmed() {
             dir: d.path().to_owned()
         })
     );
-    assert_eq!(fired[0].working_set, 990 * MIB);
+    assert_eq!(fired[0].unreclaimable(), 990 * MIB);
     assert_eq!(armory.crossing("job", now), Crossing::None, "fired once");
     assert!(armory.armed_jobs().is_empty());
 }
@@ -103,7 +138,7 @@ fn inactive_file_cache_over_the_line_is_not_a_crossing() {
     set(d.path(), 990 * MIB, 10 * MIB);
     assert_eq!(armory.crossing("job", now), Crossing::Fired);
     assert_eq!(freeze_word(d.path()), "1");
-    assert_eq!(armory.take_fired()[0].working_set, 980 * MIB);
+    assert_eq!(armory.take_fired()[0].unreclaimable(), 980 * MIB);
 }
 
 #[test]
@@ -155,7 +190,7 @@ fn a_freezer_reflex_over_the_line_by_the_cache_last_seen_freezes_before_it_reads
     std::fs::remove_file(d.path().join("memory.stat")).unwrap();
     assert_eq!(armory.crossing("job", Instant::now()), Crossing::Fired);
     assert_eq!(freeze_word(d.path()), "1");
-    assert_eq!(armory.take_fired()[0].working_set, 990 * MIB);
+    assert_eq!(armory.take_fired()[0].unreclaimable(), 990 * MIB);
 }
 
 #[test]
@@ -210,5 +245,5 @@ fn a_freeze_ahead_of_cache_that_grew_is_thawed_at_once_and_made_again_a_second_l
     set(d.path(), 990 * MIB, 10 * MIB);
     assert_eq!(armory.crossing("job", now), Crossing::Fired);
     assert_eq!(freeze_word(d.path()), "10101");
-    assert_eq!(armory.take_fired()[0].working_set, 980 * MIB);
+    assert_eq!(armory.take_fired()[0].unreclaimable(), 980 * MIB);
 }

@@ -188,7 +188,7 @@ mod tests {
             }
         );
         assert_eq!(freeze_word(d.path()), "1");
-        assert_eq!(armory.take_fired()[0].working_set, 990 * MIB);
+        assert_eq!(armory.take_fired()[0].unreclaimable(), 990 * MIB);
         // Fired and disarmed: the job stays over the line (frozen), read every 100 ms meanwhile.
         let due = r.due();
         assert_eq!(r.turn(due, &armory), Turn::default());

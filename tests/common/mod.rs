@@ -1,6 +1,7 @@
 //! Test helpers: run the real `memwatch` binary against fixture roots and the fake NVML.
 #![allow(dead_code)]
 
+pub mod cache;
 pub mod cgroup;
 pub mod command;
 mod daemon;

@@ -36,7 +36,7 @@ pub enum ReflexHow {
 /// the wake thread (`HostDriver::arm_reflex`).
 #[derive(Debug, Clone)]
 pub struct ReflexPlan {
-    /// The working set at which it fires (bytes).
+    /// The cgroup's unreclaimable memory at which it fires (bytes).
     pub critical_bytes: u64,
     /// What it acts on.
     pub how: ReflexHow,
@@ -89,16 +89,25 @@ pub struct Fired {
     pub job: String,
     /// What it did.
     pub done: Done,
-    /// The working set it read (bytes).
-    pub working_set: u64,
+    /// The cgroup's usage it read (bytes).
+    pub usage: u64,
+    /// The cgroup's page cache it went by.
+    pub cache: crate::sample::cgroup::PageCache,
     /// From the notification's read to the act done, µs.
     pub took_us: u64,
+}
+
+impl Fired {
+    /// The cgroup's unreclaimable memory it found (usage less clean page cache).
+    pub fn unreclaimable(&self) -> u64 {
+        self.usage.saturating_sub(self.cache.clean())
+    }
 }
 
 /// A job's reflex as armed, kept in the job and written to the state file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Armed {
-    /// The working set at which it fires (bytes).
+    /// The cgroup's unreclaimable memory at which it fires (bytes).
     pub critical_bytes: u64,
     /// What it acts on.
     pub how: ReflexHow,
@@ -133,7 +142,7 @@ pub struct ArmedView {
     /// The freezer cgroup it freezes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub freezer_dir: Option<PathBuf>,
-    /// The cgroup's working set at which it fires (bytes).
+    /// The cgroup's unreclaimable memory at which it fires (bytes).
     pub critical_bytes: u64,
     /// Since when it is armed (ms since the epoch).
     pub since_ms: u64,

@@ -36,8 +36,8 @@ pub(super) fn host_ram(input: &Input, out: &mut Vec<Advice>) {
                 &Resource::JobCgroup(job.name.to_owned()),
                 &format!("the job's memory cgroup {}", c.path),
                 &format!(
-                    "{} working set of {}",
-                    gib(c.working_set_bytes()),
+                    "{} of {}, clean page cache aside",
+                    gib(c.unreclaimable_bytes()),
                     c.limit_bytes.map(gib).unwrap_or_else(|| "no limit".into())
                 ),
             )

@@ -395,6 +395,8 @@ fn cgroup_advice_cites_the_cgroup_and_what_runs() {
         limit_source: None,
         oom_kills: Some(0),
         inactive_file_bytes: Some(gb(0.3)),
+        active_file_bytes: None,
+        dirty_bytes: None,
         anon_bytes: Some(gb(16.0)),
         file_bytes: Some(gb(1.5)),
     });
@@ -418,7 +420,7 @@ fn cgroup_advice_cites_the_cgroup_and_what_runs() {
     assert_eq!(
         pin.evidence,
         vec![
-            "the job's memory cgroup /train.slice/t5 is at warn: 86 % used (17.2 GiB working set of 20.0 GiB)",
+            "the job's memory cgroup /train.slice/t5 is at warn: 86 % used (17.2 GiB of 20.0 GiB, clean page cache aside)",
             "pin_memory on (the trainer reports running with it)",
         ]
     );

@@ -160,7 +160,7 @@ fresh sample when the last is older than interval_ms. At or below interval_ms: n
     ("policy.dry_run", "Decide and record, but send no signal."),
     (
         "policy.reflex",
-        "Stop a job whose cgroup's working set reaches its critical line in the wake thread, with no\n\
+        "Stop a job whose cgroup's unreclaimable memory reaches its critical line in the wake thread, with no\n\
          hop to the engine: on cgroup v1 when the kernel's threshold notification comes, on v2 by the\n\
          thread's own reads of memory.current (timed for 4 GiB/s of growth to be caught before it is\n\
          halfway from the line to the limit: every few ms next to the line, less often the farther the\n\

@@ -97,7 +97,7 @@ pub struct TempPolicy {
 pub struct Policy {
     /// Decide and record, but send no signal.
     pub dry_run: bool,
-    /// Stop a job whose cgroup's working set reaches its critical line in the wake thread, with no
+    /// Stop a job whose cgroup's unreclaimable memory reaches its critical line in the wake thread, with no
     /// hop to the engine: on cgroup v1 when the kernel's threshold notification comes, on v2 by the
     /// thread's own reads of memory.current (timed for 4 GiB/s of growth to be caught before it is
     /// halfway from the line to the limit: every few ms next to the line, less often the farther the
@@ -144,7 +144,7 @@ pub struct Policy {
     /// `[policy.pressure]`: PSI memory full avg10.
     #[serde(deserialize_with = "given::pressure")]
     pub pressure: RatioPolicy,
-    /// `[policy.job_cgroup]`: a job's cgroup working set / its limit.
+    /// `[policy.job_cgroup]`: a job's cgroup's unreclaimable memory / its limit.
     #[serde(deserialize_with = "given::job_cgroup")]
     pub job_cgroup: RatioPolicy,
     /// `[policy.gpu_memory]`: each GPU's used / total memory.
@@ -179,7 +179,7 @@ pub const RESOURCE_DOCS: &[(&str, &str)] = &[
     ),
     (
         "policy.job_cgroup",
-        "An attached job's memory cgroup: working set (usage less inactive file cache) / limit, absent\n\
+        "An attached job's memory cgroup: unreclaimable memory (usage less clean page cache) / limit, absent\n\
          when unlimited. Critical at 95 %: the cgroup's OOM killer fires at 100 %.",
     ),
     (

@@ -55,6 +55,8 @@ impl Engine {
         let job_why = |j: &crate::job::Job| {
             if !j.watched {
                 Some("a job's cgroup is not watched (no thresholds, no reads of its usage)")
+            } else if self.over_by_cache(j) {
+                Some("a job's usage is over its critical line, held under it by its page cache")
             } else if j.pause.is_some() {
                 Some("a job is paused")
             } else if j.last.is_none() {
@@ -95,6 +97,21 @@ impl Engine {
         } else {
             None
         }
+    }
+
+    /// Whether the job's cgroup usage is at or over its critical line while its clean page cache
+    /// holds its unreclaimable memory under it. Its usage thresholds (or the wake thread's reads of
+    /// a v2 job's usage) then tell little: as the job's own memory grows, the kernel drops cache to
+    /// make room and usage barely moves. So such a job is probed (its page cache read with its usage)
+    /// and the engine is not calm while it lasts.
+    pub(super) fn over_by_cache(&self, j: &crate::job::Job) -> bool {
+        let critical = self.cfg.policy.job_cgroup.critical.0;
+        j.cgroup().is_some_and(|c| {
+            c.limit_bytes.filter(|l| *l > 0).is_some_and(|l| {
+                let line = l as f64 * critical;
+                c.usage_bytes as f64 >= line && (c.unreclaimable_bytes() as f64) < line
+            })
+        })
     }
 
     /// Whether a resource's last value lies within [`NEAR`] of its warn line (ratios only:
@@ -158,8 +175,13 @@ impl Engine {
             && self
                 .jobs
                 .values()
-                // A job outside any memory cgroup has nothing to probe but the host.
-                .all(|j| (j.watched || j.cgroup_dir.is_none()) && j.pause.is_none())
+                // A job outside any memory cgroup has nothing to probe but the host; one over its
+                // line by its page cache is watched in name only (`over_by_cache`).
+                .all(|j| {
+                    (j.watched || j.cgroup_dir.is_none())
+                        && !self.over_by_cache(j)
+                        && j.pause.is_none()
+                })
             && self.policy.levels.values().all(|l| l.level == Level::Ok);
         if !watched {
             return Some(s.probe_interval_ms.0);

@@ -382,10 +382,10 @@ impl Engine {
             .filter_map(|j| {
                 let dir = j.cgroup_dir.clone()?;
                 let limit = j.cgroup().and_then(|c| c.limit_bytes);
-                // Usage is at least the working set, so a usage threshold is crossed at or before
-                // the working-set level it stands for: half the limit (growth worth measuring),
-                // warn, critical — and more above critical, because usage counts inactive page
-                // cache that the working set does not: the crossing at critical may come a little
+                // Usage is at least the unreclaimable memory, so a usage threshold is crossed at or
+                // before the level it stands for: half the limit (growth worth measuring),
+                // warn, critical — and more above critical, because usage counts clean page
+                // cache that the level does not: the crossing at critical may come a little
                 // early, and the next one decides. Every tenth of a percent for the first percent
                 // (a cgroup holding a little cache: its reflex fires half a MiB later in 512 MiB,
                 // not 2.6), then every half percent.

@@ -75,7 +75,8 @@ impl Engine {
                 Measurement::Unchanged(cg) => {
                     // As a probe: the tree is the last walk's, the cgroup is fresh.
                     if let Some(j) = self.jobs.get_mut(&name) {
-                        j.cgroup_growth.push(now_ms, cg.working_set_bytes() as f64);
+                        j.cgroup_growth
+                            .push(now_ms, cg.unreclaimable_bytes() as f64);
                         j.probe = Some(cg);
                         j.probed_at_ms = now_ms;
                     }
@@ -88,7 +89,8 @@ impl Engine {
                         if let Some(cg) = &s.cgroup {
                             j.note_oom_kills(cg.oom_kills);
                             if !j.probing() {
-                                j.cgroup_growth.push(now_ms, cg.working_set_bytes() as f64);
+                                j.cgroup_growth
+                                    .push(now_ms, cg.unreclaimable_bytes() as f64);
                             }
                         }
                         j.note_processes(s.processes.len());
@@ -212,10 +214,8 @@ impl Engine {
         }
         for (name, cg) in cgroups {
             if let Some(j) = self.jobs.get_mut(&name) {
-                j.cgroup_growth.push(now_ms, cg.working_set_bytes() as f64);
                 j.note_oom_kills(cg.oom_kills);
-                j.probe = Some(cg);
-                j.probed_at_ms = now_ms;
+                j.note_probe(cg, now_ms);
             }
         }
         if self.probe_matters(now_ms) {
@@ -267,14 +267,14 @@ impl Engine {
                 .and_then(|c| {
                     c.limit_bytes
                         .filter(|l| *l > 0)
-                        .map(|l| c.working_set_bytes() as f64 / l as f64)
+                        .map(|l| c.unreclaimable_bytes() as f64 / l as f64)
                 })
                 .is_some_and(|r| r >= p.job_cgroup.warn.0 - NEAR);
             let growing = self.limits(j).iter().any(|l| {
                 l.time_to_exhaustion_seconds
                     .is_some_and(|t| t * 1000.0 < FAST_BELOW_MS as f64)
             });
-            near_level || growing || j.pause.is_some()
+            near_level || growing || j.pause.is_some() || self.over_by_cache(j)
         })
     }
 
@@ -315,7 +315,7 @@ impl Engine {
                     Resource::JobCgroup(j.name.clone()),
                     Limit::new(
                         "cgroup".into(),
-                        limit.saturating_sub(cg.working_set_bytes()),
+                        limit.saturating_sub(cg.unreclaimable_bytes()),
                         rate(&j.cgroup_growth),
                     ),
                 ));
@@ -419,7 +419,7 @@ impl Engine {
                 let cgroup = match j.cgroup() {
                     Some(cg) => match cg.limit_bytes {
                         Some(l) if l > 0 => {
-                            Reading::Value(cg.working_set_bytes() as f64 / l as f64)
+                            Reading::Value(cg.unreclaimable_bytes() as f64 / l as f64)
                         }
                         _ => Reading::Absent,
                     },

@@ -226,6 +226,13 @@ impl Engine {
     /// being ended, or was paused by something else first.
     pub fn handle_reflex(&mut self, fired: Fired, now_ms: u64) {
         let name = fired.job.clone();
+        // What the reflex read is the job's cgroup now: the cache of the last sample may have been
+        // dropped since, as the job grew.
+        if let Some(j) = self.jobs.get_mut(&name) {
+            if let Some(cg) = j.cgroup().map(|c| c.read_again(fired.usage, fired.cache)) {
+                j.note_probe(cg, now_ms);
+            }
+        }
         let mechanism = self.fired_mechanism(&fired);
         let free = self
             .jobs
@@ -246,7 +253,7 @@ impl Engine {
             .and_then(|c| c.limit_bytes)
             .unwrap_or(0);
         let percent = if limit > 0 {
-            fired.working_set as f64 * 100.0 / limit as f64
+            fired.unreclaimable() as f64 * 100.0 / limit as f64
         } else {
             0.0
         };

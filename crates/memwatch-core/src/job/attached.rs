@@ -30,7 +30,7 @@ pub struct Job {
     pub probed_at_ms: u64,
     /// When the last full sample arrived (engine clock, ms).
     pub sampled_at_ms: u64,
-    /// Working set of the job's cgroup over time.
+    /// The job's cgroup's unreclaimable memory over time.
     pub cgroup_growth: Growth,
     /// The tree's GPU memory over time.
     pub gpu_growth: Growth,
@@ -195,6 +195,15 @@ impl Job {
         }
     }
 
+    /// A reading of the job's cgroup between full samples (a probe's, or the reflex's): its
+    /// unreclaimable memory joins the growth, and it is the job's cgroup until the next sample.
+    pub fn note_probe(&mut self, cg: CgroupMemory, now_ms: u64) {
+        self.cgroup_growth
+            .push(now_ms, cg.unreclaimable_bytes() as f64);
+        self.probe = Some(cg);
+        self.probed_at_ms = now_ms;
+    }
+
     /// Whether a probe came since the last full sample (then growth is tracked from probes).
     pub fn probing(&self) -> bool {
         self.probe.is_some() && self.probed_at_ms >= self.sampled_at_ms
@@ -227,6 +236,8 @@ mod tests {
             limit_source: None,
             oom_kills: Some(0),
             inactive_file_bytes: Some(0),
+            active_file_bytes: None,
+            dirty_bytes: None,
             anon_bytes: None,
             file_bytes: None,
         }

@@ -113,7 +113,7 @@ impl From<crate::policy::PauseState> for Held {
 /// Growth rates when a pause began, bytes/s.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct GrowthAtPause {
-    /// The job's cgroup working set.
+    /// The job's cgroup's unreclaimable memory.
     pub cgroup: f64,
     /// The host's used memory.
     pub host: f64,

@@ -77,7 +77,7 @@ impl Projection {
 pub struct JobObservation {
     /// The job's name.
     pub name: String,
-    /// Working set / limit of the job's memory cgroup; `Absent` when it has no limit.
+    /// Unreclaimable memory (usage less clean page cache) / limit of the job's memory cgroup; `Absent` when it has no limit.
     pub cgroup: Reading,
     /// GPUs the job holds memory on; `None` when NVML does not say.
     pub gpus: Option<Vec<u32>>,

@@ -29,9 +29,16 @@ pub struct CgroupMemory {
     pub limit_source: Option<LimitSource>,
     /// OOM kills inside the cgroup, where the kernel reports them.
     pub oom_kills: Option<u64>,
-    /// Inactive page cache, which the kernel drops before it OOM-kills; usage less this is the
-    /// working set (as kubelet counts it).
+    /// Inactive page cache; usage less this is the working set (as kubelet counts it).
     pub inactive_file_bytes: Option<u64>,
+    /// Active page cache: file pages read more than once, such as a dataset read each epoch, or
+    /// mapped and used. The kernel drops it too before it OOM-kills, once it is clean.
+    #[serde(default)]
+    pub active_file_bytes: Option<u64>,
+    /// Page cache that is dirty or under writeback (v1 `total_dirty` + `total_writeback`, v2
+    /// `file_dirty` + `file_writeback`): it must be written out before the kernel can drop it.
+    #[serde(default)]
+    pub dirty_bytes: Option<u64>,
     /// Anonymous memory charged to the cgroup (v1 `total_rss`, v2 `anon`): the heap, tensors,
     /// copy-on-write copies.
     #[serde(default)]
@@ -41,6 +48,56 @@ pub struct CgroupMemory {
     /// one cgroup only, where PSS splits it among every process that maps it.
     #[serde(default)]
     pub file_bytes: Option<u64>,
+}
+
+/// A cgroup's page cache, as memory.stat gives it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PageCache {
+    /// Inactive file pages.
+    pub inactive: u64,
+    /// Active file pages.
+    pub active: u64,
+    /// File pages dirty or under writeback (on those two lists too).
+    pub dirty: u64,
+}
+
+impl PageCache {
+    /// From memory.stat's values for [`cache_keys`], in their order; `None` where a key was
+    /// missing (a missing count is no pages).
+    pub fn from_stat([inactive, active, dirty, writeback]: [Option<u64>; 4]) -> PageCache {
+        PageCache {
+            inactive: inactive.unwrap_or(0),
+            active: active.unwrap_or(0),
+            dirty: dirty.unwrap_or(0).saturating_add(writeback.unwrap_or(0)),
+        }
+    }
+
+    /// What the kernel can drop at once: active and inactive file pages, less those dirty or
+    /// under writeback.
+    pub fn clean(&self) -> u64 {
+        self.inactive
+            .saturating_add(self.active)
+            .saturating_sub(self.dirty)
+    }
+}
+
+/// memory.stat's keys for a [`PageCache`] on cgroup `version`: inactive file, active file, dirty,
+/// under writeback.
+pub fn cache_keys(version: Version) -> [&'static str; 4] {
+    match version {
+        Version::V1 => [
+            "total_inactive_file",
+            "total_active_file",
+            "total_dirty",
+            "total_writeback",
+        ],
+        Version::V2 => [
+            "inactive_file",
+            "active_file",
+            "file_dirty",
+            "file_writeback",
+        ],
+    }
 }
 
 /// The file and cgroup that set a cgroup's effective limit.
@@ -54,10 +111,46 @@ pub struct LimitSource {
 }
 
 impl CgroupMemory {
-    /// Usage less inactive file cache.
+    /// Usage less inactive file cache: kubelet's working set, shown beside
+    /// [`CgroupMemory::unreclaimable_bytes`], which is what memwatch decides on.
     pub fn working_set_bytes(&self) -> u64 {
         self.usage_bytes
             .saturating_sub(self.inactive_file_bytes.unwrap_or(0))
+    }
+
+    /// Usage less the clean page cache (active and inactive file pages, less those dirty or under
+    /// writeback): what the kernel cannot drop before it OOM-kills the cgroup (anonymous memory,
+    /// shared memory, kernel memory, dirty pages), swap aside. memwatch's levels, reflexes and room
+    /// go by this. Kubelet's working set ([`CgroupMemory::working_set_bytes`]) counts active page
+    /// cache as well: a job that reads its dataset every epoch would sit at its line by a cache the
+    /// kernel drops as soon as its own memory needs the room. As `MemAvailable` does for the host,
+    /// it counts mapped file pages as reclaimable: a job whose own memory leaves too little room for
+    /// the code and data it maps thrashes before it is OOM-killed, which memory pressure shows, not
+    /// this. Where memory.stat did not say, the cache it did not give counts as unreclaimable.
+    pub fn unreclaimable_bytes(&self) -> u64 {
+        self.usage_bytes.saturating_sub(self.clean_cache_bytes())
+    }
+
+    /// Page cache the kernel can drop at once: active and inactive file pages, less those dirty or
+    /// under writeback.
+    pub fn clean_cache_bytes(&self) -> u64 {
+        PageCache {
+            inactive: self.inactive_file_bytes.unwrap_or(0),
+            active: self.active_file_bytes.unwrap_or(0),
+            dirty: self.dirty_bytes.unwrap_or(0),
+        }
+        .clean()
+    }
+
+    /// This reading with `usage` and `cache` as just read (the rest as it was).
+    pub fn read_again(&self, usage: u64, cache: PageCache) -> CgroupMemory {
+        CgroupMemory {
+            usage_bytes: usage,
+            inactive_file_bytes: Some(cache.inactive),
+            active_file_bytes: Some(cache.active),
+            dirty_bytes: Some(cache.dirty),
+            ..self.clone()
+        }
     }
 
     /// The job's charged memory: anonymous plus file pages charged to its cgroup, what its limit
@@ -163,6 +256,41 @@ mod tests {
             .to_string();
         assert!(e.contains("neither 1 nor 2"), "{e}");
         assert_eq!(Version::V1.to_string(), "1");
+    }
+
+    #[test]
+    fn unreclaimable_memory_is_usage_less_clean_page_cache_active_or_inactive() {
+        const MIB: u64 = 1 << 20;
+        let cg = |inactive, active, dirty| CgroupMemory {
+            version: Version::V2,
+            path: "/job".into(),
+            usage_bytes: 1000 * MIB,
+            limit_bytes: Some(1024 * MIB),
+            limit_source: None,
+            oom_kills: None,
+            inactive_file_bytes: inactive,
+            active_file_bytes: active,
+            dirty_bytes: dirty,
+            anon_bytes: None,
+            file_bytes: None,
+        };
+        // A dataset read each epoch: 300 MiB of active cache, 20 MiB inactive.
+        let hot = cg(Some(20 * MIB), Some(300 * MIB), Some(0));
+        assert_eq!(hot.working_set_bytes(), 980 * MIB, "kubelet's");
+        assert_eq!(hot.unreclaimable_bytes(), 680 * MIB);
+        // A checkpoint being written: 100 MiB of that cache is dirty, not to be dropped yet.
+        let writing = cg(Some(20 * MIB), Some(300 * MIB), Some(100 * MIB));
+        assert_eq!(writing.unreclaimable_bytes(), 780 * MIB);
+        // memory.stat unread: nothing counts as reclaimable.
+        assert_eq!(cg(None, None, None).unreclaimable_bytes(), 1000 * MIB);
+        // Dirty pages past the cache (counters read at different moments) drop nothing below zero.
+        assert_eq!(cg(Some(MIB), None, Some(5 * MIB)).clean_cache_bytes(), 0);
+        let again = hot.read_again(
+            900 * MIB,
+            PageCache::from_stat([Some(10 * MIB), Some(40 * MIB), Some(2 * MIB), Some(MIB)]),
+        );
+        assert_eq!(again.unreclaimable_bytes(), 853 * MIB);
+        assert_eq!(again.limit_bytes, hot.limit_bytes);
     }
 
     #[test]

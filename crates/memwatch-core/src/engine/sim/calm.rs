@@ -55,6 +55,27 @@ fn calm_stretches_the_full_samples_and_reads_the_host_in_between() {
     assert!(s.engine.calm(s.now));
 }
 
+/// A job whose usage sits over its critical line by its page cache (a dataset read at its limit)
+/// is watched in name only: as its own memory grows the kernel drops cache and its usage barely
+/// moves, so no threshold tells of it. The engine is not calm and probes it; once its usage is back
+/// under the line, the thresholds watch it again.
+#[test]
+fn a_job_over_its_line_by_its_page_cache_is_probed_not_left_to_its_thresholds() {
+    let mut s = watched("");
+    s.cgroup_limit = Some(1 << 30);
+    s.probe_cgroup(1000 << 20, 300 << 20);
+    assert_eq!(
+        s.engine.why_not_calm(s.now),
+        Some("a job's usage is over its critical line, held under it by its page cache")
+    );
+    assert_eq!(s.engine.probe_interval_ms(s.now), Some(100));
+    assert!(s.pause().is_none(), "700 MiB of 1 GiB is not critical");
+    // Its own memory grew into the cache: the probe's reading of it pauses the job.
+    s.now += 100;
+    s.probe_cgroup(1000 << 20, 10 << 20);
+    assert!(s.pause().is_some(), "990 MiB of 1 GiB held");
+}
+
 #[test]
 fn anything_near_trouble_brings_back_the_usual_interval() {
     // The host within 5 points of its warn line (0.80).

@@ -296,6 +296,20 @@ impl Sim {
         self.check();
     }
 
+    /// A probe at `self.now` of the job's cgroup: `usage` bytes, `cache` of them clean page cache
+    /// (inactive), its limit `cgroup_limit`.
+    pub fn probe_cgroup(&mut self, usage: u64, cache: u64) {
+        let cg: crate::sample::cgroup::CgroupMemory = serde_json::from_value(serde_json::json!({
+            "version": 2, "path": "/sim", "usage_bytes": usage, "limit_bytes": self.cgroup_limit,
+            "oom_kills": 0, "inactive_file_bytes": cache, "anon_bytes": usage - cache,
+            "file_bytes": cache}))
+        .unwrap();
+        self.engine
+            .handle_probe(None, vec![("sim".into(), cg)], self.now);
+        self.drain();
+        self.check();
+    }
+
     /// A full sample at `self.now` whose look at the job found its cgroup's members as at the last
     /// walk: the tree not walked, the cgroup's usage `usage` bytes now.
     pub fn sample_unchanged(&mut self, used: f64, usage: u64) {

@@ -71,6 +71,8 @@ fn a_job_the_oom_killer_ended_is_reported_as_oom_killed() {
             limit_source: None,
             oom_kills: Some(n),
             inactive_file_bytes: Some(0),
+            active_file_bytes: None,
+            dirty_bytes: None,
             anon_bytes: None,
             file_bytes: None,
         };

@@ -70,7 +70,8 @@ fn handed(s: &mut Sim, done: Done, took_us: u64) {
         Fired {
             job: "sim".into(),
             done,
-            working_set: 96 << 20,
+            usage: 96 << 20,
+            cache: Default::default(),
             took_us,
         },
         s.now,
@@ -139,6 +140,43 @@ fn a_fired_reflex_becomes_the_policys_pause_held_the_same_way() {
     }
 }
 
+/// What the reflex read is the job's cgroup from then on: the page cache of the engine's last
+/// reading, which the job's growth has since made the kernel drop, does not resume the pause the
+/// reflex made.
+#[test]
+fn the_reflexs_reading_replaces_a_cache_the_job_has_dropped_since() {
+    for kind in [Kind::Signals, Kind::V1, Kind::V2] {
+        let mut s = Sim::new(kind);
+        s.cgroup_limit = Some(100 << 20);
+        let done = arm(&mut s);
+        // The engine's last reading: 97 MiB of usage, 40 MiB of it clean page cache (57 %).
+        s.probe_cgroup(97 << 20, 40 << 20);
+        assert!(s.pause().is_none(), "{kind:?}");
+        // The reflex's: the same usage, the cache gone.
+        fire(&s, &done);
+        s.engine.handle_reflex(
+            Fired {
+                job: "sim".into(),
+                done,
+                usage: 97 << 20,
+                cache: Default::default(),
+                took_us: 42,
+            },
+            s.now,
+        );
+        s.drain();
+        s.check();
+        settled_unwritten(&mut s);
+        s.now += 10;
+        s.engine.handle_probe(None, Vec::new(), s.now);
+        s.drain();
+        s.check();
+        let p = s.pause().expect("the reflex's pause");
+        assert_eq!(p.phase, crate::job::PausePhase::Held, "{kind:?}");
+        assert!(s.held(), "{kind:?}: {:?}", s.host.acts());
+    }
+}
+
 /// The policy decides a pause on a reading of its own (here the host's memory at 97 %) while the
 /// reflex's stop waits to be handed over: the pause is the reflex's, held by its mechanism, with the
 /// job cgroup among its causes beside the policy's own, and the event says the reflex stopped it.
@@ -152,7 +190,8 @@ fn a_policy_pause_decided_while_the_reflexs_stop_waits_is_that_stop() {
         s.host.fired.lock().unwrap().push(Fired {
             job: "sim".into(),
             done,
-            working_set: 96 << 20,
+            usage: 96 << 20,
+            cache: Default::default(),
             took_us: 31,
         });
         s.sample(0.97);
@@ -188,7 +227,8 @@ fn a_reflex_not_the_policys_to_make_is_undone_or_left_to_the_pause_that_holds() 
         Fired {
             job: "sim".into(),
             done,
-            working_set: 96 << 20,
+            usage: 96 << 20,
+            cache: Default::default(),
             took_us: 7,
         },
         s.now,
@@ -214,7 +254,8 @@ fn a_reflex_not_the_policys_to_make_is_undone_or_left_to_the_pause_that_holds() 
         Fired {
             job: "gone".into(),
             done: Done::Stopped(worker),
-            working_set: 1,
+            usage: 1,
+            cache: Default::default(),
             took_us: 1,
         },
         s.now,

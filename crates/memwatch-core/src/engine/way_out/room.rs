@@ -118,8 +118,8 @@ impl Engine {
             }
         }
         if let Some(l) = &w.loan {
-            let ws = j.cgroup()?.working_set_bytes();
-            if ws as f64 >= l.raised as f64 * self.cfg.policy.job_cgroup.critical.0 {
+            let held = j.cgroup()?.unreclaimable_bytes();
+            if held as f64 >= l.raised as f64 * self.cfg.policy.job_cgroup.critical.0 {
                 return Some(format!(
                     "the lent limit ({} MiB) is used up",
                     l.raised >> 20
@@ -169,7 +169,7 @@ impl Engine {
                 .map(|l| l.original)
                 .or(cg.limit_bytes)
                 .unwrap_or(u64::MAX);
-            let need = cg.working_set_bytes() + self.cgroup_swap(name);
+            let need = cg.unreclaimable_bytes() + self.cgroup_swap(name);
             (need as f64) < limit as f64 * self.cfg.policy.job_cgroup.critical_leave.0
         } else {
             let swapped = w

@@ -1,0 +1,52 @@
+//! What the page-cache tests share: a v1 memory cgroup with its own freezer and a daemon to watch a
+//! job in it, and a file the job's reads bring into the cache.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::cgroup::MemCgroup;
+use super::{Daemon, Opts};
+
+/// A v1 memory cgroup limited to `limit` bytes with a freezer cgroup of its own, and a daemon that
+/// samples and probes every second and predicts nothing (`reaction_ms = 0`): only the lines decide.
+/// `None`, said on stderr, where this machine has no v1 memory and freezer controllers (the reflex
+/// rides on v1's thresholds).
+pub fn cgroup_and_daemon(limit: u64) -> Option<(MemCgroup, Daemon)> {
+    let Some(mut cg) = MemCgroup::new(limit) else {
+        eprintln!("no memory cgroup to test in");
+        return None;
+    };
+    if cg.version != 1 || !cg.with_freezer() {
+        eprintln!("no v1 memory and freezer controllers");
+        return None;
+    }
+    let d = Daemon::start(Opts {
+        root: "/".into(),
+        gpu_state: None,
+        interval_ms: 1000,
+        extra_config: "[policy]\nreaction_ms = 0\n",
+        sampling: "probe_interval_ms = 1000\nfast_interval_ms = 1000",
+        ..Opts::default()
+    });
+    Some((cg, d))
+}
+
+/// `mib` MiB of zeros in `dir/name`, written past the page cache (O_DIRECT), so that a job's reads
+/// are what cache it, in the job's own cgroup. `dir` should be on a disk, not a tmpfs, whose pages
+/// stay charged to their writer.
+pub fn uncached_file(dir: &Path, name: &str, mib: u64) -> PathBuf {
+    let file = dir.join(name);
+    let dd = Command::new("dd")
+        .arg("if=/dev/zero")
+        .arg(format!("of={}", file.display()))
+        .args([
+            "bs=1M",
+            &format!("count={mib}"),
+            "oflag=direct",
+            "status=none",
+        ])
+        .status()
+        .expect("dd");
+    assert!(dd.success(), "dd could not write {}", file.display());
+    file
+}

@@ -44,30 +44,20 @@ fn epochs(mib: u64, epochs: u32) {
     let file = common::cache::uncached_file(dir.path(), "dataset", mib);
     let go = dir.path().join("go");
     let grow = dir.path().join("grow");
-    // memhog says `ready`, then `done 200` once it holds its 200 MiB; then three epochs of the
+    // memhog says `ready`, then `done 200` once it holds its 200 MiB; then the epochs of the
     // dataset, `read`, and once `grow` exists a second memhog of 100 MiB.
     let script = format!(
         "echo ready; while [ ! -e {go} ]; do sleep 0.01; done; \
          {memhog} --rate-mib 1024 --total-mib 200 --hold-ms 120000 | \
-         (read ready; read held; for e in $(seq {epochs}); do dd if={file} of=/dev/null bs=1M status=none; done; \
-         echo read; {memhog} --rate-mib 1024 --total-mib 100 --hold-ms 120000 --wait-file {grow})",
+         (read ready; read held; \
+         for e in $(seq {epochs}); do dd if={file} of=/dev/null bs=1M status=none; done; echo read; \
+         {memhog} --rate-mib 1024 --total-mib 100 --hold-ms 120000 --wait-file {grow})",
         go = go.display(),
         grow = grow.display(),
         memhog = common::memhog().display(),
         file = file.display(),
     );
-    let mut job = cg.spawn(std::path::Path::new("/bin/sh"), &["-c", &script]);
-    let mut out = std::io::BufReader::new(job.stdout.take().expect("the job's stdout"));
-    let mut line = String::new();
-    out.read_line(&mut line).expect("the job's first line");
-    assert_eq!(line.trim(), "ready");
-    let pid = job.id().to_string();
-    let (code, _, err) = d.ctl(&["attach", &pid, "--name", "epochs"]);
-    assert_eq!(code, 0, "attach: {err}");
-    d.wait_until(
-        |d| recorded_pause(&d.runtime, "epochs").is_some_and(|p| p["phase"] == "armed"),
-        "the reflex recorded as armed",
-    );
+    let (mut job, mut out) = common::cache::attached_job(&cg, &d, &script, "epochs");
     let oom_before = cg.oom_kills();
 
     std::fs::write(&go, "").unwrap();

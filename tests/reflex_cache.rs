@@ -39,18 +39,7 @@ fn page_cache_over_the_line_is_frozen_ahead_only_for_a_read_and_never_paused() {
         memhog = common::memhog().display(),
         file = file.display()
     );
-    let mut job = cg.spawn(std::path::Path::new("/bin/sh"), &["-c", &script]);
-    let mut out = std::io::BufReader::new(job.stdout.take().expect("the job's stdout"));
-    let mut line = String::new();
-    out.read_line(&mut line).expect("the job's first line");
-    assert_eq!(line.trim(), "ready");
-    let pid = job.id().to_string();
-    let (code, _, err) = d.ctl(&["attach", &pid, "--name", "reader"]);
-    assert_eq!(code, 0, "attach: {err}");
-    d.wait_until(
-        |d| recorded_pause(&d.runtime, "reader").is_some_and(|p| p["phase"] == "armed"),
-        "the reflex recorded as armed",
-    );
+    let (mut job, mut out) = common::cache::attached_job(&cg, &d, &script, "reader");
     let armed = d
         .jobs()
         .into_iter()

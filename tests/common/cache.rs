@@ -1,8 +1,9 @@
 //! What the page-cache tests share: a v1 memory cgroup with its own freezer and a daemon to watch a
 //! job in it, and a file the job's reads bring into the cache.
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, ChildStdout, Command};
 
 use super::cgroup::MemCgroup;
 use super::{Daemon, Opts};
@@ -49,4 +50,27 @@ pub fn uncached_file(dir: &Path, name: &str, mib: u64) -> PathBuf {
         .expect("dd");
     assert!(dd.success(), "dd could not write {}", file.display());
     file
+}
+
+/// `sh -c script` started in `cg` (the script's first line is `ready`), attached to `d` as `name`
+/// once it said so, and its reflex recorded as armed: the child and its stdout past that line.
+pub fn attached_job(
+    cg: &MemCgroup,
+    d: &Daemon,
+    script: &str,
+    name: &str,
+) -> (Child, BufReader<ChildStdout>) {
+    let mut job = cg.spawn(Path::new("/bin/sh"), &["-c", script]);
+    let mut out = BufReader::new(job.stdout.take().expect("the job's stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line).expect("the job's first line");
+    assert_eq!(line.trim(), "ready");
+    let pid = job.id().to_string();
+    let (code, _, err) = d.ctl(&["attach", &pid, "--name", name]);
+    assert_eq!(code, 0, "attach: {err}");
+    d.wait_until(
+        |d| super::recorded_pause(&d.runtime, name).is_some_and(|p| p["phase"] == "armed"),
+        "the reflex recorded as armed",
+    );
+    (job, out)
 }

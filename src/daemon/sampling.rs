@@ -102,10 +102,11 @@ pub(super) fn spawn_full(
 pub(super) type Probe = (Option<(u64, u64)>, Vec<(String, cgroup::CgroupMemory)>);
 
 /// The cheap probe: MemAvailable and every job's cgroup. Small reads, done inline.
-/// The usage file is read (one small read), and memory.stat's page cache where the last reading had
-/// any clean cache (about 50 µs more): a job's own memory grows into its cache at its limit with its
-/// usage flat, which a cache as of the last full sample would hide. The limit comes from the last
-/// full read of the cgroup, which every full sample refreshes.
+/// The usage file is read (one small read), and memory.stat's page cache where the last reading's
+/// clean cache could move the job's level (`CgroupMemory::cache_matters`; about 50 µs more): a
+/// job's own memory grows into its cache at its limit with its usage flat, which a cache as of the
+/// last full sample would hide. The limit comes from the last full read of the cgroup, which every
+/// full sample refreshes.
 pub(super) fn probe(engine: &Engine, host_meminfo: &mut meminfo::MeminfoFile, now: u64) -> Probe {
     let host = engine
         .probe_host(now)
@@ -121,7 +122,8 @@ pub(super) fn probe(engine: &Engine, host_meminfo: &mut meminfo::MeminfoFile, no
             let fresh = match last {
                 Some(last) => {
                     let usage = cgroup::read_usage(&dir).ok()?;
-                    let cached = (last.clean_cache_bytes() > 0)
+                    let cached = last
+                        .cache_matters()
                         .then(|| cgroup::read_cache(&dir))
                         .flatten();
                     let last = match cached {

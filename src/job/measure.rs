@@ -174,7 +174,8 @@ pub fn measure(
 /// The job's cgroup, when it shows nothing a walk would need to see since the walk `previous` came
 /// from: the same `members`, usage and unreclaimable memory within max(8 MiB, 5 %) of that walk's,
 /// and the same count of OOM kills. One read of each `cgroup.procs`, of the usage file and, where
-/// that walk found clean page cache, of memory.stat, instead of every process's files: a job
+/// that walk found clean page cache enough to move a level (`CgroupMemory::cache_matters`), of
+/// memory.stat, instead of every process's files: a job
 /// growing into its cache at its limit moves its unreclaimable memory, not its usage.
 pub fn unchanged(cg: &CgroupDir, members: &Members, previous: &JobSample) -> Option<CgroupMemory> {
     let before = previous.cgroup.as_ref()?;
@@ -182,7 +183,7 @@ pub fn unchanged(cg: &CgroupDir, members: &Members, previous: &JobSample) -> Opt
         return None;
     }
     let usage_bytes = cgroup::read_usage(cg).ok()?;
-    let now = if before.clean_cache_bytes() > 0 {
+    let now = if before.cache_matters() {
         before.read_again(usage_bytes, cgroup::read_cache(cg)?)
     } else {
         CgroupMemory {

@@ -142,6 +142,15 @@ impl CgroupMemory {
         .clean()
     }
 
+    /// Whether its clean page cache is large enough to move its level: half a percent of its limit
+    /// (1 MiB without one) or more. A reading between full samples reads the cache again only then
+    /// (memory.stat, which the kernel sums first, against one small read of the usage): a cache as
+    /// of the last full sample errs by at most what it held.
+    pub fn cache_matters(&self) -> bool {
+        let least = self.limit_bytes.map_or(1 << 20, |l| (l / 200).max(1 << 20));
+        self.clean_cache_bytes() >= least
+    }
+
     /// This reading with `usage` and `cache` as just read (the rest as it was).
     pub fn read_again(&self, usage: u64, cache: PageCache) -> CgroupMemory {
         CgroupMemory {
@@ -291,6 +300,11 @@ mod tests {
         );
         assert_eq!(again.unreclaimable_bytes(), 853 * MIB);
         assert_eq!(again.limit_bytes, hot.limit_bytes);
+        // Half a percent of 1 GiB, 5.1 MiB, moves a level; 4 KiB does not.
+        assert!(hot.cache_matters());
+        assert!(!cg(Some(4096), Some(0), Some(0)).cache_matters());
+        assert!(!cg(Some(5 * MIB), Some(0), Some(0)).cache_matters());
+        assert!(cg(Some(6 * MIB), Some(0), Some(0)).cache_matters());
     }
 
     #[test]

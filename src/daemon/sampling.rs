@@ -122,21 +122,16 @@ pub(super) fn probe(engine: &Engine, host_meminfo: &mut meminfo::MeminfoFile, no
             let fresh = match last {
                 Some(last) => {
                     let usage = cgroup::read_usage(&dir).ok()?;
-                    let cached = last
-                        .cache_matters()
-                        .then(|| cgroup::read_cache(&dir))
-                        .flatten();
-                    let last = match cached {
+                    let cache = last.cache_matters().then(|| cgroup::read_cache(&dir));
+                    let mut fresh = match cache.flatten() {
                         Some(cache) => last.read_again(usage, cache),
                         None => cgroup::CgroupMemory {
                             usage_bytes: usage,
                             ..last
                         },
                     };
-                    cgroup::CgroupMemory {
-                        oom_kills: cgroup::read_oom_kills(&dir).or(last.oom_kills),
-                        ..last
-                    }
+                    fresh.oom_kills = cgroup::read_oom_kills(&dir).or(fresh.oom_kills);
+                    fresh
                 }
                 None => cgroup::read_dir(&dir).ok()?,
             };

@@ -175,8 +175,8 @@ pub fn measure(
 /// from: the same `members`, usage and unreclaimable memory within max(8 MiB, 5 %) of that walk's,
 /// and the same count of OOM kills. One read of each `cgroup.procs`, of the usage file and, where
 /// that walk found clean page cache enough to move a level (`CgroupMemory::cache_matters`), of
-/// memory.stat, instead of every process's files: a job
-/// growing into its cache at its limit moves its unreclaimable memory, not its usage.
+/// memory.stat, instead of every process's files: a job growing into its cache at its limit moves
+/// its unreclaimable memory, not its usage.
 pub fn unchanged(cg: &CgroupDir, members: &Members, previous: &JobSample) -> Option<CgroupMemory> {
     let before = previous.cgroup.as_ref()?;
     if !super::members::same(&cg.dir, members) {

@@ -27,8 +27,8 @@ pub const DOCS: &[(&str, &str)] = &[
         "sampling.calm_interval_ms",
         "Full-sample interval while all is calm and the kernel watches for change (10 to 3600000): every
 level ok and none within 5 points of warn, nothing paused, every job's cgroup under kernel memory
-thresholds (cgroup v1) or read by the daemon's wake thread in their stead (cgroup v2) and using no
-GPU, the host's pressure under a PSI trigger. The host's MemAvailable is still read between full
+thresholds (cgroup v1) or read by the daemon's wake thread in their stead (cgroup v2), using no GPU
+and not over its critical line by page cache, the host's pressure under a PSI trigger. The host's MemAvailable is still read between full
 samples as often as 4 GiB/s of growth could use the room above its critical line (at most every
 probe_interval_ms), and a read of the data (/metrics, the JSON API, the dashboard, the CLI) takes a
 fresh sample when the last is older than interval_ms. At or below interval_ms: never stretched.",
@@ -78,8 +78,10 @@ fresh sample when the last is older than interval_ms. At or below interval_ms: n
     (
         "sampling.probe_interval_ms",
         "While a job is attached and its memory cgroup is not watched (no cgroup v1 thresholds, no\n\
-         cgroup v2 reads by the daemon's wake thread), or a level is raised, the job's cgroup and the\n\
-         host's MemAvailable are probed this often (cheap reads) between full samples, so fast growth\n\
+         cgroup v2 reads by the daemon's wake thread, or its usage over its critical line by page cache\n\
+         that holds its level under, where usage barely moves as it grows), or a level is raised, the\n\
+         job's cgroup and the host's MemAvailable are probed this often (cheap reads; the cgroup's page\n\
+         cache too where it could move its level) between full samples, so fast growth\n\
          is seen within this time (the host once it is half used, or once the room above its critical\n\
          line is less than 4 GiB/s of growth would take in one interval_ms). While every job's cgroup\n\
          is watched and every level is ok, only the host's MemAvailable is read, as often as 4 GiB/s\n\

@@ -90,13 +90,10 @@ pub fn read_oom_kills(d: &CgroupDir) -> Option<u64> {
 /// Reads only the cgroup's page cache (memory.stat, which the kernel sums before it prints it: about
 /// 50 µs); `None` when it cannot be read.
 pub fn read_cache(d: &CgroupDir) -> Option<PageCache> {
-    let text = read_text(&d.dir.join("memory.stat")).ok()?;
     let path = d.dir.join("memory.stat");
-    Some(PageCache::from_stat(super::keyed::stat_values(
-        &path,
-        &text,
-        cache_keys(d.version),
-    )))
+    let text = read_text(&path).ok()?;
+    let values = super::keyed::stat_values(&path, &text, cache_keys(d.version));
+    Some(PageCache::from_stat(values))
 }
 
 /// Reads usage, the tightest limit up to the root, OOM kills and page cache.
@@ -131,7 +128,7 @@ fn read_v1(mount: &Path, dir: &Path, cg: &str) -> Result<CgroupMemory, ReadError
         }
     }
     let oom_kills = v1_oom_kills(dir, V1_OOM_DEPTH);
-    let stat = stat_values(dir, Version::V1, ["total_rss", "total_cache"]);
+    let stat = memory_stat(dir, Version::V1, ["total_rss", "total_cache"]);
     Ok(CgroupMemory {
         version: Version::V1,
         path: cg.to_owned(),
@@ -155,7 +152,7 @@ struct Stat {
 }
 
 /// memory.stat's page cache (`cache_keys`) and the anonymous and file pages by `anon_file`'s keys.
-fn stat_values(dir: &Path, version: Version, anon_file: [&str; 2]) -> Stat {
+fn memory_stat(dir: &Path, version: Version, anon_file: [&str; 2]) -> Stat {
     let [inactive, active, dirty, writeback] = cache_keys(version);
     let [i, a, d, w, anon, file] = key_values(
         &dir.join("memory.stat"),
@@ -219,7 +216,7 @@ fn read_v2(mount: &Path, dir: &Path, cg: &str) -> Result<CgroupMemory, ReadError
     let oom_kills = key_value(&dir.join("memory.events"), "oom_kill")
         .ok()
         .flatten();
-    let stat = stat_values(dir, Version::V2, ["anon", "file"]);
+    let stat = memory_stat(dir, Version::V2, ["anon", "file"]);
     Ok(CgroupMemory {
         version: Version::V2,
         path: cg.to_owned(),

@@ -133,18 +133,25 @@ fn a_rank_growing_fast_is_stopped_here_before_slurm_suspends_the_job() {
             }
         }
     }
+    // Why and how early it was stopped (`--nocapture` shows it: the headroom left at the stop).
+    let events = d.events();
+    let paused = events.iter().find(|e| e["action"] == "pause");
+    eprintln!(
+        "paused: {}",
+        paused.map_or("never", |e| e["detail"].as_str().unwrap_or(""))
+    );
     assert!(kills.len() >= 2, "the job's cgroups: {kills:?}");
     assert!(
         kills
             .iter()
             .all(|(_, k)| k.as_deref() == Some("oom_kill 0")),
-        "the OOM killer fired: {kills:?}; events: {:?}",
-        d.events()
+        "the OOM killer fired: {kills:?}; events: {events:?}; the daemon's log:\n{}",
+        d.log_text()
     );
     assert!(
-        !d.events().iter().any(|e| e["action"] == "oom_kill"),
-        "{:?}",
-        d.events()
+        !events.iter().any(|e| e["action"] == "oom_kill"),
+        "{events:?}; the daemon's log:\n{}",
+        d.log_text()
     );
     let job = d
         .jobs()

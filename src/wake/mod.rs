@@ -171,8 +171,9 @@ impl Wakers {
 
     /// Watches a v1 memory cgroup: notified whenever usage crosses one of `thresholds` (bytes), up or
     /// down. Replaces the job's earlier watch. The files are opened here (an error is told now); the
-    /// thresholds are registered by the registrar, which then hands the watch to the wake thread and
-    /// tells, as `generation`, that it is done ([`Wakers::take_registered`]). `Ok`: asked.
+    /// registrar hands the watch to the wake thread, registers the thresholds one by one, each live
+    /// from its own write, and tells, as `generation`, that it is done
+    /// ([`Wakers::take_registered`]). `Ok`: asked.
     pub fn watch_v1_thresholds(
         &self,
         job: &str,

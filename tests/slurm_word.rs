@@ -148,6 +148,7 @@ fn a_rank_growing_fast_is_stopped_here_before_slurm_suspends_the_job() {
         "the OOM killer fired: {kills:?}; events: {events:?}; the daemon's log:\n{}",
         d.log_text()
     );
+    let events = d.events();
     assert!(
         !events.iter().any(|e| e["action"] == "oom_kill"),
         "{events:?}; the daemon's log:\n{}",

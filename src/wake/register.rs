@@ -119,7 +119,8 @@ pub(super) fn run(
 /// thresholds written with the eventfd's close) and the job is probed, as any job not watched.
 fn watch_then_register(t: Thresholds, forward: &impl Fn(Cmd) -> bool) -> std::io::Result<()> {
     let (efd, usage) = (t.efd.try_clone()?, t.usage.try_clone()?);
-    let order = in_order(&t.thresholds, read_usage(&t.usage));
+    let now = crate::sample::keyed::read_u64(&t.control.with_file_name("memory.usage_in_bytes"));
+    let order = in_order(&t.thresholds, now.ok());
     if !forward(Cmd::Watch(
         Some(t.job.clone()),
         vec![t.efd, t.usage.into()],
@@ -144,33 +145,14 @@ fn watch_then_register(t: Thresholds, forward: &impl Fn(Cmd) -> bool) -> std::io
     written
 }
 
-/// The usage the file says now (bytes); `None` where it cannot be read.
-fn read_usage(mut usage: &std::fs::File) -> Option<u64> {
-    use std::io::{Read as _, Seek as _};
-    let mut text = String::new();
-    usage.seek(std::io::SeekFrom::Start(0)).ok()?;
-    usage.read_to_string(&mut text).ok()?;
-    text.trim().parse().ok()
-}
-
 /// `thresholds` in the order they are registered: those above `usage` from the nearest up, then
 /// those at or below it from the nearest down (each the next the job's usage crosses, growing or
 /// shrinking); ascending where the usage is not known.
 fn in_order(thresholds: &[u64], usage: Option<u64>) -> Vec<u64> {
-    let mut above: Vec<u64> = thresholds
-        .iter()
-        .copied()
-        .filter(|t| usage.is_none_or(|u| *t > u))
-        .collect();
-    above.sort_unstable();
-    let mut below: Vec<u64> = thresholds
-        .iter()
-        .copied()
-        .filter(|t| usage.is_some_and(|u| *t <= u))
-        .collect();
-    below.sort_unstable_by(|a, b| b.cmp(a));
-    above.extend(below);
-    above
+    let mut sorted = thresholds.to_vec();
+    sorted.sort_unstable();
+    let (below, above) = sorted.split_at(usage.map_or(0, |u| sorted.partition_point(|t| *t <= u)));
+    above.iter().chain(below.iter().rev()).copied().collect()
 }
 
 #[cfg(test)]

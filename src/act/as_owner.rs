@@ -118,6 +118,13 @@ mod tests {
         });
         assert!(dropped, "setpriv never took the user's uid");
         let (u, r) = (users.id(), roots.id());
+        // Root's sleep asleep before any signal: a fresh child runs ('R') until it reaches its
+        // sleep, and only a sleeper's state says afterwards that no signal stopped it.
+        let asleep = (0..5000).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            state(r) == 'S'
+        });
+        assert!(asleep, "root's sleep never went to sleep");
         std::thread::spawn(move || {
             let before = capabilities(None).unwrap();
             {

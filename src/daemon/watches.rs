@@ -29,12 +29,10 @@ pub(super) struct Watches {
     /// A v1 job's limit is not known yet: sync again after the next probe, which reads it.
     pub(super) limit_unknown: bool,
     /// The v1 registrations under way, by job: the generation last asked (an older one that
-    /// finishes is stale). The job is not watched until it is done; the engine probes it meanwhile.
+    /// finishes is stale). The engine probes the job until it is done, but each threshold wakes the
+    /// wake thread from its own write on, so the job's reflex is armed from the start.
     registering: std::collections::HashMap<String, u64>,
     generation: u64,
-    /// The v1 jobs whose thresholds the wake thread has from a registration that finished: while
-    /// a new one is under way (a limit changed), the old thresholds still wake the job's reflex.
-    registered_once: std::collections::HashSet<String>,
     /// Woken when the registrar finished one.
     registered: Arc<tokio::sync::Notify>,
 }
@@ -81,7 +79,6 @@ impl Watches {
             limit_unknown: false,
             registering: Default::default(),
             generation: 0,
-            registered_once: Default::default(),
             registered,
         }
     }
@@ -102,12 +99,8 @@ impl Watches {
             }
             self.registering.remove(&r.job);
             match r.result {
-                Ok(()) => {
-                    self.registered_once.insert(r.job.clone());
-                    engine.set_watched(&r.job, true);
-                }
+                Ok(()) => engine.set_watched(&r.job, true),
                 Err(e) => {
-                    self.registered_once.remove(&r.job);
                     tracing::info!(job = %r.job, error = %e, "no kernel notifications for this job; probing it");
                     engine.set_watched(&r.job, false);
                 }
@@ -119,9 +112,6 @@ impl Watches {
             let key = (p.thresholds.clone(), p.limitless);
             if self.jobs.get(&p.job) != Some(&key) {
                 self.registering.remove(&p.job);
-                if p.limitless || p.dir.version != Version::V1 {
-                    self.registered_once.remove(&p.job);
-                }
                 let result = match p.dir.version {
                     _ if p.limitless => Ok(true),
                     Version::V1
@@ -160,12 +150,14 @@ impl Watches {
                 engine.set_watched(&p.job, watched);
                 self.jobs.insert(p.job.clone(), key);
             }
-            // A reflex rides on the job's thresholds (v1; while new ones register, the old ones) or
-            // the wake thread's reads (v2). The job is probed until its new thresholds are in.
-            let renewing =
-                self.registering.contains_key(&p.job) && self.registered_once.contains(&p.job);
-            let woken =
-                !p.limitless && !p.thresholds.is_empty() && (engine.is_watched(&p.job) || renewing);
+            // A reflex rides on the job's thresholds (v1: each live from its own write, so from the
+            // registration's start; the wake thread dropped the old ones as it took the new
+            // eventfd) or the wake thread's reads (v2). The job is probed until its thresholds are
+            // all in, and a registration that fails disarms it.
+            let registering = self.registering.contains_key(&p.job);
+            let woken = !p.limitless
+                && !p.thresholds.is_empty()
+                && (engine.is_watched(&p.job) || registering);
             let reflex = p.reflex.as_ref().filter(|_| woken);
             if arm(
                 &self.armory,
@@ -187,8 +179,6 @@ impl Watches {
         });
         self.registering
             .retain(|job, _| plan.iter().any(|p| &p.job == job));
-        self.registered_once
-            .retain(|job| plan.iter().any(|p| &p.job == job));
         for job in self.armory.armed_jobs() {
             if !plan.iter().any(|p| p.job == job) && self.armory.disarm(&job) {
                 engine.disarm_reflex(&job);

@@ -6,7 +6,8 @@
 //! thresholds took 100 to 230 ms on this 2-core machine with a hog running (BENCHMARKS.md). Made on
 //! the owner task, that stopped every probe, reflex arm and control request for as long, at each
 //! attach and each change of a limit. Here they are made on a thread of their own; the owner task
-//! goes on probing the job (it is not watched yet) and hears when they are done
+//! goes on probing the job (it is not watched yet, though its reflex is armed: the thresholds it
+//! fires on are live from their own writes) and hears when they are done
 //! ([`Wakers::take_registered`](super::Wakers::take_registered), its `Notify`). The wake thread
 //! polls the job's eventfd before the first write, and the thresholds are written nearest above the
 //! job's usage first, so that each wakes the owner task from its own write on: 20 took 250 to 300 ms

@@ -172,19 +172,9 @@ fn the_reflex_stops_a_fast_hog_at_its_line_and_the_engine_holds_it() {
         eprintln!("no v1 memory controller: the reflex rides on v1 thresholds; nothing to test");
         return;
     }
-    // Level only: no projection pauses the hog before its line. The engine's own probe, every
-    // 10 ms once a crossing woke it, reads the cgroup as often as the kernel's notification comes
-    // and would stop the job itself in some runs (a stop as good, but not the reflex's): here it
-    // probes once a second, and on each crossing only after the wake thread handled it.
-    let level_only = "[policy]\nreaction_ms = 0\n";
-    let d = Daemon::start(Opts {
-        root: "/".into(),
-        gpu_state: None,
-        interval_ms: 1000,
-        extra_config: level_only,
-        sampling: "probe_interval_ms = 1000\nfast_interval_ms = 1000",
-        ..Opts::default()
-    });
+    // Level only: no projection pauses the hog before its line, and the engine's probe leaves each
+    // crossing to the wake thread first.
+    let d = Daemon::level_only();
     assert_wake_thread(&d, (SCHED_FIFO, 1));
     // Root's job, then a user's: the user's is stopped from a thread that took the user's uids,
     // so the kernel checks the owner at the signal (and at the freezer's check of its members).

@@ -17,7 +17,7 @@
 mod common;
 
 use common::cgroup::MemCgroup;
-use common::{Daemon, Opts, eventually, memhog, proc_state};
+use common::{Daemon, eventually, memhog, proc_state};
 
 const MIB: u64 = 1 << 20;
 
@@ -28,14 +28,7 @@ fn a_job_growing_from_its_attach_is_stopped_by_its_reflex_while_its_thresholds_r
         eprintln!("no v1 memory controller: the reflex rides on v1 thresholds; nothing to test");
         return;
     }
-    let d = Daemon::start(Opts {
-        root: "/".into(),
-        gpu_state: None,
-        interval_ms: 1000,
-        extra_config: "[policy]\nreaction_ms = 0\n",
-        sampling: "probe_interval_ms = 1000\nfast_interval_ms = 1000",
-        ..Opts::default()
-    });
+    let d = Daemon::level_only();
     let go = d.dir.path().join("go");
     let (mut hog, _out) = cg.hog(
         &memhog(),

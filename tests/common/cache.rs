@@ -5,8 +5,8 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command};
 
+use super::Daemon;
 use super::cgroup::MemCgroup;
-use super::{Daemon, Opts};
 
 /// A v1 memory cgroup limited to `limit` bytes with a freezer cgroup of its own, and a daemon that
 /// samples and probes every second and predicts nothing (`reaction_ms = 0`): only the lines decide.
@@ -21,15 +21,7 @@ pub fn cgroup_and_daemon(limit: u64) -> Option<(MemCgroup, Daemon)> {
         eprintln!("no v1 memory and freezer controllers");
         return None;
     }
-    let d = Daemon::start(Opts {
-        root: "/".into(),
-        gpu_state: None,
-        interval_ms: 1000,
-        extra_config: "[policy]\nreaction_ms = 0\n",
-        sampling: "probe_interval_ms = 1000\nfast_interval_ms = 1000",
-        ..Opts::default()
-    });
-    Some((cg, d))
+    Some((cg, Daemon::level_only()))
 }
 
 /// `mib` MiB of zeros in `dir/name`, written past the page cache (O_DIRECT), so that a job's reads

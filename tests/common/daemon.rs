@@ -133,6 +133,22 @@ impl Daemon {
         }
     }
 
+    /// A daemon on this machine (root `/`, no GPU) that samples and probes once a second and
+    /// predicts nothing (`reaction_ms = 0`): only the lines decide. The engine's own probe, every
+    /// 10 ms once a crossing woke it, would otherwise read a cgroup as often as the kernel's
+    /// notification comes and stop a job itself in some runs (a stop as good, but not the
+    /// reflex's): here it probes on a crossing only after the wake thread handled it.
+    pub fn level_only() -> Daemon {
+        Daemon::start(Opts {
+            root: "/".into(),
+            gpu_state: None,
+            interval_ms: 1000,
+            extra_config: "[policy]\nreaction_ms = 0\n",
+            sampling: "probe_interval_ms = 1000\nfast_interval_ms = 1000",
+            ..Opts::default()
+        })
+    }
+
     pub fn start(o: Opts) -> Daemon {
         let dir = super::tempdir();
         let gpu_state = dir.path().join("gpu.json");

@@ -9,6 +9,7 @@ use crate::sample::cgroup::Version;
 
 use crate::config::Host;
 use crate::engine::Engine;
+use crate::job::Watch;
 
 /// PSI triggers: 100 ms of "some" stall within 2 s. A window that is a multiple of 2 s is what the
 /// kernel accepts from a process without CAP_SYS_RESOURCE (a container, a hardened unit), so one
@@ -99,10 +100,10 @@ impl Watches {
             }
             self.registering.remove(&r.job);
             match r.result {
-                Ok(()) => engine.set_watched(&r.job, true),
+                Ok(()) => engine.set_watch(&r.job, Watch::Watched),
                 Err(e) => {
                     tracing::info!(job = %r.job, error = %e, "no kernel notifications for this job; probing it");
-                    engine.set_watched(&r.job, false);
+                    engine.set_watch(&r.job, Watch::Probed);
                 }
             }
         }
@@ -113,7 +114,7 @@ impl Watches {
             if self.jobs.get(&p.job) != Some(&key) {
                 self.registering.remove(&p.job);
                 let result = match p.dir.version {
-                    _ if p.limitless => Ok(true),
+                    _ if p.limitless => Ok(Watch::Watched),
                     Version::V1
                         if !p.thresholds.is_empty() && crate::wake::on_kernel_fs(&p.dir.dir) =>
                     {
@@ -122,7 +123,7 @@ impl Watches {
                         w.watch_v1_thresholds(&p.job, &p.dir.dir, &p.thresholds, self.generation)
                             .map(|()| {
                                 self.registering.insert(p.job.clone(), self.generation);
-                                false
+                                Watch::Registering
                             })
                     }
                     Version::V2 if crate::wake::on_kernel_fs(&p.dir.dir) => {
@@ -137,27 +138,26 @@ impl Watches {
                         match p.line {
                             Some((critical, limit)) if !p.thresholds.is_empty() => w
                                 .read_usage(&p.job, &p.dir.dir, &p.thresholds, critical, limit)
-                                .map(|()| true),
-                            _ => Ok(false),
+                                .map(|()| Watch::Watched),
+                            _ => Ok(Watch::Probed),
                         }
                     }
-                    _ => Ok(false),
+                    _ => Ok(Watch::Probed),
                 };
-                let watched = result.unwrap_or_else(|e| {
+                let watch = result.unwrap_or_else(|e| {
                     tracing::info!(job = %p.job, cgroup = %p.dir.dir.display(), error = %e, "no kernel notifications for this job; probing it");
-                    false
+                    Watch::Probed
                 });
-                engine.set_watched(&p.job, watched);
+                engine.set_watch(&p.job, watch);
                 self.jobs.insert(p.job.clone(), key);
             }
             // A reflex rides on the job's thresholds (v1: each live from its own write, so from the
             // registration's start; the wake thread dropped the old ones as it took the new
             // eventfd) or the wake thread's reads (v2). The job is probed until its thresholds are
             // all in, and a registration that fails disarms it.
-            let registering = self.registering.contains_key(&p.job);
             let woken = !p.limitless
                 && !p.thresholds.is_empty()
-                && (engine.is_watched(&p.job) || registering);
+                && engine.watch(&p.job).wakes_at_the_line();
             let reflex = p.reflex.as_ref().filter(|_| woken);
             if arm(
                 &self.armory,

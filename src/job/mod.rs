@@ -11,6 +11,6 @@ pub use memwatch_core::growth::Growth;
 pub use memwatch_core::job::origin;
 pub use memwatch_core::job::{
     EndedJob, GrowthAtPause, Held, Job, JobView, Launched, Limit, MIN_GROWTH, Measurement, Pause,
-    PauseDeadline, PausePhase, tightest,
+    PauseDeadline, PausePhase, Watch, tightest,
 };
 pub use memwatch_core::{held, way_out};

@@ -53,7 +53,7 @@ impl Engine {
     pub fn why_not_calm(&self, now_ms: u64) -> Option<&'static str> {
         let s = &self.cfg.sampling;
         let job_why = |j: &crate::job::Job| {
-            if !j.watched {
+            if j.watch != crate::job::Watch::Watched {
                 Some("a job's cgroup is not watched (no thresholds, no reads of its usage)")
             } else if self.over_by_cache(j) {
                 Some("a job's usage is over its critical line, held under it by its page cache")
@@ -178,7 +178,7 @@ impl Engine {
                 // A job outside any memory cgroup has nothing to probe but the host; one over its
                 // line by its page cache is watched in name only (`over_by_cache`).
                 .all(|j| {
-                    (j.watched || j.cgroup_dir.is_none())
+                    (j.watch == crate::job::Watch::Watched || j.cgroup_dir.is_none())
                         && !self.over_by_cache(j)
                         && j.pause.is_none()
                 })

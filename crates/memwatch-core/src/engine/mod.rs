@@ -428,10 +428,10 @@ impl Engine {
         (limit as f64 * self.cfg.policy.job_cgroup.critical.0).ceil() as u64
     }
 
-    /// The kernel now watches (or no longer watches) this job's cgroup.
-    pub fn set_watched(&mut self, job: &str, watched: bool) {
+    /// How the kernel watches this job's cgroup now.
+    pub fn set_watch(&mut self, job: &str, watch: crate::job::Watch) {
         if let Some(j) = self.jobs.get_mut(job) {
-            j.watched = watched;
+            j.watch = watch;
         }
     }
 

@@ -119,9 +119,9 @@ impl Engine {
         })
     }
 
-    /// Whether the kernel's thresholds watch the job's cgroup.
-    pub fn is_watched(&self, job: &str) -> bool {
-        self.jobs.get(job).is_some_and(|j| j.watched)
+    /// How the kernel watches the job's cgroup (`Probed` for a job not attached).
+    pub fn watch(&self, job: &str) -> crate::job::Watch {
+        self.jobs.get(job).map(|j| j.watch).unwrap_or_default()
     }
 
     /// The reflex of `job` as armed now.
@@ -161,7 +161,8 @@ impl Engine {
     }
 
     /// At the end of pause `p` (taken off the job already, not yet undone): the job's reflex, where
-    /// the engine would arm one now and the host watches its cgroup, recorded as armed, the record
+    /// the engine would arm one now and the kernel wakes the daemon at its line (its thresholds
+    /// whole or still registering, [`crate::job::Watch::wakes_at_the_line`]), recorded as armed, the record
     /// covering what `p` still holds ([`crate::held::Resuming`]); what to hand over once `p` is
     /// undone. `None` (the watches arm it at their next sync) where one record cannot cover both:
     /// `p` froze a cgroup other than the one the reflex would, or suspended a Slurm job.
@@ -171,7 +172,7 @@ impl Engine {
         p: &crate::job::Pause,
     ) -> Option<(crate::sample::cgroup::CgroupDir, ReflexPlan)> {
         let j = self.jobs.get(name)?;
-        if !j.watched || j.armed.is_some() || p.suspended().is_some() {
+        if !j.watch.wakes_at_the_line() || j.armed.is_some() || p.suspended().is_some() {
             return None;
         }
         let plan = self.reflex_plan(j)?;

@@ -45,8 +45,8 @@ pub struct Job {
     pub pinned: Vec<crate::host::Pinned>,
     /// The cgroup the job owns (and a pause would freeze), as of the last full sample.
     pub freezer: Option<crate::held::Frozen>,
-    /// The kernel wakes the daemon when this job's cgroup crosses a threshold (see `wake`).
-    pub watched: bool,
+    /// Whether the kernel wakes the daemon when this job's cgroup crosses a threshold (see `wake`).
+    pub watch: Watch,
     /// The reflex the wake thread holds ready to stop it at its critical line, as recorded.
     pub armed: Option<crate::held::Armed>,
     /// When the job's tree was last walked and measured (engine clock, ms).
@@ -122,7 +122,7 @@ impl Job {
             pidfd: None,
             pinned: Vec::new(),
             freezer: None,
-            watched: false,
+            watch: Watch::Probed,
             walked_at_ms: 0,
             members: None,
             terminating_since_ms: None,
@@ -316,4 +316,27 @@ pub enum Measurement {
     Unchanged(CgroupMemory),
     /// Its root is gone, or was replaced.
     Gone,
+}
+
+/// How the kernel watches a job's cgroup for the daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Watch {
+    /// It does not (no thresholds or reads of its usage yet, or none could be had): the engine
+    /// probes the job.
+    #[default]
+    Probed,
+    /// Its v1 thresholds are being registered. Each wakes the daemon from its own write on, so a
+    /// reflex may ride on them, but the job is probed until all of them are in.
+    Registering,
+    /// Its v1 thresholds, or the wake thread's reads of its v2 usage, wake the daemon at each
+    /// crossing.
+    Watched,
+}
+
+impl Watch {
+    /// Whether a crossing of the job's critical line wakes the wake thread, which may then fire
+    /// the job's reflex.
+    pub fn wakes_at_the_line(self) -> bool {
+        self != Watch::Probed
+    }
 }

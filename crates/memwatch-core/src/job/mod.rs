@@ -10,7 +10,7 @@ pub mod owner;
 mod pause;
 mod view;
 
-pub use attached::{Job, MIN_GROWTH, Measurement};
+pub use attached::{Job, MIN_GROWTH, Measurement, Watch};
 pub use pause::{GrowthAtPause, Held, Pause, PausePhase};
 pub use view::{EndedJob, JobView, Launched, Limit, PauseDeadline, tightest};
 

@@ -4,6 +4,7 @@
 //! could reach its critical line within a stretched interval.
 
 use crate::engine::{Wake, WakeAnswer};
+use crate::job::Watch;
 
 use super::harness::{Kind, Sim};
 use super::{pause_cmd, resume_cmd};
@@ -12,7 +13,7 @@ use super::{pause_cmd, resume_cmd};
 fn watched(extra: &str) -> Sim {
     let mut s = Sim::with(Kind::V1, extra, &[]);
     s.engine.set_host_watched(true);
-    s.engine.set_watched("sim", true);
+    s.engine.set_watch("sim", Watch::Watched);
     s.sample(0.30);
     s
 }
@@ -121,12 +122,12 @@ fn without_the_kernels_watch_nothing_is_stretched() {
     assert_eq!(s.engine.sample_interval_ms(s.now), 1000);
     // A job whose cgroup has no threshold: only full samples see it grow.
     s.engine.set_host_watched(true);
-    s.engine.set_watched("sim", false);
+    s.engine.set_watch("sim", Watch::Probed);
     assert_eq!(
         s.engine.why_not_calm(s.now),
         Some("a job's cgroup is not watched (no thresholds, no reads of its usage)")
     );
-    s.engine.set_watched("sim", true);
+    s.engine.set_watch("sim", Watch::Watched);
     assert!(s.engine.calm(s.now));
     // Stretching turned off: calm_interval_ms at interval_ms.
     let s = watched("[sampling]\ninterval_ms = 1000\ncalm_interval_ms = 1000\n");
@@ -162,7 +163,7 @@ fn the_hosts_pressure_alone_while_calm_is_answered_by_one_full_sample() {
     assert_eq!(s.engine.probe_interval_ms(s.now), Some(10));
     // A job that the kernel does not watch keeps the fast probes on the host's pressure too.
     let mut s = watched("");
-    s.engine.set_watched("sim", false);
+    s.engine.set_watch("sim", Watch::Probed);
     assert_eq!(
         s.engine.handle_wake(s.now, Wake::HostPressure),
         WakeAnswer::Probe

@@ -9,6 +9,7 @@ use crate::held::Frozen;
 use crate::held::{Done, Fired};
 use crate::host::ProcRef;
 use crate::host::Version;
+use crate::job::Watch;
 
 use super::harness::{Kind, OWNER, PID, Sim, cgroup_dir};
 use super::host::Act;
@@ -407,10 +408,10 @@ fn a_reflex_is_planned_for_a_limited_v2_cgroup() {
 
 /// A job whose cgroup is at its critical line until the policy pauses it, then falls back: the
 /// pause's acts so far, and the state it leaves.
-fn paused_at_the_line_then_calm(s: &mut Sim) {
+fn paused_at_the_line_then_calm(s: &mut Sim, watch: Watch) {
     s.cgroup_limit = Some(4 << 30);
     s.sample(0.1);
-    s.engine.set_watched("sim", true);
+    s.engine.set_watch("sim", watch);
     s.now += 1000;
     s.sample_unchanged(0.1, 4000 << 20);
     assert!(s.held(), "paused at the line");
@@ -432,7 +433,7 @@ fn paused_at_the_line_then_calm(s: &mut Sim) {
 #[test]
 fn a_resumed_job_is_armed_ahead_of_its_thaw_and_handed_over_right_after_it() {
     let mut s = Sim::new(Kind::V2);
-    paused_at_the_line_then_calm(&mut s);
+    paused_at_the_line_then_calm(&mut s, Watch::Watched);
     let dir = cgroup_dir(&s.root(), Kind::V2).unwrap();
     let acts = s.host.acts();
     let thaw = acts.iter().rposition(|a| *a == Act::Thaw(dir.clone()));
@@ -457,6 +458,41 @@ fn a_resumed_job_is_armed_ahead_of_its_thaw_and_handed_over_right_after_it() {
     assert_eq!(r["hold"]["kind"], "cgroup_v2_freeze", "{r}");
 }
 
+/// A v1 job resumed while its thresholds are still being registered (a limit changed during its
+/// pause) is armed within the resume as well: each threshold wakes the wake thread from its own
+/// write on, so the reflex need not wait for the last of them. One the kernel does not watch at all
+/// is not armed: its probe decides. (What the engine asks of a job's watch is the same on either
+/// version; the sim's v2 cgroup stands in, as its v1 job has no memory cgroup of its own.)
+#[test]
+fn a_job_resumed_while_its_thresholds_register_is_armed_within_the_resume() {
+    for (watch, armed) in [
+        (Watch::Watched, true),
+        (Watch::Registering, true),
+        (Watch::Probed, false),
+    ] {
+        let mut s = Sim::new(Kind::V2);
+        paused_at_the_line_then_calm(&mut s, watch);
+        let acts = s.host.acts();
+        let resumed = acts
+            .iter()
+            .rposition(|a| matches!(a, Act::Continue(_) | Act::Thaw(_)));
+        let handed = acts.iter().position(|a| *a == Act::ArmReflex("sim".into()));
+        if armed {
+            assert!(
+                matches!((resumed, handed), (Some(r), Some(h)) if h == r + 1),
+                "{watch:?}: the resume, then at once the hand-over: {acts:?}"
+            );
+            let a = s.engine.armed_reflex("sim").expect("armed");
+            assert!(a.resuming.is_none(), "the pause it covered is undone");
+            assert_eq!(s.host.state()["jobs"][0]["paused"]["phase"], "armed");
+        } else {
+            assert_eq!(handed, None, "{watch:?}: {acts:?}");
+            assert!(s.engine.armed_reflex("sim").is_none());
+        }
+        assert!(!s.held(), "{watch:?}");
+    }
+}
+
 /// A daemon killed after the reflex was recorded ahead of a resume, before the thaw, leaves a record
 /// that covers the pause it was ending: the restarted daemon undoes it from that record alone, and
 /// nothing of the job stays frozen.
@@ -465,7 +501,7 @@ fn a_daemon_killed_between_the_record_ahead_and_the_thaw_leaves_nothing_frozen()
     let mut s = Sim::new(Kind::V2);
     s.cgroup_limit = Some(4 << 30);
     s.sample(0.1);
-    s.engine.set_watched("sim", true);
+    s.engine.set_watch("sim", Watch::Watched);
     assert!(s.cmd(super::pause_cmd()).ok);
     assert!(s.held(), "paused by hand");
     // The pause's end as a resume begins it: taken off the job, its stop recorded ahead, and the

@@ -7,7 +7,10 @@
 //!    without it (the engine's probe decides), each by signals and by the freezer (the hog owns a v1
 //!    freezer cgroup);
 //!  - the floors: a thread blocked on the kernel's threshold eventfd at 95 % that sends SIGSTOP, or
-//!    writes FROZEN to an already open freezer.state;
+//!    writes FROZEN to an already open freezer.state, once as the kernel's first freeze (no
+//!    daemon's held cgroup left, nothing else frozen) and once with the freezer kept active (an
+//!    empty freezer cgroup held frozen for the run, as the daemon holds one while a v1 freezer
+//!    reflex is armed: `memwatch::reflex::active`);
 //!  - a 1 ms poller of the cgroup's usage that sends SIGSTOP at 95 %.
 //!
 //! The crossing is timed by an observer of its own: a thread blocked on a second eventfd at the
@@ -17,6 +20,14 @@
 //! freezer row alike). Latency = stop − crossing. Survival: the cgroup's OOM killer did not fire.
 //! Past the line: the cgroup's peak usage (memory.max_usage_in_bytes, reset at the go) less the line,
 //! what the job took after the crossing before it stopped.
+//!
+//! A memwatch row lets the hog go once its reflex is armed and its thresholds are all registered
+//! (the API's `watch`, `watched`): each registration waits for an RCU grace period, and the run
+//! before's thresholds on the same cgroup are removed first, one grace period each too, so a hog let
+//! go at once races them and is caught by the engine's probe instead (`RACE=1` lets it go at once).
+//! The hog's binary is read into the page cache by the bench first, so that its text is not charged
+//! to the hog's cgroup: the reflex goes by usage less clean cache, and that cache would put its line
+//! past the floors'. The cache charged at the go is reported with each row.
 //!
 //! With `WORKERS=N` each hog first starts N sleeping workers (a job of N + 1 processes, as a trainer
 //! with DataLoader workers), the limit is 512 MiB above what they hold, and a stop is timed to the
@@ -76,8 +87,11 @@ enum Row {
     Memwatch { reflex: bool, freezer: bool },
     /// eventfd → SIGSTOP.
     FloorStop,
-    /// eventfd → FROZEN.
+    /// eventfd → FROZEN, the kernel's freezer inactive until then: the freeze is its first.
     FloorFreeze,
+    /// eventfd → FROZEN, with an empty freezer cgroup held frozen for the run, as the daemon holds
+    /// one while a v1 freezer reflex is armed (`memwatch::reflex::active`).
+    FloorFreezeActive,
     /// 1 ms poller → SIGSTOP.
     Poller,
     /// `BASE_BIN`'s memwatch with the reflex, by the freezer or not.
@@ -95,6 +109,7 @@ impl Row {
                 | Row::Base { freezer: true }
                 | Row::Priority0 { freezer: true }
                 | Row::FloorFreeze
+                | Row::FloorFreezeActive
         )
     }
 
@@ -118,6 +133,7 @@ impl Row {
             } => "memwatch probe, freezer",
             Row::FloorStop => "eventfd → SIGSTOP (floor)",
             Row::FloorFreeze => "eventfd → freeze (floor)",
+            Row::FloorFreezeActive => "eventfd → freeze, active (floor)",
             Row::Poller => "1 ms poller → SIGSTOP",
             Row::Base { freezer: false } => "base reflex, SIGSTOP",
             Row::Base { freezer: true } => "base reflex, freezer",
@@ -157,7 +173,7 @@ fn watcher(
                 }
             }))
         }
-        Row::FloorFreeze => {
+        Row::FloorFreeze | Row::FloorFreezeActive => {
             let (efd, usage) = common::threshold(&mem, line);
             let mut state = std::fs::OpenOptions::new()
                 .write(true)
@@ -248,6 +264,9 @@ struct Outcome {
     /// How far past the line the cgroup's usage went before the stop (MiB; v1's
     /// memory.max_usage_in_bytes, reset at the go): what a late stop costs in memory.
     past_mib: Option<f64>,
+    /// The page cache charged to the cgroup at the go (MiB; memory.stat's `total_cache`): the
+    /// reflex goes by usage less clean cache, so it stops this much past the floors' line.
+    cache_mib: Option<f64>,
     /// µs from the crossing to the stop; `None`: not stopped (or no crossing seen).
     latency_us: Option<f64>,
 }
@@ -335,6 +354,15 @@ fn run(
         {
             std::thread::sleep(Duration::from_millis(5));
         }
+        // And its thresholds all registered: each registration waits for an RCU grace period, and
+        // those of the run before (the same cgroup) are unregistered first, one grace period each
+        // too, so a job let go at once races them (`RACE=1` does: a job growing from its attach).
+        while std::env::var("RACE").as_deref() != Ok("1")
+            && d.watch(&name).as_deref() != Some("watched")
+            && t.elapsed() < Duration::from_secs(10)
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         if !reflex {
             std::thread::sleep(Duration::from_millis(1200));
         }
@@ -357,10 +385,24 @@ fn run(
             stopped_at(row, freezer.as_deref(), pid, tree, stop)
         })
     };
+    // The freezer kept active for the run, or not active at all: no daemon's held cgroup is left
+    // from the row before (it lets go once the job is detached).
+    let active = match row {
+        Row::FloorFreezeActive => Some(
+            memwatch::reflex::active::Held::hold(Path::new("/"))
+                .expect("hold an empty v1 freezer cgroup frozen"),
+        ),
+        Row::FloorFreeze => {
+            freezer_let_go();
+            None
+        }
+        _ => None,
+    };
     let w = watcher(row, cg, pid, line, workers > 0, stop.clone());
     let oom = cg.oom_kills();
     let peak = cg.dir.join("memory.max_usage_in_bytes");
     let _ = std::fs::write(&peak, "0");
+    let cache_mib = cache_bytes(&cg.dir).map(|b| b as f64 / MIB as f64);
     std::fs::write(&go, "").unwrap();
     let t0 = Instant::now();
     while !stopped.is_finished() && t0.elapsed() < Duration::from_secs(5) {
@@ -394,6 +436,7 @@ fn run(
         let _ = h.join();
     }
     let _ = std::fs::remove_file(&go);
+    drop(active);
     let latency_us = match (cross_at, stop_at) {
         (Some(c), Some(s)) if !killed => Some(if s >= c {
             s.duration_since(c).as_secs_f64() * 1e6
@@ -414,12 +457,45 @@ fn run(
                 e.contains(&format!("\"job\":\"{name}\"")) && e.contains("\"action\":\"pause\"")
             })
             .unwrap_or("(no pause event)");
-        eprintln!("{} run {i}: {l:.0} µs; {pause}", row.label());
+        eprintln!(
+            "{} run {i}: {l:.0} µs, cache at the go {:.2} MiB; {pause}",
+            row.label(),
+            cache_mib.unwrap_or(f64::NAN)
+        );
     }
     Outcome {
         killed,
         past_mib,
+        cache_mib,
         latency_us,
+    }
+}
+
+/// The page cache charged to the v1 memory cgroup `dir` (memory.stat's `total_cache`).
+fn cache_bytes(dir: &Path) -> Option<u64> {
+    let stat = std::fs::read_to_string(dir.join("memory.stat")).ok()?;
+    stat.lines()
+        .find_map(|l| l.strip_prefix("total_cache "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Waits (5 s at most) until no daemon holds an empty freezer cgroup frozen, so that the next freeze
+/// is the kernel's first (where nothing else on the machine is frozen).
+fn freezer_let_go() {
+    let held = || {
+        std::fs::read_dir("/sys/fs/cgroup/freezer")
+            .map(|d| {
+                d.flatten().any(|e| {
+                    e.file_name()
+                        .to_string_lossy()
+                        .starts_with("memwatch-freezer-active.")
+                })
+            })
+            .unwrap_or(false)
+    };
+    let t = Instant::now();
+    while held() && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
@@ -457,6 +533,12 @@ fn main() {
     }
     let runs = common::runs(30);
     let hog = memhog();
+    // The hog's binary in the page cache, charged to this process's cgroup rather than the hog's:
+    // read there first (by the hog's first exec after it was built or evicted), its text would stay
+    // charged to the hog's cgroup as clean cache for the whole bench. The reflex goes by usage less
+    // clean cache, so it would fire that much past the floors' line (half a MiB: the next of its
+    // thresholds, 0.1 % apart), in some benches and not others. The cache at the go is reported.
+    let _ = std::fs::read(&hog);
     // A stat file kept open per worker: as many descriptors as the hard limit allows.
     let mut nofile = rustix::process::getrlimit(rustix::process::Resource::Nofile);
     nofile.current = nofile.maximum;
@@ -510,6 +592,7 @@ fn main() {
         },
         Row::FloorStop,
         Row::FloorFreeze,
+        Row::FloorFreezeActive,
         Row::Poller,
         Row::Base { freezer: false },
         Row::Base { freezer: true },
@@ -534,6 +617,7 @@ fn main() {
                         | Row::Priority0 { .. }
                         | Row::FloorStop
                         | Row::FloorFreeze
+                        | Row::FloorFreezeActive
                 )
         })
         .collect();
@@ -556,9 +640,10 @@ fn main() {
             let mut lat: Vec<f64> = o.iter().filter_map(|o| o.latency_us).collect();
             let n = lat.len();
             let mut past: Vec<f64> = o.iter().filter_map(|o| o.past_mib).collect();
+            let mut cache: Vec<f64> = o.iter().filter_map(|o| o.cache_mib).collect();
             println!(
                 "{:<27} {rate:>5} MiB/s, {:>4} processes: OOM-killed {killed}/{runs}, timed {n}, crossing→stop p50 {:>6.0} µs, \
-                 p90 {:>6.0} µs, max {:>6.0} µs; past the line p50 {:.2} MiB, max {:.2} MiB",
+                 p90 {:>6.0} µs, max {:>6.0} µs; past the line p50 {:.2} MiB, max {:.2} MiB; cache at the go max {:.2} MiB",
                 row.label(),
                 workers + 1,
                 pct(&mut lat, 0.5),
@@ -566,6 +651,7 @@ fn main() {
                 pct(&mut lat, 1.0),
                 pct(&mut past, 0.5),
                 pct(&mut past, 1.0),
+                pct(&mut cache, 1.0),
             );
         }
     }

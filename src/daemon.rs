@@ -70,7 +70,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let clock = Clock::system(anchor.anchor_ms);
     // The reflexes the wake thread fires, disarmed by the engine's host driver before a stop of
     // its own.
-    let armory = Arc::new(crate::reflex::Armory::default());
+    let armory = Arc::new(crate::reflex::Armory::new(&config.host.process_root));
     let host = crate::act::driver::Host::with_armory(&config.host.process_root, armory.clone());
     let settings = Settings::from(&config);
     let stores = crate::engine::open_stores(&settings);

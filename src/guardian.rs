@@ -172,6 +172,8 @@ pub fn run(runtime_dir: &Path, process_root: &Path, grace: Duration) -> ExitCode
         tracing::info!("a new memwatch daemon took over; it holds the paused jobs");
         return ExitCode::SUCCESS;
     }
+    // The empty freezer cgroup the daemon held frozen for its reflexes, if it held one.
+    crate::reflex::let_go_of_the_dead(process_root);
     match recover(runtime_dir, process_root) {
         Ok(0) => ExitCode::SUCCESS,
         Ok(n) => {

@@ -380,6 +380,12 @@ impl Reflex {
 pub struct Armory {
     armed: Mutex<HashMap<String, Reflex>>,
     fired: Mutex<Vec<Fired>>,
+    /// Where the v1 freezer is kept active from (`Armory::new`; none: never, as in tests on fixture
+    /// cgroups).
+    process_root: Option<PathBuf>,
+    /// While a v1 freezer reflex is armed: an empty freezer cgroup held frozen ([`active`]). Taken
+    /// and let go on the owner task only, never on the wake thread.
+    active: Mutex<Option<active::Held>>,
 }
 
 impl crate::act::driver::Reflexes for Armory {
@@ -408,27 +414,83 @@ impl std::fmt::Debug for Armory {
 }
 
 impl Armory {
+    /// The daemon's reflexes, on the host under `process_root`, which keep the v1 freezer active
+    /// while one of them would freeze a v1 cgroup. What daemons that are gone held is let go here.
+    pub fn new(process_root: &Path) -> Armory {
+        active::let_go_of_the_dead(process_root);
+        Armory {
+            process_root: Some(process_root.to_owned()),
+            ..Armory::default()
+        }
+    }
+
     /// Arms `reflex`, replacing the job's earlier one.
     pub fn arm(&self, reflex: Reflex) {
         if let Ok(mut armed) = self.armed.lock() {
             armed.insert(reflex.job.clone(), reflex);
         }
+        self.keep_active();
     }
 
     /// Disarms the job's reflex. `true`: it was armed and can no longer fire; `false`: there was none,
     /// or it fired (what it did is among [`Armory::take_fired`]).
     pub fn disarm(&self, job: &str) -> bool {
-        self.armed
+        let disarmed = self
+            .armed
             .lock()
-            .is_ok_and(|mut armed| armed.remove(job).is_some())
+            .is_ok_and(|mut armed| armed.remove(job).is_some());
+        self.keep_active();
+        disarmed
     }
 
     /// What the job's reflex did, if it fired and is not taken yet (taken here, so it is handled
     /// once).
     pub fn take(&self, job: &str) -> Option<Fired> {
-        let mut fired = self.fired.lock().ok()?;
-        let at = fired.iter().position(|f| f.job == job)?;
-        Some(fired.remove(at))
+        let taken = {
+            let mut fired = self.fired.lock().ok()?;
+            let at = fired.iter().position(|f| f.job == job)?;
+            fired.remove(at)
+        };
+        self.keep_active();
+        Some(taken)
+    }
+
+    /// Holds the v1 freezer active while an armed reflex would freeze a v1 cgroup, and lets it go
+    /// when none would (on the owner task, at each change it makes to the armed set; one that fired
+    /// is let go of when its act is taken).
+    fn keep_active(&self) {
+        let Some(root) = &self.process_root else {
+            return;
+        };
+        let wanted = self.armed.lock().is_ok_and(|armed| {
+            armed.values().any(
+                |r| matches!(&r.act, Act::Freeze { frozen, .. } if frozen.version == Version::V1),
+            )
+        });
+        let Ok(mut active) = self.active.lock() else {
+            return;
+        };
+        match (wanted, active.is_some()) {
+            (true, false) => match active::Held::hold(root) {
+                Ok(held) => {
+                    tracing::debug!(cgroup = %held.dir().display(), "the v1 freezer kept active for the reflex");
+                    *active = Some(held);
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "the v1 freezer not kept active: a reflex's freeze may be the kernel's first");
+                }
+            },
+            (false, true) => *active = None,
+            _ => {}
+        }
+    }
+
+    /// The cgroup held frozen to keep the v1 freezer active, if one is.
+    pub fn held_active(&self) -> Option<PathBuf> {
+        self.active
+            .lock()
+            .ok()
+            .and_then(|a| a.as_ref().map(|h| h.dir().to_owned()))
     }
 
     /// The jobs whose reflexes are armed.
@@ -441,10 +503,15 @@ impl Armory {
 
     /// What fired since the last call.
     pub fn take_fired(&self) -> Vec<Fired> {
-        self.fired
+        let fired = self
+            .fired
             .lock()
             .map(|mut f| std::mem::take(&mut *f))
-            .unwrap_or_default()
+            .unwrap_or_default();
+        if !fired.is_empty() {
+            self.keep_active();
+        }
+        fired
     }
 
     /// A crossing of `job`'s line, read at `woke` (a v1 threshold's eventfd, or a v2 read of its
@@ -476,6 +543,9 @@ impl Armory {
         Crossing::Fired
     }
 }
+
+pub mod active;
+pub use active::let_go_of_the_dead;
 
 #[cfg(test)]
 pub(crate) mod tests;

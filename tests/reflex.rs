@@ -92,6 +92,39 @@ fn run(d: &Daemon, cg: &MemCgroup, name: &str, reflex: bool, user: Option<&str>)
             )),
             "{name}: not armed in /metrics:\n{metrics}"
         );
+        // Its thresholds: registering (each live from its own write), then all in.
+        let watch = |d: &Daemon| {
+            d.jobs().into_iter().find(|j| j["name"] == name).unwrap()["watch"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        };
+        assert!(
+            ["registering", "watched"].contains(&watch(d).as_str()),
+            "{name}: the API's watch of an armed job: {}",
+            watch(d)
+        );
+        d.wait_until(
+            |d| watch(d) == "watched",
+            "the job's thresholds all registered",
+        );
+        // A v1 freezer reflex's freeze is not the kernel's first: the daemon holds an empty freezer
+        // cgroup of its own frozen while it is armed.
+        let held = held_active(d);
+        if name.starts_with("by-freezer") {
+            assert_eq!(
+                std::fs::read_to_string(held.join("freezer.state"))
+                    .map(|s| s.trim().to_owned())
+                    .ok()
+                    .as_deref(),
+                Some("FROZEN"),
+                "{name}: the v1 freezer not kept active"
+            );
+            let procs = std::fs::read_to_string(held.join("cgroup.procs")).unwrap_or_default();
+            assert_eq!(procs.trim(), "", "{name}: the held cgroup has members");
+        } else {
+            assert!(!held.exists(), "{name}: held for a reflex by signals");
+        }
     } else {
         d.wait_samples(d.samples() + 2);
         assert_eq!(
@@ -162,7 +195,17 @@ fn run(d: &Daemon, cg: &MemCgroup, name: &str, reflex: bool, user: Option<&str>)
         eventually(5.0, || d.job_state(name).is_none()),
         "{name}: the finished job stayed attached"
     );
+    assert!(
+        eventually(5.0, || !held_active(d).exists()),
+        "{name}: the v1 freezer kept active with no reflex armed"
+    );
     detail
+}
+
+/// The empty v1 freezer cgroup `d` holds frozen while a v1 freezer reflex is armed.
+fn held_active(d: &Daemon) -> std::path::PathBuf {
+    std::path::Path::new("/sys/fs/cgroup/freezer")
+        .join(format!("memwatch-freezer-active.{}", d.child.id()))
 }
 
 #[test]

@@ -187,6 +187,19 @@ impl Daemon {
             })
     }
 
+    /// How the kernel watches the job (the API's `watch`: `watched`, `registering`, `probed`).
+    pub fn watch(&self, job: &str) -> Option<String> {
+        let answer = self.request(r#"{"cmd":"jobs"}"#);
+        let v: serde_json::Value = serde_json::from_str(&answer).ok()?;
+        let found = |jobs: &serde_json::Value| {
+            jobs.as_array()?
+                .iter()
+                .find(|j| j["name"] == job)
+                .and_then(|j| j["watch"].as_str().map(str::to_owned))
+        };
+        found(&v["jobs"]).or_else(|| found(&v["result"]))
+    }
+
     /// The daemon's events so far (`events.jsonl` in its state directory).
     pub fn events(&self) -> String {
         std::fs::read_to_string(self._dir.path().join("state/events.jsonl")).unwrap_or_default()

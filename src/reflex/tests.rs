@@ -23,23 +23,20 @@ pub(crate) fn set(dir: &Path, usage: u64, inactive_file: u64) {
     .unwrap();
 }
 
-/// Root's v2 reflex freezing `dir` at 950 MiB of a 1000 MiB limit.
-pub(crate) fn armed(dir: &Path) -> Armory {
+/// Root's v2 reflex for `job`, freezing `dir` at 950 MiB of a 1000 MiB limit.
+fn v2_reflex(job: &str, dir: &Path) -> Reflex {
     let frozen = Frozen {
         version: Version::V2,
         dir: dir.to_owned(),
     };
     let act = Reflex::freezer(&frozen).unwrap();
+    Reflex::open(job, dir, Version::V2, 950 * MIB, 0, Path::new("/"), act)
+}
+
+/// The same, armed.
+pub(crate) fn armed(dir: &Path) -> Armory {
     let armory = Armory::default();
-    armory.arm(Reflex::open(
-        "job",
-        dir,
-        Version::V2,
-        950 * MIB,
-        0,
-        Path::new("/"),
-        act,
-    ));
+    armory.arm(v2_reflex("job", dir));
     armory
 }
 
@@ -246,4 +243,93 @@ fn a_freeze_ahead_of_cache_that_grew_is_thawed_at_once_and_made_again_a_second_l
     assert_eq!(armory.crossing("job", now), Crossing::Fired);
     assert_eq!(freeze_word(d.path()), "10101");
     assert_eq!(armory.take_fired()[0].unreclaimable(), 980 * MIB);
+}
+
+/// A v1 job's fixture cgroup (usage, memory.stat and freezer.state in one directory) and root's
+/// freezer reflex on it, at 950 MiB.
+fn v1_reflex(job: &str, dir: &Path) -> Reflex {
+    std::fs::write(dir.join("memory.usage_in_bytes"), format!("{}\n", 10 * MIB)).unwrap();
+    std::fs::write(dir.join("memory.stat"), "total_inactive_file 0\n").unwrap();
+    std::fs::write(dir.join("freezer.state"), "THAWED").unwrap();
+    let frozen = Frozen {
+        version: Version::V1,
+        dir: dir.to_owned(),
+    };
+    let act = Reflex::freezer(&frozen).unwrap();
+    Reflex::open(job, dir, Version::V1, 950 * MIB, 0, Path::new("/"), act)
+}
+
+/// The only test that holds the real v1 freezer active: the held cgroup is named by this process.
+#[test]
+fn the_v1_freezer_is_kept_active_while_a_v1_freezer_reflex_is_armed_and_never_with_a_process() {
+    let hierarchy = Path::new("/sys/fs/cgroup/freezer");
+    if !rustix::process::geteuid().is_root() || !hierarchy.join("cgroup.procs").exists() {
+        eprintln!("skipped: needs root and a v1 freezer");
+        return;
+    }
+    let held = hierarchy.join(format!("memwatch-freezer-active.{}", std::process::id()));
+    let state = |dir: &Path| std::fs::read_to_string(dir.join("freezer.state")).unwrap();
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let armory = Armory::new(Path::new("/"));
+    assert_eq!(armory.held_active(), None, "held before any reflex");
+
+    // A v2 freezer reflex turns no kernel key: nothing is held for it.
+    let v2 = v2_cgroup(10 * MIB, 0);
+    armory.arm(v2_reflex("v2", v2.path()));
+    assert_eq!(armory.held_active(), None, "held for a v2 reflex");
+
+    armory.arm(v1_reflex("a", a.path()));
+    assert_eq!(armory.held_active().as_deref(), Some(held.as_path()));
+    assert_eq!(state(&held).trim(), "FROZEN");
+    let procs = std::fs::read_to_string(held.join("cgroup.procs")).unwrap();
+    assert_eq!(procs.trim(), "", "the held cgroup has members");
+    armory.arm(v1_reflex("b", b.path()));
+    assert!(armory.disarm("a"));
+    assert_eq!(
+        armory.held_active().as_deref(),
+        Some(held.as_path()),
+        "let go while b's reflex is armed"
+    );
+    // b fires: the freeze is made with the freezer active, and the hold is let go of once what it
+    // did is taken, not on the wake thread.
+    std::fs::write(
+        b.path().join("memory.usage_in_bytes"),
+        format!("{}\n", 990 * MIB),
+    )
+    .unwrap();
+    assert_eq!(armory.crossing("b", Instant::now()), Crossing::Fired);
+    assert_eq!(state(b.path()), "FROZEN");
+    assert!(held.exists(), "let go of on the wake thread");
+    assert_eq!(armory.take_fired().len(), 1);
+    assert_eq!(
+        armory.held_active(),
+        None,
+        "held with only a v2 reflex armed"
+    );
+    assert!(!held.exists(), "the held cgroup was left behind");
+
+    // A process found in this daemon's cgroup: not frozen, and nothing held.
+    std::fs::create_dir(&held).unwrap();
+    let mut sleeper = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    std::fs::write(held.join("cgroup.procs"), sleeper.id().to_string()).unwrap();
+    armory.arm(v1_reflex("a", a.path()));
+    assert_eq!(armory.held_active(), None, "held with a process in it");
+    assert_eq!(state(&held).trim(), "THAWED", "the process was frozen");
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+    assert!(armory.disarm("a"));
+
+    // One left frozen by a daemon that is gone is let go of at the next start.
+    let mut gone = std::process::Command::new("true").spawn().unwrap();
+    gone.wait().unwrap();
+    let left = hierarchy.join(format!("memwatch-freezer-active.{}", gone.id()));
+    std::fs::create_dir(&left).unwrap();
+    std::fs::write(left.join("freezer.state"), "FROZEN").unwrap();
+    let _next = Armory::new(Path::new("/"));
+    assert!(!left.exists(), "a dead daemon's held cgroup stayed");
+    // This process's own is its own to let go of: the sleeper's empty cgroup is removed here.
+    std::fs::remove_dir(&held).unwrap();
 }

@@ -503,6 +503,7 @@ impl Engine {
             },
             pause: j.pause.clone(),
             reflex: j.armed.as_ref().map(|a| a.view()),
+            watch: j.watch,
             slurm_suspended_since_ms: j.slurm_suspended_since_ms,
             slurm_holders: j
                 .slurm_holders

@@ -318,8 +318,10 @@ pub enum Measurement {
     Gone,
 }
 
-/// How the kernel watches a job's cgroup for the daemon.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// How the kernel watches a job's cgroup for the daemon (the API's `watch`: `probed`,
+/// `registering` or `watched`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Watch {
     /// It does not (no thresholds or reads of its usage yet, or none could be had): the engine
     /// probes the job.

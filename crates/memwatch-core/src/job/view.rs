@@ -67,6 +67,11 @@ pub struct JobView {
     /// The reflex armed to stop it at its cgroup's critical line (`policy.reflex`), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reflex: Option<held::ArmedView>,
+    /// How the kernel watches its cgroup: `watched` (v1 thresholds all registered, or the wake
+    /// thread's reads of v2 usage), `registering` (v1 thresholds being registered, each live from
+    /// its own write) or `probed` (no kernel notification: the engine probes it).
+    #[serde(default)]
+    pub watch: crate::job::Watch,
     /// A Slurm job that Slurm holds suspended on this node (its cgroups frozen by Slurm): since when,
     /// whoever asked (this node's memwatch, another node's, a person). `state` is then "paused".
     #[serde(default, skip_serializing_if = "Option::is_none")]

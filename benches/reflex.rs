@@ -488,7 +488,7 @@ fn freezer_let_go() {
                 d.flatten().any(|e| {
                     e.file_name()
                         .to_string_lossy()
-                        .starts_with("memwatch-freezer-active.")
+                        .starts_with(memwatch::reflex::active::PREFIX)
                 })
             })
             .unwrap_or(false)

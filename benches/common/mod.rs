@@ -191,13 +191,11 @@ impl Daemon {
     pub fn watch(&self, job: &str) -> Option<String> {
         let answer = self.request(r#"{"cmd":"jobs"}"#);
         let v: serde_json::Value = serde_json::from_str(&answer).ok()?;
-        let found = |jobs: &serde_json::Value| {
-            jobs.as_array()?
-                .iter()
-                .find(|j| j["name"] == job)
-                .and_then(|j| j["watch"].as_str().map(str::to_owned))
-        };
-        found(&v["jobs"]).or_else(|| found(&v["result"]))
+        v["jobs"]
+            .as_array()?
+            .iter()
+            .find(|j| j["name"] == job)
+            .and_then(|j| j["watch"].as_str().map(str::to_owned))
     }
 
     /// The daemon's events so far (`events.jsonl` in its state directory).

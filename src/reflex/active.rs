@@ -20,7 +20,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 /// The name of a daemon's held cgroup, before its pid.
-const PREFIX: &str = "memwatch-freezer-active.";
+pub const PREFIX: &str = "memwatch-freezer-active.";
 
 /// The v1 freezer hierarchy's root under `process_root`.
 fn hierarchy(process_root: &Path) -> PathBuf {

@@ -25,6 +25,8 @@
 //! (the API's `watch`, `watched`): each registration waits for an RCU grace period, and the run
 //! before's thresholds on the same cgroup are removed first, one grace period each too, so a hog let
 //! go at once races them and is caught by the engine's probe instead (`RACE=1` lets it go at once).
+//! With `FRESH=1` each run has a memory cgroup of its own, as a job started in a new unit has: no
+//! thresholds of the run before to remove first.
 //! The hog's binary is read into the page cache by the bench first, so that its text is not charged
 //! to the hog's cgroup: the reflex goes by usage less clean cache, and that cache would put its line
 //! past the floors'. The cache charged at the go is reported with each row.
@@ -547,11 +549,16 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    let mut cg = MemCgroup::new(LIMIT).expect("create a v1 memory cgroup (run as root)");
-    assert!(
-        cg.version == 1 && cg.with_freezer(),
-        "needs the v1 memory and freezer controllers"
-    );
+    let new_cgroup = || {
+        let mut cg = MemCgroup::new(LIMIT).expect("create a v1 memory cgroup (run as root)");
+        assert!(
+            cg.version == 1 && cg.with_freezer(),
+            "needs the v1 memory and freezer controllers"
+        );
+        cg
+    };
+    let fresh = std::env::var("FRESH").as_deref() == Ok("1");
+    let mut cg = new_cgroup();
     let rates: Vec<u64> = std::env::var("RATES")
         .ok()
         .map(|v| v.split(',').filter_map(|r| r.trim().parse().ok()).collect())
@@ -632,6 +639,9 @@ fn main() {
                     Row::Priority0 { .. } => rt0.as_ref(),
                     _ => None,
                 };
+                if fresh {
+                    cg = new_cgroup();
+                }
                 outs[k].push(run(&cg, &hog, rate, workers, *row, d, i * rows.len() + k));
             }
         }

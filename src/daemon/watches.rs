@@ -120,11 +120,17 @@ impl Watches {
                     {
                         // Watched once the registrar is done; probed until then.
                         self.generation += 1;
-                        w.watch_v1_thresholds(&p.job, &p.dir.dir, &p.thresholds, self.generation)
-                            .map(|()| {
-                                self.registering.insert(p.job.clone(), self.generation);
-                                Watch::Registering
-                            })
+                        w.watch_v1_thresholds(
+                            &p.job,
+                            &p.dir.dir,
+                            &p.thresholds,
+                            p.line,
+                            self.generation,
+                        )
+                        .map(|()| {
+                            self.registering.insert(p.job.clone(), self.generation);
+                            Watch::Registering
+                        })
                     }
                     Version::V2 if crate::wake::on_kernel_fs(&p.dir.dir) => {
                         if let Err(e) = w.watch_psi(
@@ -151,10 +157,11 @@ impl Watches {
                 engine.set_watch(&p.job, watch);
                 self.jobs.insert(p.job.clone(), key);
             }
-            // A reflex rides on the job's thresholds (v1: each live from its own write, so from the
-            // registration's start; the wake thread dropped the old ones as it took the new
-            // eventfd) or the wake thread's reads (v2). The job is probed until its thresholds are
-            // all in, and a registration that fails disarms it.
+            // A reflex rides on the job's thresholds (v1: each live from its own write, and the
+            // wake thread reads the usage until the last is in, so from the registration's start;
+            // the wake thread dropped the old ones as it took the new eventfd) or the wake
+            // thread's reads (v2). The job is probed until its thresholds are all in, and a
+            // registration that fails disarms it.
             let woken = !p.limitless
                 && !p.thresholds.is_empty()
                 && engine.watch(&p.job).wakes_at_the_line();

@@ -68,7 +68,7 @@ pub fn kernel_notifications(out: &mut String, counts: &[(&'static str, u64)]) {
     {
         let mut f = w.counter(
             "memwatch_kernel_notifications_total",
-            "Kernel notifications that woke the daemon, by source: host_psi (a PSI trigger on /proc/pressure/memory), job_psi (one on a job cgroup's memory.pressure, cgroup v2), job_threshold (a cgroup v1 memory threshold), job_usage_read (the daemon's own read of a cgroup v2 job's memory.current that found it across one of its lines: v2 has no usage thresholds).",
+            "Kernel notifications that woke the daemon, by source: host_psi (a PSI trigger on /proc/pressure/memory), job_psi (one on a job cgroup's memory.pressure, cgroup v2), job_threshold (a cgroup v1 memory threshold), job_usage_read (the daemon's own read of a job's usage that found it across one of its lines: a cgroup v2 job's memory.current, since v2 has no usage thresholds, and a v1 job's memory.usage_in_bytes while its thresholds register).",
         );
         for (source, n) in counts {
             f.add(&[("source", source)], *n as f64);

@@ -92,8 +92,21 @@ impl Drop for Held {
     }
 }
 
-/// Thaws and removes the cgroups held by daemons that are gone (killed while holding one); those
-/// of a live daemon are left to it.
+/// Whether `pid` is a process that runs under `process_root`'s /proc: not gone, and not a zombie
+/// (a daemon killed under a parent that has not reaped it yet holds nothing any more).
+fn alive(process_root: &Path, pid: u32) -> bool {
+    match std::fs::read_to_string(process_root.join(format!("proc/{pid}/stat"))) {
+        // The state is the first field after the command's closing parenthesis.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_none_or(|state| !matches!(state, "Z" | "X")),
+        Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+    }
+}
+
+/// Thaws and removes the cgroups held by daemons that are gone (killed while holding one, or a
+/// zombie); those of a live daemon are left to it.
 pub fn let_go_of_the_dead(process_root: &Path) {
     let Ok(entries) = std::fs::read_dir(hierarchy(process_root)) else {
         return;
@@ -107,7 +120,7 @@ pub fn let_go_of_the_dead(process_root: &Path) {
         else {
             continue;
         };
-        if pid == std::process::id() || process_root.join("proc").join(pid.to_string()).exists() {
+        if pid == std::process::id() || alive(process_root, pid) {
             continue;
         }
         let dir = entry.path();

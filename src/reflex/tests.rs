@@ -247,7 +247,7 @@ fn a_freeze_ahead_of_cache_that_grew_is_thawed_at_once_and_made_again_a_second_l
 
 /// A v1 job's fixture cgroup (usage, memory.stat and freezer.state in one directory) and root's
 /// freezer reflex on it, at 950 MiB.
-fn v1_reflex(job: &str, dir: &Path) -> Reflex {
+pub(crate) fn v1_reflex(job: &str, dir: &Path) -> Reflex {
     std::fs::write(dir.join("memory.usage_in_bytes"), format!("{}\n", 10 * MIB)).unwrap();
     std::fs::write(dir.join("memory.stat"), "total_inactive_file 0\n").unwrap();
     std::fs::write(dir.join("freezer.state"), "THAWED").unwrap();
@@ -328,8 +328,19 @@ fn the_v1_freezer_is_kept_active_while_a_v1_freezer_reflex_is_armed_and_never_wi
     let left = hierarchy.join(format!("memwatch-freezer-active.{}", gone.id()));
     std::fs::create_dir(&left).unwrap();
     std::fs::write(left.join("freezer.state"), "FROZEN").unwrap();
+    // And one whose daemon is a zombie its parent has not reaped (as this test's child is).
+    let mut zombie = std::process::Command::new("true").spawn().unwrap();
+    let undead = hierarchy.join(format!("memwatch-freezer-active.{}", zombie.id()));
+    std::fs::create_dir(&undead).unwrap();
+    std::fs::write(undead.join("freezer.state"), "FROZEN").unwrap();
+    let stat = format!("/proc/{}/stat", zombie.id());
+    while !std::fs::read_to_string(&stat).unwrap().contains(") Z ") {
+        std::thread::yield_now();
+    }
     let _next = Armory::new(Path::new("/"));
     assert!(!left.exists(), "a dead daemon's held cgroup stayed");
+    assert!(!undead.exists(), "a zombie daemon's held cgroup stayed");
+    zombie.wait().unwrap();
     // This process's own is its own to let go of: the sleeper's empty cgroup is removed here.
     std::fs::remove_dir(&held).unwrap();
 }

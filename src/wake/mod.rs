@@ -43,6 +43,8 @@ pub type Key = Option<String>;
 enum Cmd {
     Watch(Key, Vec<OwnedFd>, Kind),
     Reads(UsageReads),
+    /// The job's reads stop; its other watches stay.
+    Unread(String),
     Unwatch(Key),
 }
 
@@ -66,7 +68,8 @@ pub struct Notified {
 impl Notified {
     /// `(source, count)` for each source: `host_psi` (/proc/pressure/memory), `job_psi` (a job
     /// cgroup's memory.pressure), `job_threshold` (a v1 memory threshold's eventfd),
-    /// `job_usage_read` (this thread's read of a v2 job's usage across one of its lines).
+    /// `job_usage_read` (this thread's read of a job's usage across one of its lines: a v2 job's,
+    /// and a v1 job's while its thresholds register).
     pub fn snapshot(&self) -> [(&'static str, u64); 4] {
         [
             ("host_psi", self.host_psi.load(Ordering::Relaxed)),
@@ -172,13 +175,16 @@ impl Wakers {
     /// Watches a v1 memory cgroup: notified whenever usage crosses one of `thresholds` (bytes), up or
     /// down. Replaces the job's earlier watch. The files are opened here (an error is told now); the
     /// registrar hands the watch to the wake thread, registers the thresholds one by one, each live
-    /// from its own write, and tells, as `generation`, that it is done
-    /// ([`Wakers::take_registered`]). `Ok`: asked.
+    /// from its own write, the reflex's line and those past it first (`line`: the critical line and
+    /// the limit, bytes, where known; the wake thread reads the job's usage against them until the
+    /// last is in), and tells, as `generation`, that it is done ([`Wakers::take_registered`]).
+    /// `Ok`: asked.
     pub fn watch_v1_thresholds(
         &self,
         job: &str,
         dir: &Path,
         thresholds: &[u64],
+        line: Option<(u64, u64)>,
         generation: u64,
     ) -> std::io::Result<()> {
         let efd = eventfd()?;
@@ -192,6 +198,7 @@ impl Wakers {
             usage,
             control,
             thresholds: thresholds.to_vec(),
+            line,
         }));
         if asked {
             Ok(())
@@ -242,7 +249,7 @@ impl Wakers {
         std::fs::File::open(dir.join("memory.current"))?;
         self.send(Cmd::Reads(UsageReads::new(
             job,
-            dir,
+            &dir.join("memory.current"),
             thresholds,
             critical_bytes,
             limit_bytes,
@@ -324,6 +331,9 @@ fn run(
                 }
                 Cmd::Reads(r) => {
                     reads.insert(r.job().to_owned(), (r, 0));
+                }
+                Cmd::Unread(job) => {
+                    reads.remove(&job);
                 }
                 Cmd::Unwatch(key) => {
                     if let Some(job) = &key {

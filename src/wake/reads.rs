@@ -1,4 +1,5 @@
-//! A v2 job's usage, read by the wake thread on its own timer. cgroup v2 has no usage thresholds, so
+//! A v2 job's usage, read by the wake thread on its own timer (and a v1 job's while its thresholds
+//! are being registered: [`register`](super::register)). cgroup v2 has no usage thresholds, so
 //! these reads stand in for v1's: a read that finds usage on the other side of one of the engine's
 //! lines (half the limit, warn, critical, each tenth of a percent for a percent above it, then each
 //! half percent) wakes the owner task as a threshold's eventfd would, and a read at or over the
@@ -44,12 +45,13 @@ pub struct Turn {
 }
 
 impl UsageReads {
-    /// Reads of `memory_dir`'s `memory.current` against `thresholds` (bytes; any order), the
-    /// critical line among them at `critical_bytes` of `limit_bytes`; the first read is due at once
-    /// and tells of no crossing (as a new v1 threshold does not).
+    /// Reads of `usage` (a v2 cgroup's `memory.current`; a v1 one's `memory.usage_in_bytes` while
+    /// its thresholds register) against `thresholds` (bytes; any order), the critical line among
+    /// them at `critical_bytes` of `limit_bytes`; the first read is due at once and tells of no
+    /// crossing (as a new v1 threshold does not).
     pub fn new(
         job: &str,
-        memory_dir: &Path,
+        usage: &Path,
         thresholds: &[u64],
         critical_bytes: u64,
         limit_bytes: u64,
@@ -58,13 +60,21 @@ impl UsageReads {
         thresholds.sort_unstable();
         UsageReads {
             job: job.to_owned(),
-            usage: KeptFile::new(memory_dir.join("memory.current")),
+            usage: KeptFile::new(usage.to_owned()),
             thresholds,
             band: None,
             critical_bytes,
             margin: limit_bytes.saturating_sub(critical_bytes),
             due: Instant::now(),
         }
+    }
+
+    /// The same, each read timed to reach the critical line itself at the fastest growth, not
+    /// halfway from it to the limit: more reads for a while (a v1 job's registration), each stop
+    /// at most a millisecond of that growth late.
+    pub fn to_the_line(mut self) -> UsageReads {
+        self.margin = 0;
+        self
     }
 
     /// The job's name.
@@ -129,7 +139,7 @@ mod tests {
     fn reads(dir: &Path) -> UsageReads {
         UsageReads::new(
             "job",
-            dir,
+            &dir.join("memory.current"),
             &[950 * MIB, 500 * MIB, 800 * MIB],
             950 * MIB,
             1000 * MIB,
@@ -169,6 +179,18 @@ mod tests {
         set(d.path(), 400 * MIB, 0);
         let due = r.due();
         assert_eq!(r.turn(due, &armory), CROSSED, "down again");
+    }
+
+    #[test]
+    fn reads_to_the_line_are_timed_by_the_room_alone() {
+        let d = v2_cgroup(200 * MIB, 0);
+        let armory = Armory::default();
+        let mut r = reads(d.path()).to_the_line();
+        let now = Instant::now();
+        assert_eq!(r.turn(now, &armory), Turn::default());
+        // 750 MiB to the line at 4 GiB/s, none of the 50 MiB margin's half.
+        assert_eq!(wait(&r, now), poll_after(750 * MIB, 0));
+        assert!(poll_after(750 * MIB, 0) < poll_after(750 * MIB, 50 * MIB));
     }
 
     #[test]

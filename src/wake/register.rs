@@ -9,15 +9,27 @@
 //! goes on probing the job (it is not watched yet, though its reflex is armed: the thresholds it
 //! fires on are live from their own writes) and hears when they are done
 //! ([`Wakers::take_registered`](super::Wakers::take_registered), its `Notify`). The wake thread
-//! polls the job's eventfd before the first write, and the thresholds are written nearest above the
-//! job's usage first, so that each wakes the owner task from its own write on: 20 took 250 to 300 ms
-//! here, and a job growing at 1 GiB/s from its first task crossed half its 300 MiB limit before the
-//! last was written, with nothing to wake its owner (the Slurm job of `tests/slurm_word.rs`,
-//! OOM-killed in 3 of 15 runs that way).
+//! polls the job's eventfd before the first write, and the thresholds are written the reflex's line
+//! and those past it first, then the rest nearest above the job's usage, so that each wakes the
+//! owner task from its own write on and the reflex is live at its line from the first: 20 took 250
+//! to 300 ms here, and a job growing at 1 GiB/s from its first task crossed half its 300 MiB limit
+//! before the last was written, with nothing to wake its owner (the Slurm job of
+//! `tests/slurm_word.rs`, OOM-killed in 3 of 15 runs that way).
+//!
+//! The first write waits for the removal of the cgroup's earlier thresholds, a previous watch's
+//! (another job's on the same cgroup, or this one's before its limit changed), one grace period
+//! each: hundreds of ms, in which a job growing at 4 GiB/s from its attach reached its line with
+//! none of its own in, and was stopped by the owner's probe or not at all (3 of 20 OOM-killed,
+//! BENCHMARKS.md). So until the last is in, the wake thread also reads the job's usage on its own
+//! timer, as it reads a v2 job's ([`UsageReads::to_the_line`]).
 //!
 //! Every command for the wake thread passes through this thread's queue, in the order it was
-//! given, so a job's later watch, or its unwatch, never overtakes an earlier registration.
+//! given, so a job's later watch, or its unwatch, never overtakes an earlier registration. A
+//! registration that a later order of the same job makes moot (its thresholds asked again, its
+//! watches dropped) stops before its next write: a job let go of while its thresholds register
+//! no longer holds the next job's registration, and its reads, behind two dozen grace periods.
 
+use std::collections::VecDeque;
 use std::io::Write as _;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
@@ -26,6 +38,7 @@ use std::time::Instant;
 
 use tokio::sync::Notify;
 
+use super::reads::UsageReads;
 use super::{Cmd, Kind};
 
 /// What the registrar is given.
@@ -45,6 +58,21 @@ pub(super) struct Thresholds {
     pub(super) usage: std::fs::File,
     pub(super) control: PathBuf,
     pub(super) thresholds: Vec<u64>,
+    /// The critical line (one of `thresholds`: the reflex's, registered first) and the limit,
+    /// bytes, where the limit is known.
+    pub(super) line: Option<(u64, u64)>,
+}
+
+impl Order {
+    /// Whether this order, given after a registration of `job`'s thresholds, makes the rest of it
+    /// moot: `job`'s thresholds asked again, or its watches dropped.
+    fn supersedes(&self, job: &str) -> bool {
+        match self {
+            Order::Thresholds(t) => t.job == job,
+            Order::Forward(Cmd::Unwatch(Some(j))) => j == job,
+            Order::Forward(_) => false,
+        }
+    }
 }
 
 /// A registration that finished: its job, the generation it was asked with
@@ -83,7 +111,9 @@ pub(super) fn run(
             false
         }
     };
-    while let Ok(order) = orders.recv() {
+    // Orders taken from the channel while a registration was being written, in their order.
+    let mut pending: VecDeque<Order> = VecDeque::new();
+    while let Some(order) = pending.pop_front().or_else(|| orders.recv().ok()) {
         match order {
             Order::Forward(cmd) => {
                 forward(cmd);
@@ -91,7 +121,13 @@ pub(super) fn run(
             Order::Thresholds(t) => {
                 let started = Instant::now();
                 let (job, count, generation) = (t.job.clone(), t.thresholds.len(), t.generation);
-                let result = watch_then_register(t, &forward);
+                // Asked again, or let go of, since: the rest is not written (the kernel removes
+                // what was with the eventfd), and what was asked next starts a grace period sooner.
+                let superseded = || {
+                    pending.extend(orders.try_iter());
+                    pending.iter().any(|o| o.supersedes(&job))
+                };
+                let result = watch_then_register(t, &forward, superseded);
                 tracing::debug!(
                     job,
                     thresholds = count,
@@ -113,15 +149,26 @@ pub(super) fn run(
 }
 
 /// Hands the job's eventfd to the wake thread first, then writes each threshold to the cgroup's
-/// `cgroup.event_control`, nearest above the usage first ([`in_order`]): each threshold wakes the
-/// owner from its own write on, not from the last one's, 10 to 20 ms of RCU grace period apart. A
-/// job that grows from its first task on crosses half its limit while its last thresholds are
-/// still being written. Where a write fails, the watch is dropped (the kernel removes the
+/// `cgroup.event_control`, the reflex's line and those past it first, then the rest nearest the
+/// usage first ([`in_order`]): each threshold wakes the owner from its own write on, not from the
+/// last one's, 10 to 20 ms of RCU grace period apart (hundreds of ms where a previous watch's
+/// thresholds on the cgroup are still being removed, each under a grace period of its own). A job
+/// that grows from its first task on crosses half its limit while its last thresholds are still
+/// being written; the reflex is live at its line from the first write, the owner probes the job
+/// until the last. Where a write fails, the watch is dropped (the kernel removes the
 /// thresholds written with the eventfd's close) and the job is probed, as any job not watched.
-fn watch_then_register(t: Thresholds, forward: &impl Fn(Cmd) -> bool) -> std::io::Result<()> {
+fn watch_then_register(
+    t: Thresholds,
+    forward: &impl Fn(Cmd) -> bool,
+    mut superseded: impl FnMut() -> bool,
+) -> std::io::Result<()> {
     let (efd, usage) = (t.efd.try_clone()?, t.usage.try_clone()?);
     let now = crate::sample::keyed::read_u64(&t.control.with_file_name("memory.usage_in_bytes"));
-    let order = in_order(&t.thresholds, now.ok());
+    let order = in_order(
+        &t.thresholds,
+        now.ok(),
+        t.line.map(|(critical, _)| critical),
+    );
     if !forward(Cmd::Watch(
         Some(t.job.clone()),
         vec![t.efd, t.usage.into()],
@@ -131,29 +178,58 @@ fn watch_then_register(t: Thresholds, forward: &impl Fn(Cmd) -> bool) -> std::io
             "the wake thread does not take commands",
         ));
     }
+    // Until the last threshold is in, the wake thread reads the usage on its own timer, as it
+    // does a v2 job's: the first write waits for the removal of the cgroup's earlier thresholds
+    // (a previous watch's, one grace period each), and a job growing meanwhile would reach its
+    // line with none of its own live.
+    let read = t.line.is_some_and(|(critical, limit)| {
+        forward(Cmd::Reads(
+            UsageReads::new(
+                &t.job,
+                &t.control.with_file_name("memory.usage_in_bytes"),
+                &t.thresholds,
+                critical,
+                limit,
+            )
+            .to_the_line(),
+        ))
+    });
     let written = std::fs::OpenOptions::new()
         .write(true)
         .open(&t.control)
         .and_then(|mut control| {
             order.iter().try_for_each(|th| {
+                if superseded() {
+                    return Err(std::io::Error::other(
+                        "asked again or let go of before the last threshold",
+                    ));
+                }
                 control
                     .write_all(format!("{} {} {th}", efd.as_raw_fd(), usage.as_raw_fd()).as_bytes())
             })
         });
     if written.is_err() {
         forward(Cmd::Unwatch(Some(t.job)));
+    } else if read {
+        forward(Cmd::Unread(t.job));
     }
     written
 }
 
-/// `thresholds` in the order they are registered: those above `usage` from the nearest up, then
-/// those at or below it from the nearest down (each the next the job's usage crosses, growing or
-/// shrinking); ascending where the usage is not known.
-fn in_order(thresholds: &[u64], usage: Option<u64>) -> Vec<u64> {
+/// `thresholds` in the order they are registered: those above `usage` and at or past the reflex's
+/// `line` from the nearest up (the reflex fires on them), then the rest above `usage` from the
+/// nearest up, then those at or below it from the nearest down (each the next the job's usage
+/// crosses, growing or shrinking); the usage is taken as 0 where it is not known.
+fn in_order(thresholds: &[u64], usage: Option<u64>, line: Option<u64>) -> Vec<u64> {
     let mut sorted = thresholds.to_vec();
     sorted.sort_unstable();
     let (below, above) = sorted.split_at(usage.map_or(0, |u| sorted.partition_point(|t| *t <= u)));
-    above.iter().chain(below.iter().rev()).copied().collect()
+    let (short, past) = above.split_at(line.map_or(0, |l| above.partition_point(|t| *t < l)));
+    past.iter()
+        .chain(short)
+        .chain(below.iter().rev())
+        .copied()
+        .collect()
 }
 
 #[cfg(test)]
@@ -178,7 +254,8 @@ mod tests {
     }
 
     #[test]
-    fn a_registration_that_waits_holds_neither_its_caller_nor_a_later_one_out_of_order() {
+    fn a_registration_that_waits_holds_neither_its_caller_nor_a_later_one_out_of_order_and_one_asked_again_is_not_written()
+     {
         let d = slow_cgroup();
         let registered = Arc::new(tokio::sync::Notify::new());
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -198,9 +275,11 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         let dir = d.path().to_owned();
         let wakers = std::thread::spawn(move || {
-            let asked = wakers.watch_v1_thresholds("job", &dir, &[100, 200, 300], 7);
-            let again = wakers.watch_v1_thresholds("job", &dir, &[400], 8);
-            tx.send((asked.is_ok(), again.is_ok())).unwrap();
+            let asked = wakers.watch_v1_thresholds("a", &dir, &[100, 200, 300], None, 7);
+            let other = wakers.watch_v1_thresholds("b", &dir, &[400], None, 8);
+            let again = wakers.watch_v1_thresholds("b", &dir, &[500], None, 9);
+            tx.send((asked.is_ok(), other.is_ok() && again.is_ok()))
+                .unwrap();
             wakers
         });
         assert_eq!(
@@ -222,7 +301,7 @@ mod tests {
                 // Each open takes one writer's registration, or both where the second writer
                 // came before the first one's end of file.
                 let mut text = String::new();
-                while !text.ends_with(" 400") {
+                while !text.ends_with(" 500") {
                     let mut f = std::fs::File::open(&fifo).unwrap();
                     f.read_to_string(&mut text).unwrap();
                 }
@@ -230,7 +309,7 @@ mod tests {
             })
         };
         let mut done = Vec::new();
-        while done.len() < 2 {
+        while done.len() < 3 {
             let told = rt.block_on(async {
                 tokio::time::timeout(Duration::from_secs(60), registered.notified()).await
             });
@@ -241,27 +320,114 @@ mod tests {
             .iter()
             .map(|r| (r.job.as_str(), r.generation, r.result.is_ok()))
             .collect();
-        assert_eq!(got, [("job", 7, true), ("job", 8, true)], "in order");
+        assert_eq!(
+            got,
+            [("a", 7, true), ("b", 8, false), ("b", 9, true)],
+            "in order, b's first asked again before its first write"
+        );
         let text = reader.join().unwrap();
-        // Three writes of "<eventfd> <usage fd> <bytes>" for generation 7, then one for 8.
+        // Three writes of "<eventfd> <usage fd> <bytes>" for generation 7, none for 8 (asked
+        // again), then one for 9.
         let words: Vec<&str> = text.split(' ').collect();
         let (efd, usage) = (words[0], words[1]);
         let first = format!("{efd} {usage} 100{efd} {usage} 200{efd} {usage} 300");
         assert!(text.starts_with(&first), "{text}");
-        assert!(text.ends_with(" 400") && text.len() > first.len(), "{text}");
+        assert!(!text.contains(" 400"), "{text}");
+        assert!(text.ends_with(" 500") && text.len() > first.len(), "{text}");
     }
 
     #[test]
-    fn thresholds_are_registered_nearest_above_the_usage_first() {
+    fn thresholds_are_registered_from_the_line_up_then_nearest_the_usage_first() {
         use super::in_order;
         let t = [150, 255, 285, 288, 297];
-        // A job at its start: the one it crosses first (half its limit) is written first.
-        assert_eq!(in_order(&t, Some(3)), [150, 255, 285, 288, 297]);
+        // A job at its start: the reflex's line and those past it first, then half its limit
+        // (the one it crosses first of the rest).
+        assert_eq!(in_order(&t, Some(3), Some(285)), [285, 288, 297, 150, 255]);
+        // Without a line: the one it crosses first is written first.
+        assert_eq!(in_order(&t, Some(3), None), [150, 255, 285, 288, 297]);
         // A job at 286 whose limit changed: up from 288, then down from 285.
-        assert_eq!(in_order(&t, Some(286)), [288, 297, 285, 255, 150]);
+        assert_eq!(
+            in_order(&t, Some(286), Some(285)),
+            [288, 297, 285, 255, 150]
+        );
         // At a threshold: it lies below (crossed on the way down).
-        assert_eq!(in_order(&t, Some(285)), [288, 297, 285, 255, 150]);
-        assert_eq!(in_order(&t, None), t);
+        assert_eq!(in_order(&t, Some(285), None), [288, 297, 285, 255, 150]);
+        // Between half and the line: the line up, then the warning under it, then down.
+        assert_eq!(
+            in_order(&t, Some(200), Some(285)),
+            [285, 288, 297, 255, 150]
+        );
+        assert_eq!(in_order(&t, None, Some(285)), [285, 288, 297, 150, 255]);
+        assert_eq!(in_order(&t, None, None), t);
+    }
+
+    #[test]
+    fn a_jobs_usage_is_read_until_its_thresholds_are_in_so_that_its_reflex_fires_before_any_is() {
+        use crate::reflex::tests::{MIB, v1_reflex};
+        let d = slow_cgroup();
+        let usage = d.path().join("memory.usage_in_bytes");
+        let state = d.path().join("freezer.state");
+        let armory = Arc::new(crate::reflex::Armory::default());
+        armory.arm(v1_reflex("job", d.path()));
+        let registered = Arc::new(tokio::sync::Notify::new());
+        let wakers = Wakers::start(
+            Arc::new(tokio::sync::Notify::new()),
+            Arc::default(),
+            armory.clone(),
+            registered,
+            0,
+        )
+        .unwrap();
+        let thresholds = [500 * MIB, 800 * MIB, 950 * MIB, 951 * MIB];
+        wakers
+            .watch_v1_thresholds(
+                "job",
+                d.path(),
+                &thresholds,
+                Some((950 * MIB, 1000 * MIB)),
+                1,
+            )
+            .unwrap();
+        // The registrar waits at the control file's open (a FIFO no one reads): no threshold is
+        // written, and the job grows past its line.
+        std::fs::write(&usage, format!("{}\n", 990 * MIB)).unwrap();
+        let t = std::time::Instant::now();
+        while std::fs::read_to_string(&state).unwrap() != "FROZEN" {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "the reflex did not fire while the thresholds registered"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let fired = armory.take_fired();
+        assert_eq!(fired.len(), 1);
+        assert_eq!(fired[0].unreclaimable(), 990 * MIB);
+        assert!(wakers.take_registered().is_empty(), "registered already");
+        // The writes go through once read: each threshold.
+        let mut text = String::new();
+        std::fs::File::open(d.path().join("cgroup.event_control"))
+            .unwrap()
+            .read_to_string(&mut text)
+            .unwrap();
+        let words: Vec<&str> = text.split(' ').collect();
+        let (efd, fd) = (words[0], words[1]);
+        let writes = |order: [u64; 4]| -> String {
+            order
+                .iter()
+                .map(|m| format!("{efd} {fd} {}", m * MIB))
+                .collect()
+        };
+        // By the usage the registrar read at its start: 10 MiB (the line up first) or 990 MiB,
+        // where the job grew before it (down from the line).
+        assert!(
+            text == writes([950, 951, 500, 800]) || text == writes([951, 950, 800, 500]),
+            "{text}"
+        );
+        let t = std::time::Instant::now();
+        while wakers.take_registered().is_empty() {
+            assert!(t.elapsed() < Duration::from_secs(10), "never registered");
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     #[test]
@@ -277,7 +443,7 @@ mod tests {
         )
         .unwrap();
         let e = wakers
-            .watch_v1_thresholds("job", d.path(), &[100], 1)
+            .watch_v1_thresholds("job", d.path(), &[100], None, 1)
             .unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
         assert!(wakers.take_registered().is_empty());

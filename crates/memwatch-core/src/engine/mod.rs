@@ -406,6 +406,9 @@ impl Engine {
                         }
                         let mut t: Vec<u64> =
                             ratios.iter().map(|r| (l as f64 * r) as u64).collect();
+                        // The critical one is the reflex's line to the byte, which the registrar
+                        // writes first.
+                        t[2] = self.critical_bytes(l);
                         t.sort_unstable();
                         t.dedup();
                         t

@@ -327,8 +327,9 @@ pub enum Watch {
     /// probes the job.
     #[default]
     Probed,
-    /// Its v1 thresholds are being registered. Each wakes the daemon from its own write on, so a
-    /// reflex may ride on them, but the job is probed until all of them are in.
+    /// Its v1 thresholds are being registered. Each wakes the daemon from its own write on, and
+    /// the wake thread reads the job's usage until the last is in, so a reflex may ride on them,
+    /// but the job is probed until all of them are in.
     Registering,
     /// Its v1 thresholds, or the wake thread's reads of its v2 usage, wake the daemon at each
     /// crossing.

@@ -327,12 +327,14 @@ fn a_jobs_thresholds_past_its_line_come_a_tenth_of_a_percent_apart() {
     s.cgroup_limit = Some(limit);
     s.sample(0.1);
     let plan = s.engine.wake_plan();
-    let t = &plan
-        .iter()
-        .find(|p| p.job == "sim")
-        .expect("a wake plan")
-        .thresholds;
-    let line = (limit as f64 * 0.95) as u64;
+    let p = plan.iter().find(|p| p.job == "sim").expect("a wake plan");
+    let t = &p.thresholds;
+    let line = (limit as f64 * 0.95).ceil() as u64;
+    assert_eq!(
+        p.line,
+        Some((line, limit)),
+        "a threshold at the reflex's line to the byte"
+    );
     let at = t
         .iter()
         .position(|&x| x == line)

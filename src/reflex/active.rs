@@ -95,13 +95,9 @@ impl Drop for Held {
 /// Whether `pid` is a process that runs under `process_root`'s /proc: not gone, and not a zombie
 /// (a daemon killed under a parent that has not reaped it yet holds nothing any more).
 fn alive(process_root: &Path, pid: u32) -> bool {
-    match std::fs::read_to_string(process_root.join(format!("proc/{pid}/stat"))) {
-        // The state is the first field after the command's closing parenthesis.
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_none_or(|state| !matches!(state, "Z" | "X")),
-        Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+    match crate::proc::read_stat(process_root, pid) {
+        Ok(s) => !matches!(s.state, 'Z' | 'X'),
+        Err(e) => !e.is_gone(),
     }
 }
 

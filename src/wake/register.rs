@@ -163,7 +163,8 @@ fn watch_then_register(
     mut superseded: impl FnMut() -> bool,
 ) -> std::io::Result<()> {
     let (efd, usage) = (t.efd.try_clone()?, t.usage.try_clone()?);
-    let now = crate::sample::keyed::read_u64(&t.control.with_file_name("memory.usage_in_bytes"));
+    let usage_file = t.control.with_file_name("memory.usage_in_bytes");
+    let now = crate::sample::keyed::read_u64(&usage_file);
     let order = in_order(
         &t.thresholds,
         now.ok(),
@@ -184,14 +185,7 @@ fn watch_then_register(
     // line with none of its own live.
     let read = t.line.is_some_and(|(critical, limit)| {
         forward(Cmd::Reads(
-            UsageReads::new(
-                &t.job,
-                &t.control.with_file_name("memory.usage_in_bytes"),
-                &t.thresholds,
-                critical,
-                limit,
-            )
-            .to_the_line(),
+            UsageReads::new(&t.job, &usage_file, &t.thresholds, critical, limit).to_the_line(),
         ))
     });
     let written = std::fs::OpenOptions::new()

@@ -45,7 +45,7 @@ use crate::job::held::{Frozen, ReflexHow, ReflexPlan};
 use crate::proc::ProcRef;
 use crate::sample::cgroup::{CgroupDir, PageCache, Version};
 
-pub use crate::job::held::{Done, Fired};
+pub use crate::job::held::{Done, Fired, Woken};
 use crate::sample::kept::KeptFile;
 
 /// What a reflex acts on.
@@ -112,6 +112,8 @@ enum Look {
     Fired(Fired),
     /// Below the line by this many bytes.
     Below(u64),
+    /// Usage at or over the line, its clean page cache holding the job this many bytes under it.
+    Cached(u64),
     /// Not read, or at critical but the act was refused or failed: the engine's probe decides.
     Nothing,
 }
@@ -121,8 +123,13 @@ enum Look {
 pub enum Crossing {
     /// It fired (and is disarmed): what it did is among [`Armory::take_fired`].
     Fired,
-    /// The unreclaimable memory lies this many bytes below the line.
+    /// The unreclaimable memory lies this many bytes below the line, and so does usage.
     Below(u64),
+    /// Usage is at or over the line, the job's clean page cache holding its unreclaimable memory
+    /// this many bytes under it: usage thresholds tell little of such a job (as its own memory
+    /// grows, the cache goes, or usage crosses the next threshold only after more of its growth),
+    /// so the wake thread reads it on its own timer while this lasts (`crate::wake::reads`).
+    Cached(u64),
     /// Not read, or at critical but the act was refused or failed: the engine's probe decides.
     Unread,
     /// No reflex is armed for the job.
@@ -258,6 +265,11 @@ impl Reflex {
     /// signals always reads first: a SIGSTOP taken back is seen (a shell reports its foreground
     /// job stopped).
     fn look(&mut self, woke: Instant, usage: Option<u64>) -> Look {
+        let woken = if usage.is_some() {
+            Woken::Read
+        } else {
+            Woken::Threshold
+        };
         let Some(usage) = self.usage(usage) else {
             return Look::Nothing;
         };
@@ -291,20 +303,20 @@ impl Reflex {
                     unreclaimable,
                     "frozen ahead of the read of its cache, which holds it under the line: thawed"
                 );
-                return self.below(unreclaimable);
+                return self.cached(unreclaimable);
             }
             let frozen = match &self.act {
                 Act::Freeze { frozen, .. } => frozen.clone(),
                 Act::Stop { .. } => return Look::Nothing,
             };
-            return self.fired(Done::Froze(frozen), usage, cache, took);
+            return self.fired(Done::Froze(frozen), usage, cache, took, woken);
         }
         let Some(cache) = self.cache() else {
             return Look::Nothing;
         };
         let unreclaimable = usage.saturating_sub(cache.clean());
         if unreclaimable < self.critical_bytes {
-            return self.below(unreclaimable);
+            return self.cached(unreclaimable);
         }
         if !self.members_within_reach() {
             return Look::Nothing;
@@ -337,7 +349,7 @@ impl Reflex {
             }
         };
         let took = woke.elapsed();
-        self.fired(done, usage, cache, took)
+        self.fired(done, usage, cache, took, woken)
     }
 
     /// Below the line, at `unreclaimable`.
@@ -351,6 +363,17 @@ impl Reflex {
         Look::Below(self.critical_bytes - unreclaimable)
     }
 
+    /// Over the line by usage, under it at `unreclaimable` by the clean page cache just read.
+    fn cached(&self, unreclaimable: u64) -> Look {
+        tracing::trace!(
+            job = self.job,
+            unreclaimable,
+            critical = self.critical_bytes,
+            "over the reflex's line by its page cache"
+        );
+        Look::Cached(self.critical_bytes - unreclaimable)
+    }
+
     /// Writes the freezer's state (`freeze`: frozen, else thawed); `false` where it failed or this
     /// reflex stops by signals.
     fn freeze(&mut self, freeze: bool) -> bool {
@@ -361,14 +384,22 @@ impl Reflex {
         state.write_all(word.as_bytes()).is_ok()
     }
 
-    /// What it did, made `took` after the wake-up, at `usage` and `cache`.
-    fn fired(&self, done: Done, usage: u64, cache: PageCache, took: Duration) -> Look {
+    /// What it did, made `took` after the wake-up by `woken`, at `usage` and `cache`.
+    fn fired(
+        &self,
+        done: Done,
+        usage: u64,
+        cache: PageCache,
+        took: Duration,
+        woken: Woken,
+    ) -> Look {
         Look::Fired(Fired {
             job: self.job.clone(),
             done,
             usage,
             cache,
             took_us: u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
+            woken,
         })
     }
 }
@@ -532,6 +563,7 @@ impl Armory {
         let fired = match look {
             Look::Fired(fired) => fired,
             Look::Below(room) => return Crossing::Below(room),
+            Look::Cached(room) => return Crossing::Cached(room),
             Look::Nothing => return Crossing::Unread,
         };
         armed.remove(job);

@@ -87,7 +87,7 @@ fn active_page_cache_holds_a_job_under_its_line_and_dirty_pages_do_not() {
     // 990 MiB charged, 310 MiB of it clean cache: 680 MiB, 270 MiB under the line.
     // Frozen ahead (the cache it read under the line was none), thawed once it read this one.
     stat(300 * MIB, 0);
-    assert_eq!(armory.crossing("job", now), Crossing::Below(270 * MIB));
+    assert_eq!(armory.crossing("job", now), Crossing::Cached(270 * MIB));
     assert_eq!(freeze_word(d.path()), "10");
     // 280 MiB of the cache dirty: 960 MiB the kernel cannot drop at once.
     stat(300 * MIB, 280 * MIB);
@@ -129,7 +129,7 @@ fn inactive_file_cache_over_the_line_is_not_a_crossing() {
     let d = v2_cgroup(990 * MIB, 300 * MIB);
     let armory = armed(d.path());
     let now = Instant::now();
-    assert_eq!(armory.crossing("job", now), Crossing::Below(260 * MIB));
+    assert_eq!(armory.crossing("job", now), Crossing::Cached(260 * MIB));
     assert_eq!(freeze_word(d.path()), "0");
     // The cache turns into anonymous memory: at the line.
     set(d.path(), 990 * MIB, 10 * MIB);
@@ -201,7 +201,7 @@ fn a_look_below_the_line_reads_the_cache_that_the_next_crossing_goes_by() {
     set(d.path(), 900 * MIB, 100 * MIB);
     assert_eq!(armory.crossing("job", now), Crossing::Below(50 * MIB));
     set(d.path(), 990 * MIB, 100 * MIB);
-    assert_eq!(armory.crossing("job", now), Crossing::Below(60 * MIB));
+    assert_eq!(armory.crossing("job", now), Crossing::Cached(60 * MIB));
     assert_eq!(
         freeze_word(d.path()),
         "0",
@@ -217,26 +217,26 @@ fn a_freeze_ahead_of_cache_that_grew_is_thawed_at_once_and_made_again_a_second_l
     let armory = armed(d.path());
     let now = Instant::now();
     set(d.path(), 990 * MIB, 300 * MIB);
-    assert_eq!(armory.crossing("job", now), Crossing::Below(260 * MIB));
+    assert_eq!(armory.crossing("job", now), Crossing::Cached(260 * MIB));
     assert_eq!(freeze_word(d.path()), "10", "frozen, then thawed");
     assert!(armory.take_fired().is_empty());
     // The cache it read is the one it goes by: no freeze while the cache holds the job under.
-    assert_eq!(armory.crossing("job", now), Crossing::Below(260 * MIB));
+    assert_eq!(armory.crossing("job", now), Crossing::Cached(260 * MIB));
     assert_eq!(freeze_word(d.path()), "10");
     // The cache seen falls to 10 MiB (the working set 5 MiB under the line), then grows again
     // within the second after the thaw: read first, so no second freeze.
     let later = now + THAWED_READ_FIRST / 2;
     set(d.path(), 955 * MIB, 10 * MIB);
-    assert_eq!(armory.crossing("job", later), Crossing::Below(5 * MIB));
+    assert_eq!(armory.crossing("job", later), Crossing::Cached(5 * MIB));
     set(d.path(), 990 * MIB, 300 * MIB);
-    assert_eq!(armory.crossing("job", later), Crossing::Below(260 * MIB));
+    assert_eq!(armory.crossing("job", later), Crossing::Cached(260 * MIB));
     assert_eq!(freeze_word(d.path()), "10");
     // A second later, the same is frozen ahead and thawed again.
     set(d.path(), 955 * MIB, 10 * MIB);
-    assert_eq!(armory.crossing("job", later), Crossing::Below(5 * MIB));
+    assert_eq!(armory.crossing("job", later), Crossing::Cached(5 * MIB));
     set(d.path(), 990 * MIB, 300 * MIB);
     let second = now + THAWED_READ_FIRST;
-    assert_eq!(armory.crossing("job", second), Crossing::Below(260 * MIB));
+    assert_eq!(armory.crossing("job", second), Crossing::Cached(260 * MIB));
     assert_eq!(freeze_word(d.path()), "1010");
     // The cache turns into anonymous memory: read first, then frozen.
     set(d.path(), 990 * MIB, 10 * MIB);

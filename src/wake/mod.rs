@@ -43,8 +43,9 @@ pub type Key = Option<String>;
 enum Cmd {
     Watch(Key, Vec<OwnedFd>, Kind),
     Reads(UsageReads),
-    /// The job's reads stop; its other watches stay.
-    Unread(String),
+    /// The job's reads are made from now on only while it is over its line by its page cache
+    /// (a v1 job's, its thresholds in: [`UsageReads::over_the_line_only`]); its other watches stay.
+    OverTheLineOnly(String),
     Unwatch(Key),
 }
 
@@ -332,8 +333,10 @@ fn run(
                 Cmd::Reads(r) => {
                     reads.insert(r.job().to_owned(), (r, 0));
                 }
-                Cmd::Unread(job) => {
-                    reads.remove(&job);
+                Cmd::OverTheLineOnly(job) => {
+                    if let Some((r, _)) = reads.get_mut(&job) {
+                        r.over_the_line_only();
+                    }
                 }
                 Cmd::Unwatch(key) => {
                     if let Some(job) = &key {
@@ -344,8 +347,9 @@ fn run(
             }
         }
         if std::mem::take(&mut kicked) {
-            // A reflex armed or changed: read each v2 job now, so that one already over its line
-            // is stopped at once.
+            // A reflex armed or changed: read each job now, so that one already over its line
+            // is stopped at once (a v1 job's reads over the line only: one read, which goes on
+            // only where the job's cache holds it under its line).
             for (r, _) in reads.values_mut() {
                 r.read_now();
             }
@@ -371,14 +375,18 @@ fn run(
                 revents: 0,
             });
         }
-        // Until the next v2 job's read is due, or for ever.
-        let timeout = reads.values().map(|(r, _)| r.due()).min().map(|due| {
-            let left = due.saturating_duration_since(std::time::Instant::now());
-            nix::libc::timespec {
-                tv_sec: left.as_secs() as nix::libc::time_t,
-                tv_nsec: nix::libc::c_long::from(left.subsec_nanos() as i32),
-            }
-        });
+        // Until the next read of a job's usage is due, or for ever.
+        let timeout = reads
+            .values()
+            .filter_map(|(r, _)| r.due())
+            .min()
+            .map(|due| {
+                let left = due.saturating_duration_since(std::time::Instant::now());
+                nix::libc::timespec {
+                    tv_sec: left.as_secs() as nix::libc::time_t,
+                    tv_nsec: nix::libc::c_long::from(left.subsec_nanos() as i32),
+                }
+            });
         let timeout_ptr = timeout
             .as_ref()
             .map_or(std::ptr::null(), |t| t as *const nix::libc::timespec);
@@ -423,7 +431,14 @@ fn run(
                 // SAFETY: reading 8 bytes into an 8-byte buffer from an eventfd.
                 let _ = unsafe { nix::libc::read(p.fd, count.as_mut_ptr().cast(), 8) };
                 if let Some(job) = &key {
-                    let _ = armory.crossing(job, woke);
+                    // Over the line by its cache, the job's next threshold may be more of its
+                    // growth away than its line (or, at its limit, never crossed): its usage and
+                    // cache are read on the thread's timer until it is under its line or stopped.
+                    if let crate::reflex::Crossing::Cached(room) = armory.crossing(job, woke)
+                        && let Some((r, _)) = reads.get_mut(job)
+                    {
+                        r.cached(woke, room);
+                    }
                 }
             }
             // Counted before the owner task wakes: it tells the host's wake from a job's by the
@@ -448,7 +463,7 @@ fn run(
                 }
             }
         }
-        // The v2 jobs whose read is due (after the thresholds' crossings: a v1 stop first).
+        // The jobs whose read is due (after the thresholds' crossings: a v1 stop first).
         let now = std::time::Instant::now();
         for (r, seen) in reads.values_mut() {
             let turn = r.turn(now, armory);

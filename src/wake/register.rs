@@ -205,7 +205,7 @@ fn watch_then_register(
     if written.is_err() {
         forward(Cmd::Unwatch(Some(t.job)));
     } else if read {
-        forward(Cmd::Unread(t.job));
+        forward(Cmd::OverTheLineOnly(t.job));
     }
     written
 }

@@ -95,6 +95,18 @@ pub struct Fired {
     pub cache: crate::sample::cgroup::PageCache,
     /// From the notification's read to the act done, µs.
     pub took_us: u64,
+    /// What woke it.
+    pub woken: Woken,
+}
+
+/// What woke a reflex that fired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Woken {
+    /// A crossing of one of the job's v1 memory thresholds (the kernel's eventfd).
+    Threshold,
+    /// The wake thread's own read of the job's usage: a v2 job's, or a v1 job's while its
+    /// thresholds register or while it is over its line by its page cache.
+    Read,
 }
 
 impl Fired {

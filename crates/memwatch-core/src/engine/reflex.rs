@@ -28,7 +28,7 @@ pub enum ArmError {
     #[error("the armed reflex could not be recorded ({0})")]
     Unrecorded(crate::record::StateWriteError),
 }
-use crate::held::{Done, Fired};
+use crate::held::{Done, Fired, Woken};
 use crate::host::Version;
 use crate::policy::{By, Cause, Level, PauseState, Resource};
 
@@ -262,7 +262,7 @@ impl Engine {
         let reason = format!(
             "job cgroup at {percent:.1} % (stopped by the reflex {} µs after {})",
             fired.took_us,
-            self.woken_by(&fired.job)
+            self.woken_by(&fired)
         );
         tracing::info!(job = name, took_us = fired.took_us, done = ?fired.done, "the reflex stopped the job at its critical line");
         let state = PauseState {
@@ -340,17 +340,24 @@ impl Engine {
         reason.push_str(&format!(
             " (stopped by the reflex {} µs after {})",
             fired.took_us,
-            self.woken_by(name)
+            self.woken_by(&fired)
         ));
         Some((mechanism, fired))
     }
 
-    /// What woke the job's reflex: the kernel's threshold (v1) or the wake thread's own read of the
-    /// usage (v2).
-    fn woken_by(&self, job: &str) -> &'static str {
-        match self.jobs.get(job).and_then(|j| j.cgroup_dir.as_ref()) {
-            Some(d) if d.version == Version::V2 => "its read of memory.current",
-            _ => "the kernel's notification",
+    /// What woke the job's reflex, in words: the kernel's threshold (v1) or the wake thread's own
+    /// read of the usage file (v2's, or v1's while its thresholds register or while it is over its
+    /// line by its page cache).
+    fn woken_by(&self, fired: &Fired) -> &'static str {
+        let version = self
+            .jobs
+            .get(&fired.job)
+            .and_then(|j| j.cgroup_dir.as_ref())
+            .map(|d| d.version);
+        match (fired.woken, version) {
+            (Woken::Threshold, _) => "the kernel's notification",
+            (Woken::Read, Some(Version::V2)) => "its read of memory.current",
+            (Woken::Read, _) => "its read of memory.usage_in_bytes",
         }
     }
 

@@ -6,7 +6,7 @@
 use crate::config::SignalName;
 use crate::engine::{ReflexHow, ReflexPlan};
 use crate::held::Frozen;
-use crate::held::{Done, Fired};
+use crate::held::{Done, Fired, Woken};
 use crate::host::ProcRef;
 use crate::host::Version;
 use crate::job::Watch;
@@ -67,6 +67,11 @@ fn fire(s: &Sim, done: &Done) {
 /// The wake thread hands what it did (at 96 MiB, `took_us` after its wake-up) to the engine, whose
 /// effects are then carried out and its invariants checked.
 fn handed(s: &mut Sim, done: Done, took_us: u64) {
+    handed_woken(s, done, took_us, Woken::Threshold);
+}
+
+/// The same, woken by `woken`.
+fn handed_woken(s: &mut Sim, done: Done, took_us: u64, woken: Woken) {
     s.engine.handle_reflex(
         Fired {
             job: "sim".into(),
@@ -74,6 +79,7 @@ fn handed(s: &mut Sim, done: Done, took_us: u64) {
             usage: 96 << 20,
             cache: Default::default(),
             took_us,
+            woken,
         },
         s.now,
     );
@@ -141,6 +147,33 @@ fn a_fired_reflex_becomes_the_policys_pause_held_the_same_way() {
     }
 }
 
+/// The pause event says what woke the reflex: a threshold's crossing, or the wake thread's own read
+/// of the cgroup's usage file (a v2 job's; a v1 job's while its thresholds register or while it is
+/// over its line by its page cache).
+#[test]
+fn a_fired_reflexs_event_says_what_woke_it() {
+    for (kind, woken, said) in [
+        (
+            Kind::V1,
+            Woken::Threshold,
+            "after the kernel's notification",
+        ),
+        (
+            Kind::V1,
+            Woken::Read,
+            "after its read of memory.usage_in_bytes",
+        ),
+        (Kind::V2, Woken::Read, "after its read of memory.current"),
+    ] {
+        let mut s = Sim::new(kind);
+        let done = arm(&mut s);
+        fire(&s, &done);
+        handed_woken(&mut s, done, 42, woken);
+        settled_unwritten(&mut s);
+        said_and_resumed(&mut s, &format!("stopped by the reflex 42 µs {said}"));
+    }
+}
+
 /// What the reflex read is the job's cgroup from then on: the page cache of the engine's last
 /// reading, which the job's growth has since made the kernel drop, does not resume the pause the
 /// reflex made.
@@ -162,6 +195,7 @@ fn the_reflexs_reading_replaces_a_cache_the_job_has_dropped_since() {
                 usage: 97 << 20,
                 cache: Default::default(),
                 took_us: 42,
+                woken: Woken::Threshold,
             },
             s.now,
         );
@@ -194,6 +228,7 @@ fn a_policy_pause_decided_while_the_reflexs_stop_waits_is_that_stop() {
             usage: 96 << 20,
             cache: Default::default(),
             took_us: 31,
+            woken: Woken::Threshold,
         });
         s.sample(0.97);
         settled_unwritten(&mut s);
@@ -231,6 +266,7 @@ fn a_reflex_not_the_policys_to_make_is_undone_or_left_to_the_pause_that_holds() 
             usage: 96 << 20,
             cache: Default::default(),
             took_us: 7,
+            woken: Woken::Threshold,
         },
         s.now,
     );
@@ -258,6 +294,7 @@ fn a_reflex_not_the_policys_to_make_is_undone_or_left_to_the_pause_that_holds() 
             usage: 1,
             cache: Default::default(),
             took_us: 1,
+            woken: Woken::Threshold,
         },
         s.now,
     );

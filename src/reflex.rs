@@ -279,7 +279,7 @@ impl Reflex {
             if matches!(self.act, Act::Freeze { .. }) {
                 let _ = self.cache();
             }
-            return self.below(usage);
+            return self.under(usage, false);
         }
         let freeze_first = matches!(self.act, Act::Freeze { .. })
             && usage.saturating_sub(self.cache_seen.clean()) >= self.critical_bytes
@@ -303,7 +303,7 @@ impl Reflex {
                     unreclaimable,
                     "frozen ahead of the read of its cache, which holds it under the line: thawed"
                 );
-                return self.cached(unreclaimable);
+                return self.under(unreclaimable, true);
             }
             let frozen = match &self.act {
                 Act::Freeze { frozen, .. } => frozen.clone(),
@@ -316,7 +316,7 @@ impl Reflex {
         };
         let unreclaimable = usage.saturating_sub(cache.clean());
         if unreclaimable < self.critical_bytes {
-            return self.cached(unreclaimable);
+            return self.under(unreclaimable, true);
         }
         if !self.members_within_reach() {
             return Look::Nothing;
@@ -352,26 +352,22 @@ impl Reflex {
         self.fired(done, usage, cache, took, woken)
     }
 
-    /// Below the line, at `unreclaimable`.
-    fn below(&self, unreclaimable: u64) -> Look {
+    /// Under the line at `unreclaimable`: by usage too, or (`by_cache`) only by the clean page
+    /// cache just read.
+    fn under(&self, unreclaimable: u64, by_cache: bool) -> Look {
+        let room = self.critical_bytes - unreclaimable;
         tracing::trace!(
             job = self.job,
             unreclaimable,
             critical = self.critical_bytes,
-            "below the reflex's line"
+            by_cache,
+            "under the reflex's line"
         );
-        Look::Below(self.critical_bytes - unreclaimable)
-    }
-
-    /// Over the line by usage, under it at `unreclaimable` by the clean page cache just read.
-    fn cached(&self, unreclaimable: u64) -> Look {
-        tracing::trace!(
-            job = self.job,
-            unreclaimable,
-            critical = self.critical_bytes,
-            "over the reflex's line by its page cache"
-        );
-        Look::Cached(self.critical_bytes - unreclaimable)
+        if by_cache {
+            Look::Cached(room)
+        } else {
+            Look::Below(room)
+        }
     }
 
     /// Writes the freezer's state (`freeze`: frozen, else thawed); `false` where it failed or this

@@ -92,6 +92,10 @@ pub struct Reflex {
     act: Act,
 }
 
+/// How long a freezer reflex that froze ahead of its read of the cache sleeps first: the least the
+/// kernel's timer gives, so that a job it preempted on its own CPU runs into its freeze then.
+const LET_IT_FREEZE: Duration = Duration::from_micros(1);
+
 /// After a freeze made ahead of its read was taken back (the job's cache grew and holds it under its
 /// line), its reflex reads first for this long: a job whose cache hovers at its line is frozen and
 /// thawed at most once a second.
@@ -264,12 +268,7 @@ impl Reflex {
     /// look read first, as does every look within [`THAWED_READ_FIRST`] of that thaw. A stop by
     /// signals always reads first: a SIGSTOP taken back is seen (a shell reports its foreground
     /// job stopped).
-    fn look(&mut self, woke: Instant, usage: Option<u64>) -> Look {
-        let woken = if usage.is_some() {
-            Woken::Read
-        } else {
-            Woken::Threshold
-        };
+    fn look(&mut self, woke: Instant, usage: Option<u64>, woken: Woken) -> Look {
         let Some(usage) = self.usage(usage) else {
             return Look::Nothing;
         };
@@ -291,6 +290,9 @@ impl Reflex {
                 return Look::Nothing;
             }
             let took = woke.elapsed();
+            // Fired from the job's own CPU (`wake::firers`), this thread took it from the job,
+            // which freezes only once it runs again: a moment's sleep lets it, ahead of the read.
+            std::thread::sleep(LET_IT_FREEZE);
             // Unread: the cache last seen; the freeze holds, and the engine, which takes it over,
             // decides.
             let cache = self.cache().unwrap_or(self.cache_seen);
@@ -550,10 +552,25 @@ impl Armory {
     /// The same with the job's usage just read by the caller (a v2 read), which the reflex then
     /// does not read again.
     pub fn crossing_at(&self, job: &str, woke: Instant, usage: Option<u64>) -> Crossing {
+        let woken = if usage.is_some() {
+            Woken::Read
+        } else {
+            Woken::Threshold
+        };
+        self.look_at(job, woke, usage, woken)
+    }
+
+    /// A v1 threshold's crossing, with the job's usage the caller read after the kernel's
+    /// notification woke it (a firer's: `wake::firers`), which the reflex then does not read again.
+    pub fn threshold_crossing(&self, job: &str, woke: Instant, usage: u64) -> Crossing {
+        self.look_at(job, woke, Some(usage), Woken::Threshold)
+    }
+
+    fn look_at(&self, job: &str, woke: Instant, usage: Option<u64>, woken: Woken) -> Crossing {
         let Ok(mut armed) = self.armed.lock() else {
             return Crossing::Unread;
         };
-        let Some(look) = armed.get_mut(job).map(|r| r.look(woke, usage)) else {
+        let Some(look) = armed.get_mut(job).map(|r| r.look(woke, usage, woken)) else {
             return Crossing::None;
         };
         let fired = match look {

@@ -31,6 +31,7 @@ use std::sync::{Arc, mpsc};
 
 use tokio::sync::Notify;
 
+pub mod firers;
 pub mod reads;
 pub mod register;
 
@@ -143,7 +144,26 @@ impl Wakers {
                         "the wake thread runs at the daemon's priority: real-time scheduling refused (policy.reflex_priority; CAP_SYS_NICE or LimitRTPRIO)"
                     ),
                 }
-                run(read, wake_rx, out, &counts, &armory)
+                // A firer on each CPU, so that a v1 job's crossing fires its reflex from the
+                // CPU it grows on ([`firers`]).
+                let (a, o) = (armory.clone(), out.clone());
+                let fire: firers::Fire = Arc::new(move |job: &str, woke, usage| {
+                    let crossed = a.threshold_crossing(job, woke, usage);
+                    if matches!(crossed, crate::reflex::Crossing::Fired) {
+                        o.notify_one();
+                    }
+                });
+                let firers = match firers::Firers::start(priority, fire) {
+                    Ok(f) => {
+                        tracing::debug!(firers = f.count(), "a reflex firer on each CPU");
+                        Some(f)
+                    }
+                    Err(e) => {
+                        tracing::info!(error = %e, "no reflex firers: the wake thread alone fires a v1 job's reflex");
+                        None
+                    }
+                };
+                run(read, wake_rx, out, &counts, &armory, firers)
             })?;
         let finished = Arc::new(Finished {
             list: std::sync::Mutex::new(Vec::new()),
@@ -320,6 +340,7 @@ fn run(
     out: Arc<Notify>,
     counts: &Notified,
     armory: &crate::reflex::Armory,
+    mut firers: Option<firers::Firers>,
 ) {
     let mut watches: HashMap<Key, Watch> = HashMap::new();
     let mut reads: HashMap<String, (UsageReads, u64)> = HashMap::new();
@@ -328,6 +349,12 @@ fn run(
         while let Ok(cmd) = rx.try_recv() {
             match cmd {
                 Cmd::Watch(key, fds, kind) => {
+                    if let (Some(f), Some(job)) = (firers.as_mut(), &key) {
+                        match (kind, fds.first(), fds.get(1)) {
+                            (Kind::Eventfd, Some(efd), Some(usage)) => f.watch(job, efd, usage),
+                            _ => f.unwatch(job),
+                        }
+                    }
                     watches.insert(key, Watch { fds, kind, seen: 0 });
                 }
                 Cmd::Reads(r) => {
@@ -341,6 +368,9 @@ fn run(
                 Cmd::Unwatch(key) => {
                     if let Some(job) = &key {
                         reads.remove(job);
+                        if let Some(f) = firers.as_mut() {
+                            f.unwatch(job);
+                        }
                     }
                     watches.remove(&key);
                 }

@@ -173,9 +173,10 @@ fresh sample when the last is older than interval_ms. At or below interval_ms: n
     (
         "policy.reflex_priority",
         "The real-time priority (SCHED_FIFO, 1-99) of the wake thread, which reads the kernel's\n\
-         notifications and fires the reflexes, so that it runs the moment the kernel wakes it even\n\
-         while the job it watches keeps every core busy; 0: the daemon's own priority. It sleeps but\n\
-         for those moments. Needs CAP_SYS_NICE or an RLIMIT_RTPRIO of at least this (the unit's\n\
+         notifications and fires the reflexes, and of the firers (one pinned to each CPU, which fire a\n\
+         v1 job's reflex from the CPU it grows on), so that they run the moment the kernel wakes them\n\
+         even while the job they watch keeps every core busy; 0: the daemon's own priority. They sleep\n\
+         but for those moments. Needs CAP_SYS_NICE or an RLIMIT_RTPRIO of at least this (the unit's\n\
          LimitRTPRIO=1); where the kernel refuses, the thread runs at the daemon's priority and the\n\
          log says so once.",
     ),

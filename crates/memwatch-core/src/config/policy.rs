@@ -106,9 +106,10 @@ pub struct Policy {
     /// every other line.
     pub reflex: bool,
     /// The real-time priority (SCHED_FIFO, 1–99) of the wake thread, which reads the kernel's
-    /// notifications and fires the reflexes, so that it runs the moment the kernel wakes it even
-    /// while the job it watches keeps every core busy; 0: the daemon's own priority. It sleeps but
-    /// for those moments. It needs CAP_SYS_NICE or an RLIMIT_RTPRIO of at least this (the unit's
+    /// notifications and fires the reflexes, and of the firers (one pinned to each CPU, which fire a
+    /// v1 job's reflex from the CPU it grows on), so that they run the moment the kernel wakes them
+    /// even while the job they watch keeps every core busy; 0: the daemon's own priority. They sleep
+    /// but for those moments. It needs CAP_SYS_NICE or an RLIMIT_RTPRIO of at least this (the unit's
     /// `LimitRTPRIO=1`); where the kernel refuses, the thread runs at the daemon's priority and the
     /// log says so once.
     pub reflex_priority: u8,

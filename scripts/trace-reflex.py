@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Times each reflex stop of a traced `benches/reflex.rs` run from the kernel's own events.
+
+Reads the text of /sys/kernel/tracing/trace as `scripts/trace-reflex.sh` records it (record-tgid on;
+sched_waking, sched_switch, sched_process_exec, and raw_syscalls:sys_enter of write and
+pidfd_send_signal only). For each memwatch daemon (each exec of a binary named memwatch, told apart
+by its path), and each of its stops:
+
+- the crossing: the last burst of the hog's wake-ups of the daemon's wake thread or firers before
+  the stop (the kernel signals a v1 threshold's eventfd from the hog's own page fault, so the hog is
+  the waker, on the CPU it runs on);
+- the act: the first freeze write (6 bytes, "FROZEN") or pidfd_send_signal by the daemon's wake
+  thread or a firer after it;
+- the stop: the hog switched out in a state other than runnable after the act.
+
+Printed per daemon: crossing to act and act to stop, p50 / p90 / p99 / max, and how many acts each
+thread made, on the hog's CPU or another. The bench's own figure (its observer's stamp to the
+freezer's FROZEN or waitid) is beside it in the bench's output; this one does not depend on when the
+observer's thread ran.
+
+    python3 scripts/trace-reflex.py TRACE_TEXT
+"""
+
+import re
+import statistics
+import sys
+
+LINE = re.compile(
+    r"^\s*(?P<comm>.+?)-(?P<pid>\d+)\s+\(\s*(?P<tgid>[-\d]+)\)\s+\[(?P<cpu>\d+)\]\s+\S+\s+"
+    r"(?P<ts>[\d.]+): (?P<event>\w+): (?P<args>.*)$"
+)
+WAKING = re.compile(r"comm=(?P<comm>\S+) pid=(?P<pid>\d+) prio=\d+ target_cpu=(?P<cpu>\d+)")
+EXEC = re.compile(r"filename=(?P<file>\S+) pid=(?P<pid>\d+)")
+SYS = re.compile(r"NR (?P<nr>\d+) \((?P<args>[^)]*)\)")
+SWITCH = re.compile(r"prev_comm=(?P<comm>.+?) prev_pid=(?P<pid>\d+) .*prev_state=(?P<state>\S+) ==>")
+WRITE, PIDFD_SEND_SIGNAL = 1, 424
+BURST = 50e-6
+
+
+def events(path):
+    with open(path, errors="replace") as f:
+        for line in f:
+            m = LINE.match(line)
+            if m:
+                yield m
+
+
+def quantiles(values):
+    v = sorted(values)
+    if not v:
+        return "none"
+    at = lambda q: v[min(len(v) - 1, int(len(v) * q))]
+    return "p50 %.0f / p90 %.0f / p99 %.0f / max %.0f µs (%d)" % (
+        statistics.median(v), at(0.9), at(0.99), v[-1], len(v))
+
+
+def main(path):
+    tgid_of, binary = {}, {}
+    for m in events(path):
+        if m["tgid"].isdigit():
+            tgid_of[int(m["pid"])] = int(m["tgid"])
+        if m["event"] == "sched_process_exec":
+            e = EXEC.search(m["args"])
+            if e and e["file"].endswith("/memwatch"):
+                binary[int(e["pid"])] = e["file"]
+    daemon = lambda pid: tgid_of.get(pid) if tgid_of.get(pid) in binary else None
+    state = {t: {"crossing": None, "last": None, "act": None, "to_act": [], "to_stop": [],
+                 "by": {}} for t in binary}
+    for m in events(path):
+        ts, cpu, event, args = float(m["ts"]), int(m["cpu"]), m["event"], m["args"]
+        if event == "sched_waking" and m["comm"] == "memhog":
+            w = WAKING.search(args)
+            t = w and daemon(int(w["pid"]))
+            if t and (w["comm"] == "wake" or w["comm"].startswith("fire-")):
+                s = state[t]
+                if s["last"] is None or ts - s["last"] > BURST:
+                    s["crossing"] = (ts, cpu)
+                s["last"] = ts
+        elif event == "sys_enter":
+            t = daemon(int(m["pid"]))
+            comm = m["comm"]
+            if not t or not (comm == "wake" or comm.startswith("fire-")):
+                continue
+            c = SYS.search(args)
+            if not c:
+                continue
+            nr, a = int(c["nr"]), [x.strip() for x in c["args"].split(",")]
+            s = state[t]
+            act = nr == PIDFD_SEND_SIGNAL or (nr == WRITE and len(a) > 2 and a[2] == "6")
+            if act and s["crossing"]:
+                at, hog_cpu = s["crossing"]
+                s["to_act"].append((ts - at) * 1e6)
+                who = ("a firer" if comm.startswith("fire-") else "the wake thread") + (
+                    ", on the hog's CPU" if cpu == hog_cpu else ", on another CPU")
+                s["by"][who] = s["by"].get(who, 0) + 1
+                s["act"], s["crossing"] = ts, None
+        elif event == "sched_switch":
+            sw = SWITCH.search(args)
+            if sw and sw["comm"] == "memhog" and sw["state"] not in ("R", "R+"):
+                for s in state.values():
+                    if s["act"] is not None:
+                        s["to_stop"].append((ts - s["act"]) * 1e6)
+                        s["act"] = None
+    for t, s in sorted(state.items(), key=lambda kv: binary[kv[0]]):
+        if not s["to_act"]:
+            continue
+        print(f"{binary[t]} (pid {t})")
+        print(f"  crossing -> act:  {quantiles(s['to_act'])}")
+        print(f"  act -> hog off its CPU stopped or frozen: {quantiles(s['to_stop'])}")
+        print("  acts by " + ", ".join(f"{who}: {n}" for who, n in sorted(s["by"].items())))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: trace-reflex.py TRACE_TEXT")
+    main(sys.argv[1])

@@ -292,12 +292,17 @@ mod tests {
         let reader = {
             let fifo = fifo.clone();
             std::thread::spawn(move || {
-                // Each open takes one writer's registration, or both where the second writer
-                // came before the first one's end of file.
-                let mut text = String::new();
+                // One open for the writers all (read and write: the FIFO never ends, nor is a
+                // writer's open met by a reader just closing, whose writes would fail).
+                let mut f = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&fifo)
+                    .unwrap();
+                let (mut text, mut buf) = (String::new(), [0u8; 4096]);
                 while !text.ends_with(" 500") {
-                    let mut f = std::fs::File::open(&fifo).unwrap();
-                    f.read_to_string(&mut text).unwrap();
+                    let n = f.read(&mut buf).unwrap();
+                    text.push_str(std::str::from_utf8(&buf[..n]).unwrap());
                 }
                 text
             })
@@ -385,15 +390,20 @@ mod tests {
         // The registrar waits at the control file's open (a FIFO no one reads): no threshold is
         // written, and the job grows past its line.
         std::fs::write(&usage, format!("{}\n", 990 * MIB)).unwrap();
+        // What fired is recorded after the freeze is written: wait on the record, not the state.
         let t = std::time::Instant::now();
-        while std::fs::read_to_string(&state).unwrap() != "FROZEN" {
+        let fired = loop {
+            let fired = armory.take_fired();
+            if !fired.is_empty() {
+                break fired;
+            }
             assert!(
                 t.elapsed() < Duration::from_secs(10),
                 "the reflex did not fire while the thresholds registered"
             );
             std::thread::sleep(Duration::from_millis(1));
-        }
-        let fired = armory.take_fired();
+        };
+        assert_eq!(std::fs::read_to_string(&state).unwrap(), "FROZEN");
         assert_eq!(fired.len(), 1);
         assert_eq!(fired[0].unreclaimable(), 990 * MIB);
         assert!(wakers.take_registered().is_empty(), "registered already");

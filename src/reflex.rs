@@ -96,6 +96,14 @@ pub struct Reflex {
 /// kernel's timer gives, so that a job it preempted on its own CPU runs into its freeze then.
 const LET_IT_FREEZE: Duration = Duration::from_micros(1);
 
+/// How long after a reflex fired the daemon's own threads tell the owner task nothing
+/// ([`Armory::let_it_stop`]): a stop takes effect only when the job next runs, and the owner task,
+/// woken on the job's CPU, ran ahead of it (traced here, scripts/trace-reflex.sh: 0.3 to 2.6 ms of
+/// the engine's work on the job's CPU before it stopped, in each of the 5 stops of 158 that took
+/// over 0.5 ms from the act). The job needs tens of microseconds of its CPU to take its signal or
+/// its freeze.
+pub const LET_IT_STOP: Duration = Duration::from_micros(300);
+
 /// After a freeze made ahead of its read was taken back (the job's cache grew and holds it under its
 /// line), its reflex reads first for this long: a job whose cache hovers at its line is frozen and
 /// thawed at most once a second.
@@ -415,6 +423,8 @@ pub struct Armory {
     /// While a v1 freezer reflex is armed: an empty freezer cgroup held frozen ([`active`]). Taken
     /// and let go on the owner task only, never on the wake thread.
     active: Mutex<Option<active::Held>>,
+    /// When a reflex last fired ([`Armory::let_it_stop`]).
+    last_fired: Mutex<Option<Instant>>,
 }
 
 impl crate::act::driver::Reflexes for Armory {
@@ -585,7 +595,25 @@ impl Armory {
         if let Ok(mut f) = self.fired.lock() {
             f.push(fired);
         }
+        if let Ok(mut at) = self.last_fired.lock() {
+            *at = Some(Instant::now());
+        }
         Crossing::Fired
+    }
+
+    /// Called by the daemon's real-time threads before they wake the owner task: within
+    /// [`LET_IT_STOP`] of a reflex's fire, sleeps out the rest of it, so that the job its reflex
+    /// just signalled or froze has its CPU to stop on before the engine's work is woken there. The
+    /// engine learns of the stop that much later; nothing else waits. Returns the time it slept.
+    pub fn let_it_stop(&self) -> Duration {
+        let Some(at) = self.last_fired.lock().ok().and_then(|at| *at) else {
+            return Duration::ZERO;
+        };
+        let left = (at + LET_IT_STOP).saturating_duration_since(Instant::now());
+        if !left.is_zero() {
+            std::thread::sleep(left);
+        }
+        left
     }
 }
 

@@ -344,3 +344,18 @@ fn the_v1_freezer_is_kept_active_while_a_v1_freezer_reflex_is_armed_and_never_wi
     // This process's own is its own to let go of: the sleeper's empty cgroup is removed here.
     std::fs::remove_dir(&held).unwrap();
 }
+
+#[test]
+fn the_owner_task_is_told_of_a_fire_only_once_the_job_had_its_cpu_to_stop_on() {
+    let d = v2_cgroup(200 * MIB, 0);
+    let armory = armed(d.path());
+    // Nothing fired: nothing to wait for.
+    assert_eq!(armory.let_it_stop(), Duration::ZERO);
+    set(d.path(), 990 * MIB, 0);
+    let before = Instant::now();
+    assert_eq!(armory.crossing("job", before), Crossing::Fired);
+    armory.let_it_stop();
+    assert!(before.elapsed() >= super::LET_IT_STOP);
+    // Once that is over, a later notification is not held.
+    assert_eq!(armory.let_it_stop(), Duration::ZERO);
+}

@@ -150,6 +150,7 @@ impl Wakers {
                 let fire: firers::Fire = Arc::new(move |job: &str, woke, usage| {
                     let crossed = a.threshold_crossing(job, woke, usage);
                     if matches!(crossed, crate::reflex::Crossing::Fired) {
+                        a.let_it_stop();
                         o.notify_one();
                     }
                 });
@@ -476,6 +477,7 @@ fn run(
             let counted = watches
                 .get_mut(&key)
                 .map(|w| (counts.count(&key, w.kind), w));
+            armory.let_it_stop();
             out.notify_one();
             if let Some((total, w)) = counted {
                 w.seen += 1;
@@ -510,6 +512,7 @@ fn run(
                 }
             }
             if turn.crossed || turn.fired {
+                armory.let_it_stop();
                 out.notify_one();
             }
         }

@@ -604,7 +604,9 @@ impl Armory {
     /// Called by the daemon's real-time threads before they wake the owner task: within
     /// [`LET_IT_STOP`] of a reflex's fire, sleeps out the rest of it, so that the job its reflex
     /// just signalled or froze has its CPU to stop on before the engine's work is woken there. The
-    /// engine learns of the stop that much later; nothing else waits. Returns the time it slept.
+    /// engine learns of the stop that much later, and the sleeping thread's next notification waits
+    /// as long (another job's crossing is still looked at by the other firers). Returns the time
+    /// it slept.
     pub fn let_it_stop(&self) -> Duration {
         let Some(at) = self.last_fired.lock().ok().and_then(|at| *at) else {
             return Duration::ZERO;

@@ -10,7 +10,9 @@
 # (curl, as a Prometheus scrape would; the scraper's own CPU is not counted).
 # Each calm job runs in a memory cgroup of its own (limit 32 GiB: the 1 024 processes hold 8 GiB, away
 # from the half-limit line), as a systemd unit or `memwatch launch` gives one, where the machine has a
-# memory controller (v1 or v2); JOB_CGROUP=0 leaves it in the script's. BASE=/path/to/another/memwatch
+# memory controller (v1 or v2), and a row starts only once the row before's job has left it (its
+# workers, init's once memhog is gone, exit on their own time); JOB_CGROUP=0 leaves it in the
+# script's. BASE=/path/to/another/memwatch
 # adds the idle and calm rows again for that build ("base-…"), in the same windows' alternation, for
 # a before and after side by side. IDLE_ONLY=1 runs only the idle rows and earlyoom.
 # Root; a release build of memwatch; earlyoom on PATH (Debian's `earlyoom` package; this script
@@ -67,6 +69,17 @@ settle_job() {
     if [ "$prev" != 0 ] && [ $((now > prev ? now - prev : prev - now)) -lt $((16 << 20)) ]; then return; fi
     prev=$now
   done
+}
+
+# empty_job_cgroup: waits until the job's cgroup holds no process (at most 2 minutes).
+empty_job_cgroup() {
+  [ -n "$jobcg" ] || return 0
+  for _ in $(seq 1 1200); do
+    [ -n "$(cat "$jobcg/cgroup.procs")" ] || return 0  # (cgroupfs files have no size)
+    sleep 0.1
+  done
+  echo "the job's cgroup $jobcg still holds processes after 2 minutes" >&2
+  exit 1
 }
 
 # measure NAME PID: one window of PID, a line to idle.log.
@@ -141,6 +154,9 @@ for w in $(seq 1 "$WINDOWS"); do
     pkill -P "$job" 2>/dev/null || true
     kill "$job" 2>/dev/null || true
     wait "$job" 2>/dev/null || true
+    # Its workers' exits, not waited for above (they are init's once memhog is gone), must not fall
+    # in the next row's window: that row's job shares the cgroup, and its daemon would see them go.
+    empty_job_cgroup
     stop_memwatch "$row"
   done
 done

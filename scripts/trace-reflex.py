@@ -75,11 +75,19 @@ def main(path, slow_us):
                 binary[int(e["pid"])] = e["file"]
     daemon = lambda pid: tgid_of.get(pid) if tgid_of.get(pid) in binary else None
     state = {t: {"crossing": None, "last": None, "act": None, "to_act": [], "to_stop": [],
-                 "whole": [], "at": None,
+                 "whole": [], "at": None, "untimed": 0,
                  "by": {}, "ran": None, "slow": []} for t in binary}
     # Per CPU: the thread on it and since when, to tell what ran on the hog's CPU after an act;
     # and the interrupt or softirq it is in, since when.
     on_cpu, in_irq = {}, {}
+
+    def charge(cpu, since, ts, name):
+        """Counts what ran on `cpu` from `since` to `ts` against each act waiting on that CPU."""
+        for s in state.values():
+            r = s["ran"]
+            if s["act"] is not None and r is not None and r["cpu"] == cpu:
+                r["times"][name] = r["times"].get(name, 0) + (ts - max(since, s["act"])) * 1e6
+
     for m in events(path):
         ts, cpu, event, args = float(m["ts"]), int(m["cpu"]), m["event"], m["args"]
         if event == "sched_waking" and m["comm"] == "memhog":
@@ -105,7 +113,7 @@ def main(path, slow_us):
                 # No crossing of this stop's own (the wake thread's read of a job over its line
                 # after a rearm): not timed.
                 s["crossing"] = None
-                s["untimed"] = s.get("untimed", 0) + 1
+                s["untimed"] += 1
             if act and s["crossing"]:
                 at, hog_cpu = s["crossing"]
                 s["to_act"].append((ts - at) * 1e6)
@@ -120,25 +128,16 @@ def main(path, slow_us):
             in_irq[cpu] = (ts, name)
         elif event in ("irq_handler_exit", "softirq_exit") and cpu in in_irq:
             since, name = in_irq.pop(cpu)
-            for s in state.values():
-                r = s["ran"]
-                if s["act"] is not None and r is not None and r["cpu"] == cpu:
-                    took = (ts - max(since, s["act"])) * 1e6
-                    r["times"][name] = r["times"].get(name, 0) + took
+            charge(cpu, since, ts, name)
         elif event == "sched_switch":
             sw = SWITCH.search(args)
             if not sw:
                 continue
             prev_since = on_cpu.get(cpu)
             on_cpu[cpu] = (ts, sw["next"], int(sw["next_pid"]))
-            for s in state.values():
-                r = s["ran"]
-                if s["act"] is None or r is None or r["cpu"] != cpu or prev_since is None:
-                    continue
+            if prev_since is not None:
                 since, comm, pid = prev_since
-                name = comm + (" (memwatch)" if daemon(pid) else "")
-                took = (ts - max(since, s["act"])) * 1e6
-                r["times"][name] = r["times"].get(name, 0) + took
+                charge(cpu, since, ts, comm + (" (memwatch)" if daemon(pid) else ""))
             if sw["comm"] == "memhog" and sw["state"] not in ("R", "R+"):
                 for s in state.values():
                     if s["act"] is not None:
@@ -157,7 +156,7 @@ def main(path, slow_us):
         print(f"  crossing -> hog off its CPU stopped or frozen: {quantiles(s['whole'])}")
         print("  acts by " + ", ".join(f"{who}: {n}" for who, n in sorted(s["by"].items()))
               + f"; acts with no crossing of their own within {STALE * 1e3:.0f} ms: "
-              + str(s.get("untimed", 0)))
+              + str(s["untimed"]))
         for took, ran in sorted(s["slow"], key=lambda x: -x[0]):
             times = sorted(ran["times"].items(), key=lambda kv: -kv[1])
             print(f"  slow stop {took:.0f} µs, on CPU {ran['cpu']}: " +

@@ -172,6 +172,7 @@ impl Engine {
         let job_gpus: Vec<u32> = match gpus {
             Some(g) => g.clone(),
             None => self
+                .readings
                 .latest
                 .as_ref()
                 .map(|s| s.gpus.iter().map(|g| g.index).collect())
@@ -183,7 +184,7 @@ impl Engine {
         let roomy = ram.is_none()
             && gpu.is_none()
             && self.level(&Resource::HostMemory) == Level::Ok
-            && self.latest.as_ref().is_some_and(|s| {
+            && self.readings.latest.as_ref().is_some_and(|s| {
                 s.gpus
                     .iter()
                     .filter(|g| job_gpus.contains(&g.index))
@@ -364,7 +365,7 @@ impl Engine {
 
     /// Recomputes the advice from the latest sample.
     pub(super) fn refresh_advice(&mut self) {
-        let Some(sample) = self.latest.clone() else {
+        let Some(sample) = self.readings.latest.clone() else {
             return;
         };
         let jobs: Vec<advice::JobSeen> = self
@@ -383,7 +384,7 @@ impl Engine {
             .collect();
         let hour_ago = sample.timestamp_ms.saturating_sub(3_600_000);
         let mut thermal: BTreeMap<String, u32> = BTreeMap::new();
-        for e in self.audit.recent().filter(|e| {
+        for e in self.events.audit.recent().filter(|e| {
             e.action == Action::Pause
                 && e.reason == Reason::GpuTemperature
                 && e.timestamp_ms >= hour_ago
@@ -393,7 +394,7 @@ impl Engine {
         let thermal: Vec<(String, u32)> = thermal.into_iter().collect();
         self.advice = advice::advise(&advice::Input {
             sample: &sample,
-            previous: self.previous.as_deref(),
+            previous: self.readings.previous.as_deref(),
             jobs: &jobs,
             knobs: &knobs,
             thermal_pauses: &thermal,

@@ -73,7 +73,7 @@ impl Engine {
         };
         if s.calm_interval_ms.0 <= s.interval_ms.0 {
             Some("calm_interval_ms is not above interval_ms")
-        } else if self.latest.is_none() {
+        } else if self.readings.latest.is_none() {
             Some("no full sample yet")
         } else if !self.host_watched {
             Some("no PSI trigger on the host")
@@ -81,8 +81,8 @@ impl Engine {
             Some("the kernel notified a change a moment ago")
         } else if !self.effects.is_empty()
             || !self.adapting.is_empty()
-            || !self.pending_slurm.is_empty()
-            || !self.slurm_checking.is_empty()
+            || !self.slurm.pending.is_empty()
+            || !self.slurm.checking.is_empty()
         {
             Some("work in flight")
         } else if let Some(why) = self.jobs.values().find_map(job_why) {
@@ -134,7 +134,7 @@ impl Engine {
     /// more time may pass than this (earlyoom sizes its sleep the same way).
     pub(super) fn host_room_ms(&self) -> u64 {
         let critical = self.cfg.policy.host_memory.critical.0;
-        self.host_memory.map_or(0, |(a, t)| {
+        self.readings.host_memory.map_or(0, |(a, t)| {
             let room = a as f64 - t as f64 * (1.0 - critical);
             (room.max(0.0) / FASTEST_GROWTH * 1000.0) as u64
         })
@@ -143,7 +143,9 @@ impl Engine {
     /// Whether the room above the host's critical line is short: the host is at least half used, or
     /// growing at 4 GiB/s would reach the line within `interval_ms`.
     pub(super) fn host_room_short(&self, interval_ms: u64) -> bool {
-        self.host_memory.is_none_or(|(a, t)| t == 0 || a * 2 <= t)
+        self.readings
+            .host_memory
+            .is_none_or(|(a, t)| t == 0 || a * 2 <= t)
             || self.host_room_ms() <= interval_ms
     }
 

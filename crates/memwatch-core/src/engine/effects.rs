@@ -58,7 +58,7 @@ impl Engine {
                             job: job.clone(),
                             call: SlurmCall::Signal(name.trim_start_matches("SIG").to_owned()),
                             id,
-                            ctl: crate::held::Slurmctl::new(&self.cfg.slurm, &self.slurm_node),
+                            ctl: self.slurm.ctl.clone(),
                             ending: None,
                         })),
                         None => {
@@ -188,7 +188,7 @@ impl Engine {
                     job: job.to_owned(),
                     call,
                     id,
-                    ctl: crate::held::Slurmctl::new(&self.cfg.slurm, &self.slurm_node),
+                    ctl: self.slurm.ctl.clone(),
                     ending: Some(super::effect::Ending {
                         reason: reason.to_owned(),
                         cause: cause.clone(),
@@ -321,7 +321,7 @@ impl Engine {
                 })
                 .collect(),
             clock: self.clock_anchor.clone(),
-            loans: self.leftover_loans.clone(),
+            loans: self.leftover.loans.clone(),
         }
     }
 
@@ -352,7 +352,7 @@ impl Engine {
         let state = state.unwrap_or_default();
         let left = self.left.take();
         let intents = left.as_ref().map(|l| &l.intents);
-        self.leftover_loans = state.loans;
+        self.leftover.loans = state.loans;
         for pj in state.jobs {
             let alive = self
                 .view
@@ -422,7 +422,7 @@ impl Engine {
                 job.freezer = self.freezer_of(pj.root, pj.owner_uid);
                 if let Some(id) = &pj.slurm {
                     // Its Slurm job's cgroup again, never frozen.
-                    if let Some(c) = self.view.slurm_job(id, &self.slurm_node) {
+                    if let Some(c) = self.view.slurm_job(id, &self.slurm.name) {
                         job.cgroup_dir = Some(c.memory);
                         job.cgroup_owner = self.view.cgroup_owner(job.cgroup_dir.as_ref());
                     }
@@ -449,7 +449,7 @@ impl Engine {
                     false,
                 );
             } else if let Some(loan) = pj.way_out.and_then(|w| w.loan) {
-                self.leftover_loans.push(loan);
+                self.leftover.loans.push(loan);
             }
         }
         // Emergency swap no live job holds: left by a job that ended or by a killed daemon.
@@ -458,7 +458,7 @@ impl Engine {
             .values()
             .filter_map(|j| j.way_out.as_ref()?.swap.clone())
             .collect();
-        self.leftover_swaps = left
+        self.leftover.swaps = left
             .map(|l| l.swaps)
             .unwrap_or_default()
             .into_iter()

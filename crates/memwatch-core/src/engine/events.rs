@@ -1,8 +1,20 @@
 //! Events: what the engine records for people and the API (the audit log, the counts of
 //! interventions, the notices' outbox), each naming its job's Slurm job where it has one.
 
+use std::collections::BTreeMap;
+
 use super::Engine;
-use crate::audit::{Action, Event, Reason};
+use crate::audit::{Action, Audit, Event, Notify, Reason};
+
+/// What the engine records of its events.
+pub(super) struct Log {
+    /// The audit log: every event, the recent ones kept for the API.
+    pub(super) audit: Audit,
+    /// Each intervention's count by reason, with when it was last made (ms).
+    pub(super) counts: BTreeMap<(Action, Reason), (u64, u64)>,
+    /// Notifications, when channels are configured.
+    pub(super) outbox: Option<Box<dyn Notify>>,
+}
 
 impl Engine {
     pub(super) fn record(
@@ -52,6 +64,7 @@ impl Engine {
             _ if notice => {}
             _ => {
                 let c = self
+                    .events
                     .counts
                     .entry((action, reason.clone()))
                     .or_insert((0, 0));
@@ -78,9 +91,9 @@ impl Engine {
             detail,
             dry_run,
         };
-        if let Some(o) = &self.outbox {
+        if let Some(o) = &self.events.outbox {
             o.offer(&event);
         }
-        self.audit.record(event);
+        self.events.audit.record(event);
     }
 }

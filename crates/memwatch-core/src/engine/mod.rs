@@ -37,11 +37,9 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::audit::{Action, Audit, Event, Reason};
-use crate::growth::Growth;
+use crate::audit::{Action, Event, Reason};
 use crate::job::{EndedJob, Job, JobView};
 use crate::policy;
-use crate::sample::Sample;
 use crate::seam::HostView;
 
 /// What the HTTP side shows of jobs, levels and interventions.
@@ -147,14 +145,6 @@ const WALK_BUDGET_MS_PER_PROCESS: u64 = 5;
 /// of them costs about 57 ms), 400 or fewer on every calm full sample.
 const WALK_BUDGET_CALM_MS_PER_PROCESS: u64 = 25;
 
-/// The shortest window host growth is measured over: MemAvailable moves in steps of a few MiB every
-/// few hundred ms, which a 1 s window turns into rates that jump from negative to twice the truth.
-const HOST_WINDOW_MS: u64 = 5000;
-
-/// MemAvailable's steps come at most this far apart while memory grows: the newest slope of the
-/// host's sustained growth spans this long.
-const HOST_STEP_MS: u64 = 1000;
-
 /// The fastest growth the host's probing plans for, bytes/s: one process touching fresh pages on
 /// one core reaches about 2.7 GiB/s on the development machine (BENCHMARKS.md). The v2 reflex's reads
 /// plan for the same.
@@ -173,32 +163,22 @@ const DETAILED_CALM_MS: u64 = 300_000;
 pub struct Engine {
     /// What it reads of the configuration.
     cfg: Settings,
+    /// The attached jobs, by name.
     jobs: BTreeMap<String, Job>,
+    /// The policy's memory: each resource's level and each job's.
     policy: policy::State,
-    audit: Audit,
-    /// Host memory in use (MemTotal − MemAvailable) over time: its growth is the host's. Tracked as
-    /// use, not as MemAvailable, so that "the steeper slope" means faster growth; over at least
-    /// `HOST_WINDOW_MS`, because MemAvailable moves in steps (the kernel folds per-CPU counts).
-    host_used: Growth,
-    /// The freshest MemAvailable and MemTotal (probe or full sample).
-    host_memory: Option<(u64, u64)>,
-    latest: Option<Arc<Sample>>,
-    counts: BTreeMap<(Action, Reason), (u64, u64)>,
+    /// What it records of its events.
+    events: events::Log,
+    /// The latest samples and the host's memory read from them and from the probes.
+    readings: observe::Readings,
     /// The policy wants fast probing until this time (ms).
     fast_until_ms: u64,
     /// Something the view shows changed since the last `take_dirty`.
     dirty: bool,
-    /// The sample before `latest`, for rates.
-    previous: Option<Arc<Sample>>,
-    /// When the jobs' smaps_rollup was last read.
-    last_detailed_ms: u64,
+    /// The advice from the latest sample, for the API.
     advice: Vec<crate::advice::Advice>,
-    /// Notifications, when channels are configured.
-    outbox: Option<Box<dyn crate::audit::Notify>>,
-    /// Jobs told to be near exhaustion, until they are well clear again.
-    near: notice::NearWatch,
-    /// Collectors failing in the latest sample.
-    failing: std::collections::BTreeSet<String>,
+    /// What people were told of that is not over yet.
+    notices: notice::Notices,
     /// The state file, written ahead of every pause.
     state: Box<dyn crate::record::StateStore>,
     /// The clock's anchor, persisted so that a restarted daemon counts on the same line.
@@ -215,19 +195,10 @@ pub struct Engine {
     host_watched: bool,
     /// Jobs that ended, newest last, and how (at most `ENDED_KEPT`).
     ended: std::collections::VecDeque<EndedJob>,
-    /// Emergency swap left by jobs that ended or by a killed daemon, cleared when RAM can take it.
-    leftover_swaps: Vec<crate::held::Record>,
-    /// Those of them being cleared now.
-    clearing_leftover: Vec<crate::held::Record>,
-    /// Limits raised for jobs that ended, put back once usage fits.
-    leftover_loans: Vec<crate::held::Loan>,
-    /// Slurm jobs attached by id, waiting for their first process on this node.
-    pending_slurm: BTreeMap<String, slurm::PendingSlurm>,
-    /// Jobs whose Slurm suspension is being checked (`SlurmCall::Hold` under way): one at a time.
-    slurm_checking: std::collections::BTreeSet<String>,
-    /// This host's Slurm node name (`[slurm] node_name`, else the host name): whose `slurm_NODE`
-    /// cgroup root holds this node's jobs.
-    slurm_node: String,
+    /// Emergency swap and raised limits left by jobs that ended or by a killed daemon.
+    leftover: way_out::Leftover,
+    /// This node's name in Slurm, its calls, and the Slurm jobs waiting or being checked.
+    slurm: slurm::Node,
     /// When `handle_timeout` last ran: deadlines up to then are handled.
     timeouts_handled_ms: Option<u64>,
     /// What the daemon before left beside its state file, until `recover` takes it.
@@ -260,35 +231,25 @@ impl Engine {
             host,
             view,
             ended: std::collections::VecDeque::new(),
-            leftover_swaps: Vec::new(),
-            clearing_leftover: Vec::new(),
-            leftover_loans: Vec::new(),
-            pending_slurm: BTreeMap::new(),
-            slurm_checking: std::collections::BTreeSet::new(),
-            slurm_node,
+            leftover: Default::default(),
+            slurm: slurm::Node::new(&cfg.slurm, slurm_node),
             timeouts_handled_ms: None,
             left: Some(left),
             adapting: Default::default(),
             host_watched: false,
-            host_used: Growth::stepped(
-                cfg.sampling.growth_window_ms.0.max(HOST_WINDOW_MS),
-                HOST_STEP_MS,
-            ),
+            readings: observe::Readings::new(cfg.sampling.growth_window_ms.0),
             cfg,
             jobs: BTreeMap::new(),
             policy: policy::State::default(),
-            audit,
-            host_memory: None,
-            latest: None,
-            counts: BTreeMap::new(),
+            events: events::Log {
+                audit,
+                counts: BTreeMap::new(),
+                outbox: None,
+            },
             fast_until_ms: 0,
             dirty: true,
-            previous: None,
-            last_detailed_ms: 0,
             advice: Vec::new(),
-            outbox: None,
-            near: Default::default(),
-            failing: Default::default(),
+            notices: Default::default(),
         }
     }
 
@@ -306,14 +267,14 @@ impl Engine {
         } else {
             (DETAILED_EVERY_MS, WALK_BUDGET_MS_PER_PROCESS)
         };
-        let detailed = now_ms.saturating_sub(self.last_detailed_ms) >= every
+        let detailed = now_ms.saturating_sub(self.readings.last_detailed_ms) >= every
             || self
                 .policy
                 .levels
                 .values()
                 .any(|l| l.level >= policy::Level::Warn);
         if detailed {
-            self.last_detailed_ms = now_ms;
+            self.readings.last_detailed_ms = now_ms;
         }
         let troubled = self
             .policy
@@ -450,7 +411,7 @@ impl Engine {
 
     /// Where events that people are told about go (`[notify]`).
     pub fn set_outbox(&mut self, outbox: Box<dyn crate::audit::Notify>) {
-        self.outbox = Some(outbox);
+        self.events.outbox = Some(outbox);
     }
 
     /// The view the HTTP side publishes.
@@ -476,8 +437,9 @@ impl Engine {
                     settling: (l.settled() != l.level).then(|| l.settled()),
                 })
                 .collect(),
-            events: self.audit.recent().cloned().collect(),
+            events: self.events.audit.recent().cloned().collect(),
             interventions: self
+                .events
                 .counts
                 .iter()
                 .map(|((action, reason), (count, last))| InterventionCount {
@@ -564,7 +526,7 @@ mod tests {
         cfg.policy.host_memory.critical = crate::config::Ratio(critical);
         let host = sim::host::FakeHost::new("/sim".as_ref());
         let mut e = sim::harness::Sim::engine_of(&host, Settings::from(&cfg));
-        e.host_memory = Some((available, total));
+        e.readings.host_memory = Some((available, total));
         e
     }
 
@@ -579,7 +541,7 @@ mod tests {
         assert!(engine(0.12, 22 * G, 24 * G).probe_host(0));
         // Unknown host memory: probed.
         let mut e = engine(0.90, 0, 0);
-        e.host_memory = None;
+        e.readings.host_memory = None;
         assert!(e.probe_host(0));
     }
 }

@@ -7,6 +7,15 @@ use super::Engine;
 use crate::audit::Action;
 use crate::human::bytes as human_bytes;
 
+/// What people were told of that is not over yet.
+#[derive(Debug, Default)]
+pub(super) struct Notices {
+    /// Jobs told to be near exhaustion, until they are well clear again.
+    pub(super) near: NearWatch,
+    /// Collectors failing in the latest sample.
+    pub(super) failing: std::collections::BTreeSet<String>,
+}
+
 /// The jobs told to be near exhaustion. A job is told once; it is told again only after it has been
 /// clear (more than twice the notice's horizon from a limit, or not growing toward one) for a whole
 /// horizon without a break, so an estimate that wobbles across the line tells nobody twice.
@@ -75,7 +84,11 @@ impl Engine {
         }
         for (name, soonest) in found {
             let seconds_left = soonest.as_ref().map(|(t, _, _)| *t);
-            if !self.near.update(&name, seconds_left, near_s, now_ms) {
+            if !self
+                .notices
+                .near
+                .update(&name, seconds_left, near_s, now_ms)
+            {
                 continue;
             }
             if let Some((t, resource, l)) = soonest {
@@ -97,17 +110,17 @@ impl Engine {
             }
         }
         let jobs = &self.jobs;
-        self.near.retain(|n| jobs.contains_key(n));
-        let Some(sample) = self.latest.clone() else {
+        self.notices.near.retain(|n| jobs.contains_key(n));
+        let Some(sample) = self.readings.latest.clone() else {
             return;
         };
         for c in &sample.collectors {
             let Some(collector) = crate::sample::Collector::by_name(&c.name) else {
                 continue;
             };
-            let was = self.failing.contains(&c.name);
+            let was = self.notices.failing.contains(&c.name);
             if !c.success && !was {
-                self.failing.insert(c.name.clone());
+                self.notices.failing.insert(c.name.clone());
                 let detail = format!(
                     "the {} collector failed ({} failures since the daemon started); see the daemon's log",
                     c.name, c.errors_total
@@ -121,7 +134,7 @@ impl Engine {
                     false,
                 );
             } else if c.success && was {
-                self.failing.remove(&c.name);
+                self.notices.failing.remove(&c.name);
                 let detail = format!("the {} collector works again", c.name);
                 self.record(
                     now_ms,

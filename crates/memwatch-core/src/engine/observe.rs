@@ -5,6 +5,7 @@ use std::sync::Arc;
 use super::Engine;
 use crate::audit::{self, Reason};
 use crate::config::OnCritical;
+use crate::growth::Growth;
 use crate::job::Limit;
 use crate::job::Measurement;
 
@@ -32,6 +33,45 @@ use crate::sample::cgroup::CgroupMemory;
 const FAST_BELOW_MS: u64 = 5000;
 /// How long fast probing lasts once asked for.
 const FAST_FOR_MS: u64 = 3000;
+
+/// The shortest window host growth is measured over: MemAvailable moves in steps of a few MiB every
+/// few hundred ms, which a 1 s window turns into rates that jump from negative to twice the truth.
+const HOST_WINDOW_MS: u64 = 5000;
+
+/// MemAvailable's steps come at most this far apart while memory grows: the newest slope of the
+/// host's sustained growth spans this long.
+const HOST_STEP_MS: u64 = 1000;
+
+/// What the engine last read of the host: the latest two samples and the host's memory, from them
+/// and from the probes.
+pub(super) struct Readings {
+    /// The latest full sample.
+    pub(super) latest: Option<Arc<Sample>>,
+    /// The sample before `latest`, for rates.
+    pub(super) previous: Option<Arc<Sample>>,
+    /// The freshest MemAvailable and MemTotal (probe or full sample).
+    pub(super) host_memory: Option<(u64, u64)>,
+    /// Host memory in use (MemTotal − MemAvailable) over time: its growth is the host's. Tracked as
+    /// use, not as MemAvailable, so that "the steeper slope" means faster growth; over at least
+    /// `HOST_WINDOW_MS`, because MemAvailable moves in steps (the kernel folds per-CPU counts).
+    pub(super) host_used: Growth,
+    /// When the jobs' smaps_rollup was last read.
+    pub(super) last_detailed_ms: u64,
+}
+
+impl Readings {
+    /// Nothing read yet; host growth over `growth_window_ms` (`[sampling]`), at least
+    /// `HOST_WINDOW_MS`.
+    pub(super) fn new(growth_window_ms: u64) -> Readings {
+        Readings {
+            latest: None,
+            previous: None,
+            host_memory: None,
+            host_used: Growth::stepped(growth_window_ms.max(HOST_WINDOW_MS), HOST_STEP_MS),
+            last_detailed_ms: 0,
+        }
+    }
+}
 
 impl Engine {
     /// A full sample arrived, with a fresh measurement of each job (`None`: the job is gone). The
@@ -136,7 +176,7 @@ impl Engine {
         self.check_slurm_holds(now_ms);
         self.adopt_pending_slurm(now_ms);
         self.finish_terminations(now_ms);
-        self.previous = self.latest.replace(sample);
+        self.readings.previous = self.readings.latest.replace(sample);
         self.dirty = true;
         self.step(now_ms);
         // Swap and limits left by ended jobs or a killed daemon: checked once a sample, not per probe.
@@ -256,6 +296,7 @@ impl Engine {
             return true;
         }
         if self
+            .readings
             .host_memory
             .is_some_and(|(a, t)| t > 0 && 1.0 - a as f64 / t as f64 >= p.host_memory.warn.0 - NEAR)
         {
@@ -279,8 +320,9 @@ impl Engine {
     }
 
     fn note_host(&mut self, available: u64, total: u64, now_ms: u64) {
-        self.host_memory = Some((available, total));
-        self.host_used
+        self.readings.host_memory = Some((available, total));
+        self.readings
+            .host_used
             .push(now_ms, total.saturating_sub(available) as f64);
     }
 
@@ -321,21 +363,21 @@ impl Engine {
                 ));
             }
         }
-        if let Some((available, _)) = self.host_memory {
+        if let Some((available, _)) = self.readings.host_memory {
             v.push((
                 Resource::HostMemory,
                 Limit::new(
                     "host".into(),
                     available,
                     if sustained {
-                        self.host_used.sustained_rate_per_second()
+                        self.readings.host_used.sustained_rate_per_second()
                     } else {
-                        self.host_used.trend_per_second()
+                        self.readings.host_used.trend_per_second()
                     },
                 ),
             ));
         }
-        if let (Some(sample), Some(last)) = (&self.latest, &j.last) {
+        if let (Some(sample), Some(last)) = (&self.readings.latest, &j.last) {
             for idx in last.gpus.iter().flatten() {
                 let Some(g) = sample.gpus.iter().find(|g| g.index == *idx) else {
                     continue;
@@ -365,10 +407,10 @@ impl Engine {
     }
 
     fn observation(&self, now_ms: u64) -> Observation {
-        let s = self.latest.as_deref();
+        let s = self.readings.latest.as_deref();
         let src = policy::HostSources {
             sample: s,
-            memory: self.host_memory,
+            memory: self.readings.host_memory,
         };
         let host = policy::Resource::HOST
             .iter()

@@ -77,7 +77,7 @@ impl Engine {
         };
         let growth_at_start = crate::job::GrowthAtPause {
             cgroup: j.cgroup_growth.rate_per_second(),
-            host: self.host_used.rate_per_second(),
+            host: self.readings.host_used.rate_per_second(),
         };
         if let Some(j) = self.jobs.get_mut(name) {
             j.pause = Some(Pause {
@@ -378,7 +378,7 @@ impl Engine {
         match (call, result) {
             (SlurmCall::Hold, result) => self.slurm_hold_checked(name, id, result, now_ms),
             (SlurmCall::Holders, result) => {
-                self.slurm_checking.remove(name);
+                self.slurm.checking.remove(name);
                 match result {
                     Ok(SlurmAnswer::Holders(nodes)) => self.note_slurm_holders(name, nodes, now_ms),
                     Ok(_) => {}
@@ -472,7 +472,7 @@ impl Engine {
         result: Result<SlurmAnswer, crate::seam::SlurmError>,
         now_ms: u64,
     ) {
-        self.slurm_checking.remove(name);
+        self.slurm.checking.remove(name);
         let held = self
             .jobs
             .get(name)

@@ -1,6 +1,8 @@
 //! Slurm jobs followed by job id: adopted when their first task appears on this node (a prolog
 //! attaches them before it does), paused whole through Slurm, and ended by a requeue.
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use super::{Engine, ListedPids};
 use crate::audit::{Action, Reason};
 use crate::control::{Caller, Refusal};
@@ -14,6 +16,31 @@ use crate::slurm;
 /// How often a node that does not hold a Slurm job Slurm holds suspended here reads which nodes do
 /// (one `scontrol show job` each time, on every such node).
 pub(super) const HOLDERS_EVERY_MS: u64 = 10_000;
+
+/// This node's part in the Slurm jobs it follows.
+pub(super) struct Node {
+    /// This host's Slurm node name (`[slurm] node_name`, else the host name): whose `slurm_NODE`
+    /// cgroup root holds this node's jobs.
+    pub(super) name: String,
+    /// The calls memwatch makes to Slurm from `[slurm]`, with this node's name in the holds.
+    pub(super) ctl: Slurmctl,
+    /// Slurm jobs attached by id, waiting for their first process on this node.
+    pub(super) pending: BTreeMap<String, PendingSlurm>,
+    /// Jobs whose Slurm suspension is being checked (`SlurmCall::Hold` under way): one at a time.
+    pub(super) checking: BTreeSet<String>,
+}
+
+impl Node {
+    /// Node `name`, following no job yet.
+    pub(super) fn new(cfg: &crate::config::Slurm, name: String) -> Node {
+        Node {
+            ctl: Slurmctl::new(cfg, &name),
+            name,
+            pending: BTreeMap::new(),
+            checking: BTreeSet::new(),
+        }
+    }
+}
 
 /// A Slurm job attached by id before any of its processes ran on this node.
 #[derive(Debug, Clone)]
@@ -46,7 +73,7 @@ impl Engine {
         let id = j.slurm_job_id()?;
         let uid = self
             .view
-            .slurm_job(id, &self.slurm_node)
+            .slurm_job(id, &self.slurm.name)
             .and_then(|c| c.uid);
         if uid.is_some_and(|u| u != j.owner_uid) {
             tracing::warn!(
@@ -58,7 +85,7 @@ impl Engine {
         }
         Some(Suspended {
             job_id: id.to_owned(),
-            ctl: Slurmctl::new(&self.cfg.slurm, &self.slurm_node),
+            ctl: self.slurm.ctl.clone(),
         })
     }
 
@@ -71,7 +98,7 @@ impl Engine {
         let due: Vec<(String, SlurmCall, Suspended)> = self
             .jobs
             .values()
-            .filter(|j| !self.slurm_checking.contains(&j.name))
+            .filter(|j| !self.slurm.checking.contains(&j.name))
             .filter_map(|j| {
                 if let Some((p, s)) = j.pause.as_ref().and_then(|p| Some((p, p.suspended()?))) {
                     return (p.phase == crate::job::PausePhase::Held
@@ -83,7 +110,7 @@ impl Engine {
                 let read = j.slurm_holders.as_ref().map(|(at, _)| *at);
                 let due = read.is_none_or(|at| now_ms.saturating_sub(at) >= HOLDERS_EVERY_MS);
                 (self.cfg.slurm.holds && due).then(|| {
-                    let ctl = Slurmctl::new(&self.cfg.slurm, &self.slurm_node);
+                    let ctl = self.slurm.ctl.clone();
                     let job_id = j.slurm_job_id()?.to_owned();
                     Some((
                         j.name.clone(),
@@ -94,7 +121,7 @@ impl Engine {
             })
             .collect();
         for (name, call, s) in due {
-            self.slurm_checking.insert(name.clone());
+            self.slurm.checking.insert(name.clone());
             self.emit(super::effect::Effect::Slurm(super::SlurmRequest {
                 job: name,
                 call,
@@ -157,7 +184,7 @@ impl Engine {
                 j.name
             )));
         }
-        if let Some(p) = self.pending_slurm.get(id) {
+        if let Some(p) = self.slurm.pending.get(id) {
             // The prolog of a job that ran here before (a requeued job's next run): it attaches the
             // job again, as it would had its epilog run first.
             if !p.next_step || !(caller.is_root() || caller.uid == p.caller.uid) {
@@ -165,7 +192,7 @@ impl Engine {
                     "Slurm job {id} is already attached and waits for its first process on this node"
                 )));
             }
-            self.pending_slurm.remove(id);
+            self.slurm.pending.remove(id);
         }
         if let Some(attached) = self.adopt_slurm(id, name.clone(), caller, listed, now_ms)? {
             return Ok(attached);
@@ -176,7 +203,7 @@ impl Engine {
             )));
         }
         let shown = name.clone().unwrap_or_else(|| format!("slurm-{id}"));
-        self.pending_slurm.insert(
+        self.slurm.pending.insert(
             id.to_owned(),
             PendingSlurm {
                 name,
@@ -210,7 +237,7 @@ impl Engine {
         listed: Option<ListedPids>,
         now_ms: u64,
     ) -> Result<Option<String>, Refusal> {
-        let cgroup = self.view.slurm_job(id, &self.slurm_node);
+        let cgroup = self.view.slurm_job(id, &self.slurm.name);
         let tasks = match &cgroup {
             Some(c) => {
                 let mut pids = Vec::new();
@@ -219,12 +246,10 @@ impl Engine {
             }
             // No cgroup plugin: Slurm's own list (only when asked, never in the waiting loop),
             // the one the host made before the request where it did.
-            None if !self.pending_slurm.contains_key(id) => {
+            None if !self.slurm.pending.contains_key(id) => {
                 let listed = match listed.filter(|l| l.job_id == id) {
                     Some(l) => l.result,
-                    None => self
-                        .view
-                        .slurm_listpids(&Slurmctl::new(&self.cfg.slurm, &self.slurm_node), id),
+                    None => self.view.slurm_listpids(&self.slurm.ctl, id),
                 };
                 match listed {
                     Ok(pids) => self.view.slurm_tasks(&pids),
@@ -264,7 +289,7 @@ impl Engine {
     /// as for a first process, until the job's epilog detaches it or `slurm.adopt_within_seconds`
     /// pass with no step here. A step already running is adopted on this same sample.
     pub(super) fn follow_next_step(&mut self, id: &str, name: &str, owner_uid: u32, now_ms: u64) {
-        self.pending_slurm.insert(
+        self.slurm.pending.insert(
             id.to_owned(),
             PendingSlurm {
                 name: Some(name.to_owned()),
@@ -294,7 +319,8 @@ impl Engine {
     /// Adopts the Slurm jobs waiting for their first process, and forgets those that waited too long.
     pub(super) fn adopt_pending_slurm(&mut self, now_ms: u64) {
         let waiting: Vec<(String, PendingSlurm)> = self
-            .pending_slurm
+            .slurm
+            .pending
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
@@ -306,7 +332,7 @@ impl Engine {
             let within = self.cfg.slurm.adopt_within_seconds;
             let gave_up = match outcome {
                 Ok(Some(_)) => {
-                    self.pending_slurm.remove(&id);
+                    self.slurm.pending.remove(&id);
                     None
                 }
                 Ok(None) if !expired => None,
@@ -325,7 +351,7 @@ impl Engine {
                 Err(e) => Some((Action::Error, format!("cannot attach Slurm job {id}: {e}"))),
             };
             if let Some((action, why)) = gave_up {
-                self.pending_slurm.remove(&id);
+                self.slurm.pending.remove(&id);
                 self.record_for(
                     now_ms,
                     action,
@@ -346,7 +372,7 @@ impl Engine {
         caller: Caller,
         now_ms: u64,
     ) -> Result<String, Refusal> {
-        if let Some(p) = self.pending_slurm.get(id) {
+        if let Some(p) = self.slurm.pending.get(id) {
             if !caller.is_root() && caller.uid != p.caller.uid {
                 return Err(Refusal::forbidden(format!(
                     "permission denied: Slurm job {id} was attached by root"
@@ -358,7 +384,7 @@ impl Engine {
             } else {
                 format!("Slurm job {id}, before any process of it ran here")
             };
-            self.pending_slurm.remove(id);
+            self.slurm.pending.remove(id);
             self.record_for(
                 now_ms,
                 Action::Detach,

@@ -11,6 +11,7 @@ mod room;
 mod steps;
 mod why_not;
 
+pub(super) use room::Leftover;
 pub use why_not::{NoSwap, WhyNot};
 
 use crate::audit::{Action, Reason};
@@ -137,7 +138,7 @@ impl Engine {
         let measured = if limit == "cgroup" {
             j.cgroup_growth.sustained_rate_per_second()
         } else {
-            self.host_used.sustained_rate_per_second()
+            self.readings.host_used.sustained_rate_per_second()
         };
         // Measured while paused, the growth is nil: the rate when the pause began counts too.
         let at_start = if limit == "cgroup" {

@@ -108,15 +108,11 @@ pub trait HostDriver: Send + Sync {
     /// What `job`'s reflex (`memwatch::reflex`) did, if it fired and the engine has not taken it over
     /// yet (taken: the engine holds or undoes it, once). Asked before the engine stops the job
     /// itself, so that a stop the reflex made is the pause.
-    fn fired_reflex(&self, _job: &str) -> Option<Fired> {
-        None
-    }
+    fn fired_reflex(&self, job: &str) -> Option<Fired>;
     /// Hands `job`'s reflex as `plan` says, recorded already, to what fires it (the daemon's wake
     /// thread), the job's usage read in its memory cgroup `memory`. `false` where nothing took it:
     /// the daemon's watches arm it at their next sync.
-    fn arm_reflex(&self, _job: &str, _memory: &CgroupDir, _plan: &ReflexPlan) -> bool {
-        false
-    }
+    fn arm_reflex(&self, job: &str, memory: &CgroupDir, plan: &ReflexPlan) -> bool;
 }
 
 /// What undoing a pause did.

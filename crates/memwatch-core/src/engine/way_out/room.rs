@@ -9,6 +9,17 @@ use crate::way_out::Phase;
 
 use super::{CLEAR_MARGIN, SETTLED_RATE, SWAP_FULL, WayOutDone, WayOutTask};
 
+/// What jobs that ended, or a daemon that was killed, left to undo once RAM can take it.
+#[derive(Default)]
+pub(in crate::engine) struct Leftover {
+    /// Emergency swap areas to clear and take off.
+    pub(in crate::engine) swaps: Vec<Record>,
+    /// Those of them being cleared now.
+    pub(in crate::engine) clearing: Vec<Record>,
+    /// Raised limits to put back once usage fits.
+    pub(in crate::engine) loans: Vec<crate::held::Loan>,
+}
+
 impl Engine {
     /// `swap_used`: what /proc/swaps says of the job's emergency swap, read once this turn.
     pub(in crate::engine) fn fixing(&mut self, name: &str, swap_used: Option<u64>, now_ms: u64) {
@@ -72,7 +83,7 @@ impl Engine {
             if w.limit == "cgroup" {
                 j.cgroup_growth.sustained_rate_per_second() < SETTLED_RATE
             } else {
-                self.host_used.sustained_rate_per_second() < SETTLED_RATE
+                self.readings.host_used.sustained_rate_per_second() < SETTLED_RATE
             }
         });
         if applied && settled && self.fits_without_room(name) {
@@ -177,7 +188,7 @@ impl Engine {
                 .as_ref()
                 .and_then(|r| self.view.swap_used(&r.device))
                 .unwrap_or(0);
-            self.host_memory.is_some_and(|(a, t)| {
+            self.readings.host_memory.is_some_and(|(a, t)| {
                 (a.saturating_sub(swapped) as f64)
                     > t as f64 * (1.0 - self.cfg.policy.host_memory.critical_leave.0)
             })
@@ -239,7 +250,7 @@ impl Engine {
     /// a margin, and the job's cgroup (if any) has room for what it swapped.
     pub(in crate::engine) fn swap_clearable(&self, job: Option<&str>, r: &Record) -> bool {
         let used = self.view.swap_used(&r.device).unwrap_or(0);
-        let Some((available, total)) = self.host_memory else {
+        let Some((available, total)) = self.readings.host_memory else {
             return false;
         };
         let margin = CLEAR_MARGIN.max(total / 20);
@@ -278,7 +289,7 @@ impl Engine {
                         let Some(w) = self.jobs.get_mut(&job).and_then(|j| j.way_out.as_mut())
                         else {
                             // The job ended meanwhile.
-                            self.leftover_swaps.push(record);
+                            self.leftover.swaps.push(record);
                             return;
                         };
                         w.swap = Some(record.clone());
@@ -336,7 +347,7 @@ impl Engine {
                             w.swap = None;
                             w.swap_busy = false;
                         }
-                        self.leftover_swaps.retain(|r| r != &record);
+                        self.leftover.swaps.retain(|r| r != &record);
                     }
                     Err(e) => {
                         tracing::warn!(device = %record.device, error = %e, "cannot clear emergency swap yet");
@@ -347,7 +358,7 @@ impl Engine {
                         {
                             w.swap_busy = false;
                         }
-                        self.clearing_leftover.retain(|r| r != &record);
+                        self.leftover.clearing.retain(|r| r != &record);
                     }
                 }
                 self.save();
@@ -358,14 +369,15 @@ impl Engine {
     /// Clears swap and puts back limits left by jobs that ended or by a killed daemon, when safe.
     pub(in crate::engine) fn clear_leftovers(&mut self) {
         let swaps: Vec<Record> = self
-            .leftover_swaps
+            .leftover
+            .swaps
             .iter()
-            .filter(|r| !self.clearing_leftover.contains(r))
+            .filter(|r| !self.leftover.clearing.contains(r))
             .cloned()
             .collect();
         for r in swaps {
             if self.swap_clearable(None, &r) {
-                self.clearing_leftover.push(r.clone());
+                self.leftover.clearing.push(r.clone());
                 let plan = self.swap_plan();
                 self.emit(crate::engine::Effect::WayOut(WayOutTask::Clear {
                     job: None,
@@ -374,11 +386,12 @@ impl Engine {
                 }));
             }
         }
-        let before = self.leftover_loans.len();
+        let before = self.leftover.loans.len();
         let host = self.host.clone();
-        self.leftover_loans
+        self.leftover
+            .loans
             .retain(|l| !matches!(host.restore_limit(l, CLEAR_MARGIN), Ok(true)));
-        if self.leftover_loans.len() != before {
+        if self.leftover.loans.len() != before {
             self.save();
         }
     }
@@ -390,12 +403,12 @@ impl Engine {
         };
         if let Some(r) = w.swap {
             if !w.swap_busy {
-                self.leftover_swaps.push(r);
+                self.leftover.swaps.push(r);
             }
         }
         if let Some(l) = w.loan {
             if !matches!(self.host.restore_limit(&l, CLEAR_MARGIN), Ok(true)) {
-                self.leftover_loans.push(l);
+                self.leftover.loans.push(l);
             }
         }
     }

@@ -90,7 +90,7 @@ impl Engine {
         if let Some(why) = self.swap_forbidden(name) {
             return Err(why);
         }
-        let available = self.host_memory.map_or(0, |(a, _)| a);
+        let available = self.readings.host_memory.map_or(0, |(a, _)| a);
         let mut bytes = self
             .room_bytes(name)
             .min(self.cfg.way_out.swap_max_mib << 20);
@@ -147,7 +147,7 @@ impl Engine {
         let lent = self
             .room_bytes(name)
             .min(self.cfg.way_out.lend_max_mib << 20);
-        let (available, total) = self.host_memory.ok_or(WhyNot::HostUnknown)?;
+        let (available, total) = self.readings.host_memory.ok_or(WhyNot::HostUnknown)?;
         // What the host can spare: its available memory above the warn level.
         let keep = (total as f64 * (1.0 - self.cfg.policy.host_memory.warn.0)) as u64;
         let spare = available.saturating_sub(keep);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every memwatch test: formatting, clippy, unit tests and the end-to-end tests that start the real
-# binary on fixture roots with the fake NVML. Installs what the tests need when it is missing and this runs
-# as root: promtool and prometheus, systemd-analyze, chromium, node/npm, tmux, fuse3 and python3-fusepy,
+# binary on fixture roots with the fake NVML. Runs as root (the tests make cgroups and users) with a Rust
+# toolchain on PATH, and installs what else the tests need when it is missing: a C/C++ compiler, python3
+# and its venv, promtool and prometheus, systemd-analyze, chromium, node/npm, tmux, fuse3 and python3-fusepy,
 # slurmctld, slurmd, slurm-client and munge, debootstrap and qemu-system-x86 for the VM tests (Debian),
 # playwright-core (npm), kubernetes-validate (PyPI, for the manifest),
 # and torch 2.13.0 for the trainer plus the Python package's pinned test dependencies (PyPI).
@@ -9,6 +10,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 have() { command -v "$1" >/dev/null 2>&1; }
+
+# What this script cannot install: a Rust toolchain (rustup's), and root.
+if ! have cargo || ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+  echo "scripts/test.sh: no cargo with rustfmt and clippy on PATH: install Rust $(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml) or newer with both (rustup), and under sudo keep your PATH and toolchain: sudo env \"PATH=\$PATH\" RUSTUP_HOME=\"\${RUSTUP_HOME:-\$HOME/.rustup}\" ./scripts/test.sh" >&2
+  exit 1
+fi
+if [ "$(id -u)" != 0 ]; then
+  echo "scripts/test.sh: run as root: the tests make memory cgroups, act as test users, run Slurm and boot a VM (as any user, cargo test -p memwatch-core runs the core's tests)" >&2
+  exit 1
+fi
 
 # Room on disk, asked first so that a full disk is named here and not, half an hour in, as a failed test:
 # a clean run grows target/ to about 7 GiB and the venv (torch) to about 5 GiB, and the emergency
@@ -76,6 +87,12 @@ have ip || missing+=(iproute2)
 have nsenter || missing+=(util-linux)
 # The VM tests (tests/vm.rs, scripts/vm/): debootstrap builds a Debian 13 guest, qemu boots it.
 have debootstrap || [ -x /usr/sbin/debootstrap ] || missing+=(debootstrap)
+# What builds and tests need beside cargo: a C and C++ compiler (the linker, torch-sys), python3 with
+# venv (the trainer's torch, kubernetes-validate, the Python package).
+have cc || missing+=(gcc)
+have c++ || missing+=(g++)
+have python3 || missing+=(python3)
+python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
 [ ${#missing[@]} -eq 0 ] || install_debian "${missing[@]}"
 # This machine's (Debian 12) qemu-system-x86 needs qemu-utils of its own version: a newer one (backports) is downgraded
 # to it. Only as root: tests/vm.rs skips without root.

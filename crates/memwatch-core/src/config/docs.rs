@@ -188,8 +188,9 @@ fresh sample when the last is older than interval_ms. At or below interval_ms: n
     ),
     (
         "policy.resume_headroom_ms",
-        "A job paused for fast growth is resumed only when the room left would last this long at the rate\n\
-         it was growing when paused.",
+        "A job paused for fast growth is resumed only when the room left would last this long at the growth\n\
+         measured now (at the rate it was growing when paused, for a job paused again within 5 s of such a\n\
+         resume).",
     ),
     (
         "policy.max_pause_seconds",

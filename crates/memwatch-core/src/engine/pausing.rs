@@ -75,6 +75,14 @@ impl Engine {
         } else {
             self.oomd_candidates_of(j)
         };
+        // A Slurm job's other task trees on this node are not the root's descendants: they are
+        // recorded before they are stopped, so that whoever undoes the pause after a crash
+        // (`seam::undo_pause`) continues them from the record, as it does the root's tree.
+        let ahead = if dry {
+            Vec::new()
+        } else {
+            super::slurm::tops_of(self.view.as_ref(), j)
+        };
         let growth_at_start = crate::job::GrowthAtPause {
             cgroup: j.cgroup_growth.rate_per_second(),
             host: self.readings.host_used.rate_per_second(),
@@ -90,7 +98,7 @@ impl Engine {
                     PausePhase::Pausing
                 },
                 mechanism: mechanism.clone(),
-                stopped: Vec::new(),
+                stopped: ahead,
                 dry_run: dry,
                 oomd_omit,
                 growth_at_start,

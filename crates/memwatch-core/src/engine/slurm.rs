@@ -63,6 +63,17 @@ pub(super) fn tasks_of(view: &dyn HostView, j: &Job) -> Option<Vec<crate::proc::
     Some(view.slurm_tasks(&pids))
 }
 
+/// The tops of a Slurm job's task trees on this node but the root: what a pause stops besides the
+/// root's tree (`Engine::stop_tasks`). Empty for any other job.
+pub(super) fn tops_of(view: &dyn HostView, j: &Job) -> Vec<ProcRef> {
+    let tasks = tasks_of(view, j).unwrap_or_default();
+    slurm::tops(&tasks)
+        .into_iter()
+        .filter(|t| t.pid != j.root.pid)
+        .map(|t| t.proc_ref())
+        .collect()
+}
+
 impl Engine {
     /// How a pause of `j` goes through Slurm, if it does: the job belongs to a Slurm job, job-wide
     /// pauses are on, and the Slurm job is the job owner's (or its owner is not known here).

@@ -210,8 +210,8 @@ pub fn unmark(host: &dyn HostDriver, marks: &[OomdMark]) -> usize {
 }
 
 /// Thaws and continues whatever the paused job `job` may have had stopped, from its record alone
-/// ([`release`]), then every stopped member of its tree the record missed. `None` when the
-/// record holds no pause.
+/// ([`release`]), then every stopped member the record missed of the trees under its root and
+/// under each process it records. `None` when the record holds no pause.
 pub fn undo_pause(
     host: &dyn HostDriver,
     view: &dyn HostView,
@@ -226,20 +226,28 @@ pub fn undo_pause(
         );
     }
     let mut out = release(host, mechanism.as_ref(), &p.stopped, &p.oomd_omit, None);
-    // Whatever of the tree is still stopped: members the record missed.
-    let root_is_ours = view
-        .stat(job.root.pid)
-        .is_ok_and(|s| s.start_time == job.root.start_time && s.state != 'Z');
-    if root_is_ours {
-        if let Some(tree) = view.tree(job.root.pid) {
-            for proc in tree.iter().rev() {
-                let r = proc.proc_ref();
-                if proc.is_stopped()
-                    && !p.stopped.contains(&r)
-                    && host.signal(r, None, SignalName::CONT).is_ok()
-                {
-                    out.continued += 1;
-                }
+    // Whatever is still stopped of the trees under the root and under each recorded process: members
+    // the record missed (a kill mid-walk), and the trees of a Slurm job's other tasks on this node,
+    // which are not the root's descendants and are recorded before they are stopped. Each tree once.
+    let mut seen = std::collections::HashSet::new();
+    for top in std::iter::once(&job.root).chain(&p.stopped) {
+        if seen.contains(&top.pid) {
+            continue;
+        }
+        let ours = view
+            .stat(top.pid)
+            .is_ok_and(|s| s.start_time == top.start_time && s.state != 'Z');
+        if !ours {
+            continue;
+        }
+        for proc in view.tree(top.pid).unwrap_or_default().iter().rev() {
+            let r = proc.proc_ref();
+            if seen.insert(r.pid)
+                && proc.is_stopped()
+                && !p.stopped.contains(&r)
+                && host.signal(r, None, SignalName::CONT).is_ok()
+            {
+                out.continued += 1;
             }
         }
     }

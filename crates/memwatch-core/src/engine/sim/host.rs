@@ -107,6 +107,9 @@ pub struct FakeHost {
     events: Arc<Mutex<Vec<Event>>>,
     /// What `scontrol listpids` prints for the Slurm job, as pids (`None`: no scontrol).
     pub listpids: Mutex<Option<Vec<u32>>>,
+    /// The state file as it was at each tree's stop, by the tree's top: what a daemon killed right
+    /// after that stop leaves.
+    pub state_at_stop: Mutex<Vec<(u32, serde_json::Value)>>,
 }
 
 impl FakeHost {
@@ -125,6 +128,7 @@ impl FakeHost {
             state: Arc::new(Mutex::new(serde_json::Value::Null)),
             events: Arc::new(Mutex::new(Vec::new())),
             listpids: Mutex::new(None),
+            state_at_stop: Mutex::new(Vec::new()),
         })
     }
 
@@ -249,6 +253,17 @@ impl FakeHost {
                     j["owner_uid"].as_u64().unwrap_or(0) as u32,
                 )
             })
+        })
+    }
+
+    /// A recorded pause that names `pid` among what it stopped (or is about to: recorded ahead).
+    fn recorded_pause_naming(&self, pid: u32) -> Option<serde_json::Value> {
+        let s = self.state();
+        s["jobs"].as_array()?.iter().find_map(|j| {
+            let named = j["paused"]["stopped"]
+                .as_array()
+                .is_some_and(|st| st.iter().any(|r| r["pid"] == pid));
+            named.then(|| j["paused"].clone())
         })
     }
 

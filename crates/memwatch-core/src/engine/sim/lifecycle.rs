@@ -249,3 +249,74 @@ fn a_restarted_daemon_gives_a_loan_back_the_way_it_was_made() {
         "settled loans are dropped: {after}"
     );
 }
+
+/// A Slurm job attached by id has task trees on this node besides its root's (a step's tasks, the
+/// children of slurmstepd). They are in the pause's record before they are stopped, so that a
+/// daemon killed right after their stop leaves a record whose undoing (a restarted daemon's, the
+/// guardian's: `seam::undo_pause`) continues them, children first, even where Slurm resumes
+/// nothing (its suspension never went through).
+#[test]
+fn a_slurm_jobs_other_task_trees_are_recorded_before_they_are_stopped() {
+    use crate::host::Version;
+    const TOP: u32 = PID + 10;
+    let mut s = Sim::with(Kind::Slurm, "", &[]);
+    assert!(
+        s.cmd(serde_json::json!({"cmd": "detach", "target": "sim"}))
+            .ok
+    );
+    // Slurm's cgroup v2 layout: the batch script's tree and a step's task tree in the job's cgroup.
+    let path = format!("system.slice/slurmstepd.scope/job_{SLURM_ID}/step_0/user/task_0");
+    let membership = format!("0::/{path}\n");
+    let all = [PID, PID + 1, TOP, TOP + 1];
+    for (pid, parent) in [(PID, 1), (PID + 1, PID), (TOP, 1), (TOP + 1, TOP)] {
+        s.host.add_process(pid, parent, OWNER, &membership);
+    }
+    s.host.account_v2_memory();
+    let dir = std::path::Path::new(harness::ROOT)
+        .join("sys/fs/cgroup")
+        .join(&path);
+    s.host.add_cgroup(
+        &dir,
+        Version::V2,
+        &all,
+        &[
+            ("memory.current", "1048576\n"),
+            ("memory.max", "max\n"),
+            ("memory.high", "max\n"),
+            ("cgroup.freeze", "0\n"),
+            ("cgroup.events", "populated 1\nfrozen 0\n"),
+        ],
+    );
+    *s.host.listpids.lock().unwrap() = Some(all.to_vec());
+    let r = s.cmd_as(
+        0,
+        serde_json::json!({"cmd": "attach_slurm", "job_id": SLURM_ID, "name": "sim"}),
+    );
+    assert!(r.ok, "attach by id: {:?}", r.error);
+    s.sample(0.97);
+    let p = s.pause().expect("paused");
+    assert_eq!(p.mechanism.name(), "slurm_suspend", "{p:?}");
+    let acts = s.host.acts();
+    assert!(acts.contains(&Act::StopTree(PID)), "{acts:?}");
+    assert!(acts.contains(&Act::StopTree(TOP)), "{acts:?}");
+    // The simulator's host refuses a stop no record names: none was refused.
+    s.check();
+    // The daemon is killed right after the step's tree was stopped: the state file as it was then.
+    let at_stop = s
+        .host
+        .state_at_stop
+        .lock()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|(top, _)| *top == TOP)
+        .map(|(_, state)| state.clone())
+        .expect("the step's tree was stopped");
+    let old: crate::record::Persisted = serde_json::from_value(at_stop).unwrap();
+    let states = || all.map(|pid| s.host.state_of(pid));
+    assert_eq!(states(), [Some('T'); 4], "before the undoing");
+    let done = crate::seam::undo_pause(s.host.as_ref(), s.host.as_ref(), &old.jobs[0])
+        .expect("a pause on record");
+    assert_eq!(done.continued, 4, "{done:?}");
+    assert_eq!(states(), [Some('S'); 4], "{:?}", s.host.acts());
+}

@@ -36,7 +36,14 @@ impl HostDriver for FakeHost {
         owner: u32,
         _members: &[Pinned],
     ) -> Result<Vec<ProcRef>, SignalError> {
-        match self.recorded_pause_of_root(root.pid) {
+        self.state_at_stop
+            .lock()
+            .unwrap()
+            .push((root.pid, self.state()));
+        match self
+            .recorded_pause_of_root(root.pid)
+            .or_else(|| self.recorded_pause_naming(root.pid).map(|p| (p, owner)))
+        {
             None => self.violate(format!(
                 "tree of pid {} stopped with no pause recorded",
                 root.pid

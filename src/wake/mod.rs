@@ -179,19 +179,17 @@ impl Wakers {
     }
 
     /// Queues an order for the registrar; never waits (a full queue means a thread is stuck: the
-    /// order is dropped and polling covers what it was for). `false` when dropped.
-    fn order(&self, order: Order) -> bool {
-        match self.tx.try_send(order) {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::warn!(error = %e, "the wake thread does not take commands; polling only for this watch");
-                false
-            }
-        }
+    /// order is dropped and polling covers what it was for). `Err` when dropped, so that a watch
+    /// that was never handed over is not taken for one.
+    fn order(&self, order: Order) -> std::io::Result<()> {
+        self.tx.try_send(order).map_err(|e| {
+            tracing::warn!(error = %e, "the wake thread does not take commands; polling only for this watch");
+            std::io::Error::other("the wake thread does not take commands (its queue is full or it ended)")
+        })
     }
 
-    fn send(&self, cmd: Cmd) {
-        self.order(Order::Forward(cmd));
+    fn send(&self, cmd: Cmd) -> std::io::Result<()> {
+        self.order(Order::Forward(cmd))
     }
 
     /// Watches a v1 memory cgroup: notified whenever usage crosses one of `thresholds` (bytes), up or
@@ -213,7 +211,7 @@ impl Wakers {
         let usage = std::fs::File::open(dir.join("memory.usage_in_bytes"))?;
         let control = dir.join("cgroup.event_control");
         std::fs::metadata(&control)?;
-        let asked = self.order(Order::Thresholds(Thresholds {
+        self.order(Order::Thresholds(Thresholds {
             job: job.to_owned(),
             generation,
             efd,
@@ -221,12 +219,7 @@ impl Wakers {
             control,
             thresholds: thresholds.to_vec(),
             line,
-        }));
-        if asked {
-            Ok(())
-        } else {
-            Err(std::io::Error::other("the registrar does not take orders"))
-        }
+        }))
     }
 
     /// The v1 registrations finished since the last call.
@@ -252,8 +245,7 @@ impl Wakers {
         let mut f = crate::delegated::open_write(pressure_file, true, nix::libc::O_NONBLOCK)?;
         // The trigger string must be written with its terminating NUL in one write.
         f.write_all(format!("some {stall_us} {window_us}\0").as_bytes())?;
-        self.send(Cmd::Watch(key, vec![f.into()], Kind::Psi));
-        Ok(())
+        self.send(Cmd::Watch(key, vec![f.into()], Kind::Psi))
     }
 
     /// Reads a v2 memory cgroup's usage on the thread's own timer against `thresholds` (bytes), the
@@ -275,8 +267,7 @@ impl Wakers {
             thresholds,
             critical_bytes,
             limit_bytes,
-        )));
-        Ok(())
+        )))
     }
 
     /// Interrupts the thread's poll so it looks at a reflex just armed (a v2 job's usage is read at
@@ -287,7 +278,9 @@ impl Wakers {
 
     /// Drops the job's watches (the kernel removes a threshold when its eventfd closes).
     pub fn unwatch(&self, job: &str) {
-        self.send(Cmd::Unwatch(Some(job.to_owned())));
+        // A dropped order is logged; the wake thread keeps the job's watch until an order for the
+        // job replaces it.
+        let _ = self.send(Cmd::Unwatch(Some(job.to_owned())));
     }
 }
 

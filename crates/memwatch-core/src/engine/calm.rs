@@ -3,7 +3,6 @@
 //! while fast growth could reach its critical line; probes between full samples near trouble.
 
 use super::{Engine, FASTEST_GROWTH};
-use crate::config::RatioPolicy;
 use crate::policy::{Level, LevelState, Resource};
 
 /// A ratio within this of its warn line is near it: not calm.
@@ -117,14 +116,9 @@ impl Engine {
     /// Whether a resource's last value lies within [`NEAR`] of its warn line (ratios only:
     /// temperatures move over tens of seconds and their lines are each device's own).
     fn near(&self, resource: &Resource, l: &LevelState) -> bool {
-        let p = &self.cfg.policy;
-        let policy: &RatioPolicy = match resource {
-            Resource::HostMemory => &p.host_memory,
-            Resource::Swap => &p.swap,
-            Resource::Pressure => &p.pressure,
-            Resource::GpuMemory(_) => &p.gpu_memory,
-            Resource::JobCgroup(_) => &p.job_cgroup,
-            _ => return false,
+        // Found by its key, as the policy finds it: a new ratio resource is near by the same rule.
+        let Some(policy) = self.cfg.policy.ratio(resource.kind()) else {
+            return false;
         };
         l.value.is_some_and(|v| v >= policy.warn.0 - NEAR)
     }

@@ -71,7 +71,7 @@ const SLOW_WRITE: std::time::Duration = std::time::Duration::from_millis(10);
 pub struct StateWriter {
     dir: PathBuf,
     last: Vec<u8>,
-    sync: Option<std::sync::mpsc::Sender<()>>,
+    sync: Option<std::sync::mpsc::SyncSender<()>>,
 }
 
 impl StateWriter {
@@ -79,7 +79,9 @@ impl StateWriter {
     /// writes.
     pub fn new(dir: &Path) -> Self {
         let path = dir.join(STATE_FILE);
-        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        // One request waiting at most: a write that finds one queued is covered by its fsync, which
+        // runs after the write.
+        let (tx, rx) = std::sync::mpsc::sync_channel::<()>(1);
         let spawned = std::thread::Builder::new()
             .name("state-fsync".into())
             .spawn(move || {
@@ -132,7 +134,7 @@ impl StateStore for StateWriter {
         }
         self.last = bytes;
         if let Some(tx) = &self.sync {
-            let _ = tx.send(());
+            let _ = tx.try_send(());
         }
         Ok(())
     }

@@ -62,9 +62,7 @@ fn parse_job_state(text: &str) -> Option<&str> {
 /// Now, in Unix seconds (the holds' clock: Slurm's nodes keep their clocks together, as munge's
 /// credentials need).
 fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    crate::clock::wall_ms() / 1000
 }
 
 /// This node's name in the holds: `[slurm] node_name`, else the host name up to its first dot

@@ -5,7 +5,7 @@
 #                                                        # installs it, and its postinst starts it
 #   sudo ./scripts/install.sh                            # a package in target/debian/ or beside the
 #                                                        # script, else from source: the binary in
-#                                                        # /usr/local/bin, the config in /etc/memwatch
+#                                                        # /usr/local/bin, the man page, the config in /etc/memwatch
 #                                                        # (the documented defaults, unless one is
 #                                                        # there already), the unit in /etc/systemd/system
 set -euo pipefail
@@ -28,6 +28,9 @@ install -d -m 0755 /etc/memwatch
 [ -e /etc/memwatch/memwatch.toml ] || install -m 0644 memwatch.example.toml /etc/memwatch/memwatch.toml
 /usr/local/bin/memwatch --config /etc/memwatch/memwatch.toml config check >/dev/null
 install -m 0644 systemd/memwatch.service /etc/systemd/system/memwatch.service
+# The man page the unit's Documentation= names (the package ships it too).
+install -d -m 0755 /usr/local/share/man/man1
+/usr/local/bin/memwatch manpage | gzip -9n >/usr/local/share/man/man1/memwatch.1.gz
 if [ -d /run/systemd/system ]; then
   systemctl daemon-reload
   systemctl enable --now memwatch

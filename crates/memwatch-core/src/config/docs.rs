@@ -320,7 +320,7 @@ fresh sample when the last is older than interval_ms. At or below interval_ms: n
          Mattermost incoming-webhook `url`), \"ntfy\" (POSTs the message to an ntfy topic `url` with\n\
          Title, Priority and Tags headers) or \"command\" (runs `command` = [\"/abs/program\", \"arg\", …]\n\
          with MEMWATCH_EVENT, MEMWATCH_JOB, MEMWATCH_SLURM_JOB_ID, MEMWATCH_REASON, MEMWATCH_DETAIL, MEMWATCH_MESSAGE,\n\
-         MEMWATCH_HOST and MEMWATCH_TIMESTAMP_MS set). Optional: `name` (logs and metrics use it, never\n\
+         MEMWATCH_HOST, MEMWATCH_TIMESTAMP_MS, MEMWATCH_DRY_RUN (1 or 0) and MEMWATCH_HELD_BACK set). Optional: `name` (logs and metrics use it, never\n\
          the URL), `token` (webhook, ntfy: sent as a Bearer token), `events` (default: all of pause,\n\
          resume, stop, restart, staged, applied, unverified, near_exhaustion, collector_down),\n\
          `min_interval_seconds` (300: the same event for the same job at most this often; the next says\n\

@@ -3,8 +3,8 @@
 #
 #   sudo ./scripts/install.sh memwatch_0.1.0_amd64.deb   # a package (no Rust toolchain needed): apt-get
 #                                                        # installs it, and its postinst starts it
-#   sudo ./scripts/install.sh                            # a package in target/debian/ or beside the
-#                                                        # script, else from source: the binary in
+#   sudo ./scripts/install.sh                            # from source where cargo is on PATH, else a
+#                                                        # package in target/debian/ or the checkout: the binary in
 #                                                        # /usr/local/bin, the man page, the config in /etc/memwatch
 #                                                        # (the documented defaults, unless one is
 #                                                        # there already), the unit in /etc/systemd/system
@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 deb=${1:-}
 if [ -z "$deb" ] && ! command -v cargo >/dev/null 2>&1; then
   deb=$(ls -t target/debian/memwatch_*.deb memwatch_*.deb 2>/dev/null | head -n 1 || true)
-  [ -n "$deb" ] || { echo "scripts/install.sh: no Rust toolchain and no memwatch_*.deb here; build one with ./scripts/build-deb.sh on a machine with cargo" >&2; exit 1; }
+  [ -n "$deb" ] || { echo "scripts/install.sh: no cargo on PATH and no memwatch_*.deb here (in target/debian/ or the checkout); under sudo, keep your toolchain: sudo env \"PATH=\$PATH\" RUSTUP_HOME=\"\${RUSTUP_HOME:-\$HOME/.rustup}\" ./scripts/install.sh; or build a package with ./scripts/build-deb.sh on a machine with cargo" >&2; exit 1; }
 fi
 if [ -n "$deb" ]; then
   apt-get install -y "$(realpath "$deb")"

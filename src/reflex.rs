@@ -45,6 +45,17 @@ use crate::proc::ProcRef;
 use crate::sample::cgroup::{CgroupDir, PageCache, Version};
 
 pub use crate::job::held::{Done, Fired, Woken};
+
+/// Why a reflex could not be made ready: its act cannot be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    /// The freezer's state file does not open for writing (it names the file).
+    #[error("the freezer cannot be written: {0}")]
+    Freezer(#[from] crate::act::cgroup_error::CgroupError),
+    /// The plan stops the job's root, and there is no pidfd on it (a kernel before 5.3).
+    #[error("no pidfd on the job's root, pid {0}")]
+    NoPidfd(u32),
+}
 use crate::sample::kept::KeptFile;
 
 /// What a reflex acts on.
@@ -193,7 +204,7 @@ impl Reflex {
         memory: &CgroupDir,
         plan: &ReflexPlan,
         process_root: &Path,
-    ) -> std::io::Result<Reflex> {
+    ) -> Result<Reflex, PrepareError> {
         let act = match &plan.how {
             ReflexHow::Freeze(f) => Reflex::freezer(f)?,
             ReflexHow::Stop(root) => match &plan.pidfd {
@@ -201,7 +212,7 @@ impl Reflex {
                     root: *root,
                     pidfd: pidfd.clone(),
                 },
-                None => return Err(std::io::Error::other("no pidfd on the job's root")),
+                None => return Err(PrepareError::NoPidfd(root.pid)),
             },
         };
         Ok(Reflex::open(
@@ -216,9 +227,11 @@ impl Reflex {
     }
 
     /// The freezer act on the job's own cgroup `f`, if its state file opens for writing.
-    pub fn freezer(f: &Frozen) -> std::io::Result<Act> {
+    pub fn freezer(f: &Frozen) -> Result<Act, crate::act::cgroup_error::CgroupError> {
         let (file, _) = crate::act::freeze::state_file(f.version, true);
-        let state = crate::delegated::open_write(&f.dir.join(file), false, 0)?;
+        let path = f.dir.join(file);
+        let state = crate::delegated::open_write(&path, false, 0)
+            .map_err(|e| crate::act::cgroup_error::CgroupError::write(path, &e))?;
         Ok(Act::Freeze {
             frozen: f.clone(),
             state,

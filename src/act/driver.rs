@@ -36,7 +36,7 @@ pub trait Reflexes: Send + Sync + std::fmt::Debug {
         memory: &CgroupDir,
         plan: &ReflexPlan,
         process_root: &Path,
-    ) -> std::io::Result<()>;
+    ) -> Result<(), crate::reflex::PrepareError>;
 }
 
 /// The driver that acts on this machine, through `/proc` and the cgroup tree under `root`.
@@ -98,11 +98,11 @@ impl HostDriver for Host {
         super::pause::resume(&self.root, stopped, pinned)
     }
 
-    fn freeze(&self, cgroup: &Frozen) -> std::io::Result<bool> {
+    fn freeze(&self, cgroup: &Frozen) -> Result<bool, CgroupError> {
         cgroup.freeze()
     }
 
-    fn thaw(&self, cgroup: &Frozen) -> std::io::Result<()> {
+    fn thaw(&self, cgroup: &Frozen) -> Result<(), CgroupError> {
         cgroup.thaw()
     }
 

@@ -9,6 +9,7 @@ use crate::sample::cgroup::Version;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use super::cgroup_error::CgroupError;
 use super::signal::owner_may_freeze;
 pub use crate::job::held::Frozen;
 use crate::sample::cgroup::pids_below;
@@ -103,13 +104,13 @@ pub trait Freezing {
     /// Asks the kernel to freeze the cgroup and watches it settle for a few milliseconds (a freeze
     /// usually settles in microseconds). `Ok(true)`: frozen. `Ok(false)`: still freezing; the caller
     /// finishes the wait off its own thread with [`Freezing::settled_within`].
-    fn freeze(&self) -> std::io::Result<bool>;
+    fn freeze(&self) -> Result<bool, CgroupError>;
 
     /// Waits up to `wait` for the freeze to take; `false` if it did not.
     fn settled_within(&self, wait: Duration) -> bool;
 
     /// Thaws the cgroup; a cgroup that is gone is nothing to thaw.
-    fn thaw(&self) -> std::io::Result<()>;
+    fn thaw(&self) -> Result<(), CgroupError>;
 }
 
 impl Freezing for Frozen {
@@ -130,8 +131,8 @@ impl Freezing for Frozen {
         super::signal::all_may_freeze(root, &pids, owner)
     }
 
-    fn freeze(&self) -> std::io::Result<bool> {
-        write(self, true)?;
+    fn freeze(&self) -> Result<bool, CgroupError> {
+        write(self, true).map_err(|(path, e)| CgroupError::write(path, &e))?;
         Ok(self.settled_within(SETTLE_INLINE))
     }
 
@@ -148,10 +149,11 @@ impl Freezing for Frozen {
         }
     }
 
-    fn thaw(&self) -> std::io::Result<()> {
+    fn thaw(&self) -> Result<(), CgroupError> {
         match write(self, false) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            other => other,
+            Err((_, e)) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err((path, e)) => Err(CgroupError::write(path, &e)),
+            Ok(()) => Ok(()),
         }
     }
 }
@@ -176,10 +178,14 @@ pub fn state_file(version: Version, freeze: bool) -> (&'static str, &'static str
 
 /// Writes the freezer's file; in a cgroup delegated to the job's user (a user's own systemd
 /// manager made it), with that user's rights (`crate::delegated`).
-fn write(cgroup: &Frozen, freeze: bool) -> std::io::Result<()> {
+/// An error comes with the file.
+fn write(cgroup: &Frozen, freeze: bool) -> Result<(), (std::path::PathBuf, std::io::Error)> {
     use std::io::Write as _;
     let (file, value) = state_file(cgroup.version, freeze);
-    crate::delegated::open_write(&cgroup.dir.join(file), false, 0)?.write_all(value.as_bytes())
+    let path = cgroup.dir.join(file);
+    crate::delegated::open_write(&path, false, 0)
+        .and_then(|mut f| f.write_all(value.as_bytes()))
+        .map_err(|e| (path, e))
 }
 
 #[cfg(test)]
@@ -309,5 +315,24 @@ mod tests {
         // The cgroup is empty now: nothing in it is out of reach.
         assert!(reach(65534));
         fs::remove_dir(&dir).unwrap();
+    }
+
+    /// A freeze that cannot write the freezer's file says which file and why; a thaw of a cgroup
+    /// that is gone is nothing to thaw.
+    #[test]
+    fn a_failed_freeze_names_its_file_and_a_gone_cgroup_thaws() {
+        let dir = tempfile::tempdir().unwrap();
+        let gone = Frozen {
+            version: Version::V2,
+            dir: dir.path().join("gone.scope"),
+        };
+        match gone.freeze() {
+            Err(CgroupError::Write { path, errno }) => {
+                assert_eq!(path, dir.path().join("gone.scope/cgroup.freeze"));
+                assert_eq!(errno.0, 2, "ENOENT");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(gone.thaw(), Ok(()));
     }
 }

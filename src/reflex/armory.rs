@@ -35,7 +35,7 @@ impl crate::act::driver::Reflexes for Armory {
         memory: &CgroupDir,
         plan: &ReflexPlan,
         process_root: &Path,
-    ) -> std::io::Result<()> {
+    ) -> Result<(), crate::reflex::PrepareError> {
         Armory::arm(self, Reflex::prepare(job, memory, plan, process_root)?);
         Ok(())
     }

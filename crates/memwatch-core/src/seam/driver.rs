@@ -87,10 +87,11 @@ pub trait HostDriver: Send + Sync {
     ) -> Result<Vec<ProcRef>, SignalError>;
     /// Continues `stopped`, children before parents; those that are gone.
     fn continue_tree(&self, stopped: &[ProcRef], pinned: Option<&OwnedFd>) -> Vec<ProcRef>;
-    /// Freezes a cgroup: `Ok(true)` settled, `Ok(false)` still settling.
-    fn freeze(&self, cgroup: &Frozen) -> std::io::Result<bool>;
+    /// Freezes a cgroup: `Ok(true)` settled, `Ok(false)` still settling; an error names the
+    /// freezer's file.
+    fn freeze(&self, cgroup: &Frozen) -> Result<bool, CgroupError>;
     /// Thaws a cgroup; one that is gone is nothing to thaw.
-    fn thaw(&self, cgroup: &Frozen) -> std::io::Result<()>;
+    fn thaw(&self, cgroup: &Frozen) -> Result<(), CgroupError>;
     /// Runs one Slurm call for job `id`.
     fn slurm(&self, ctl: &Slurmctl, call: &SlurmCall, id: &str) -> Result<SlurmAnswer, SlurmError>;
     /// Raises a cgroup's limit as `loan` says.

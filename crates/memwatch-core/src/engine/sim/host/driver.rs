@@ -90,7 +90,7 @@ impl HostDriver for FakeHost {
         gone
     }
 
-    fn freeze(&self, cgroup: &Frozen) -> std::io::Result<bool> {
+    fn freeze(&self, cgroup: &Frozen) -> Result<bool, CgroupError> {
         match self.recorded_pause_of_cgroup(&cgroup.dir) {
             None => self.violate(format!(
                 "{} frozen with no pause recorded for it",
@@ -106,16 +106,18 @@ impl HostDriver for FakeHost {
         }
         let faults = self.faults.lock().unwrap().clone();
         if faults.freeze_fails {
-            return Err(std::io::Error::other(
-                "injected: the freezer file cannot be written",
-            ));
+            // Injected: the freezer's file cannot be written (EACCES).
+            return Err(CgroupError::Write {
+                path: cgroup.dir.join("cgroup.freeze"),
+                errno: Errno(13),
+            });
         }
         self.act(Act::Freeze(cgroup.dir.clone()));
         self.set_frozen(&cgroup.dir, true);
         Ok(!faults.freeze_slow)
     }
 
-    fn thaw(&self, cgroup: &Frozen) -> std::io::Result<()> {
+    fn thaw(&self, cgroup: &Frozen) -> Result<(), CgroupError> {
         self.act(Act::Thaw(cgroup.dir.clone()));
         self.set_frozen(&cgroup.dir, false);
         Ok(())

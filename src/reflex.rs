@@ -44,18 +44,8 @@ use crate::job::held::{Frozen, ReflexHow, ReflexPlan};
 use crate::proc::ProcRef;
 use crate::sample::cgroup::{CgroupDir, PageCache, Version};
 
+pub use crate::act::driver::PrepareError;
 pub use crate::job::held::{Done, Fired, Woken};
-
-/// Why a reflex could not be made ready: its act cannot be opened.
-#[derive(Debug, thiserror::Error)]
-pub enum PrepareError {
-    /// The freezer's state file does not open for writing (it names the file).
-    #[error("the freezer cannot be written: {0}")]
-    Freezer(#[from] crate::act::cgroup_error::CgroupError),
-    /// The plan stops the job's root, and there is no pidfd on it (a kernel before 5.3).
-    #[error("no pidfd on the job's root, pid {0}")]
-    NoPidfd(u32),
-}
 use crate::sample::kept::KeptFile;
 
 /// What a reflex acts on.

@@ -23,6 +23,18 @@ use crate::sample::cgroup::CgroupDir;
 
 pub use memwatch_core::seam::{HostDriver, SlurmAnswer, SlurmCall};
 
+/// Why a reflex could not be made ready (`crate::reflex::Reflex::prepare`): its act cannot be
+/// opened.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    /// The freezer's state file does not open for writing (it names the file).
+    #[error("the freezer cannot be written: {0}")]
+    Freezer(#[from] CgroupError),
+    /// The plan stops the job's root, and there is no pidfd on it (a kernel before 5.3).
+    #[error("no pidfd on the job's root, pid {0}")]
+    NoPidfd(u32),
+}
+
 /// The reflexes the wake thread holds (`crate::reflex::Armory`): what they did, not yet handed to
 /// the engine, and a reflex handed to it.
 pub trait Reflexes: Send + Sync + std::fmt::Debug {
@@ -36,7 +48,7 @@ pub trait Reflexes: Send + Sync + std::fmt::Debug {
         memory: &CgroupDir,
         plan: &ReflexPlan,
         process_root: &Path,
-    ) -> Result<(), crate::reflex::PrepareError>;
+    ) -> Result<(), PrepareError>;
 }
 
 /// The driver that acts on this machine, through `/proc` and the cgroup tree under `root`.

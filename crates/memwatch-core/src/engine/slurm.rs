@@ -157,12 +157,11 @@ impl Engine {
         let mut stopped =
             self.host
                 .stop_tree(j.root, j.pidfd.as_deref(), j.owner_uid, &j.pinned)?;
-        let tasks = tasks_of(self.view.as_ref(), j).unwrap_or_default();
-        for top in slurm::tops(&tasks) {
+        for top in tops_of(self.view.as_ref(), j) {
             if stopped.iter().any(|r| r.pid == top.pid) {
                 continue;
             }
-            match self.host.stop_tree(top.proc_ref(), None, j.owner_uid, &[]) {
+            match self.host.stop_tree(top, None, j.owner_uid, &[]) {
                 Ok(s) => stopped.extend(s),
                 Err(SignalError::Gone(_)) => {}
                 Err(e) => {

@@ -36,6 +36,9 @@ pub(super) struct Watches {
     generation: u64,
     /// Woken when the registrar finished one.
     registered: Arc<tokio::sync::Notify>,
+    /// Jobs whose watch found the wake thread's queue full: probed, and asked again at each sync
+    /// (each full sample, at the latest) until the watch is taken.
+    behind: std::collections::HashSet<String>,
 }
 
 impl Watches {
@@ -81,6 +84,7 @@ impl Watches {
             registering: Default::default(),
             generation: 0,
             registered,
+            behind: Default::default(),
         }
     }
 
@@ -150,12 +154,27 @@ impl Watches {
                     }
                     _ => Ok(Watch::Probed),
                 };
-                let watch = result.unwrap_or_else(|e| {
-                    tracing::info!(job = %p.job, cgroup = %p.dir.dir.display(), error = %e, "no kernel notifications for this job; probing it");
-                    Watch::Probed
-                });
+                let watch = match result {
+                    Ok(watch) => {
+                        self.behind.remove(&p.job);
+                        self.jobs.insert(p.job.clone(), key);
+                        watch
+                    }
+                    // The registrar is behind (a v1 registration under grace periods): not
+                    // recorded as asked, so the next sync asks again.
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        if self.behind.insert(p.job.clone()) {
+                            tracing::warn!(job = %p.job, error = %e, "the wake thread is behind; probing this job until it takes the watch");
+                        }
+                        Watch::Probed
+                    }
+                    Err(e) => {
+                        tracing::info!(job = %p.job, cgroup = %p.dir.dir.display(), error = %e, "no kernel notifications for this job; probing it");
+                        self.jobs.insert(p.job.clone(), key);
+                        Watch::Probed
+                    }
+                };
                 engine.set_watch(&p.job, watch);
-                self.jobs.insert(p.job.clone(), key);
             }
             // A reflex rides on the job's thresholds (v1: each live from its own write, and the
             // wake thread reads the usage until the last is in, so from the registration's start;
@@ -186,6 +205,7 @@ impl Watches {
         });
         self.registering
             .retain(|job, _| plan.iter().any(|p| &p.job == job));
+        self.behind.retain(|job| plan.iter().any(|p| &p.job == job));
         for job in self.armory.armed_jobs() {
             if !plan.iter().any(|p| p.job == job) && self.armory.disarm(&job) {
                 engine.disarm_reflex(&job);

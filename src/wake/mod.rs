@@ -179,12 +179,25 @@ impl Wakers {
     }
 
     /// Queues an order for the registrar; never waits (a full queue means a thread is stuck: the
-    /// order is dropped and polling covers what it was for). `Err` when dropped, so that a watch
-    /// that was never handed over is not taken for one.
+    /// order is dropped and polling covers what it was for until it is asked again). `Err` when
+    /// dropped, so that a watch that was never handed over is not taken for one.
+    /// A full queue is `WouldBlock` (the registrar is behind: asking again later may be taken), an
+    /// ended thread `BrokenPipe`.
     fn order(&self, order: Order) -> std::io::Result<()> {
-        self.tx.try_send(order).map_err(|e| {
-            tracing::warn!(error = %e, "the wake thread does not take commands; polling only for this watch");
-            std::io::Error::other("the wake thread does not take commands (its queue is full or it ended)")
+        self.tx.try_send(order).map_err(|e| match e {
+            mpsc::TrySendError::Full(_) => std::io::Error::new(
+                std::io::ErrorKind::WouldBlock,
+                format!(
+                    "the wake thread's queue is full ({COMMANDS_QUEUED} orders wait for its registrar)"
+                ),
+            ),
+            mpsc::TrySendError::Disconnected(_) => {
+                tracing::warn!("the wake thread's registrar ended; polling only");
+                std::io::Error::new(
+                    std::io::ErrorKind::BrokenPipe,
+                    "the wake thread's registrar ended",
+                )
+            }
         })
     }
 
@@ -278,9 +291,9 @@ impl Wakers {
 
     /// Drops the job's watches (the kernel removes a threshold when its eventfd closes).
     pub fn unwatch(&self, job: &str) {
-        // A dropped order is logged; the wake thread keeps the job's watch until an order for the
-        // job replaces it.
-        let _ = self.send(Cmd::Unwatch(Some(job.to_owned())));
+        if let Err(e) = self.send(Cmd::Unwatch(Some(job.to_owned()))) {
+            tracing::warn!(job, error = %e, "the wake thread keeps this job's watch until an order for the job replaces it");
+        }
     }
 }
 

@@ -435,6 +435,69 @@ mod tests {
     }
 
     #[test]
+    fn a_registrar_held_by_a_registration_fills_its_queue_and_a_dropped_order_is_an_error_until_it_drains()
+     {
+        let d = slow_cgroup();
+        std::fs::write(d.path().join("memory.current"), "0\n").unwrap();
+        let wakers = Wakers::start(
+            Arc::new(tokio::sync::Notify::new()),
+            Arc::default(),
+            Arc::default(),
+            Arc::new(tokio::sync::Notify::new()),
+            0,
+        )
+        .unwrap();
+        // The registrar takes this one and waits at the control file's open (a FIFO no one reads),
+        // as it waits for the kernel's grace periods.
+        wakers
+            .watch_v1_thresholds("held", d.path(), &[100], None, 1)
+            .unwrap();
+        let read = |job: &str| wakers.read_usage(job, d.path(), &[100, 200], 150, 200);
+        let queued = super::super::COMMANDS_QUEUED;
+        let mut taken = 0;
+        let dropped = loop {
+            match read(&format!("job{taken}")) {
+                Ok(()) => taken += 1,
+                Err(e) => break e,
+            }
+            assert!(
+                taken <= queued + 1,
+                "{taken} orders taken by a held registrar"
+            );
+        };
+        assert_eq!(dropped.kind(), std::io::ErrorKind::WouldBlock, "{dropped}");
+        assert!(dropped.to_string().contains("queue is full"), "{dropped}");
+        // Its queue holds them all, and one more where the registrar took the first order late.
+        assert!(taken >= queued, "only {taken} queued");
+        assert_eq!(
+            read("again").map_err(|e| e.kind()),
+            Err(std::io::ErrorKind::WouldBlock),
+            "still held"
+        );
+
+        // The registration goes through (its write is read): the queue drains and takes orders.
+        let fifo = d.path().join("cgroup.event_control");
+        let reader = std::thread::spawn(move || {
+            let mut text = String::new();
+            std::fs::File::open(&fifo)
+                .unwrap()
+                .read_to_string(&mut text)
+                .unwrap();
+            text
+        });
+        let t = std::time::Instant::now();
+        while let Err(e) = read("after") {
+            assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "{e}");
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "the queue never drained"
+            );
+            std::thread::yield_now();
+        }
+        assert!(reader.join().unwrap().ends_with(" 100"));
+    }
+
+    #[test]
     fn a_cgroup_without_the_control_file_is_told_at_once() {
         let d = tempfile::tempdir().unwrap();
         std::fs::write(d.path().join("memory.usage_in_bytes"), "0\n").unwrap();

@@ -123,8 +123,8 @@ impl Engine {
                 // node's slurmstepd), which a rank growing fast outruns. The local stop is kept
                 // until the job is resumed: a job resumed behind this node's back (another node's
                 // memwatch, a person) finds this rank still held.
-                if let Some(j) = self.jobs.get(name) {
-                    match self.stop_tasks(j) {
+                if self.jobs.contains_key(name) {
+                    match self.stop_tasks(name) {
                         Ok(stopped) => {
                             if let Some(p) = self.jobs.get_mut(name).and_then(|j| j.pause.as_mut())
                             {
@@ -210,10 +210,10 @@ impl Engine {
     /// Makes the pause of `name` hold with signals: the whole pause, or the fallback when a freeze
     /// or Slurm failed. A failure drops the pause record (nothing is left stopped).
     fn pause_by_signals(&mut self, name: &str) -> Result<(), PauseError> {
-        let Some(j) = self.jobs.get(name) else {
+        if !self.jobs.contains_key(name) {
             return Ok(());
-        };
-        match self.stop_tasks(j) {
+        }
+        match self.stop_tasks(name) {
             Ok(stopped) => {
                 if let Some(p) = self.jobs.get_mut(name).and_then(|j| j.pause.as_mut()) {
                     p.mechanism = Mechanism::Signals;
@@ -492,7 +492,7 @@ impl Engine {
         match result {
             Ok(SlurmAnswer::Holders(nodes)) => self.note_slurm_holders(name, nodes, now_ms),
             Ok(SlurmAnswer::Resuspended) => {
-                let restopped = match self.jobs.get(name).map(|j| self.stop_tasks(j)) {
+                let restopped = match self.jobs.contains_key(name).then(|| self.stop_tasks(name)) {
                     Some(Ok(stopped)) => {
                         let n = stopped.len();
                         if let Some(p) = self.jobs.get_mut(name).and_then(|j| j.pause.as_mut()) {

@@ -153,19 +153,50 @@ impl Engine {
 
     /// Stops a job with signals: the tree under its root, and for a Slurm job attached by id, every
     /// other task tree of it on this node (its steps' tasks are not the batch script's descendants).
-    pub(super) fn stop_tasks(&self, j: &Job) -> Result<Vec<ProcRef>, SignalError> {
-        let mut stopped =
-            self.host
-                .stop_tree(j.root, j.pidfd.as_deref(), j.owner_uid, &j.pinned)?;
-        for top in tops_of(self.view.as_ref(), j) {
-            if stopped.iter().any(|r| r.pid == top.pid) {
-                continue;
+    /// The pause recorded those trees' tops before this stop; a top it did not name (a step's task
+    /// started since) is recorded first, the state file written, so that whoever undoes the pause
+    /// after a crash continues it too. One that cannot be recorded is left running, and said so.
+    pub(super) fn stop_tasks(&mut self, name: &str) -> Result<Vec<ProcRef>, SignalError> {
+        let Some(j) = self.jobs.get(name) else {
+            return Ok(Vec::new());
+        };
+        let (pidfd, owner) = (j.pidfd.clone(), j.owner_uid);
+        let mut stopped = self
+            .host
+            .stop_tree(j.root, pidfd.as_deref(), owner, &j.pinned)?;
+        let on_record = |t: &ProcRef| {
+            j.pause
+                .as_ref()
+                .is_some_and(|p| p.stopped.iter().any(|r| r.pid == t.pid))
+        };
+        let (mut tops, late): (Vec<ProcRef>, Vec<ProcRef>) = tops_of(self.view.as_ref(), j)
+            .into_iter()
+            .filter(|t| !stopped.iter().any(|r| r.pid == t.pid))
+            .partition(|t| on_record(t));
+        if !late.is_empty() {
+            let record = |jobs: &mut std::collections::BTreeMap<String, Job>, add: bool| {
+                if let Some(p) = jobs.get_mut(name).and_then(|j| j.pause.as_mut()) {
+                    p.stopped.retain(|r| !late.iter().any(|t| t.pid == r.pid));
+                    if add {
+                        p.stopped.extend(late.iter().copied());
+                    }
+                }
+            };
+            record(&mut self.jobs, true);
+            match self.write_state() {
+                Ok(()) => tops.extend(late.iter().copied()),
+                Err(e) => {
+                    record(&mut self.jobs, false);
+                    tracing::warn!(job = name, tasks = late.len(), error = %e, "task trees started since the pause was recorded cannot be recorded; leaving them running");
+                }
             }
-            match self.host.stop_tree(top, None, j.owner_uid, &[]) {
+        }
+        for top in tops {
+            match self.host.stop_tree(top, None, owner, &[]) {
                 Ok(s) => stopped.extend(s),
                 Err(SignalError::Gone(_)) => {}
                 Err(e) => {
-                    self.host.continue_tree(&stopped, j.pidfd.as_deref());
+                    self.host.continue_tree(&stopped, pidfd.as_deref());
                     return Err(e);
                 }
             }

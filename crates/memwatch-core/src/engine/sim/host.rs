@@ -110,6 +110,19 @@ pub struct FakeHost {
     /// The state file as it was at each tree's stop, by the tree's top: what a daemon killed right
     /// after that stop leaves.
     pub state_at_stop: Mutex<Vec<(u32, serde_json::Value)>>,
+    /// A process born as the state file is next written: a task started between a write and what
+    /// follows it.
+    pub born_at_state_write: Mutex<Option<Birth>>,
+}
+
+/// A process to be born: its pid, its parent, its uid, its /proc/PID/cgroup text, the cgroup it
+/// joins.
+pub struct Birth {
+    pub pid: u32,
+    pub ppid: u32,
+    pub uid: u32,
+    pub membership: String,
+    pub cgroup: PathBuf,
 }
 
 impl FakeHost {
@@ -129,6 +142,7 @@ impl FakeHost {
             events: Arc::new(Mutex::new(Vec::new())),
             listpids: Mutex::new(None),
             state_at_stop: Mutex::new(Vec::new()),
+            born_at_state_write: Mutex::new(None),
         })
     }
 
@@ -164,6 +178,13 @@ impl FakeHost {
                     .collect(),
             },
         );
+    }
+
+    /// Process `pid` joins the cgroup at `dir`.
+    pub fn join_cgroup(&self, dir: &Path, pid: u32) {
+        if let Some(g) = self.groups.lock().unwrap().get_mut(dir) {
+            g.procs.push(pid);
+        }
     }
 
     /// The v2 hierarchy accounts memory (`memory` in its root's `cgroup.controllers`).
@@ -359,6 +380,11 @@ impl StateStore for Store {
         }
         self.host.set_state_file(v.clone());
         self.last = Some(v);
+        let born = self.host.born_at_state_write.lock().unwrap().take();
+        if let Some(b) = born {
+            self.host.add_process(b.pid, b.ppid, b.uid, &b.membership);
+            self.host.join_cgroup(&b.cgroup, b.pid);
+        }
         Ok(())
     }
 

@@ -255,29 +255,28 @@ fn a_restarted_daemon_gives_a_loan_back_the_way_it_was_made() {
 /// daemon killed right after their stop leaves a record whose undoing (a restarted daemon's, the
 /// guardian's: `seam::undo_pause`) continues them, children first, even where Slurm resumes
 /// nothing (its suspension never went through).
-#[test]
-fn a_slurm_jobs_other_task_trees_are_recorded_before_they_are_stopped() {
-    use crate::host::Version;
-    const TOP: u32 = PID + 10;
+/// A Slurm job attached by id (as root), in Slurm's cgroup v2 layout: `procs` (pid, parent), the
+/// batch script's tree (at `PID`) and its steps' task trees, in the job's task cgroup. The
+/// simulator, the processes' membership and the cgroup.
+fn slurm_job_by_id(procs: &[(u32, u32)]) -> (Sim, String, std::path::PathBuf) {
     let mut s = Sim::with(Kind::Slurm, "", &[]);
     assert!(
         s.cmd(serde_json::json!({"cmd": "detach", "target": "sim"}))
             .ok
     );
-    // Slurm's cgroup v2 layout: the batch script's tree and a step's task tree in the job's cgroup.
     let path = format!("system.slice/slurmstepd.scope/job_{SLURM_ID}/step_0/user/task_0");
     let membership = format!("0::/{path}\n");
-    let all = [PID, PID + 1, TOP, TOP + 1];
-    for (pid, parent) in [(PID, 1), (PID + 1, PID), (TOP, 1), (TOP + 1, TOP)] {
+    for &(pid, parent) in procs {
         s.host.add_process(pid, parent, OWNER, &membership);
     }
+    let all: Vec<u32> = procs.iter().map(|(pid, _)| *pid).collect();
     s.host.account_v2_memory();
     let dir = std::path::Path::new(harness::ROOT)
         .join("sys/fs/cgroup")
         .join(&path);
     s.host.add_cgroup(
         &dir,
-        Version::V2,
+        crate::host::Version::V2,
         &all,
         &[
             ("memory.current", "1048576\n"),
@@ -287,12 +286,20 @@ fn a_slurm_jobs_other_task_trees_are_recorded_before_they_are_stopped() {
             ("cgroup.events", "populated 1\nfrozen 0\n"),
         ],
     );
-    *s.host.listpids.lock().unwrap() = Some(all.to_vec());
+    *s.host.listpids.lock().unwrap() = Some(all);
     let r = s.cmd_as(
         0,
         serde_json::json!({"cmd": "attach_slurm", "job_id": SLURM_ID, "name": "sim"}),
     );
     assert!(r.ok, "attach by id: {:?}", r.error);
+    (s, membership, dir)
+}
+
+#[test]
+fn a_slurm_jobs_other_task_trees_are_recorded_before_they_are_stopped() {
+    const TOP: u32 = PID + 10;
+    let all = [PID, PID + 1, TOP, TOP + 1];
+    let (mut s, _, _) = slurm_job_by_id(&[(PID, 1), (PID + 1, PID), (TOP, 1), (TOP + 1, TOP)]);
     s.sample(0.97);
     let p = s.pause().expect("paused");
     assert_eq!(p.mechanism.name(), "slurm_suspend", "{p:?}");
@@ -314,6 +321,49 @@ fn a_slurm_jobs_other_task_trees_are_recorded_before_they_are_stopped() {
         .expect("the step's tree was stopped");
     let old: crate::record::Persisted = serde_json::from_value(at_stop).unwrap();
     let states = || all.map(|pid| s.host.state_of(pid));
+    assert_eq!(states(), [Some('T'); 4], "before the undoing");
+    let done = crate::seam::undo_pause(s.host.as_ref(), s.host.as_ref(), &old.jobs[0])
+        .expect("a pause on record");
+    assert_eq!(done.continued, 4, "{done:?}");
+    assert_eq!(states(), [Some('S'); 4], "{:?}", s.host.acts());
+}
+
+#[test]
+fn a_slurm_task_started_after_the_pause_was_recorded_is_recorded_before_it_is_stopped() {
+    const TOP: u32 = PID + 10;
+    const LATE: u32 = PID + 20;
+    let (mut s, membership, dir) = slurm_job_by_id(&[(PID, 1), (PID + 1, PID), (TOP, 1)]);
+    // A step's task starts while the pause's record is written: after the tops it names were read.
+    *s.host.born_at_state_write.lock().unwrap() = Some(super::host::Birth {
+        pid: LATE,
+        ppid: 1,
+        uid: OWNER,
+        membership,
+        cgroup: dir,
+    });
+    s.sample(0.97);
+    let p = s.pause().expect("paused");
+    assert_eq!(p.mechanism.name(), "slurm_suspend", "{p:?}");
+    assert!(s.host.born_at_state_write.lock().unwrap().is_none(), "born");
+    let acts = s.host.acts();
+    assert!(acts.contains(&Act::StopTree(LATE)), "{acts:?}");
+    // The simulator's host refuses a stop no record names: none was refused.
+    s.check();
+    // The daemon is killed right after the late task's stop: its record names it, and the pause
+    // is undone whole.
+    let at_stop = s
+        .host
+        .state_at_stop
+        .lock()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|(top, _)| *top == LATE)
+        .map(|(_, state)| state.clone())
+        .expect("the late task was stopped");
+    let old: crate::record::Persisted = serde_json::from_value(at_stop).unwrap();
+    let every = [PID, PID + 1, TOP, LATE];
+    let states = || every.map(|pid| s.host.state_of(pid));
     assert_eq!(states(), [Some('T'); 4], "before the undoing");
     let done = crate::seam::undo_pause(s.host.as_ref(), s.host.as_ref(), &old.jobs[0])
         .expect("a pause on record");

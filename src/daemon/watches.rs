@@ -98,6 +98,10 @@ impl Watches {
         let Some(w) = &self.wakers else {
             return;
         };
+        if w.ended() {
+            self.lost(engine);
+            return;
+        }
         for r in w.take_registered() {
             if self.registering.get(&r.job) != Some(&r.generation) {
                 continue; // asked again since, or gone
@@ -211,6 +215,25 @@ impl Watches {
                 engine.disarm_reflex(&job);
             }
         }
+    }
+
+    /// The wake thread ended: nothing it watched wakes the daemon and no reflex it held fires, so
+    /// every job is probed, each reflex is disarmed (one that fired is still taken over), and the
+    /// host's pressure is polled. Polling only from then on, as when the thread never started.
+    fn lost(&mut self, engine: &mut Engine) {
+        tracing::warn!(
+            "the wake thread ended: kernel notifications and reflexes stop; every job is probed"
+        );
+        self.wakers = None;
+        engine.set_host_watched(false);
+        for p in engine.wake_plan() {
+            engine.set_watch(&p.job, Watch::Probed);
+        }
+        self.disarm_all(engine);
+        self.jobs.clear();
+        self.registering.clear();
+        self.behind.clear();
+        self.limit_unknown = false;
     }
 
     /// The reflexes that fired since the last call, for the engine to take over.

@@ -130,9 +130,12 @@ impl Wakers {
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)?;
         let kick = Arc::new(write);
         let (wake_tx, wake_rx) = mpsc::sync_channel(COMMANDS_QUEUED);
+        let finished = Arc::new(Finished::new(registered));
+        let ends = register::Ends(finished.clone());
         std::thread::Builder::new()
             .name("wake".into())
             .spawn(move || {
+                let _ends = ends;
                 match realtime(priority) {
                     Ok(()) if priority > 0 => {
                         tracing::debug!(priority, "the wake thread runs at real-time priority")
@@ -166,10 +169,6 @@ impl Wakers {
                 };
                 run(read, wake_rx, out, &counts, &armory, firers)
             })?;
-        let finished = Arc::new(Finished {
-            list: std::sync::Mutex::new(Vec::new()),
-            notify: registered,
-        });
         let (tx, rx) = mpsc::sync_channel(COMMANDS_QUEUED);
         let (k, f) = (kick.clone(), finished.clone());
         std::thread::Builder::new()
@@ -233,6 +232,13 @@ impl Wakers {
             thresholds: thresholds.to_vec(),
             line,
         }))
+    }
+
+    /// Whether the wake thread has ended (its poll failed, or it panicked): from then on no
+    /// notification comes and no reflex fires, so the owner probes every job. Told once to the
+    /// `Notify` given to [`Wakers::start`] for finished registrations.
+    pub fn ended(&self) -> bool {
+        self.finished.ended.load(Ordering::Acquire)
     }
 
     /// The v1 registrations finished since the last call.

@@ -293,3 +293,100 @@ fn arm(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::Watches;
+    use crate::job::Watch;
+
+    /// A child of this test attached to an engine on this machine (in dry run: nothing is
+    /// signalled), its kernel watches kept by `Watches` over a registrar whose wake thread is the
+    /// test's; then that thread ends, as a failed poll or a panic ends it.
+    #[test]
+    fn a_wake_thread_that_ends_leaves_every_job_probed_and_the_host_polled() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!(
+            "[host]\nroot = \"/\"\nprocess_root = \"/\"\n[control]\nstate_dir = {:?}\nruntime_dir = {:?}\n[policy]\ndry_run = true\n",
+            dir.path().join("state"),
+            dir.path().join("run"),
+        );
+        let config = crate::config::parse(&text).unwrap();
+        let mut engine = crate::engine::open(crate::engine::Settings::from(&config), None);
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let attach = crate::control::Request::Attach {
+            pid: child.id(),
+            name: Some("job".into()),
+            config_file: None,
+            profile: None,
+            keys: Vec::new(),
+            launch: None,
+        };
+        let caller = crate::control::Caller {
+            uid: nix::unistd::getuid().as_raw(),
+            pid: None,
+        };
+        let r = engine.handle_command(attach, caller, Default::default(), 1_000);
+        assert!(r.ok, "{:?}", r.error);
+        // A probe of its cgroup that found no limit: watched as it is, nothing registered on the
+        // cgroup this test runs in.
+        let limitless = crate::sample::cgroup::CgroupMemory {
+            version: crate::sample::cgroup::Version::V1,
+            path: "/".into(),
+            usage_bytes: 1 << 20,
+            limit_bytes: None,
+            limit_source: None,
+            oom_kills: None,
+            inactive_file_bytes: None,
+            active_file_bytes: None,
+            dirty_bytes: None,
+            anon_bytes: None,
+            file_bytes: None,
+        };
+        engine.handle_probe(None, vec![("job".into(), limitless)], 1_100);
+
+        let registered = Arc::new(tokio::sync::Notify::new());
+        let (wakers, thread, _registrar) =
+            crate::wake::Wakers::with_test_thread(1024, registered.clone());
+        let mut watches = Watches {
+            wakers: Some(wakers),
+            armory: Arc::new(crate::reflex::Armory::new(std::path::Path::new("/"))),
+            process_root: "/".into(),
+            jobs: Default::default(),
+            limit_unknown: false,
+            registering: Default::default(),
+            generation: 0,
+            registered: registered.clone(),
+            behind: Default::default(),
+        };
+        engine.set_host_watched(true);
+        watches.sync(&mut engine);
+        assert_eq!(engine.watch("job"), Watch::Watched);
+        assert!(engine.host_watched());
+
+        drop(thread);
+        // The owner task is told (the `Registered` turn), without an order of its own.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(10), registered.notified()).await
+        })
+        .expect("the wake thread's end was never told");
+        watches.sync(&mut engine);
+        assert_eq!(engine.watch("job"), Watch::Probed);
+        assert!(!engine.host_watched(), "the host's pressure is polled");
+        assert!(watches.wakers.is_none());
+        // Nothing is asked of the thread again: the job stays probed at later syncs.
+        watches.sync(&mut engine);
+        assert_eq!(engine.watch("job"), Watch::Probed);
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}

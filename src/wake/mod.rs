@@ -305,6 +305,43 @@ impl Wakers {
 
 pub use crate::sample::kept::on_kernel_fs;
 
+/// The wake thread's place, taken by a test ([`Wakers::with_test_thread`]): the commands the
+/// registrar forwards to it, and its end, which dropping this is (as a failed poll or a panic ends
+/// the real one).
+#[cfg(test)]
+pub(crate) struct TestWakeThread {
+    commands: mpsc::Receiver<Cmd>,
+    _ends: register::Ends,
+    _kicked: OwnedFd,
+}
+
+#[cfg(test)]
+impl Wakers {
+    /// The owner's handle over a registrar of its own, as [`Wakers::start`] makes it, whose wake
+    /// thread is the test's: `room` commands of room in its queue, and `registered` told of each
+    /// finished registration and of the thread's end. Also the registrar's thread.
+    pub(crate) fn with_test_thread(
+        room: usize,
+        registered: Arc<Notify>,
+    ) -> (Wakers, TestWakeThread, std::thread::JoinHandle<()>) {
+        let (tx, orders) = mpsc::sync_channel(COMMANDS_QUEUED);
+        let (wake, commands) = mpsc::sync_channel(room);
+        let (kicked, kick) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
+                .expect("a pipe");
+        let kick = Arc::new(kick);
+        let finished = Arc::new(Finished::new(registered));
+        let (k, f) = (kick.clone(), finished.clone());
+        let run = std::thread::spawn(move || register::run(orders, wake, k, f));
+        let thread = TestWakeThread {
+            commands,
+            _ends: register::Ends(finished.clone()),
+            _kicked: kicked,
+        };
+        (Wakers { tx, kick, finished }, thread, run)
+    }
+}
+
 fn eventfd() -> std::io::Result<OwnedFd> {
     // SAFETY: plain syscall; a non-negative return is a new descriptor we own.
     let fd = unsafe { nix::libc::eventfd(0, nix::libc::EFD_CLOEXEC | nix::libc::EFD_NONBLOCK) };

@@ -214,7 +214,8 @@ fn a_registrar_held_by_a_registration_fills_its_queue_and_a_dropped_order_is_an_
     let queued = super::super::COMMANDS_QUEUED;
     // Room in the wake thread's queue for every order, so that only the registration holds the
     // registrar.
-    let (wakers, commands, _run) = registrar(2 * queued);
+    let (wakers, thread, _run) = Wakers::with_test_thread(2 * queued, Arc::default());
+    let commands = thread.commands;
     wakers
         .watch_v1_thresholds("held", d.path(), &[100], None, 1)
         .unwrap();
@@ -302,34 +303,10 @@ fn a_cgroup_without_the_control_file_is_told_at_once() {
     assert!(wakers.take_registered().is_empty());
 }
 
-/// The owner's handle over a registrar of the test's own: its orders' queue as `Wakers::start`
-/// makes it, and `room` commands of room in the wake thread's queue, whose other end the test holds
-/// (it is the wake thread). Also the registrar's thread.
-fn registrar(
-    room: usize,
-) -> (
-    Wakers,
-    std::sync::mpsc::Receiver<super::Cmd>,
-    std::thread::JoinHandle<()>,
-) {
-    let (tx, orders) = std::sync::mpsc::sync_channel(super::super::COMMANDS_QUEUED);
-    let (wake, commands) = std::sync::mpsc::sync_channel(room);
-    let (read, kick) =
-        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK).unwrap();
-    let kick = Arc::new(kick);
-    let finished = Arc::new(super::Finished::new(Arc::new(tokio::sync::Notify::new())));
-    let (k, f) = (kick.clone(), finished.clone());
-    let run = std::thread::spawn(move || {
-        let _kicked = read; // the wake thread's end of its kick, held while the registrar runs
-        super::run(orders, wake, k, f)
-    });
-    (Wakers { tx, kick, finished }, commands, run)
-}
-
 #[test]
 fn a_full_wake_queue_holds_the_registrar_and_drops_no_command() {
     // Room for one: the wake thread (this test) takes none until all are given.
-    let (wakers, commands, run) = registrar(1);
+    let (wakers, thread, run) = Wakers::with_test_thread(1, Arc::default());
     let jobs: Vec<String> = (0..20).map(|i| format!("job{i}")).collect();
     for job in &jobs {
         wakers.unwatch(job);
@@ -337,7 +314,7 @@ fn a_full_wake_queue_holds_the_registrar_and_drops_no_command() {
     let finished = wakers.finished.clone();
     drop(wakers);
     let mut got = Vec::new();
-    while let Ok(cmd) = commands.recv_timeout(Duration::from_secs(10)) {
+    while let Ok(cmd) = thread.commands.recv_timeout(Duration::from_secs(10)) {
         match cmd {
             super::Cmd::Unwatch(Some(job)) => got.push(job),
             _ => panic!("a command that was not given"),
@@ -351,9 +328,10 @@ fn a_full_wake_queue_holds_the_registrar_and_drops_no_command() {
 
 #[test]
 fn the_registrar_ends_with_the_wake_thread_and_later_orders_are_refused() {
-    let (wakers, commands, run) = registrar(1);
-    // The wake thread ended: its end of the queue is gone.
-    drop(commands);
+    let (wakers, thread, run) = Wakers::with_test_thread(1, Arc::default());
+    // The wake thread stops taking commands: its end of the queue is gone (the registrar is the
+    // one to tell of it).
+    drop(thread.commands);
     assert!(!wakers.ended());
     wakers.unwatch("job");
     run.join().unwrap();

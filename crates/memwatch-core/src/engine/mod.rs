@@ -404,6 +404,11 @@ impl Engine {
         self.host_watched = watched;
     }
 
+    /// Whether a PSI trigger on the host's memory pressure wakes the daemon (else it is polled).
+    pub fn host_watched(&self) -> bool {
+        self.host_watched
+    }
+
     /// Whether the view changed since the last call.
     pub fn take_dirty(&mut self) -> bool {
         std::mem::take(&mut self.dirty)

@@ -169,12 +169,22 @@ impl Wakers {
                 };
                 run(read, wake_rx, out, &counts, &armory, firers)
             })?;
+        Ok(Wakers::with_registrar(kick, wake_tx, finished)?.0)
+    }
+
+    /// Starts the registrar in front of the wake thread's queue `wake` (kicked through `kick`),
+    /// telling `finished`: the owner's handle, and the registrar's thread.
+    fn with_registrar(
+        kick: Arc<OwnedFd>,
+        wake: mpsc::SyncSender<Cmd>,
+        finished: Arc<Finished>,
+    ) -> std::io::Result<(Wakers, std::thread::JoinHandle<()>)> {
         let (tx, rx) = mpsc::sync_channel(COMMANDS_QUEUED);
         let (k, f) = (kick.clone(), finished.clone());
-        std::thread::Builder::new()
+        let registrar = std::thread::Builder::new()
             .name("wake-register".into())
-            .spawn(move || register::run(rx, wake_tx, k, f))?;
-        Ok(Wakers { tx, kick, finished })
+            .spawn(move || register::run(rx, wake, k, f))?;
+        Ok((Wakers { tx, kick, finished }, registrar))
     }
 
     /// Queues an order for the registrar; never waits (a full queue means a thread is stuck: the
@@ -324,21 +334,19 @@ impl Wakers {
         room: usize,
         registered: Arc<Notify>,
     ) -> (Wakers, TestWakeThread, std::thread::JoinHandle<()>) {
-        let (tx, orders) = mpsc::sync_channel(COMMANDS_QUEUED);
         let (wake, commands) = mpsc::sync_channel(room);
         let (kicked, kick) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
                 .expect("a pipe");
-        let kick = Arc::new(kick);
         let finished = Arc::new(Finished::new(registered));
-        let (k, f) = (kick.clone(), finished.clone());
-        let run = std::thread::spawn(move || register::run(orders, wake, k, f));
         let thread = TestWakeThread {
             commands,
             _ends: register::Ends(finished.clone()),
             _kicked: kicked,
         };
-        (Wakers { tx, kick, finished }, thread, run)
+        let (wakers, registrar) =
+            Wakers::with_registrar(Arc::new(kick), wake, finished).expect("a registrar");
+        (wakers, thread, registrar)
     }
 }
 

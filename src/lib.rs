@@ -31,4 +31,4 @@ pub mod view;
 pub mod wake;
 pub mod work;
 
-pub use memwatch_core::{advice, check, config, policy, reason};
+pub use memwatch_core::{advice, check, config, cuda_oom, policy, reason};

@@ -2,8 +2,8 @@
 //! (tests/browser/dashboard.mjs), loads the page from the daemon with no console errors, its charts
 //! fill with data, its tiles show the snapshot's numbers and levels, nothing sticks out of its box,
 //! one request per endpoint is in flight and history comes incrementally, and a job the daemon
-//! pauses shows as paused within seconds (on a phone, on the first screen), at laptop and phone
-//! widths. Screenshots go to target/dashboard-*.png.
+//! pauses shows as paused within seconds (on a phone, on the first screen), with the CUDA OOM its
+//! trainer reported, at laptop and phone widths. Screenshots go to target/dashboard-*.png.
 
 mod common;
 
@@ -48,6 +48,19 @@ fn the_dashboard_shows_live_data_and_a_paused_job_in_chromium() {
             .0,
         0
     );
+    // Its trainer reports a CUDA OOM it recovered from: the job's entry shows it.
+    let mut s = std::os::unix::net::UnixStream::connect(&d.socket).unwrap();
+    writeln!(
+        s,
+        "{}",
+        serde_json::json!({"cmd": "oom", "target": "ui-job", "oom": {
+            "epoch": 2, "step": 37, "phase": "backward", "micro_batch_before": 32,
+            "recovered": true, "micro_batch_after": 16, "accumulation_after": 4}})
+    )
+    .unwrap();
+    let mut answer = String::new();
+    BufReader::new(s).read_line(&mut answer).unwrap();
+    assert!(answer.contains("\"ok\":true"), "{answer}");
     node.stdin.take().unwrap().write_all(b"go\n").unwrap();
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut out, &mut rest).unwrap();

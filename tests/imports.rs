@@ -152,9 +152,9 @@ fn the_core_crates_module_graph_has_no_cycle() {
     assert_eq!(
         g.edges.keys().map(String::as_str).collect::<Vec<_>>(),
         [
-            "adapt", "advice", "audit", "check", "config", "control", "engine", "expo", "growth",
-            "held", "host", "human", "job", "policy", "proc", "reason", "record", "rewrite",
-            "sample", "seam", "slurm", "way_out"
+            "adapt", "advice", "audit", "check", "config", "control", "cuda_oom", "engine", "expo",
+            "growth", "held", "host", "human", "job", "policy", "proc", "reason", "record",
+            "rewrite", "sample", "seam", "slurm", "way_out"
         ],
         "the core's top-level modules"
     );

@@ -136,6 +136,79 @@ fn a_stopped_job_is_relaunched_to_resume_and_finishes() {
     }
 }
 
+/// A trainer that reports a CUDA OOM at its floor micro-batch with a checkpoint saved, then exits
+/// with a failure: the run counts as stopped, and it is relaunched with `{resume}` = 1 and
+/// `MEMWATCH_RESUME` set. Without the report, its exit status (3) would end the launch as a job
+/// that failed on its own, not relaunched.
+#[test]
+fn a_run_stopped_by_a_cuda_oom_at_its_floor_is_relaunched_from_its_checkpoint() {
+    let d = Daemon::start(Opts {
+        root: "/".into(),
+        gpu_state: None,
+        ..Opts::default()
+    });
+    let report = r#"import json, os, socket
+s = socket.socket(socket.AF_UNIX)
+s.connect(os.environ["MEMWATCH_SOCKET"])
+s.sendall(json.dumps({"cmd": "oom", "target": os.environ["MEMWATCH_JOB"], "oom": {
+    "epoch": 4, "step": 9, "phase": "forward", "micro_batch_before": 1, "recovered": False,
+    "min_micro_batch": 1, "checkpointed": True}}).encode() + b"\n")
+reply = json.loads(s.makefile().readline())
+assert reply["ok"], reply
+print("reported")
+"#;
+    let script = "if [ \"{resume}\" = 1 ]; then echo \"resumed with MEMWATCH_RESUME=$MEMWATCH_RESUME\"; exit 0; fi; \
+         /usr/bin/python3 -c \"$REPORT\" || exit 9; exit 3";
+    let out = Command::new(common::bin())
+        .args([
+            "launch",
+            "--name",
+            "oomed",
+            "--memory-max",
+            "512M",
+            "--max-restarts",
+            "1",
+        ])
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["--", "sh", "-c", script])
+        .env("REPORT", report)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(stdout.contains("reported"), "{stdout}\n{stderr}");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{stderr}\n{:?}",
+        d.events()
+    );
+    assert!(
+        stdout.contains("resumed with MEMWATCH_RESUME=1"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "run 1 stopped (CUDA OOM at its floor micro-batch 1; checkpoint saved); relaunching"
+        ),
+        "{stderr}"
+    );
+    assert!(stderr.contains("run 2: finished"), "{stderr}");
+    let events = d.events();
+    assert!(
+        events.iter().any(|e| e["action"] == "cuda_oom"
+            && e["job"] == "oomed"
+            && e["detail"]
+                .as_str()
+                .is_some_and(|t| t.contains("memwatch launch relaunches it"))),
+        "{events:?}"
+    );
+}
+
 #[test]
 fn a_user_without_cgroup_rights_is_told_so() {
     common::ensure_user("memwatch-test");

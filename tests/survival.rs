@@ -69,9 +69,9 @@ fn hog_is_paused_before_the_oom_killer_in_every_run() {
         .parse()
         .unwrap();
         paused_at.push(usage / MIB);
-        // A pause on a projection is brief (it ends once the job has been held for reaction_ms and no
-        // longer grows, as a burst that ended would); a hog that goes on growing is then stopped at the
-        // critical level by the kernel's threshold notification, and held: there is no room.
+        // A pause on a projection holds until the limit has room for the growth that caused it (the
+        // nil growth of a frozen hog resumes nothing); a pause at the critical level, by the kernel's
+        // threshold notification, holds too: either way there is no room.
         let next_samples = |n: f64| {
             let from = metric(&d, "memwatch_samples_total").unwrap_or(0.0);
             d.wait_until(

@@ -133,6 +133,9 @@ pub fn render(jobs: &[JobView], now_ms: u64) -> String {
                 let _ = writeln!(o, "      {earlier}");
             }
         }
+        if let Some(oom) = &j.cuda_oom {
+            let _ = writeln!(o, "    {}", cuda_oom_line(oom, now_ms));
+        }
         if let Some(c) = j.config.as_ref().filter(|_| j.details) {
             let knobs: Vec<String> = c.knobs.iter().map(|(k, v)| format!("{k}={v}")).collect();
             let _ = writeln!(
@@ -246,10 +249,60 @@ pub fn render_ended(ended: &[crate::job::EndedJob], now_ms: u64) -> String {
     o
 }
 
+/// The CUDA OOMs a job's trainer reported: how many, and what the last did.
+fn cuda_oom_line(oom: &crate::cuda_oom::CudaOoms, now_ms: u64) -> String {
+    let mut line = format!(
+        "CUDA OOMs: {} recovered, {} stopped",
+        oom.recovered, oom.stopped
+    );
+    if let Some(last) = &oom.last {
+        let r = &last.report;
+        let ago = crate::human::duration(now_ms.saturating_sub(last.at_ms) as f64 / 1000.0);
+        let what = match (r.micro_batch_after, r.accumulation_after) {
+            (Some(after), Some(acc)) if r.recovered => format!(
+                "micro-batch {} → {after} × accumulation {acc}",
+                r.micro_batch_before
+            ),
+            _ if r.checkpointed => format!(
+                "stopped at micro-batch {}, checkpoint saved",
+                r.micro_batch_before
+            ),
+            _ => format!("stopped at micro-batch {}", r.micro_batch_before),
+        };
+        let _ = write!(
+            line,
+            "; last {ago} ago at epoch {}, step {} ({} pass): {what}",
+            r.epoch, r.step, r.phase
+        );
+    }
+    line
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::job::JobSample;
+
+    #[test]
+    fn the_cuda_oom_line_counts_them_and_says_what_the_last_did() {
+        let report: crate::cuda_oom::OomReport = serde_json::from_value(serde_json::json!({
+            "epoch": 2, "step": 37, "phase": "backward", "micro_batch_before": 32,
+            "recovered": true, "micro_batch_after": 16, "accumulation_after": 4,
+            "unknown_field": "ignored"
+        }))
+        .expect("a report");
+        let mut oom = crate::cuda_oom::CudaOoms::default();
+        oom.note(report, 10_000);
+        assert_eq!(
+            cuda_oom_line(&oom, 22_000),
+            "CUDA OOMs: 1 recovered, 0 stopped; last 12 s ago at epoch 2, step 37 (backward pass): micro-batch 32 → 16 × accumulation 4"
+        );
+        oom.last = None;
+        assert_eq!(
+            cuda_oom_line(&oom, 22_000),
+            "CUDA OOMs: 1 recovered, 0 stopped"
+        );
+    }
     use crate::sample::cgroup::CgroupMemory;
 
     #[test]

@@ -37,6 +37,9 @@ pub struct JobLine {
     pub tightest: Option<Limit>,
     #[serde(default)]
     pub pause_deadline: Option<PauseDeadline>,
+    /// The CUDA OOMs its trainer reported (`memwatch top` shows them).
+    #[serde(default)]
+    pub cuda_oom: Option<crate::cuda_oom::CudaOoms>,
 }
 
 /// Who paused a job, in words.

@@ -142,6 +142,15 @@ fn job_json(job: &crate::job::JobView, details: bool) -> serde_json::Value {
                 "applied_generation": c["applied_generation"],
             });
         }
+        // Of the last CUDA OOM, the numbers: not the snapshot's path nor the exception's words.
+        if let Some(l) = v
+            .get_mut("cuda_oom")
+            .and_then(|o| o.get_mut("last"))
+            .and_then(|l| l.as_object_mut())
+        {
+            l.remove("snapshot");
+            l.remove("message");
+        }
     }
     v["details"] = details.into();
     v

@@ -231,6 +231,25 @@ fn series(w: &mut Writer, v: &View) {
         }
     }
     {
+        let mut f = w.family(
+            "memwatch_job_cuda_oom_total",
+            Kind::Counter,
+            "CUDA OOMs inside a training step the job's trainer reported, by outcome: recovered (it runs on at a smaller micro-batch) or stopped (at its floor micro-batch).",
+        );
+        for j in &v.jobs {
+            if let Some(o) = &j.cuda_oom {
+                f.add(
+                    &[("job_name", &j.name), ("outcome", "recovered")],
+                    o.recovered as f64,
+                );
+                f.add(
+                    &[("job_name", &j.name), ("outcome", "stopped")],
+                    o.stopped as f64,
+                );
+            }
+        }
+    }
+    {
         let mut f = w.gauge(
             "memwatch_job_info",
             "Attached job identity; the value is always 1.",

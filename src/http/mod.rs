@@ -1,6 +1,6 @@
 //! The HTTP surface on :9300: `/metrics`, the JSON API under `/api/v1`, and health endpoints.
 //! Only this module knows HTTP and the wire formats it serves. Every endpoint is read-only except the
-//! trainer's (`/api/v1/jobs/{job}/ack` and `/progress`), which need the job's token.
+//! trainer's (`/api/v1/jobs/{job}/ack`, `/progress` and `/oom`), which need the job's token.
 
 mod api;
 
@@ -58,6 +58,7 @@ pub fn router(
             "/api/v1/jobs/{job}/progress",
             axum::routing::post(trainer::progress),
         )
+        .route("/api/v1/jobs/{job}/oom", axum::routing::post(trainer::oom))
         .route("/-/healthy", get(|| async { "OK\n" }))
         .route("/-/ready", get(api::ready))
         .fallback(api::not_found)
@@ -85,7 +86,7 @@ async fn fresh_reads(
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     let path = request.uri().path();
-    let trainer = ["/directives", "/ack", "/progress"]
+    let trainer = ["/directives", "/ack", "/progress", "/oom"]
         .iter()
         .any(|t| path.ends_with(t));
     if request.method() == axum::http::Method::GET

@@ -1,4 +1,5 @@
-//! The trainer's endpoints: directives at an epoch boundary, acknowledgements, progress.
+//! The trainer's endpoints: directives at an epoch boundary, acknowledgements, progress, CUDA OOM
+//! reports.
 //!
 //! HTTP cannot tell who is calling, so these need the job's token (`Authorization: Bearer <token>`),
 //! which the daemon hands to whoever attached the job with its config file (the job's owner or root).
@@ -132,6 +133,24 @@ pub async fn progress(
         Request::Progress {
             target: job,
             progress: p,
+            token: super::bearer(&headers),
+        },
+    )
+    .await
+}
+
+/// `POST /api/v1/jobs/{job}/oom` with the report (docs/protocol.md, "CUDA OOM reports")
+pub async fn oom(
+    State(state): State<AppState>,
+    Path(job): Path<String>,
+    headers: HeaderMap,
+    Json(report): Json<crate::cuda_oom::OomReport>,
+) -> Response {
+    ask(
+        &state,
+        Request::Oom {
+            target: job,
+            oom: report,
             token: super::bearer(&headers),
         },
     )

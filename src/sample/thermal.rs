@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use super::error::{ReadError, read_text};
 use super::kept::KeptFile;
 
-pub use memwatch_core::sample::thermal::{TempSensor, celsius_of};
+pub use memwatch_core::sample::thermal::{TempSensor, celsius_of, is_cpu_device};
 
 /// Reads every sensor under `<root>/sys/class/{hwmon,thermal}` once. A sensor that cannot be read
 /// (many answer EIO or ENODATA while asleep) is skipped; a missing class directory means no sensors.
@@ -36,6 +36,8 @@ struct Found {
     input: KeptFile,
     crit_celsius: Option<f64>,
     max_celsius: Option<f64>,
+    /// A CPU's sensor, by its device's name ([`is_cpu_device`]).
+    cpu: bool,
 }
 
 impl Sensors {
@@ -68,6 +70,7 @@ impl Sensors {
                     celsius,
                     crit_celsius: f.crit_celsius,
                     max_celsius: f.max_celsius,
+                    cpu: f.cpu,
                 })
             })
             .collect()
@@ -108,6 +111,7 @@ fn list_hwmon(class: &Path) -> Vec<Found> {
                 .map(|s| s.trim().to_owned())
                 .unwrap_or_else(|_| stem.to_owned());
             out.push(Found {
+                cpu: is_cpu_device(&chip),
                 chip: chip.clone(),
                 sensor,
                 input: KeptFile::new(f.path()),
@@ -146,6 +150,7 @@ fn list_zones(class: &Path) -> Vec<Found> {
             }
         }
         out.push(Found {
+            cpu: is_cpu_device(&kind),
             chip: name,
             sensor: kind,
             input: KeptFile::new(dir.join("temp")),
@@ -186,6 +191,33 @@ mod tests {
         );
         assert_eq!(s[0].crit_celsius, Some(100.0));
         assert_eq!((s[1].celsius, s[1].crit_celsius), (-5.0, Some(105.0)));
+        assert!(s[0].cpu && s[1].cpu);
+    }
+
+    #[test]
+    fn only_cpu_drivers_and_zones_are_marked_cpu() {
+        let dir = tempfile::tempdir().unwrap();
+        for (i, name) in ["k10temp", "nvme", "iwlwifi_1", "acpitz"]
+            .iter()
+            .enumerate()
+        {
+            let h = dir.path().join(format!("sys/class/hwmon/hwmon{i}"));
+            fs::create_dir_all(&h).unwrap();
+            fs::write(h.join("name"), format!("{name}\n")).unwrap();
+            fs::write(h.join("temp1_input"), "45000\n").unwrap();
+        }
+        for (i, kind) in ["acpitz", "x86_pkg_temp", "cpu-thermal"].iter().enumerate() {
+            let z = dir
+                .path()
+                .join(format!("sys/class/thermal/thermal_zone{i}"));
+            fs::create_dir_all(&z).unwrap();
+            fs::write(z.join("type"), format!("{kind}\n")).unwrap();
+            fs::write(z.join("temp"), "45000\n").unwrap();
+        }
+        let s = read(dir.path()).unwrap();
+        let cpu: Vec<&str> = s.iter().filter(|t| t.cpu).map(|t| t.device()).collect();
+        assert_eq!(cpu, ["k10temp", "x86_pkg_temp", "cpu-thermal"]);
+        assert_eq!(s.len(), 7);
     }
 
     #[test]

@@ -55,6 +55,7 @@ pub fn open_config(
         checkpoint: None,
         polled_at_ms: None,
         self_attached: false,
+        oom_stage: None,
     })
 }
 
@@ -82,6 +83,7 @@ pub fn run_adapt_task(t: AdaptTask) -> AdaptDone {
         knobs,
         roomy_since: t.roomy_since,
         staged,
+        oom: t.oom.clone().map(Box::new),
     };
     let knobs = match read_knobs(&t.file, t.format, &t.profile, t.owner) {
         Ok(k) => k,
@@ -99,10 +101,25 @@ pub fn run_adapt_task(t: AdaptTask) -> AdaptDone {
         };
         return done(Ok(knobs), staged);
     }
+    // What a trainer recovered at after a CUDA OOM: written past the hold, as applied already.
+    if let Some(oom) = &t.oom {
+        let Some(d) = oom.directive(
+            &knobs,
+            |k| t.profile.path(k).map(str::to_owned),
+            t.generation,
+        ) else {
+            return done(Ok(knobs), Staged::Nothing);
+        };
+        if t.dry_run {
+            let what = format!("would change {}: {}", t.file.display(), d.reason);
+            return done(Ok(knobs), Staged::WouldChange(what));
+        }
+        return write_directive(&t, knobs, d, done);
+    }
     let proposal = if t.hold {
         None
     } else {
-        rules::propose(&knobs, t.signals, &t.adapt)
+        rules::propose(&knobs, t.signals.clone(), &t.adapt)
     };
     let Some(p) = proposal else {
         return done(Ok(knobs), Staged::Nothing);
@@ -123,10 +140,6 @@ pub fn run_adapt_task(t: AdaptTask) -> AdaptDone {
         let what = format!("would change {}: {}", t.file.display(), p.reason);
         return done(Ok(knobs), Staged::WouldChange(what));
     }
-    let edits: Vec<(String, Scalar)> = changes
-        .iter()
-        .map(|ch| (ch.path.clone(), ch.new.clone()))
-        .collect();
     let d = Directive {
         generation: t.generation,
         changes,
@@ -139,6 +152,22 @@ pub fn run_adapt_task(t: AdaptTask) -> AdaptDone {
         urgent: false,
         staged_processes: None,
     };
+    write_directive(&t, knobs, d, done)
+}
+
+/// Journals `d` ahead, rewrites the file with its new values (with the owner's rights), and journals
+/// it as written.
+fn write_directive(
+    t: &AdaptTask,
+    knobs: BTreeMap<Knob, Scalar>,
+    d: Directive,
+    done: impl Fn(Result<BTreeMap<Knob, Scalar>, write::RewriteError>, Staged) -> AdaptDone,
+) -> AdaptDone {
+    let edits: Vec<(String, Scalar)> = d
+        .changes
+        .iter()
+        .map(|ch| (ch.path.clone(), ch.new.clone()))
+        .collect();
     // Write-ahead: the intent is durable before the file changes, so a daemon killed between the
     // rename and its next state save comes back knowing which rewrite may have landed.
     let intent = serde_json::json!({ "job": t.job, "file": t.file, "intent": d });

@@ -4,6 +4,7 @@
 // - the tiles show the numbers /api/v1/snapshot gives, with the levels /api/v1/jobs gives;
 // - no element sticks out of its section, and the page is no wider than the screen;
 // - at a phone width the paused job is on the first screen;
+// - the CUDA OOM its trainer reported shows in the job's entry;
 // - one request per endpoint in flight at a time, and history fetched incrementally after the first.
 // Any console error, page error or failed request fails it.
 import { chromium } from "playwright-core";
@@ -47,6 +48,10 @@ for (const viewport of [{ width: 1280, height: 900 }, { width: 390, height: 844 
   const t0 = Date.now();
   await page.waitForSelector(`tr[data-job="${job}"] [data-state="paused"]`, { timeout: 10000 });
   console.log(`paused shown after ${Date.now() - t0} ms at ${viewport.width}px`);
+  // The CUDA OOM its trainer reported, in the job's entry.
+  const oom = await page.waitForSelector(`tr[data-job="${job}"] [data-cuda-oom="1"]`, { timeout: 10000 }).then(e => e.textContent());
+  if (!oom.includes("1 recovered") || !oom.includes("micro-batch 32 → 16 × accumulation 4 at epoch 2"))
+    errors.push(`${viewport.width}px: the job's CUDA OOM reads ${JSON.stringify(oom)}`);
   // Tiles against the API, read in the page at the same moment.
   const tiles = await page.evaluate(async () => {
     const snap = await (await fetch("/api/v1/snapshot")).json();

@@ -74,6 +74,9 @@ actions! {
     Verified = "verified",
     /// An acknowledged change was not seen to take effect in time.
     Unverified = "unverified",
+    /// The trainer reported a CUDA out-of-memory error inside a training step: it recovered at a
+    /// smaller micro-batch, or stopped at its floor.
+    CudaOom = "cuda_oom",
     /// A step of a job's way out of a memory pause.
     WayOut = "way_out",
     /// A running job will reach a limit within `notify.near_exhaustion_seconds` at its current
@@ -108,6 +111,7 @@ impl Action {
             self,
             Action::Level
                 | Action::OomKill
+                | Action::CudaOom
                 | Action::Error
                 | Action::CollectorDown
                 | Action::CollectorUp

@@ -1,4 +1,5 @@
-//! The control socket's messages: `attach`, `detach`, `pause`, `resume`, `jobs`. One JSON object
+//! The control socket's messages: `attach`, `detach`, `pause`, `resume`, `jobs`, and the trainer's
+//! `directives`, `ack`, `progress` and `oom`. One JSON object
 //! per line each way (a wire format). The daemon takes the caller's uid from the socket
 //! (SO_PEERCRED), never from the message; the socket is the `memwatch` crate's (`control`).
 
@@ -98,6 +99,17 @@ pub enum Request {
         /// Why the trainer cannot apply the changes.
         #[serde(default)]
         cannot_apply: Option<String>,
+    },
+    /// A CUDA out-of-memory error inside a training step, and what the trainer did about it
+    /// (docs/protocol.md, "CUDA OOM reports").
+    Oom {
+        /// A job name or a pid.
+        target: String,
+        /// What the trainer reports.
+        oom: crate::cuda_oom::OomReport,
+        /// The job's token, for a caller that is not its owner.
+        #[serde(default)]
+        token: Option<String>,
     },
     /// The trainer's progress.
     Progress {

@@ -21,6 +21,7 @@ pub mod audit;
 pub mod check;
 pub mod config;
 pub mod control;
+pub mod cuda_oom;
 pub mod engine;
 pub mod expo;
 pub mod growth;

@@ -117,6 +117,10 @@ reasons! {
     Trainer = "trainer" for "checkpoint, applied, declined, verified, unverified",
     /// the job's training config: a change staged, or config work that failed
     Adapt = "adapt" for "rewrite, error",
+    /// a CUDA out-of-memory error inside a training step, as the trainer reported it; on `rewrite`,
+    /// the micro-batch it recovered at, staged in its config file for the next start (already
+    /// applied)
+    CudaOom = "cuda_oom" for "cuda_oom, rewrite",
     /// the job's cgroup did not freeze and stopping it with signals failed too
     Freeze = "freeze" for "error",
     /// the job's way out of its memory pause
@@ -133,8 +137,10 @@ reasons! {
     Fixed = "fixed" for "way_out",
     /// the room came back by itself: the job runs on
     Room = "room" for "way_out",
-    /// no step of the ladder applies
-    NoWayOut = "no_way_out" for "way_out",
+    /// no step of the ladder applies; on `resume`, the job was paused on a projection alone, below
+    /// its critical line: resumed once, and until its level is back to ok or it has run for
+    /// `policy.max_pause_seconds`, only its critical line pauses it again
+    NoWayOut = "no_way_out" for "way_out, resume",
 }
 
 impl From<&Resource> for Reason {

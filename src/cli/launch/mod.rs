@@ -261,11 +261,13 @@ fn runs(
             .map_err(|e| anyhow::anyhow!("waiting for the job: {e}"))?;
         let oom = cg.oom_kills().saturating_sub(oom_before);
         cg.kill_all();
-        // memwatch stopped it (its way out's checkpoint step): relaunched whatever the exit status,
-        // since a trainer that saves on SIGTERM often exits 0.
+        // memwatch stopped it (its way out's checkpoint step), or its trainer stopped at its floor
+        // micro-batch after a CUDA OOM with a checkpoint saved: relaunched whatever the exit
+        // status, since a trainer that saves on SIGTERM often exits 0, and one that stops on an OOM
+        // often does not.
         let stopped = wait_detached(&daemon.socket, name)
             .into_iter()
-            .find(|e| e.pid == child && e.stopped_by_memwatch);
+            .find(|e| e.pid == child && (e.stopped_by_memwatch || e.cuda_oom_stop));
         let ended = match stopped {
             Some(e) => Ended::Stopped(e.how),
             None => describe(status, oom),

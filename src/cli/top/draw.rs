@@ -313,6 +313,33 @@ fn process_table(m: &Model) -> Table<'static> {
     )
 }
 
+/// The CUDA OOMs a job's trainer reported, after the rest of its line: how many, and the last
+/// recovery's micro-batch.
+fn cuda_oom_note(oom: Option<&crate::cuda_oom::CudaOoms>) -> String {
+    let Some(o) = oom else {
+        return String::new();
+    };
+    let last = o.last.as_ref().map(|l| &l.report);
+    let what = match last {
+        Some(r) if r.recovered => r
+            .micro_batch_after
+            .map(|a| {
+                format!(
+                    ", last recovered at micro-batch {} → {a}",
+                    r.micro_batch_before
+                )
+            })
+            .unwrap_or_default(),
+        Some(r) => format!(", last stopped at micro-batch {}", r.micro_batch_before),
+        None => String::new(),
+    };
+    format!(
+        "; CUDA OOM ×{} ({} recovered{what})",
+        o.recovered + o.stopped,
+        o.recovered
+    )
+}
+
 fn job_table(m: &Model, now_ms: u64) -> Table<'static> {
     let rows: Vec<Row> = super::sorted_jobs(m)
         .into_iter()
@@ -354,6 +381,7 @@ fn job_table(m: &Model, now_ms: u64) -> Table<'static> {
                     }),
                 ),
             };
+            let why = why + &cuda_oom_note(j.cuda_oom.as_ref());
             Row::new(vec![
                 Cell::from(j.name.clone()),
                 Cell::from(j.pid.to_string()),
@@ -381,6 +409,22 @@ fn job_table(m: &Model, now_ms: u64) -> Table<'static> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_jobs_cuda_ooms_follow_its_line() {
+        assert_eq!(cuda_oom_note(None), "");
+        let mut oom = crate::cuda_oom::CudaOoms::default();
+        let report = serde_json::from_value(serde_json::json!({
+            "epoch": 1, "step": 4, "phase": "forward", "micro_batch_before": 8,
+            "recovered": true, "micro_batch_after": 4, "accumulation_after": 2
+        }))
+        .expect("a report");
+        oom.note(report, 1);
+        assert_eq!(
+            cuda_oom_note(Some(&oom)),
+            "; CUDA OOM ×1 (1 recovered, last recovered at micro-batch 8 → 4)"
+        );
+    }
 
     #[test]
     fn sparklines_scale_to_capacity_and_keep_the_newest() {

@@ -132,6 +132,76 @@ pub struct JobConfig {
     /// The trainer attached itself with its config: it speaks the protocol (before its first poll).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub self_attached: bool,
+    /// The micro-batch and accumulation a trainer recovered at after a CUDA OOM, not yet written to
+    /// the file: the next config task stages them as applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom_stage: Option<OomStage>,
+}
+
+/// What a trainer runs with since it recovered from a CUDA OOM, to be written to its config file for
+/// the next start. The trainer applied it already: its directive is staged acknowledged at `epoch`
+/// and verified by the report itself, past the one-pending-change and `settle_seconds` holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OomStage {
+    /// The micro-batch it runs with now.
+    pub micro_batch: u64,
+    /// The accumulation it runs with now.
+    pub accumulation: u64,
+    /// The epoch of the report.
+    pub epoch: u64,
+    /// When the report came (engine clock, ms).
+    pub reported_at_ms: u64,
+    /// Why, for people: the directive's reason.
+    pub reason: String,
+}
+
+impl OomStage {
+    /// The directive that writes it, against the knobs the file holds now (`path` says where a knob
+    /// is in the file); `None` when the file holds these values already, or lacks a knob.
+    pub fn directive(
+        &self,
+        knobs: &BTreeMap<Knob, Scalar>,
+        path: impl Fn(Knob) -> Option<String>,
+        generation: u64,
+    ) -> Option<Directive> {
+        let mut changes = Vec::new();
+        for (knob, new) in [
+            (Knob::MicroBatch, self.micro_batch),
+            (Knob::Accumulation, self.accumulation),
+        ] {
+            let old = knobs.get(&knob)?;
+            let new = Scalar::Int(i64::try_from(new).ok()?);
+            if *old != new {
+                changes.push(Change {
+                    knob,
+                    path: path(knob)?,
+                    old: old.clone(),
+                    new,
+                });
+            }
+        }
+        (!changes.is_empty()).then(|| Directive {
+            generation,
+            changes,
+            reason: self.reason.clone(),
+            staged_at_ms: 0,
+            applied_epoch: Some(self.epoch),
+            applied_at_ms: Some(self.reported_at_ms),
+            declined: None,
+            verification: Some(Verification {
+                state: VerifyState::Verified,
+                expect: "the trainer reported running with it when it recovered from a CUDA OOM"
+                    .into(),
+                max_processes: None,
+                min_processes: None,
+                in_range_since_ms: None,
+                since_ms: self.reported_at_ms,
+                settled_at_ms: Some(self.reported_at_ms),
+            }),
+            urgent: false,
+            staged_processes: None,
+        })
+    }
 }
 
 impl JobConfig {

@@ -2,6 +2,7 @@
 //! Pure: (previous sample, sample, jobs, what is known of each job's training config) → advice.
 //! Each item has an id, a severity, the numbers behind it, the concrete change and the expected saving.
 
+pub mod cuda_oom;
 mod ram;
 #[cfg(test)]
 mod tests;
@@ -162,8 +163,13 @@ pub fn advise(input: &Input) -> Vec<Advice> {
     ram::host_ram(input, &mut out);
     gpu_memory(input, &mut out);
     temperature(input, &mut out);
-    out.sort_by(|a, b| b.severity.cmp(&a.severity).then(a.id.cmp(&b.id)));
+    sort(&mut out);
     out
+}
+
+/// Most severe first, then by id: the order advice is listed in.
+pub fn sort(advice: &mut [Advice]) {
+    advice.sort_by(|a, b| b.severity.cmp(&a.severity).then(a.id.cmp(&b.id)));
 }
 
 fn swap(input: &Input, out: &mut Vec<Advice>) {
@@ -364,8 +370,25 @@ fn temperature(input: &Input, out: &mut Vec<Advice>) {
     for t in &input.sample.host.temperatures {
         let Some(crit) = t.crit_celsius else { continue };
         if t.celsius >= crit - 15.0 {
+            // A drive or a network card near its critical point is a cooling problem of its own:
+            // it pauses nothing (unless `[policy.sensors] count_as_cpu` names it), and fewer
+            // DataLoader workers does not cool it.
+            let (id, change) = if t.cpu {
+                (
+                    "cpu-temperature",
+                    "check cooling; fewer DataLoader workers also lowers CPU load".to_owned(),
+                )
+            } else {
+                (
+                    "sensor-temperature",
+                    format!(
+                        "check the cooling of {} (airflow, a heatsink); memwatch pauses no job for it unless [policy.sensors] count_as_cpu names it",
+                        t.chip
+                    ),
+                )
+            };
             out.push(Advice {
-                id: format!("cpu-temperature:{}:{}", t.chip, t.sensor),
+                id: format!("{id}:{}:{}", t.chip, t.sensor),
                 severity: if t.celsius >= crit - 5.0 {
                     Severity::Critical
                 } else {
@@ -380,7 +403,7 @@ fn temperature(input: &Input, out: &mut Vec<Advice>) {
                     crit - t.celsius
                 ),
                 evidence: vec![format!("{:.0} °C, critical at {crit:.0} °C", t.celsius)],
-                change: "check cooling; fewer DataLoader workers also lowers CPU load".into(),
+                change,
                 saving: None,
             });
         }

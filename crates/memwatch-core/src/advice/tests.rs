@@ -481,3 +481,40 @@ fn severity_names_are_the_serialized_ones() {
         assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
     }
 }
+
+/// A hot NVMe drive is advised as the drive's cooling, not as CPU load; a hot CPU as before.
+#[test]
+fn a_hot_drive_is_advised_as_its_own_cooling_and_a_hot_cpu_as_cpu_load() {
+    let (mut sample, _, _) = note_001();
+    let sensor = |chip: &str, celsius: f64, cpu: bool| crate::sample::thermal::TempSensor {
+        chip: chip.into(),
+        sensor: "temp1".into(),
+        celsius,
+        max_celsius: None,
+        crit_celsius: Some(80.0),
+        cpu,
+    };
+    sample.host.temperatures = vec![sensor("nvme", 78.0, false), sensor("coretemp", 76.0, true)];
+    let a = advise(&Input {
+        sample: &sample,
+        previous: None,
+        jobs: &[],
+        knobs: &[],
+        thermal_pauses: &[],
+        levels: &levels(&sample, &[]),
+    });
+    let drive = a
+        .iter()
+        .find(|x| x.id == "sensor-temperature:nvme:temp1")
+        .unwrap();
+    assert!(
+        drive.change.contains("cooling of nvme") && !drive.change.contains("DataLoader"),
+        "{}",
+        drive.change
+    );
+    let cpu = a
+        .iter()
+        .find(|x| x.id == "cpu-temperature:coretemp:temp1")
+        .unwrap();
+    assert!(cpu.change.contains("DataLoader"), "{}", cpu.change);
+}

@@ -188,9 +188,10 @@ fresh sample when the last is older than interval_ms. At or below interval_ms: n
     ),
     (
         "policy.resume_headroom_ms",
-        "A job paused for fast growth is resumed only when the room left would last this long at the growth\n\
-         measured now (at the rate it was growing when paused, for a job paused again within 5 s of such a\n\
-         resume).",
+        "A job paused for fast growth is resumed only when the room left under the limit that was running\n\
+         out would last this long (at least twice reaction_ms) at the rate it was growing when paused, or\n\
+         faster where it is measured faster now. A paused job cannot grow: its growth while held resumes\n\
+         nothing; room does (a raised limit, memory freed elsewhere).",
     ),
     (
         "policy.max_pause_seconds",
@@ -265,7 +266,10 @@ fresh sample when the last is older than interval_ms. At or below interval_ms: n
         "What memwatch does when a job paused for memory cannot go on: the room it needs does not come\n\
          back within `decide_seconds`. It goes down `steps` in order, skipping a step that cannot apply,\n\
          and records each step. A job no step helps is stopped at `policy.max_pause_seconds` (or stays\n\
-         paused with `on_max_pause = \"stay\"`); it is never resumed into the same shortfall.",
+         paused with `on_max_pause = \"stay\"`); it is never resumed into the same shortfall, but for one\n\
+         a projection alone paused, below its critical line: that one is resumed once, and until its\n\
+         level is back to ok or it has run for `policy.max_pause_seconds` only its critical line pauses\n\
+         it again.",
     ),
     (
         "way_out.steps",

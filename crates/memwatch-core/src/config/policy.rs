@@ -117,8 +117,10 @@ pub struct Policy {
     /// its cgroup limit) sooner than this, whatever the levels say. It covers a probe interval plus
     /// the signalling, with room to spare.
     pub reaction_ms: u64,
-    /// A job paused for fast growth is resumed only when the room left would last this long at the
-    /// rate it was growing when paused.
+    /// A job paused for fast growth is resumed only when the room left under the limit that was
+    /// running out would last this long (at least twice `reaction_ms`) at the rate it was growing
+    /// when paused, or faster where it is measured faster now. A paused job cannot grow: its growth
+    /// while held resumes nothing; room does (a raised limit, memory freed elsewhere).
     pub resume_headroom_ms: u64,
     /// Longest pause. The default stays under PyTorch's 10-minute NCCL watchdog, which kills
     /// distributed jobs whose ranks stop answering.
@@ -154,9 +156,53 @@ pub struct Policy {
     /// `[policy.gpu_temperature]`: relative to each GPU's slowdown and shutdown points.
     #[serde(deserialize_with = "given::gpu_temperature")]
     pub gpu_temperature: TempPolicy,
-    /// `[policy.cpu_temperature]`: relative to the hottest sensor's own thresholds.
+    /// `[policy.cpu_temperature]`: relative to the CPU sensor nearest its own critical point.
     #[serde(deserialize_with = "given::cpu_temperature")]
     pub cpu_temperature: TempPolicy,
+    /// `[policy.sensors]`: which temperature sensors besides the CPU's count toward
+    /// `cpu_temperature`.
+    pub sensors: SensorPolicy,
+}
+
+/// `[policy.sensors]`: the temperature sensors that are not a CPU's (an NVMe drive, a Wi-Fi card,
+/// `acpitz`) are sampled and shown, and pause nothing unless named here.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SensorPolicy {
+    /// hwmon device names (the `chip` label) or thermal-zone types whose sensors count toward the
+    /// `cpu_temperature` level like a CPU's, each against its own max and crit points.
+    pub count_as_cpu: Vec<String>,
+}
+
+impl SensorPolicy {
+    /// Whether the sensors of `device` (a hwmon device's name or a zone's type) count as a CPU's.
+    pub fn counts(&self, device: &str) -> bool {
+        self.count_as_cpu.iter().any(|d| d == device)
+    }
+
+    fn validate(&self) -> Result<(), (String, String)> {
+        let key = || "policy.sensors.count_as_cpu".to_owned();
+        if self.count_as_cpu.len() > 64 {
+            return Err((
+                key(),
+                format!("at most 64 names, got {}", self.count_as_cpu.len()),
+            ));
+        }
+        for d in &self.count_as_cpu {
+            let fine = |b: u8| b.is_ascii_alphanumeric() || b"_-.".contains(&b);
+            if d.is_empty() || d.len() > 64 || !d.bytes().all(fine) {
+                return Err((
+                    key(),
+                    format!(
+                        "{d:?} is not a device name: give a hwmon device's name (`cat \
+                         /sys/class/hwmon/*/name`, e.g. \"nvme\") or a thermal zone's type, 1 to 64 \
+                         letters, digits, `_`, `-` or `.`"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// What each resource's `[policy.KEY]` table is: the comment above it in the example file (its keys'
@@ -197,7 +243,21 @@ pub const RESOURCE_DOCS: &[(&str, &str)] = &[
     ),
     (
         "policy.cpu_temperature",
-        "The hottest hwmon / thermal-zone sensor against its max (slowdown) and crit (shutdown) points.",
+        "The CPU sensor nearest its crit (shutdown) point, against its max (slowdown) and crit points:\n\
+         hwmon devices named coretemp, k10temp, k8temp, zenpower or via_cputemp, thermal zones of type\n\
+         x86_pkg_temp, and SoC CPU zones (cpu_thermal, cpu0-thermal, …). Other sensors pause nothing\n\
+         unless [policy.sensors] names them. No CPU sensor: the level stays ok, with no value.",
+    ),
+    (
+        "policy.sensors",
+        "Temperature sensors that are not a CPU's (an NVMe drive, a Wi-Fi card, acpitz, amdgpu) are\n\
+         sampled and shown (memwatch_temperature_celsius) and pause nothing by default.",
+    ),
+    (
+        "policy.sensors.count_as_cpu",
+        "hwmon device names (the `chip` label: `cat /sys/class/hwmon/*/name`) or thermal-zone types whose\n\
+         sensors count toward cpu_temperature like a CPU's, each against its own max and crit points\n\
+         and [policy.cpu_temperature]'s margins, e.g. [\"nvme\"] to pause jobs before a drive overheats.",
     ),
 ];
 
@@ -348,6 +408,7 @@ impl Default for Policy {
                 enter_hold_ms: 0,
                 leave_hold_ms: 10_000,
             },
+            sensors: SensorPolicy::default(),
         }
     }
 }
@@ -482,6 +543,7 @@ impl Policy {
         for (name, r) in self.ratios() {
             holds_ok(name, r.enter_hold_ms, r.leave_hold_ms)?;
         }
+        self.sensors.validate()?;
         for (name, t) in [
             ("gpu_temperature", &self.gpu_temperature),
             ("cpu_temperature", &self.cpu_temperature),

@@ -208,6 +208,21 @@ fn bad_configs_name_key_and_line() {
             "got inf",
         ),
         (
+            "[policy.sensors]\ncount_as_cpu = [\"nvme\", \"iwl wifi\"]\n",
+            "line 2, key `policy.sensors.count_as_cpu`",
+            "\"iwl wifi\" is not a device name",
+        ),
+        (
+            "[policy.sensors]\ncount_as_cpu = [\"\"]\n",
+            "key `policy.sensors.count_as_cpu`",
+            "not a device name",
+        ),
+        (
+            "[policy.sensors]\ncount_as_gpu = [\"nvme\"]\n",
+            "count_as_gpu",
+            "unknown field",
+        ),
+        (
             "[control]\nmax_connections_per_uid = 300\n",
             "key `control.max_connections_per_uid`",
             "at most 256",
@@ -260,4 +275,12 @@ fn history_len_follows_interval() {
         ..Sampling::default()
     };
     assert_eq!(s.history_len(), 36_000);
+}
+
+#[test]
+fn sensors_counted_as_a_cpus_are_read_by_name() {
+    let c = parse("[policy.sensors]\ncount_as_cpu = [\"nvme\", \"iwlwifi_1\"]\n").unwrap();
+    assert!(c.policy.sensors.counts("nvme") && c.policy.sensors.counts("iwlwifi_1"));
+    assert!(!c.policy.sensors.counts("acpitz"));
+    assert!(!parse("").unwrap().policy.sensors.counts("nvme"));
 }

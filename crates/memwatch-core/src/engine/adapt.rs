@@ -49,6 +49,9 @@ pub struct AdaptTask {
     pub journal: PathBuf,
     /// A rewrite journaled before a restart: adopted if the file shows it, else dropped.
     pub unconfirmed: Option<Directive>,
+    /// What the trainer recovered at after a CUDA OOM: written as applied, whatever `hold` says,
+    /// instead of what the rules propose.
+    pub oom: Option<crate::adapt::OomStage>,
 }
 
 /// What became of a staged change.
@@ -79,6 +82,9 @@ pub struct AdaptDone {
     pub roomy_since: Option<u64>,
     /// What became of a change.
     pub staged: Staged,
+    /// The CUDA OOM recovery the task carried, as the task had it (boxed: rare, and `Outcome`
+    /// stays small).
+    pub oom: Option<Box<crate::adapt::OomStage>>,
 }
 
 /// The rewrites the journal at `path` (and its rotated predecessor) shows memwatch was about to make,
@@ -218,47 +224,56 @@ impl Engine {
             .map(|(n, _)| n.clone())
             .collect();
         for name in names {
-            let Some(job) = self.jobs.get(&name) else {
-                continue;
-            };
-            let Some(c) = job.config.as_ref() else {
-                continue;
-            };
-            if c.last_error
-                .as_ref()
-                .is_some_and(|(t, _)| now_ms.saturating_sub(*t) < RETRY_MS)
-            {
-                continue;
-            }
-            let gpus = job.last.as_ref().and_then(|l| l.gpus.clone());
-            let (signals, roomy_since) =
-                self.signals(&name, gpus.as_ref(), c.roomy_since_ms, now_ms);
-            let settling = c
-                .directives
-                .iter()
-                .filter_map(|d| d.applied_at_ms)
-                .max()
-                .is_some_and(|t| {
-                    now_ms.saturating_sub(t) < self.cfg.adapt.settle_seconds.saturating_mul(1000)
-                });
-            let task = AdaptTask {
-                job: name.clone(),
-                file: c.file.clone(),
-                format: c.format,
-                profile: c.profile.clone(),
-                owner: job.owner_uid,
-                signals,
-                roomy_since,
-                hold: c.pending().next().is_some() || settling,
-                unconfirmed: c.unconfirmed.clone(),
-                adapt: self.cfg.adapt.clone(),
-                dry_run: self.cfg.policy.dry_run,
-                generation: c.generation + 1,
-                journal: self.cfg.state_dir.join(JOURNAL),
-            };
-            self.adapting.insert(name);
-            self.emit(super::Effect::Adapt(Box::new(task)));
+            self.adapt_job(&name, now_ms);
         }
+    }
+
+    /// Plans one job's config task, unless one is under way or the last failed within `RETRY_MS`.
+    pub(super) fn adapt_job(&mut self, name: &str, now_ms: u64) {
+        if self.adapting.contains(name) {
+            return;
+        }
+        let name = name.to_owned();
+        let Some(job) = self.jobs.get(&name) else {
+            return;
+        };
+        let Some(c) = job.config.as_ref() else {
+            return;
+        };
+        if c.last_error
+            .as_ref()
+            .is_some_and(|(t, _)| now_ms.saturating_sub(*t) < RETRY_MS)
+        {
+            return;
+        }
+        let gpus = job.last.as_ref().and_then(|l| l.gpus.clone());
+        let (signals, roomy_since) = self.signals(&name, gpus.as_ref(), c.roomy_since_ms, now_ms);
+        let settling = c
+            .directives
+            .iter()
+            .filter_map(|d| d.applied_at_ms)
+            .max()
+            .is_some_and(|t| {
+                now_ms.saturating_sub(t) < self.cfg.adapt.settle_seconds.saturating_mul(1000)
+            });
+        let task = AdaptTask {
+            job: name.clone(),
+            file: c.file.clone(),
+            format: c.format,
+            profile: c.profile.clone(),
+            owner: job.owner_uid,
+            signals,
+            roomy_since,
+            hold: c.pending().next().is_some() || settling,
+            unconfirmed: c.unconfirmed.clone(),
+            adapt: self.cfg.adapt.clone(),
+            dry_run: self.cfg.policy.dry_run,
+            generation: c.generation + 1,
+            journal: self.cfg.state_dir.join(JOURNAL),
+            oom: c.oom_stage.clone(),
+        };
+        self.adapting.insert(name);
+        self.emit(super::Effect::Adapt(Box::new(task)));
     }
 
     /// The result of a config task: new knobs, maybe a staged directive, or an error.
@@ -282,6 +297,15 @@ impl Engine {
         c.roomy_since_ms = done.roomy_since;
         c.last_error = None;
         c.unconfirmed = None;
+        // The CUDA OOM recovery this task carried is done with unless the task left it (a rewrite
+        // refused, a journaled rewrite settled first); a newer report's is kept.
+        let oom_done = !matches!(
+            done.staged,
+            Staged::Refused(_) | Staged::Recovered(_) | Staged::NeverWritten(_)
+        );
+        if oom_done && done.oom.is_some() && c.oom_stage.as_ref() == done.oom.as_deref() {
+            c.oom_stage = None;
+        }
         let (staged, recovered) = match done.staged {
             Staged::Recovered(d) => (Staged::Written(d), true),
             other => (other, false),
@@ -321,13 +345,18 @@ impl Engine {
                     c.knobs.insert(ch.knob, ch.new.clone());
                 }
                 d.staged_at_ms = now_ms;
+                // Written as applied: what a trainer recovered at after a CUDA OOM.
+                let from_oom = d.applied_epoch;
+                if from_oom.is_some() {
+                    supersede(&mut c.directives, d.generation);
+                }
                 let summary: Vec<String> = d
                     .changes
                     .iter()
                     .map(|ch| format!("{} {} → {}", ch.path, ch.old, ch.new))
                     .collect();
                 let detail = format!(
-                    "generation {}{}: {} ({})",
+                    "generation {}{}: {} ({}){}",
                     d.generation,
                     if recovered {
                         ", written before a restart"
@@ -335,8 +364,16 @@ impl Engine {
                         ""
                     },
                     summary.join(", "),
-                    d.reason
+                    d.reason,
+                    from_oom.map_or(String::new(), |e| format!(
+                        "; the trainer runs with it since epoch {e}: applied and verified by its report"
+                    ))
                 );
+                let reason = if from_oom.is_some() {
+                    Reason::CudaOom
+                } else {
+                    Reason::Adapt
+                };
                 c.directives.push(d);
                 // Bounded: the oldest acknowledged directives go first.
                 let cap = self.cfg.max_directives_per_job;
@@ -346,7 +383,7 @@ impl Engine {
                         None => c.directives.remove(0),
                     };
                 }
-                self.record(now_ms, Action::Rewrite, &name, Reason::Adapt, detail, false);
+                self.record(now_ms, Action::Rewrite, &name, reason, detail, false);
             }
         }
         if let Some(j) = self.jobs.get_mut(&name) {
@@ -354,6 +391,17 @@ impl Engine {
         }
         self.dirty = true;
         self.save();
+    }
+
+    /// Marks a CUDA OOM recovery's config task to run now, past the hold on rule-made changes.
+    pub(super) fn stage_oom(&mut self, name: &str, stage: crate::adapt::OomStage, now_ms: u64) {
+        let Some(c) = self.jobs.get_mut(name).and_then(|j| j.config.as_mut()) else {
+            return;
+        };
+        c.oom_stage = Some(stage);
+        // Now, or with the next full sample when a task is under way (or one failed within
+        // `RETRY_MS`).
+        self.adapt_job(name, now_ms);
     }
 
     fn config_error(&mut self, name: &str, now_ms: u64, message: String) {
@@ -400,5 +448,36 @@ impl Engine {
             thermal_pauses: &thermal,
             levels: &self.policy.levels,
         });
+        // A job's last CUDA OOM, where fragmentation explains it.
+        let fragmented: Vec<advice::Advice> = self
+            .jobs
+            .values()
+            .filter_map(|j| {
+                let last = j.cuda_oom.as_ref()?.last.as_ref()?;
+                advice::cuda_oom::fragmentation(&j.name, last)
+            })
+            .collect();
+        if !fragmented.is_empty() {
+            self.advice.extend(fragmented);
+            advice::sort(&mut self.advice);
+        }
+    }
+}
+
+/// A CUDA OOM recovery staged as `generation` supersedes the changes still pending that only move the
+/// micro-batch and accumulation: the trainer runs smaller already, and the file holds its values. They
+/// are marked declined, so that no trainer applies them after the fact and none holds back later ones.
+fn supersede(directives: &mut [Directive], generation: u64) {
+    for d in directives.iter_mut().filter(|d| {
+        d.generation < generation
+            && d.applied_epoch.is_none()
+            && d.declined.is_none()
+            && d.changes
+                .iter()
+                .all(|ch| matches!(ch.knob, Knob::MicroBatch | Knob::Accumulation))
+    }) {
+        d.declined = Some(format!(
+            "superseded by generation {generation}: the trainer recovered from a CUDA OOM at a smaller micro-batch"
+        ));
     }
 }

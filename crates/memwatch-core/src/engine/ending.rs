@@ -141,11 +141,18 @@ impl Engine {
         }
         let was_paused = j.pause.is_some();
         let oom_kills = j.oom_kills_since_attach();
+        // Its trainer said it stops at its floor micro-batch after a CUDA OOM, with a checkpoint.
+        let cuda_oom_stop = j
+            .cuda_oom
+            .as_ref()
+            .and_then(crate::cuda_oom::CudaOoms::stopped_with_checkpoint)
+            .filter(|_| j.terminating_since_ms.is_none());
         let mut how = match (was_paused, &thawed) {
             _ if j.terminating_since_ms.is_some() => format!(
                 "stopped by memwatch: {}",
                 j.stop_reason.as_deref().unwrap_or("it was terminated")
             ),
+            (false, _) if cuda_oom_stop.is_some() => cuda_oom_stop.clone().unwrap_or_default(),
             (false, _) => "its root process exited".to_owned(),
             (true, Some(dir)) => format!(
                 "its root process exited while paused; thawed {} and continued {continued} process(es) left behind",
@@ -187,6 +194,7 @@ impl Engine {
             thawed,
             how: how.clone(),
             stopped_by_memwatch,
+            cuda_oom_stop: cuda_oom_stop.is_some(),
             way_out,
             slurm_job_id: j.slurm_job_id().map(str::to_owned),
         };

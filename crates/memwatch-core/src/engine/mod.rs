@@ -5,6 +5,7 @@
 mod adapt;
 mod calm;
 mod commands;
+mod cuda_oom;
 mod effect;
 mod effects;
 mod ending;
@@ -18,6 +19,7 @@ mod settings;
 mod slurm;
 mod stores;
 mod timeout;
+mod trainer;
 mod way_out;
 
 pub use adapt::{AdaptDone, AdaptTask, Intents, JOURNAL, Staged};
@@ -492,6 +494,7 @@ impl Engine {
             pause_deadline: self.pause_deadline(j),
             origin: j.origin.clone(),
             details: true,
+            cuda_oom: j.cuda_oom.clone(),
         }
     }
 

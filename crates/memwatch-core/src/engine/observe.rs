@@ -28,6 +28,7 @@ use crate::policy::{
 };
 use crate::sample::Sample;
 use crate::sample::cgroup::CgroupMemory;
+use crate::sample::thermal::is_cpu_device;
 
 /// Time to exhaustion under which probing goes fast.
 const FAST_BELOW_MS: u64 = 5000;
@@ -416,10 +417,14 @@ impl Engine {
             .iter()
             .map(|r| (r.clone(), r.read(&src)))
             .collect();
+        // The CPU's sensors (and those `[policy.sensors]` counts as a CPU's), the one nearest its
+        // shutdown point; an NVMe drive or a Wi-Fi card near its own pauses nothing by default.
+        let counted = &self.cfg.policy.sensors;
         let cpu_temperature = s.and_then(|s| {
             s.host
                 .temperatures
                 .iter()
+                .filter(|t| is_cpu_device(t.device()) || counted.counts(t.device()))
                 .map(|t| Temperature {
                     celsius: t.celsius,
                     slowdown: t.max_celsius,

@@ -3,11 +3,13 @@
 //! emergency swap or a lent cgroup limit so that the job can run to an urgent fix, then a checkpoint
 //! and a clean stop (relaunched by `memwatch launch`) — recording each step. A job no step helps is
 //! stopped at the maximum pause: it is never resumed into the same shortfall, and never re-paused in a
-//! loop. The room memwatch lends is given back once the job fits again, and after a crash.
+//! loop; but one a projection alone paused, below its critical line, is resumed once (`spared.rs`).
+//! The room memwatch lends is given back once the job fits again, and after a crash.
 
 use super::Engine;
 
 mod room;
+mod spared;
 mod steps;
 mod why_not;
 
@@ -368,6 +370,7 @@ impl Engine {
         let stay = self.cfg.policy.on_max_pause == OnMaxPause::Stay;
         let max = self.cfg.policy.max_pause_seconds;
         let account = self.account_of(name);
+        let spared = self.spare(name, now_ms);
         self.record(
             now_ms,
             Action::WayOut,
@@ -380,7 +383,9 @@ impl Engine {
                 } else {
                     account
                 },
-                if stay {
+                if spared {
+                    "paused on a projection alone, below its critical line: resumed once".to_owned()
+                } else if stay {
                     "it stays paused (on_max_pause = \"stay\")".to_owned()
                 } else {
                     format!(
@@ -390,6 +395,9 @@ impl Engine {
             ),
             false,
         );
+        if spared {
+            self.resume_spared(name, now_ms);
+        }
         self.save();
     }
 

@@ -88,6 +88,8 @@ pub struct Job {
     /// Its cgroup's OOM kills (`oom_kill` of memory.events or memory.oom_control): as first read
     /// after the attach, and as last read.
     pub oom_kills: Option<(u64, u64)>,
+    /// The CUDA OOMs its trainer reported (`{"cmd": "oom"}`), if any.
+    pub cuda_oom: Option<crate::cuda_oom::CudaOoms>,
 }
 
 impl Job {
@@ -140,6 +142,7 @@ impl Job {
             slurm_holders: None,
             armed: None,
             oom_kills: None,
+            cuda_oom: None,
         }
     }
 

@@ -81,7 +81,8 @@ pub struct Held {
     pub projected: Option<(String, f64)>,
     /// The maximum pause was reached and the job stays paused.
     pub expired: bool,
-    /// A repeated pause on a projection: resuming needs room for the rate seen at the pause.
+    /// Resuming needs room for the rate seen at the pause (every pause on a projection, and the way
+    /// out's hold).
     pub strict: bool,
 }
 

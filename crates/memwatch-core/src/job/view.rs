@@ -109,6 +109,10 @@ pub struct JobView {
     /// what").
     #[serde(default = "yes")]
     pub details: bool,
+    /// The CUDA OOMs its trainer reported: how many it recovered from, how many stopped it, and the
+    /// latest report (its snapshot path and message are details); absent when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_oom: Option<crate::cuda_oom::CudaOoms>,
 }
 
 fn yes() -> bool {
@@ -132,6 +136,11 @@ impl JobView {
             c.progress = None;
             c.last_error = None;
             c.checkpoint = None;
+        }
+        // Of the CUDA OOMs, the counts and the last report's numbers: not the snapshot's path nor
+        // the exception's words.
+        if let Some(l) = self.cuda_oom.as_mut().and_then(|o| o.last.as_mut()) {
+            l.report = l.report.clone().public();
         }
         self.details = false;
         self
@@ -173,6 +182,10 @@ pub struct EndedJob {
     /// relaunches such a job whatever its exit status.
     #[serde(default)]
     pub stopped_by_memwatch: bool,
+    /// Its trainer stopped at its floor micro-batch after a CUDA OOM, with a checkpoint saved (its
+    /// last `oom` report): `memwatch launch` relaunches it too, whatever its exit status.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cuda_oom_stop: bool,
     /// The way out it took, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub way_out: Option<String>,

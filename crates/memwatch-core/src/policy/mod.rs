@@ -6,6 +6,8 @@
 
 mod level;
 mod resource;
+mod room;
+mod spared;
 #[cfg(test)]
 mod tests;
 
@@ -16,10 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::{OnCritical, OnMaxPause, Policy, RatioPolicy, TempPolicy};
 pub use level::{Level, LevelState, Reading, Thresholds};
 pub use resource::{Cause, HostSources, KeyError, Resource, Resumed};
-
-/// A second pause on a projection within this long of the last one's end is strict (see
-/// `PauseState::strict`).
-const REPEAT_WITHIN_MS: u64 = 5_000;
+pub use spared::{Spared, spare};
 
 /// A temperature with the device's own slowdown and shutdown points, where it reports them.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -136,9 +135,10 @@ pub struct PauseState {
     pub projected: Option<(String, f64)>,
     /// Set once the maximum pause was reached and the job stays paused.
     pub expired: bool,
-    /// A second pause on a projection soon after the first ended: growth that resumes at once is a
-    /// trend, so resuming needs room for the rate seen at the pause, not the (nil) growth of a job that
-    /// is stopped.
+    /// Resuming needs room for the rate seen at the pause, not the (nil) growth of a job that is
+    /// held: so for every pause on a projection (`room.rs`) and the way out's own hold. The policy
+    /// decides by `projected`; the flag is kept in the pause's record, where an earlier build that
+    /// reads the state file holds the pause the same way.
     #[serde(default)]
     pub strict: bool,
 }
@@ -150,13 +150,14 @@ pub struct JobState {
     pub overridden: BTreeSet<Resource>,
     /// A checkpoint was requested; pause at this time (ms).
     pub checkpoint_deadline_ms: Option<u64>,
-    /// When a pause on a projection last ended by itself (ms).
-    #[serde(default)]
-    pub predicted_resume_ms: Option<u64>,
     /// The engine's way out is in charge of this job's memory pause: the policy still resumes it when
     /// room comes back, but never on the maximum pause (the engine ends it).
     #[serde(default)]
     pub managed: bool,
+    /// Resumed once with no way out of a projection's pause (`spared.rs`): until the episode ends, a
+    /// projection alone does not pause it again.
+    #[serde(default)]
+    pub spared: Option<Spared>,
 }
 
 /// The policy's whole state.
@@ -371,7 +372,8 @@ pub fn evaluate(prev: &State, obs: &Observation, cfg: &Policy) -> (State, Vec<De
             .collect();
         let soonest = job.soonest();
         let tte = soonest.map(|(_, t)| t);
-        let predicted = tte.is_some_and(|t| t < cfg.reaction_ms);
+        let spared = spared::upkeep(&mut js, job.pause.is_some(), &state.levels, now, cfg);
+        let predicted = !spared && tte.is_some_and(|t| t < cfg.reaction_ms);
 
         match job.pause.clone() {
             None => {
@@ -415,10 +417,6 @@ pub fn evaluate(prev: &State, obs: &Observation, cfg: &Policy) -> (State, Vec<De
                         Some(deadline) if now < deadline && !predicted => {}
                         _ => {
                             js.checkpoint_deadline_ms = None;
-                            let strict = predicted
-                                && js
-                                    .predicted_resume_ms
-                                    .is_some_and(|t| now.saturating_sub(t) < REPEAT_WITHIN_MS);
                             out.push(Decision::Pause {
                                 job: job.name.clone(),
                                 cause,
@@ -431,7 +429,7 @@ pub fn evaluate(prev: &State, obs: &Observation, cfg: &Policy) -> (State, Vec<De
                                         .filter(|_| predicted)
                                         .map(|(p, _)| (p.limit.clone(), p.growth_bytes_per_second)),
                                     expired: false,
-                                    strict,
+                                    strict: predicted,
                                 },
                             });
                         }
@@ -440,32 +438,9 @@ pub fn evaluate(prev: &State, obs: &Observation, cfg: &Policy) -> (State, Vec<De
             }
             Some(p) if p.by == By::Policy && !p.expired => {
                 let paused_ms = now.saturating_sub(p.since_ms);
-                // After a pause for fast growth: at least one reaction window paused, and room for
-                // `resume_headroom_ms` more of the growth measured now (a trend, see
-                // `Growth::sustained_rate_per_second`) under the limit that was running out — not the
-                // rate at the moment of the pause, so a burst that has ended holds nobody for the
-                // whole max_pause. But a job paused again on a projection soon after such a resume
-                // grows for real: then it needs room for the rate seen at its pause. Unknown headroom
-                // is no room.
-                let room_ok = match &p.projected {
-                    Some((limit, rate_at_pause)) => {
-                        paused_ms >= cfg.reaction_ms
-                            && job
-                                .projections
-                                .iter()
-                                .find(|x| &x.limit == limit)
-                                .is_some_and(|x| {
-                                    let rate = if p.strict {
-                                        *rate_at_pause
-                                    } else {
-                                        x.growth_bytes_per_second
-                                    };
-                                    x.headroom_bytes as f64
-                                        >= rate.max(0.0) * cfg.resume_headroom_ms as f64 / 1000.0
-                                })
-                    }
-                    None => true,
-                };
+                // After a pause for fast growth: only into room for the growth that caused it
+                // (`room.rs`); the nil growth of a job that is held is no sign that it stopped.
+                let room_ok = room::room_to_resume(&p, job, now, cfg);
                 if paused_ms >= cfg.max_pause_seconds.saturating_mul(1000) && !js.managed {
                     let reason = format!("paused for the maximum of {} s", cfg.max_pause_seconds);
                     match cfg.on_max_pause {
@@ -493,9 +468,6 @@ pub fn evaluate(prev: &State, obs: &Observation, cfg: &Policy) -> (State, Vec<De
                     && room_ok
                     && level::causes_read(&p.reasons, &state.levels)
                 {
-                    if p.projected.is_some() {
-                        js.predicted_resume_ms = Some(now);
-                    }
                     out.push(Decision::Resume {
                         job: job.name.clone(),
                         why: Resumed::Recovered,
@@ -560,7 +532,7 @@ pub fn run_through(state: &mut State, job: &str, keys: &[Resource]) {
 }
 
 /// The engine pauses a job itself (its emergency room ran out, or its fix did not come): it stays
-/// paused until `limit` has room for `rate` again, like a repeated pause on a projection. Returns
+/// paused until `limit` has room for `rate` again, like a pause on a projection. Returns
 /// the pause for the job's record.
 pub fn hold(state: &mut State, job: &str, now_ms: u64, limit: &str, rate: f64) -> PauseState {
     let js = state.jobs.entry(job.to_owned()).or_default();

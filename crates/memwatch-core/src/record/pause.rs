@@ -55,7 +55,9 @@ pub struct PersistedPause {
     pub causes: Vec<String>,
     /// The limit and growth rate (bytes/s) when a projection caused it.
     pub projected: Option<(String, f64)>,
-    /// A repeated pause on a projection: resuming needs room for the rate seen at the pause.
+    /// Resuming needs room for the rate seen at the pause: set for every pause on a projection and
+    /// the way out's hold (builds before it set it only on a pause repeated within 5 s of the last
+    /// one's end, and read it so).
     pub strict: bool,
     /// The longest pause was reached and the job stays paused.
     pub expired: bool,

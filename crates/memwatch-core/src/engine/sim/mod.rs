@@ -14,8 +14,11 @@ pub(super) mod host;
 mod kills;
 mod lifecycle;
 mod oomd;
+mod predicted;
 mod prepared;
 mod reflex;
+mod spared;
+mod thermal;
 
 use crate::seam::SlurmCall;
 use harness::{ALL, Kind, OWNER, PID, SLURM_ID, Sim};

@@ -34,6 +34,7 @@ fn opened(owner: u32, token: &str) -> Prepared {
         checkpoint: None,
         polled_at_ms: None,
         self_attached: false,
+        oom_stage: None,
     };
     Prepared {
         config: Some(OpenedConfig {

@@ -11,6 +11,11 @@
   changes are declined (they apply at the next start, from the rewritten file); workers and
   pin_memory still change.
 
+`loader.backward(model, batch, loss_of)` inside `with accelerator.accumulate(model):` runs the
+backward pass through `accelerator.backward` and makes a CUDA out-of-memory error cost the step, not
+the run, as `AdaptiveLoader.backward` does (`memwatch.oom`). Under DeepSpeed the engine counts its
+own micro-steps, so a micro-batch is never split: an OOM there saves a checkpoint and stops.
+
 Tested with accelerate 1.15.
 """
 
@@ -70,6 +75,20 @@ class AcceleratedLoader(AdaptiveLoader):
     def _window_start(self) -> None:
         self.accelerator.gradient_accumulation_steps = self.window
         self.accelerator.step = 0
+
+    def _scale(self) -> float:
+        # accelerator.backward divides by its accumulation, which `_window_start` keeps the window's.
+        return 1.0
+
+    def _backward_pass(self, loss: Any) -> None:
+        self.accelerator.backward(loss)
+
+    def _floor(self) -> int:
+        from accelerate.utils import DistributedType
+
+        if self.accelerator.distributed_type == DistributedType.DEEPSPEED:
+            return self.micro_batch
+        return super()._floor()
 
     def _check(self, micro: int, accumulation: int) -> Optional[str]:
         from accelerate.utils import DistributedType

@@ -287,6 +287,15 @@ class Client:
             p["running"] = {k: v for k, v in running.items() if v is not None}
         return self._call({"cmd": "progress", "progress": p}, "POST", "progress", body=p) is not None
 
+    def oom(self, report: Mapping[str, Any]) -> bool:
+        """Reports an out-of-memory error inside a step (docs/protocol.md, "CUDA OOM reports"):
+        `epoch`, `step`, `phase`, `micro_batch_before`, `recovered` and, when recovered,
+        `micro_batch_after` and `accumulation_after`; what CUDA said where known. memwatch records
+        it, counts it, and stages the smaller micro-batch in the config file so a relaunch starts
+        from it."""
+        body = dict(report)
+        return self._call({"cmd": "oom", "oom": body}, "POST", "oom", body=body) is not None
+
     def _applied(self, generation: int) -> None:
         self.generation = max(self.generation, generation)
         if self._last is not None:

@@ -15,6 +15,13 @@ In a job of several processes (DDP: `args.world_size` > 1 with torch.distributed
 settle each change together at the epoch boundary, so that every rank takes the same per-device
 batch and accumulation whichever rank's memwatch asked (`_ranks`, docs/python.md).
 
+A CUDA out-of-memory error inside a step costs that step, not the run: the callback wraps the
+Trainer's `training_step` (its public override point) so that the micro-batch that ran out runs again
+as halves (`memwatch.oom`; with DDP, the ranks agree through `compute_loss`'s result, one small
+all-reduce a piece), the rest of the epoch at that size, and from the next epoch on at half the
+per-device batch with twice the accumulation. At the floor (`min_micro_batch`) it saves a checkpoint
+through the Trainer and stops, for `memwatch launch` to relaunch with `resume_from_checkpoint`.
+
 It cannot change anything mid-epoch: an urgent change (the job runs on emergency room) waits for the
 epoch's end, and when memwatch asks for a checkpoint the callback saves one through the Trainer
 (`should_save`) and tells memwatch, which stops the job cleanly (`memwatch launch` relaunches it with
@@ -34,7 +41,7 @@ from typing import Any, Dict, Optional, Sequence
 
 from transformers import Trainer, TrainerCallback
 
-from . import _proc, _ranks
+from . import _proc, _ranks, oom
 from .client import ACCUMULATION, MICRO_BATCH, PIN_MEMORY, WORKERS, Client
 
 log = logging.getLogger("memwatch")
@@ -46,6 +53,8 @@ class MemwatchCallback(TrainerCallback):
     client: the run's `memwatch.Client` [default: one for `config_file` with the `hf` profile, or,
     under `memwatch launch`, the job launch attached].
     report_seconds: how often it reports progress and what it runs with.
+    min_micro_batch: the smallest per-device batch an out-of-memory error halves down to.
+    oom_snapshot_dir: where a CUDA memory snapshot is saved at an OOM (memory history on).
     """
 
     def __init__(
@@ -57,10 +66,18 @@ class MemwatchCallback(TrainerCallback):
         keys: Sequence[str] = (),
         name: Optional[str] = None,
         report_seconds: float = 2.0,
+        min_micro_batch: int = 1,
+        oom_snapshot_dir: Optional[str] = None,
     ) -> None:
         self.client = client or Client(
             name, config_file=config_file, profile=profile if config_file else None, keys=keys
         )
+        self.min_micro_batch = int(min_micro_batch)
+        self.oom_snapshot_dir = oom_snapshot_dir
+        self.ooms: list = []
+        """Every out-of-memory error met in a step (`memwatch.oom.Oom`)."""
+        self._guard: Optional[oom.Guard] = None
+        self._fresh_window = True
         self.report_seconds = report_seconds
         self.trainer: Optional[Trainer] = None
         self.applied: list = []
@@ -83,6 +100,7 @@ class MemwatchCallback(TrainerCallback):
                 "memwatch: this transformers Trainer has no _run_epoch; changes apply at the next start only"
             )
             return
+        self._guard_steps()
         if not getattr(self.trainer, "_memwatch_hooked", False):
             original = self.trainer._run_epoch
 
@@ -91,6 +109,9 @@ class MemwatchCallback(TrainerCallback):
 
             self.trainer._run_epoch = run_epoch  # type: ignore[method-assign,assignment]
             self.trainer._memwatch_hooked = True  # type: ignore[attr-defined]
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._fresh_window = True
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         d = self.client.directives()
@@ -118,6 +139,7 @@ class MemwatchCallback(TrainerCallback):
         d = self.client.directives(force=True)
         mine = d if d is not None and d.pending else None
         dist = _ranks.distributed(args.world_size)
+        self._after_oom(kw)
         if dist is not None:
             # Every rank at the same boundary takes the same micro-batch (docs/python.md).
             micro = args.per_device_train_batch_size
@@ -172,6 +194,114 @@ class MemwatchCallback(TrainerCallback):
         if generation is not None:
             self.client.ack(generation, epoch)
         self._last_report = float("-inf")
+
+    # --- out-of-memory errors inside a step ---------------------------------------------------
+
+    def _guard_steps(self) -> None:
+        """Wraps the Trainer's `training_step` (once) so that an OOM inside it costs the step."""
+        t = self.trainer
+        if t is None or getattr(t, "_memwatch_guarded", False):
+            return
+        original = t.training_step
+
+        def training_step(model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
+            return self._training_step(original, model, inputs, num_items_in_batch)
+
+        t.training_step = training_step  # type: ignore[method-assign]
+        t._memwatch_guarded = True  # type: ignore[attr-defined]
+
+    def _training_step(self, original: Any, model: Any, inputs: Any, num_items_in_batch: Any) -> Any:
+        t = self.trainer
+        assert t is not None
+        args = t.args
+        micro, per_step = args.per_device_train_batch_size, args.per_device_train_batch_size * args.gradient_accumulation_steps
+        g = self._guard
+        if g is None or (self._fresh_window and g.per_step != per_step):
+            g = self._guard = oom.Guard(
+                micro,
+                per_step,
+                min_micro_batch=self.min_micro_batch,
+                dist=_ranks.distributed(args.world_size),
+                on_oom=self._on_oom,
+                snapshot_dir=self.oom_snapshot_dir,
+            )
+        if self._fresh_window:
+            g.new_window(list(model.parameters()))
+            self._fresh_window = False
+        # A loss normalised by the window's item count adds up over pieces as it is; a mean loss
+        # is weighted by each piece's share (the Trainer divides it by the accumulation itself).
+        scaled = t.loss_is_scaled_for_ga
+        if scaled is None:
+            scaled = (t.model_accepts_loss_kwargs and num_items_in_batch is not None) or t.compute_loss_func is not None
+        compute_loss = t.compute_loss
+
+        def run(piece: Any, sync: bool, forward_done: Any) -> Any:
+            def guarded(*a: Any, **kw: Any) -> Any:
+                out = compute_loss(*a, **kw)
+                if isinstance(out, tuple):
+                    return (forward_done(out[0]), *out[1:])
+                return forward_done(out)
+
+            t.compute_loss = guarded  # type: ignore[method-assign]
+            try:
+                with oom.grad_sync(model, sync):
+                    return original(model, piece, num_items_in_batch)
+            finally:
+                t.compute_loss = compute_loss  # type: ignore[method-assign]
+
+        try:
+            return g.step(inputs, run, last=t.accelerator.sync_gradients, shares=not scaled)
+        except oom.AtFloor as e:
+            self._at_floor(e, model)
+            raise
+
+    def _on_oom(self, e: oom.Oom) -> None:
+        self.ooms.append(e)
+        if e.recovered and e.own:
+            self._tell_oom(e)
+
+    def _tell_oom(self, e: oom.Oom, checkpointed: Optional[bool] = None, relaunch_at: Optional[int] = None) -> None:
+        t = self.trainer
+        assert t is not None
+        args = t.args
+        report = e.report()
+        report.update(
+            epoch=int(t.state.epoch or 0), step=int(t.state.global_step), min_micro_batch=self.min_micro_batch
+        )
+        if e.recovered:
+            report["accumulation_after"] = self._guard.per_step // e.micro_batch_after if self._guard else None
+        else:
+            report["checkpointed"] = bool(checkpointed)
+            if relaunch_at is not None and self._guard is not None:
+                report.update(micro_batch_after=relaunch_at, accumulation_after=self._guard.per_step // relaunch_at)
+        if args.world_size > 1:
+            report.update(rank=args.process_index, world_size=args.world_size)
+        self.client.oom(report)
+
+    def _at_floor(self, e: oom.AtFloor, model: Any) -> None:
+        """Saves a checkpoint through the Trainer (the weights of the last optimizer step: none
+        changed inside the window) and tells memwatch, before `AtFloor` ends the run."""
+        t = self.trainer
+        assert t is not None
+        saved = False
+        save = getattr(t, "_save_checkpoint", None)
+        if save is not None:
+            save(model, None)
+            saved = True
+        else:
+            log.error("memwatch: this Trainer cannot save a checkpoint here; the relaunch resumes from the last one")
+        g = self._guard
+        relaunch_at = oom.smaller(g.micro, g.per_step, self.min_micro_batch) if e.synced and g is not None else None
+        if e.oom.own or e.synced:
+            self._tell_oom(e.oom, checkpointed=saved, relaunch_at=relaunch_at)
+
+    def _after_oom(self, kw: Dict[str, Any]) -> None:
+        """At an epoch's start: the per-device batch an OOM left, from this epoch on."""
+        g = self._guard
+        t = self.trainer
+        if g is None or t is None or g.micro >= t.args.per_device_train_batch_size:
+            return
+        self._apply({MICRO_BATCH: g.micro, ACCUMULATION: g.per_step // g.micro}, None, kw["epoch"], kw["train_dataloader"])
 
     # --- reports -------------------------------------------------------------------------------
 

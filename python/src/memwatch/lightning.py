@@ -11,6 +11,13 @@ In a job of several processes (DDP: `trainer.world_size` > 1), the ranks settle 
 together at the epoch's end, so that every rank takes the same batch size and accumulation whichever
 rank's memwatch asked (`_ranks`, docs/python.md).
 
+A CUDA out-of-memory error inside a step cannot be recovered in the step: Lightning's automatic
+optimization runs forward and backward inside its own loop, and no public hook can run a batch again
+as halves. The callback takes the way out instead (`on_exception`): it saves a checkpoint (the
+weights of the last optimizer step, with Lightning's loop state), tells memwatch the OOM and the half
+micro-batch to relaunch at, and lets the error end the run, for `memwatch launch` to relaunch from the
+checkpoint (docs/python.md, "CUDA out of memory").
+
 Nothing changes mid-epoch. When memwatch asks for a checkpoint the callback saves one with
 `trainer.save_checkpoint` (to `checkpoint_path`, default `<default_root_dir>/memwatch.ckpt`) and tells
 memwatch, which stops the job cleanly; relaunched by `memwatch launch` (`MEMWATCH_RESUME=1`), pass that
@@ -28,7 +35,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 
 from lightning.pytorch.callbacks import Callback
 
-from . import _proc, _ranks
+from . import _proc, _ranks, oom
 from .client import ACCUMULATION, MICRO_BATCH, PIN_MEMORY, WORKERS, Client
 
 log = logging.getLogger("memwatch")
@@ -93,6 +100,41 @@ class MemwatchCallback(Callback):
         s = _ranks.settled(self.client, dist, mine, micro, micro * trainer.accumulate_grad_batches)
         if s is not None:
             self._apply(trainer, pl_module, s.new, s.generation, trainer.current_epoch + 1)
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        """An out-of-memory error ends the step and the run: a checkpoint, and memwatch told."""
+        if not oom.is_oom(exception):
+            return
+        message = str(exception).split("\n")[0]
+        phase = "backward" if _in_backward(exception) else "forward"
+        target = _target(trainer, pl_module)
+        micro = _get(target, self.attributes.get(MICRO_BATCH))
+        path = self.checkpoint_path or os.path.join(trainer.default_root_dir, "memwatch.ckpt")
+        saved = False
+        try:
+            trainer.save_checkpoint(path)
+            saved = True
+            log.error("memwatch: out of memory in the %s pass; checkpoint saved to %s", phase, path)
+        except Exception as e:  # the OOM is what the user must see; a failed save is logged
+            log.error("memwatch: out of memory in the %s pass, and the checkpoint failed: %s", phase, e)
+        report: Dict[str, Any] = {
+            "epoch": trainer.current_epoch,
+            "step": trainer.global_step,
+            "phase": phase,
+            "recovered": False,
+            "checkpointed": saved,
+            "message": message[:500],
+        }
+        if isinstance(micro, int):
+            report["micro_batch_before"] = micro
+            half = oom.smaller(micro, micro * trainer.accumulate_grad_batches, 1)
+            if half is not None:
+                report["micro_batch_after"] = half
+                report["accumulation_after"] = micro * trainer.accumulate_grad_batches // half
+        report.update({k: v for k, v in oom.cuda_figures(message, None).items() if v is not None})
+        if trainer.world_size > 1:
+            report.update(rank=trainer.global_rank, world_size=trainer.world_size)
+        self.client.oom(report)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         d = self.client.directives()
@@ -163,6 +205,16 @@ class MemwatchCallback(Callback):
         if generation is not None:
             self.client.ack(generation, epoch)
         self._last_report = float("-inf")
+
+
+def _in_backward(e: BaseException) -> bool:
+    """Whether the error was raised inside a backward pass (a `backward` frame on its way)."""
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name in ("backward", "_engine_run_backward"):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _target(trainer: Any, pl_module: Any) -> Any:

@@ -10,10 +10,15 @@ changes::
     loader = memwatch.pytorch.AdaptiveLoader(dataset, client, batch_size=32, accumulation=2)
     for epoch in range(epochs):
         for x, y in loader:
-            loss = loss_fn(model(x), y) / loader.window
-            loss.backward()
+            loader.backward(model, (x, y), lambda b: loss_fn(model(b[0]), b[1]))
             if loader.sync:                 # the last micro-batch of its window
                 opt.step(); opt.zero_grad()
+
+`loader.backward` is the guard around the step: it scales the loss to its window and runs the
+backward pass, and a CUDA out-of-memory error inside it costs that step, not the run (`memwatch.oom`:
+the same samples again at half the micro-batch, exactly; below `min_micro_batch`, a checkpoint and a
+clean stop for `memwatch launch` to relaunch). A loop may instead call `loss.backward()` itself with
+`loss / loader.window`, as before, without the guard.
 
 With torch.distributed's default group up and `world_size` > 1, every rank takes the same
 micro-batch and accumulation at the same boundary, whichever rank's memwatch asked (`_ranks`): at
@@ -32,7 +37,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
 
-from . import _proc, _ranks
+from . import _proc, _ranks, oom
 from .client import ACCUMULATION, MICRO_BATCH, PIN_MEMORY, WORKERS, Client, Directives
 
 log = logging.getLogger("memwatch")
@@ -62,6 +67,10 @@ class AdaptiveLoader:
     checkpoint: called with `state_dict()` at an accumulation boundary when memwatch asks for a
     checkpoint (before it stops the job cleanly); memwatch is told once it returns.
     prepare: wraps each new DataLoader (e.g. `accelerator.prepare`).
+    min_micro_batch: the smallest micro-batch `backward` halves down to after an out-of-memory
+    error; below it the run saves a checkpoint and stops (`memwatch.oom.AtFloor`).
+    oom_snapshot_dir: where a CUDA memory snapshot is saved at an OOM (CUDA with memory history
+    recording on) [default: `MEMWATCH_OOM_SNAPSHOT_DIR`, else none].
     report_seconds: how often it reports what it runs with.
     Other keyword arguments go to every DataLoader (collate_fn, …).
     """
@@ -82,6 +91,8 @@ class AdaptiveLoader:
         world_size: int = 1,
         checkpoint: Optional[Callable[[Dict[str, Any]], None]] = None,
         prepare: Optional[Callable[[Any], Any]] = None,
+        min_micro_batch: int = 1,
+        oom_snapshot_dir: Optional[str] = None,
         report_seconds: float = 2.0,
         **loader_kwargs: Any,
     ) -> None:
@@ -108,6 +119,13 @@ class AdaptiveLoader:
         self.sync = False
         """True for the last micro-batch of its window: step the optimizer after it."""
         self.rebuilds = 0
+        self.min_micro_batch = int(min_micro_batch)
+        self.oom_snapshot_dir = oom_snapshot_dir
+        self.ooms: List[oom.Oom] = []
+        """Every out-of-memory error `backward` met, recovered or not."""
+        self._guard: Optional[oom.Guard] = None
+        self._window_open = False
+        self._fresh_window = False
         self._last_report = float("-inf")
         self._checkpointed = False
         self._started = False
@@ -147,6 +165,11 @@ class AdaptiveLoader:
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
         self.seed = int(state.get("seed", self.seed))
+        # A run stopped by an out-of-memory error it could not recover from in the step restarts at
+        # the micro-batch it asked for, unless the config (memwatch's staging) is smaller already.
+        asked = int(state.get("oom_micro_batch", 0) or 0)
+        if 0 < asked < self.micro_batch and self._check(asked, self.effective_batch // (asked * self.world_size)) is None:
+            self.micro_batch, self.accumulation = asked, self.effective_batch // (asked * self.world_size)
 
     # --- iteration -----------------------------------------------------------------------------
 
@@ -177,14 +200,19 @@ class AdaptiveLoader:
                 with self._lock:
                     self._maybe_checkpoint()
                 self.window = min(self.accumulation, self._batches_left(n))
+                samples = self.window * self.micro_batch
                 self._window_start()
+                self._window_open = self._fresh_window = True
                 for i in range(self.window):
                     batch = self._next(loader)
                     self.sync = i == self.window - 1
                     self.step += 1
                     yield batch
-                self.position = min(n, self.position + self.window * self.micro_batch)
+                self._window_open = False
+                self.position = min(n, self.position + samples)
                 self._report()
+                if self._after_oom():
+                    break
             del loader  # its workers exit now, with their memory
         self.epoch += 1
         self.position = 0
@@ -248,6 +276,114 @@ class AdaptiveLoader:
                 f"is not the effective batch {self.effective_batch}"
             )
         return None
+
+    # --- the step, guarded against out-of-memory errors ----------------------------------------
+
+    def backward(self, model: Any, batch: Any, loss_of: Callable[[Any], Any]) -> Any:
+        """Runs the backward pass of the micro-batch just handed out: `loss_of(batch)` gives its
+        mean loss (any piece of it, for that matter), scaled here to the window. An out-of-memory
+        error costs this step, not the run (`memwatch.oom`). Under DDP, `model` is the DDP module:
+        every piece but the window's last runs with its gradient sync off, so do not wrap the call
+        in `no_sync()` yourself. Returns the loss it ran the backward pass of (the micro-batch's share
+        of the window's mean loss, detached: a window's add up to its mean loss). At the floor, saves a checkpoint (the
+        loader's `checkpoint` function, with the position at the window's start, since no weight
+        changed inside the window), tells memwatch, and raises `memwatch.oom.AtFloor`."""
+        if not self._window_open:
+            raise RuntimeError("AdaptiveLoader.backward is called for a micro-batch the loader handed out, inside its loop")
+        g = self._guard
+        per_step = self.micro_batch * self.accumulation
+        if g is None or (self._fresh_window and (g.micro != self.micro_batch or g.per_step != per_step)):
+            g = self._guard = oom.Guard(
+                self.micro_batch,
+                per_step,
+                min_micro_batch=self._floor(),
+                dist=_ranks.distributed(self.world_size),
+                on_oom=self._on_oom,
+                snapshot_dir=self.oom_snapshot_dir,
+            )
+        if self._fresh_window:
+            g.new_window(list(model.parameters()))
+            self._fresh_window = False
+        def run(piece: Any, sync: bool, forward_done: Callable[[Any], Any]) -> Any:
+            with oom.grad_sync(model, sync):
+                loss = forward_done(loss_of(piece))
+            self._backward_pass(loss)
+            return loss.detach()
+
+        try:
+            return g.step(batch, run, weight=self._scale(), last=self.sync)
+        except oom.AtFloor as e:
+            self._at_floor(e)
+            raise
+
+    def _scale(self) -> float:
+        """What a micro-batch's mean loss is multiplied by: its share of the window."""
+        return 1.0 / self.window
+
+    def _floor(self) -> int:
+        """The smallest micro-batch an out-of-memory error may halve down to."""
+        return self.min_micro_batch
+
+    def _backward_pass(self, loss: Any) -> None:
+        loss.backward()
+
+    def _on_oom(self, e: oom.Oom) -> None:
+        self.ooms.append(e)
+        if e.recovered and e.own:
+            self._tell_oom(e, recovered=True)
+
+    def _tell_oom(
+        self, e: oom.Oom, *, recovered: bool, checkpointed: bool = False, relaunch_at: Optional[int] = None
+    ) -> None:
+        if self.client is None:
+            return
+        report = e.report()
+        report.update(epoch=self.epoch, step=self.step, min_micro_batch=self.min_micro_batch)
+        per_step = self.micro_batch * self.accumulation
+        if recovered:
+            report["accumulation_after"] = per_step // e.micro_batch_after
+        else:
+            report["checkpointed"] = checkpointed
+            if relaunch_at is not None:
+                report.update(micro_batch_after=relaunch_at, accumulation_after=per_step // relaunch_at)
+        if self.world_size > 1:
+            report.update(rank=self.rank, world_size=self.world_size)
+        self.client.oom(report)
+
+    def _after_oom(self) -> bool:
+        """At a window's end: the micro-batch an out-of-memory error left, taken from the next
+        window on (True: rebuild the DataLoader at it)."""
+        g = self._guard
+        if g is None or g.micro >= self.micro_batch:
+            return False
+        before = self.micro_batch
+        self.micro_batch, self.accumulation = g.micro, g.per_step // g.micro
+        log.warning(
+            "memwatch: rank %d at epoch %d: micro-batch %d, accumulation %d from now on (was %d) after an "
+            "out-of-memory error",
+            self.rank,
+            self.epoch,
+            self.micro_batch,
+            self.accumulation,
+            before,
+        )
+        self._last_report = float("-inf")
+        return True
+
+    def _at_floor(self, e: oom.AtFloor) -> None:
+        """Saves a checkpoint at the window's start and tells memwatch, before `AtFloor` ends the run."""
+        per_step = self.micro_batch * self.accumulation
+        relaunch_at = oom.smaller(self.micro_batch, per_step, self.min_micro_batch) if e.synced else None
+        saved = False
+        if self.checkpoint is not None:
+            state = self.state_dict()
+            state["oom_micro_batch"] = relaunch_at or min(self.micro_batch, self._guard.micro if self._guard else self.micro_batch)
+            self.checkpoint(state)
+            saved = True
+        else:
+            log.error("memwatch: out of memory at the floor and this loader was given no `checkpoint` function")
+        if e.oom.own or e.synced:
+            self._tell_oom(e.oom, recovered=False, checkpointed=saved, relaunch_at=relaunch_at)
 
     # --- memwatch ------------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 //! The trainer's link to memwatch: it registers (attaches itself with its config file), asks for
 //! directives (at epoch boundaries, and between steps for urgent ones and checkpoint requests),
-//! acknowledges them and reports progress. When the daemon is down the trainer keeps training: it warns
+//! acknowledges them and reports progress and out-of-memory errors inside a step. When the daemon is down the trainer keeps training: it warns
 //! once and retries with backoff.
 
 use std::path::PathBuf;
@@ -12,6 +12,7 @@ use memwatch::control::{self, Request};
 
 pub struct Link {
     client: Client,
+    url: String,
     socket: PathBuf,
     name: String,
     config_file: PathBuf,
@@ -40,6 +41,7 @@ impl Link {
     pub fn new(url: &str, socket: PathBuf, name: String, config_file: PathBuf) -> Link {
         Link {
             client: Client::new(url),
+            url: url.trim_end_matches('/').to_owned(),
             socket,
             name,
             config_file,
@@ -162,6 +164,50 @@ impl Link {
             if let Err(e) = self.client.progress(&self.name, p, &token) {
                 self.down(&e.to_string());
             }
+        }
+    }
+
+    /// Reports an out-of-memory error inside a step (`POST /api/v1/jobs/{job}/oom`, docs/protocol.md).
+    /// Whatever the answer, the trainer goes on: a daemon that does not know the endpoint (404, 405)
+    /// or refuses the report is logged, and an unreachable one is retried later like any call.
+    pub fn oom(&mut self, body: &serde_json::Value) {
+        if !self.register() {
+            eprintln!(
+                "memwatch-train: the out-of-memory report was not sent (memwatch is not reachable)"
+            );
+            return;
+        }
+        let Some(token) = self.token.clone() else {
+            return;
+        };
+        let url = format!("{}/api/v1/jobs/{}/oom", self.url, self.name);
+        let agent = ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_secs(5)))
+            .http_status_as_error(false)
+            .build()
+            .new_agent();
+        match agent
+            .post(&url)
+            .header("Authorization", &format!("Bearer {token}"))
+            .send_json(body)
+        {
+            Ok(mut r) => {
+                self.up();
+                let status = r.status().as_u16();
+                if status != 200 {
+                    let text = r.body_mut().read_to_string().unwrap_or_default();
+                    let text: String = text.chars().take(200).collect();
+                    let why = match status {
+                        404 | 405 => " (this memwatch does not take out-of-memory reports)",
+                        _ => "",
+                    };
+                    eprintln!(
+                        "memwatch-train: memwatch answered {status} to the out-of-memory report{why}: {}; training on",
+                        text.trim()
+                    );
+                }
+            }
+            Err(e) => self.down(&e.to_string()),
         }
     }
 }

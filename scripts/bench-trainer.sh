@@ -6,7 +6,7 @@
 #     pairs were above 1 (a sign test: with no effect, about half);
 #  2. the time from a rewrite (staged by memwatch when the fake GPU fills up) to the trainer's
 #     acknowledgement, in milliseconds and in epochs.
-# Needs the trainer's libtorch (see the README) and the fake NVML.
+# Needs the trainer's libtorch (see docs/trainer.md) and the fake NVML.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3}

@@ -1,4 +1,6 @@
 // Drives Debian's Chromium against memwatch's dashboard: node dashboard.mjs URL SCREENSHOT_PREFIX JOB
+// (SCREENSHOT_PREFIX-1280.png and -390.png, each screen's first view, are written last: the test keeps
+// them in docs/).
 // Prints "charts" once every chart has data (the test then attaches JOB, which the daemon pauses), then
 // waits for JOB to show as paused, at a laptop and at a phone width, and checks:
 // - the tiles show the numbers /api/v1/snapshot gives, with the levels /api/v1/jobs gives;
@@ -7,11 +9,15 @@
 // - the CUDA OOM its trainer reported shows in the job's entry;
 // - one request per endpoint in flight at a time, and history fetched incrementally after the first.
 // Any console error, page error or failed request fails it.
+//
+// node dashboard.mjs URL SCREENSHOT_PREFIX --empty: a daemon on a machine with no swap and no GPU. At
+// both widths the swap chart and tile say "no swap on this machine" and the GPU charts, tiles and table
+// "no GPU on this machine", with nothing drawn on those charts (no "no data" under the words), while
+// RAM and pressure have their charts. Screenshots: SCREENSHOT_PREFIX-empty-WIDTH.png.
 import { chromium } from "playwright-core";
 import { createInterface } from "node:readline";
 
 const [url, shot, job] = process.argv.slice(2);
-const lines = createInterface({ input: process.stdin })[Symbol.asyncIterator]();
 const browser = await chromium.launch({
   executablePath: "/usr/bin/chromium",
   headless: true,
@@ -19,13 +25,61 @@ const browser = await chromium.launch({
          "--disable-component-update", "--disable-sync"],
 });
 const errors = [];
-const charts = ["c-ram", "c-swap", "c-psi", "c-gpumem", "c-gputemp"];
-let first = true;
-for (const viewport of [{ width: 1280, height: 900 }, { width: 390, height: 844 }]) {
+const viewports = [{ width: 1280, height: 900 }, { width: 390, height: 844 }];
+async function open(viewport) {
   const page = await browser.newPage({ viewport });
   page.on("console", m => { if (m.type() === "error") errors.push(`console: ${m.text()}`); });
   page.on("pageerror", e => errors.push(`page error: ${e}`));
   page.on("requestfailed", r => errors.push(`request failed: ${r.url()}`));
+  return page;
+}
+function finish() {
+  if (errors.length) {
+    console.error(errors.join("\n"));
+    process.exit(1);
+  }
+  console.log("ok");
+  process.exit(0);
+}
+
+if (job === "--empty") {
+  const NO_SWAP = "no swap on this machine", NO_GPU = "no GPU on this machine";
+  for (const viewport of viewports) {
+    const page = await open(viewport);
+    await page.goto(url);
+    await page.waitForFunction(() => ["c-ram", "c-psi"].every(id => +document.getElementById(id).dataset.points > 0)
+      && document.querySelector('[data-tile="gpu"]'), null, { timeout: 15000 });
+    const found = await page.evaluate(({ NO_SWAP, NO_GPU }) => {
+      const out = [];
+      for (const [id, why] of [["swap", NO_SWAP], ["gpumem", NO_GPU], ["gputemp", NO_GPU]]) {
+        const c = document.getElementById("c-" + id), e = document.getElementById("e-" + id);
+        const px = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
+        out.push([`${id} chart points`, c.dataset.points, "-1"], [`${id} chart line`, e.hidden ? "(hidden)" : e.textContent, why],
+          [`${id} chart: pixels drawn on its canvas`, px.some(v => v !== 0), false],
+          [`${id} section says "no data"`, c.closest("section").innerText.includes("no data"), false]);
+      }
+      const t = id => document.querySelector(`[data-tile="${id}"]`);
+      out.push(["swap tile", t("swap")?.querySelector(".sub").textContent, NO_SWAP],
+        ["GPU tile", t("gpu")?.querySelector(".sub").textContent, NO_GPU],
+        ["GPU memory tiles", document.querySelectorAll('[data-tile^="gpu-mem-"]').length, 0],
+        ["GPU table says", document.querySelector('#gpus tr[data-gpu="none"]')?.textContent.includes(NO_GPU), true]);
+      return out;
+    }, { NO_SWAP, NO_GPU });
+    for (const [what, shown, want] of found) {
+      if (shown !== want) errors.push(`${viewport.width}px: ${what}: ${JSON.stringify(shown)}, expected ${JSON.stringify(want)}`);
+    }
+    await page.screenshot({ path: `${shot}-empty-${viewport.width}.png`, fullPage: true });
+    await page.close();
+  }
+  await browser.close();
+  finish();
+}
+
+const lines = createInterface({ input: process.stdin })[Symbol.asyncIterator]();
+const charts = ["c-ram", "c-swap", "c-psi", "c-gpumem", "c-gputemp"];
+let first = true;
+for (const viewport of viewports) {
+  const page = await open(viewport);
   // Requests in flight per endpoint, and the history URLs asked for.
   const inFlight = new Map(), history = [];
   const key = u => new URL(u).pathname;
@@ -102,13 +156,9 @@ for (const viewport of [{ width: 1280, height: 900 }, { width: 390, height: 844 
   for (const until = Date.now() + 10000; history.length < 3 && Date.now() < until;) await new Promise(r => setTimeout(r, 50));
   if (!history[0]?.startsWith("?seconds=") || history.length < 2 || !history.slice(1).every(q => q.startsWith("?since_ms=")))
     errors.push(`history requests: ${history.join(" ")}`);
-  await page.screenshot({ path: `${shot}-${viewport.width}.png`, fullPage: true });
+  // The first screen only (at 390 px: the paused job first), small enough to keep in docs/.
+  await page.screenshot({ path: `${shot}-${viewport.width}.png` });
   await page.close();
 }
 await browser.close();
-if (errors.length) {
-  console.error(errors.join("\n"));
-  process.exit(1);
-}
-console.log("ok");
-process.exit(0);
+finish();

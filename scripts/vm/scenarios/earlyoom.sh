@@ -3,7 +3,7 @@
 # of its "user mem total") watches the host while a job with no cgroup limit grows in host memory.
 # Without memwatch, earlyoom kills the job. Attached to memwatch with its defaults (host_memory
 # critical 0.90), who acts first is measured; with host_memory critical 0.85 (what `memwatch check`
-# and the README advise beside earlyoom -m 10) memwatch pauses the job before earlyoom acts, and the
+# and docs/decisions.md advise beside earlyoom -m 10) memwatch pauses the job before earlyoom acts, and the
 # job survives.
 . /mnt/in/lib.sh
 S=earlyoom

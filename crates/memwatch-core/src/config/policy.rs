@@ -213,7 +213,8 @@ pub const RESOURCE_DOCS: &[(&str, &str)] = &[
         "Host RAM in use: 1 - MemAvailable / MemTotal. Critical at 90 % used pauses the jobs well before\n\
          the kernel's OOM killer; it is earlyoom's default kill line (10 % available, swap also under\n\
          10 %), which earlyoom >= 1.8 counts out of less than MemTotal: beside earlyoom, set critical\n\
-         5 points under its line (README, \"Beside systemd-oomd and earlyoom\"). Warn at 80 %.",
+         5 points under its line (docs/decisions.md, \"Beside systemd-oomd and earlyoom\").\n\
+         Warn at 80 %.",
     ),
     (
         "policy.swap",

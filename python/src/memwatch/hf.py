@@ -230,9 +230,11 @@ class MemwatchCallback(TrainerCallback):
             self._fresh_window = False
         # A loss normalised by the window's item count adds up over pieces as it is; a mean loss
         # is weighted by each piece's share (the Trainer divides it by the accumulation itself).
-        scaled = t.loss_is_scaled_for_ga
+        scaled = getattr(t, "loss_is_scaled_for_ga", None)
         if scaled is None:
-            scaled = (t.model_accepts_loss_kwargs and num_items_in_batch is not None) or t.compute_loss_func is not None
+            scaled = (getattr(t, "model_accepts_loss_kwargs", False) and num_items_in_batch is not None) or (
+                getattr(t, "compute_loss_func", None) is not None
+            )
         compute_loss = t.compute_loss
 
         def run(piece: Any, sync: bool, forward_done: Any) -> Any:

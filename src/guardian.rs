@@ -50,6 +50,9 @@ use std::time::Duration;
 
 use crate::act::persist::{self, StateLock};
 
+pub mod gap;
+pub use gap::Gap;
+
 /// What the daemon writes to the pipe before a clean exit.
 const STAND_DOWN: &[u8] = b"S";
 
@@ -168,7 +171,13 @@ pub fn run(runtime_dir: &Path, process_root: &Path, grace: Duration) -> ExitCode
     }
     let grace = if stood_down { Duration::ZERO } else { grace };
     let dead = u32::try_from(daemon.as_raw()).unwrap_or(0);
-    if successor_within(runtime_dir, grace, dead) {
+    // Until a successor takes over, the lines of the reflexes the dead daemon had armed.
+    let mut gap = if stood_down {
+        Gap::idle(runtime_dir, process_root)
+    } else {
+        Gap::arm(runtime_dir, process_root)
+    };
+    if successor_within(runtime_dir, grace, dead, &mut gap) {
         tracing::info!("a new memwatch daemon took over; it holds the paused jobs");
         return ExitCode::SUCCESS;
     }
@@ -190,18 +199,22 @@ pub fn run(runtime_dir: &Path, process_root: &Path, grace: Duration) -> ExitCode
     }
 }
 
-/// Whether a daemon other than `dead` holds the state lock within `grace` (looked at every 50 ms): a
-/// lock still held by `dead`'s own descriptors (its last thread has not closed them yet, though we
-/// were reparented) is no successor's. A lock taken for a look is let go at once, so a daemon
-/// starting meanwhile waits a moment at most.
-fn successor_within(runtime_dir: &Path, grace: Duration, dead: u32) -> bool {
+/// Whether a daemon other than `dead` holds the state lock within `grace` (looked at every 50 ms,
+/// or as often as `gap`'s lines need): a lock still held by `dead`'s own descriptors (its last
+/// thread has not closed them yet, though we were reparented) is no successor's. A lock taken for a
+/// look is let go at once, so a daemon starting meanwhile waits a moment at most; while it is held,
+/// `gap` looks at the lines due and holds a job at its own.
+fn successor_within(runtime_dir: &Path, grace: Duration, dead: u32, gap: &mut Gap) -> bool {
     let start = std::time::Instant::now();
     loop {
         match StateLock::acquire_existing(runtime_dir, Duration::ZERO) {
             // Held by another: a successor runs, unless it is the dead daemon's lock.
             Ok(None) if persist::lock_holder(runtime_dir) != Some(dead) => return true,
             Ok(None) => {}
-            Ok(Some(lock)) => drop(lock),
+            Ok(Some(lock)) => {
+                gap.look(std::time::Instant::now(), &lock);
+                drop(lock);
+            }
             // The directory (or its lock) was removed: nothing is left to guard, or to hand over.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return false,
             Err(e) => {
@@ -212,7 +225,7 @@ fn successor_within(runtime_dir: &Path, grace: Duration, dead: u32) -> bool {
         if start.elapsed() >= grace {
             return false;
         }
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(gap.next_look(std::time::Instant::now()));
     }
 }
 
@@ -300,18 +313,25 @@ mod tests {
             .expect("the lock");
         let me = std::process::id();
         assert_eq!(persist::lock_holder(dir.path()), Some(me));
+        let mut gap = Gap::idle(dir.path(), Path::new("/"));
         assert!(!successor_within(
             dir.path(),
             Duration::from_millis(120),
-            me
+            me,
+            &mut gap
         ));
-        assert!(successor_within(dir.path(), Duration::from_millis(120), 1));
+        assert!(successor_within(
+            dir.path(),
+            Duration::from_millis(120),
+            1,
+            &mut gap
+        ));
         drop(held);
         // Released, it is nobody's. Another test's child, forked while a descriptor of the lock was
         // open here (this one, or the one each look takes), holds it until its exec: ask again
         // until such a moment has passed.
         let asked = std::time::Instant::now();
-        while successor_within(dir.path(), Duration::ZERO, 1) {
+        while successor_within(dir.path(), Duration::ZERO, 1, &mut gap) {
             assert!(
                 asked.elapsed() < Duration::from_secs(5),
                 "a released lock still taken for a successor's"

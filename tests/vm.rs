@@ -27,7 +27,10 @@
 //! with MemorySwapMax=0), `crash-under-systemd` (the
 //! daemon killed while it holds a frozen job, restarted by systemd: the new daemon holds the job),
 //! `crash-rounds` (the same 20 times in a row, SIGKILL, SIGABRT and SIGQUIT in turn, the cgroup read
-//! every 50 ms), `restart-held` (`systemctl restart` and a package upgrade while the daemon holds a
+//! every 50 ms), `gap-rounds` (40 rounds, each a fresh job into MemoryMax=400M at 200 MiB/s with the
+//! daemon SIGKILLed at the first sign of a pause, or up to 290 ms after it: no job OOM-killed, each
+//! held by the successor or running inside its limit; its per-round log is
+//! `target/vm/out/gap-rounds.log`), `restart-held` (`systemctl restart` and a package upgrade while the daemon holds a
 //! frozen job: the new daemon holds it, never thawed) and
 //! `guardian-no-restart` (the same with restarts off: the guardian thaws it after its grace). Each reports
 //! `VMRESULT SCENARIO ok|fail DETAIL` lines with the numbers it measured; they are printed here.
@@ -48,7 +51,7 @@ struct Outcome {
 }
 
 /// The scenarios of the one boot, in the order they run (the crashes last: they kill the daemon).
-const SCENARIOS: [&str; 14] = [
+const SCENARIOS: [&str; 15] = [
     "boot",
     "install",
     "freeze-v2",
@@ -62,6 +65,7 @@ const SCENARIOS: [&str; 14] = [
     "restart-held",
     "crash-under-systemd",
     "crash-rounds",
+    "gap-rounds",
     "guardian-no-restart",
 ];
 
@@ -257,4 +261,19 @@ fn a_frozen_job_is_handed_to_the_restarted_daemon_or_thawed_after_the_grace() {
         ],
         &[],
     );
+}
+
+/// The daemon killed at the first sign of each pause of a fresh job near its line (40 rounds): no
+/// job dies, each is held by the daemon systemd restarts, or by the guardian in the gap, or runs
+/// inside its limit. The rounds' log is printed.
+#[test]
+fn a_daemon_killed_at_a_pause_costs_no_job_its_life() {
+    let Some(outcomes) = vm() else { return };
+    let log = common::repo().join("target/vm/out/gap-rounds.log");
+    eprintln!(
+        "{}:\n{}",
+        log.display(),
+        std::fs::read_to_string(&log).unwrap_or_else(|e| format!("unreadable: {e}"))
+    );
+    assert_ok(outcomes, &["gap-rounds"], &[]);
 }

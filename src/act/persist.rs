@@ -5,8 +5,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 pub use memwatch_core::record::{
-    ClockAnchor, HoldRecord, Persisted, PersistedJob, PersistedPause, PhaseRecord, STATE_FILE,
-    StateReadError, StateStore, StateWriteError, VERSION,
+    ClockAnchor, HoldRecord, LineRecord, Persisted, PersistedJob, PersistedPause, PhaseRecord,
+    STATE_FILE, StateReadError, StateStore, StateWriteError, VERSION,
 };
 
 /// Writes `bytes` to `path` so that a crash leaves the old file or the new one: a temp file in the
@@ -296,6 +296,12 @@ mod tests {
                         dir: "/sys/fs/cgroup/work.slice/job.service".into(),
                         previous: Some("0".into()),
                     }],
+                    line: Some(LineRecord {
+                        memory: "/sys/fs/cgroup/memory/job".into(),
+                        version: crate::sample::cgroup::Version::V1,
+                        critical_bytes: 243 << 20,
+                        limit_bytes: 256 << 20,
+                    }),
                 }),
                 config: None,
                 launch: None,

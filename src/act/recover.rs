@@ -74,6 +74,7 @@ mod tests {
                 strict: false,
                 expired: false,
                 oomd_omit: marks.clone(),
+                line: None,
             }),
             config: None,
             launch: None,

@@ -309,11 +309,11 @@ impl Engine {
                     root: j.root,
                     owner_uid: j.owner_uid,
                     attached_at_ms: j.attached_at_ms,
-                    paused: j
-                        .pause
-                        .as_ref()
-                        .map(PersistedPause::of)
-                        .or_else(|| j.armed.as_ref().map(|a| super::reflex::record(a, &j.name))),
+                    paused: j.pause.as_ref().map(PersistedPause::of).or_else(|| {
+                        j.armed
+                            .as_ref()
+                            .map(|a| super::reflex::record(a, &j.name, super::reflex::line(a, j)))
+                    }),
                     config: j.config.clone(),
                     launch: j.launch.clone(),
                     way_out: j.way_out.clone(),

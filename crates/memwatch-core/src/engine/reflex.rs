@@ -16,7 +16,7 @@ use crate::audit::{Action, Reason};
 use crate::held::Mechanism;
 pub use crate::held::{Armed, ReflexHow, ReflexPlan};
 use crate::job::Job;
-use crate::record::{HoldRecord, PersistedPause, PhaseRecord};
+use crate::record::{HoldRecord, LineRecord, PersistedPause, PhaseRecord};
 
 /// Why a reflex was not armed: it stays unarmed, and the engine's probe covers the job.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -32,9 +32,21 @@ use crate::held::{Done, Fired, Woken};
 use crate::host::Version;
 use crate::policy::{By, Cause, Level, PauseState, Resource};
 
+/// The line the reflex `armed` of `j` watches, for its record: the job's memory cgroup and limit as
+/// last read.
+pub(super) fn line(armed: &Armed, j: &Job) -> Option<LineRecord> {
+    let memory = j.cgroup_dir.as_ref()?;
+    Some(LineRecord {
+        memory: memory.dir.clone(),
+        version: memory.version,
+        critical_bytes: armed.critical_bytes,
+        limit_bytes: j.cgroup().and_then(|c| c.limit_bytes)?,
+    })
+}
+
 /// The state file's record of the reflex `armed` of `job`: a pause in phase `armed`, undone as one
-/// being made.
-pub(super) fn record(armed: &Armed, job: &str) -> PersistedPause {
+/// being made, with the `line` it watches (the guardian holds the job there while no daemon runs).
+pub(super) fn record(armed: &Armed, job: &str, line: Option<LineRecord>) -> PersistedPause {
     // Ahead of a pause's end, the record covers what that pause still holds: its frozen cgroup
     // (the reflex's own, where both freeze; `Engine::arm_ahead` arms no other) and the processes
     // it stopped.
@@ -66,6 +78,7 @@ pub(super) fn record(armed: &Armed, job: &str) -> PersistedPause {
         strict: false,
         expired: false,
         oomd_omit: Vec::new(),
+        line,
     }
 }
 

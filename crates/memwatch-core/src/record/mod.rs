@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::host::ProcRef;
 
-pub use pause::{HoldRecord, PersistedPause, PhaseRecord, VERSION};
+pub use pause::{HoldRecord, LineRecord, PersistedPause, PhaseRecord, VERSION};
 
 /// The state file's name inside the runtime directory (`control.runtime_dir`).
 pub const STATE_FILE: &str = "state.json";

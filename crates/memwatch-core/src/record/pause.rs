@@ -14,6 +14,11 @@
 //!   and may have fired, written before it was handed over. Whoever undoes records undoes it as a
 //!   pause being made (it thaws a cgroup that may not be frozen, continues a root that may not be
 //!   stopped); a build of version 3 reads the phase as unknown and does the same.
+//! - 5: an armed reflex's record names its `line` (the memory cgroup it watches, the cgroup's
+//!   version, the unreclaimable bytes it fires at and the limit), so that the guardian holds the job
+//!   at that line while no daemon runs (`crate::guardian`'s gap, in the `memwatch` crate). A pause
+//!   the guardian made there is recorded `held`, its reason saying so. A build of version 4 ignores
+//!   the line.
 //!
 //! All are read; a loan without an `owner` was set through cgroupfs, and a pause of version 1 or 2
 //! marked nothing. A `kind` this build does not know (a later mechanism: a systemd unit over the bus,
@@ -30,7 +35,7 @@ use crate::host::Version;
 use crate::policy::By;
 
 /// The state file version this build writes.
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
 
 /// A pause as the state file keeps it: enough to undo it after a crash, with no config.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -64,6 +69,22 @@ pub struct PersistedPause {
     /// The cgroups marked `user.oomd_omit=1` for systemd-oomd, with what each held before
     /// (version 3; empty before).
     pub oomd_omit: Vec<OomdMark>,
+    /// An armed reflex's line, for the guardian to hold while no daemon runs (version 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<LineRecord>,
+}
+
+/// The line an armed reflex watches, as recorded (version 5).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LineRecord {
+    /// The job's memory cgroup.
+    pub memory: PathBuf,
+    /// Its hierarchy's version.
+    pub version: Version,
+    /// The unreclaimable memory (usage less clean page cache) at which it fires, in bytes.
+    pub critical_bytes: u64,
+    /// The cgroup's limit, in bytes.
+    pub limit_bytes: u64,
 }
 
 /// Where a pause stood.
@@ -190,6 +211,7 @@ impl PersistedPause {
             strict: p.held.strict,
             expired: p.held.expired,
             oomd_omit: p.oomd_omit.clone(),
+            line: None,
         }
     }
 
@@ -245,6 +267,9 @@ struct PauseWire {
     /// Version 3.
     #[serde(default)]
     oomd_omit: Vec<OomdMark>,
+    /// Version 5.
+    #[serde(default)]
+    line: Option<LineRecord>,
     /// Version 1.
     #[serde(default)]
     frozen: Option<FrozenV1>,
@@ -305,6 +330,7 @@ impl From<PauseWire> for PersistedPause {
             strict: w.strict,
             expired: w.expired,
             oomd_omit: w.oomd_omit,
+            line: w.line,
         }
     }
 }

@@ -243,7 +243,7 @@ fn a_restarted_daemon_gives_a_loan_back_the_way_it_was_made() {
         ]
     );
     let after = s.host.state();
-    assert_eq!(after["version"], 4);
+    assert_eq!(after["version"], crate::record::VERSION);
     assert!(
         after["loans"].is_null(),
         "settled loans are dropped: {after}"

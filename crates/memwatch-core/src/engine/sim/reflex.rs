@@ -53,6 +53,12 @@ fn arm(s: &mut Sim) -> Done {
     if s.kind == Kind::Signals {
         assert_eq!(r["stopped"][0]["pid"], PID, "{r}");
     }
+    // The line it watches, for the guardian to hold while no daemon runs, where the job has a
+    // memory cgroup with a limit (a resumed v2 job's: `a_resumed_job_is_armed_ahead…`).
+    if !r["line"].is_null() {
+        assert_eq!(r["line"]["critical_bytes"], 95u64 << 20, "{r}");
+        assert_eq!(r["line"]["limit_bytes"].as_u64(), s.cgroup_limit, "{r}");
+    }
     done
 }
 
@@ -495,6 +501,11 @@ fn a_resumed_job_is_armed_ahead_of_its_thaw_and_handed_over_right_after_it() {
     let r = &s.host.state()["jobs"][0]["paused"];
     assert_eq!(r["phase"], "armed", "{r}");
     assert_eq!(r["hold"]["kind"], "cgroup_v2_freeze", "{r}");
+    // Its line, for the guardian to hold while no daemon runs.
+    assert_eq!(r["line"]["critical_bytes"], a.critical_bytes, "{r}");
+    assert_eq!(r["line"]["limit_bytes"], 4u64 << 30, "{r}");
+    assert_eq!(r["line"]["version"], 2, "{r}");
+    assert!(r["line"]["memory"].is_string(), "{r}");
 }
 
 /// A v1 job resumed while its thresholds are still being registered (a limit changed during its
@@ -583,6 +594,7 @@ fn the_record_ahead_of_a_resume_covers_the_pause_and_the_reflex() {
     let stop_over_freezer = super::super::reflex::record(
         &armed(ReflexHow::Stop(root()), Some(f.clone()), vec![]),
         "sim",
+        None,
     );
     assert_eq!(
         stop_over_freezer.hold,
@@ -592,6 +604,7 @@ fn the_record_ahead_of_a_resume_covers_the_pause_and_the_reflex() {
     let freeze_over_signals = super::super::reflex::record(
         &armed(ReflexHow::Freeze(f.clone()), None, vec![root(), worker]),
         "sim",
+        None,
     );
     assert_eq!(
         freeze_over_signals.hold,
@@ -601,6 +614,7 @@ fn the_record_ahead_of_a_resume_covers_the_pause_and_the_reflex() {
     let stop_over_signals = super::super::reflex::record(
         &armed(ReflexHow::Stop(root()), None, vec![root(), worker]),
         "sim",
+        None,
     );
     assert_eq!(stop_over_signals.hold, crate::record::HoldRecord::Signals);
     assert_eq!(stop_over_signals.stopped, [root(), worker], "once each");

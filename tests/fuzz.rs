@@ -101,9 +101,15 @@ fn request_json() -> impl Strategy<Value = String> {
     ];
     let token = proptest::option::of("[a-f0-9]{0,8}");
     prop_oneof![
-        (any::<u32>(), proptest::option::of("[a-zA-Z0-9._-]{0,70}")).prop_map(|(pid, name)| {
-            serde_json::json!({"cmd": "attach", "pid": pid % 10_000, "name": name}).to_string()
-        }),
+        (
+            any::<u32>(),
+            proptest::option::of("[a-zA-Z0-9._-]{0,70}"),
+            any::<bool>()
+        )
+            .prop_map(|(pid, name, itself)| {
+                serde_json::json!({"cmd": "attach", "pid": pid % 10_000, "name": name, "self": itself})
+                    .to_string()
+            }),
         target.clone().prop_map(|t| serde_json::json!({"cmd": "detach", "target": t}).to_string()),
         target.clone().prop_map(|t| serde_json::json!({"cmd": "pause", "target": t}).to_string()),
         target.clone().prop_map(|t| serde_json::json!({"cmd": "resume", "target": t}).to_string()),
@@ -148,8 +154,12 @@ fn the_control_protocol_never_panics() {
         (request_json(), callers),
         |(line, uid)| {
             if let Ok(request) = serde_json::from_str::<memwatch::control::Request>(&line) {
-                let caller = memwatch::control::Caller { uid, pid: None };
-                let prepared = memwatch::engine::Read::of(&request)
+                // The socket's peer: none, or a process that may or may not be the one named.
+                let caller = memwatch::control::Caller {
+                    uid,
+                    pid: (uid % 2 == 0).then_some(std::process::id() as i32),
+                };
+                let prepared = memwatch::engine::Read::of(&request, caller)
                     .map(|read| preparer.read(read, caller))
                     .unwrap_or_default();
                 let r = engine

@@ -35,6 +35,7 @@ pub(super) fn run(cli: &Cli, socket: &SocketArg, a: Attach<'_>) -> Result<(), Fa
         socket,
         Request::Attach {
             pid: a.pid,
+            itself: false,
             name: a.name,
             config_file,
             profile: a.profile,

@@ -38,7 +38,7 @@ impl Preparer {
     /// What `request` from `caller` needs read, read on the blocking pool; nothing for a request
     /// that needs no read (or a read that panicked: the engine then makes its own).
     pub async fn prepare(self: &Arc<Self>, request: &Request, caller: Caller) -> Prepared {
-        let Some(read) = Read::of(request) else {
+        let Some(read) = Read::of(request, caller) else {
             return Prepared::default();
         };
         let me = self.clone();

@@ -321,6 +321,7 @@ mod tests {
             .unwrap();
         let attach = crate::control::Request::Attach {
             pid: child.id(),
+            itself: false,
             name: Some("job".into()),
             config_file: None,
             profile: None,

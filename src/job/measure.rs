@@ -10,7 +10,9 @@ use crate::sample::gpu::GpuSample;
 pub use memwatch_core::job::{JobSample, Measurement, ProcessSample};
 
 /// The memory cgroup a process lives in, and the container or Slurm job its cgroup path names: one
-/// read of /proc/PID/cgroup.
+/// read of /proc/PID/cgroup. A path the daemon cannot find under its cgroup mount (a daemon in a
+/// cgroup namespace of its own is given paths outside it, `/../..`) is no cgroup, said in the log:
+/// never the hierarchy's root in its place, whose limit is not the job's.
 pub fn cgroup_of(root: &Path, pid: u32) -> (Option<CgroupDir>, Option<crate::job::origin::Origin>) {
     let path = proc::dir(root, pid).join("cgroup");
     let Some(m) = crate::sample::error::read_text(&path)
@@ -19,10 +21,20 @@ pub fn cgroup_of(root: &Path, pid: u32) -> (Option<CgroupDir>, Option<crate::job
     else {
         return (None, None);
     };
-    (
-        cgroup::locate(root, &m),
-        crate::job::origin::of_membership(&m),
-    )
+    let dir = cgroup::locate(root, &m).filter(|d| {
+        let found = cgroup::names_its_dir(d);
+        if !found {
+            tracing::warn!(
+                pid,
+                cgroup = %d.path,
+                mount = %d.mount.display(),
+                "the process's memory cgroup is not under the daemon's cgroup mount (is the daemon in a \
+                 cgroup namespace of its own? run it in the host's): its cgroup's limit is not watched"
+            );
+        }
+        found
+    });
+    (dir, crate::job::origin::of_membership(&m))
 }
 
 /// Does NVML's `pid` belong to this process? NVML reports host pids; a process in a container has its

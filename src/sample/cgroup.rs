@@ -107,6 +107,14 @@ pub fn read_dir(d: &CgroupDir) -> Result<CgroupMemory, ReadError> {
 
 /// The directory of `cg` under `mount`. Inside a cgroup namespace the path in /proc/self/cgroup may
 /// not exist under the mount; the mount itself is then the process's cgroup.
+/// Whether `d.dir` is the cgroup its path names, rather than the hierarchy's root stood in for a
+/// path not found under the mount (as the daemon's own cgroup in a cgroup namespace is: there the
+/// namespace's root is its cgroup), or a path that climbs out of it.
+pub fn names_its_dir(d: &CgroupDir) -> bool {
+    let rel = d.path.trim_matches('/');
+    !rel.split('/').any(|c| c == "..") && (rel.is_empty() || d.dir != d.mount)
+}
+
 fn dir_of(mount: &Path, cg: &str) -> PathBuf {
     let dir = mount.join(cg.trim_start_matches('/'));
     if dir.is_dir() { dir } else { mount.to_owned() }
@@ -279,6 +287,36 @@ pub fn pids_below(dir: &Path, out: &mut Vec<u32>) -> bool {
 mod tests {
     use super::*;
     use std::fs;
+
+    /// A job's path found under the mount is its cgroup; one not found there, or one that climbs
+    /// out of the daemon's cgroup namespace, is not the root's.
+    #[test]
+    fn a_path_not_under_the_mount_is_not_the_roots_cgroup() {
+        let dir = tempfile::tempdir().unwrap();
+        let mount = dir.path().join("sys/fs/cgroup");
+        std::fs::create_dir_all(mount.join("system.slice/job.service")).unwrap();
+        std::fs::write(mount.join("cgroup.controllers"), "memory\n").unwrap();
+        let at = |path: &str| {
+            locate(
+                dir.path(),
+                &Membership {
+                    v1_memory: None,
+                    v1_freezer: None,
+                    v2: Some(path.into()),
+                },
+            )
+            .unwrap()
+        };
+        assert!(names_its_dir(&at("/system.slice/job.service")));
+        assert!(names_its_dir(&at("/")));
+        let missing = at("/kubepods.slice/pod1/cri-1.scope");
+        assert_eq!(
+            missing.dir, mount,
+            "located at the root, as the daemon's own cgroup is"
+        );
+        assert!(!names_its_dir(&missing));
+        assert!(!names_its_dir(&at("/../../kubepods.slice")));
+    }
 
     fn write(root: &Path, rel: &str, text: &str) {
         let p = root.join(rel);

@@ -17,8 +17,14 @@ pub const MAX_LINE: usize = 64 * 1024;
 pub enum Request {
     /// Follow a process tree as a job (`memwatch attach PID`).
     Attach {
-        /// The tree's root.
+        /// The tree's root; with `self`, the caller's own pid as it sees it (in a container, its
+        /// pid namespace's).
         pid: u32,
+        /// The process sending the request attaches itself: the daemon takes its pid from the
+        /// socket (SO_PEERCRED, which the kernel gives in the daemon's pid namespace), and `pid`,
+        /// which must be the peer's pid in its own namespace, is only a check (`Caller::itself`).
+        #[serde(default, rename = "self", skip_serializing_if = "std::ops::Not::not")]
+        itself: bool,
         /// The job's name (default: the root's command name).
         #[serde(default)]
         name: Option<String>,
@@ -313,9 +319,69 @@ impl Caller {
     pub fn is_root(&self) -> bool {
         self.uid == 0
     }
+
+    /// The pid of a caller that attaches itself and says it is `said`: the socket's peer, where
+    /// `said` is the peer's pid in its innermost pid namespace, the last of `nspid` (the peer's
+    /// `NSpid`, outermost first; without one, the kernel has a single namespace and the pids must
+    /// be the same). A client in a container knows only its namespace's pid; the socket's is the
+    /// daemon's.
+    pub fn itself(&self, said: u32, nspid: &[u32]) -> Result<u32, String> {
+        let peer = self
+            .pid
+            .and_then(|p| u32::try_from(p).ok())
+            .filter(|p| *p > 0)
+            .ok_or("the socket does not say which process sent this request: attach by pid")?;
+        let inner = nspid.last().copied().unwrap_or(peer);
+        if inner != said {
+            return Err(format!(
+                "the caller says it is pid {said}, but the socket's peer is pid {peer} here and pid \
+                 {inner} in its own pid namespace: a process may attach only itself this way"
+            ));
+        }
+        Ok(peer)
+    }
     /// An HTTP caller: no uid known, so only a job's token can authorise it.
     pub const ANONYMOUS: Caller = Caller {
         uid: u32::MAX,
         pid: None,
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A process attaching itself is the socket's peer, where the pid it says is the peer's in its
+    /// own namespace; anything else is refused, naming both.
+    #[test]
+    fn a_caller_attaching_itself_is_the_sockets_peer_where_the_pids_agree() {
+        let peer = Caller {
+            uid: 1000,
+            pid: Some(81234),
+        };
+        // In a container: the host's pid, then the container's.
+        assert_eq!(peer.itself(7, &[81234, 7]), Ok(81234));
+        // No pid namespace of its own (or no NSpid line): the same pid.
+        assert_eq!(peer.itself(81234, &[81234]), Ok(81234));
+        assert_eq!(peer.itself(81234, &[]), Ok(81234));
+        let lie = peer.itself(8, &[81234, 7]).unwrap_err();
+        assert!(
+            lie.contains("says it is pid 8") && lie.contains("peer is pid 81234 here and pid 7"),
+            "{lie}"
+        );
+        assert!(Caller::ANONYMOUS.itself(7, &[]).is_err());
+        let wire: Request =
+            serde_json::from_str(r#"{"cmd": "attach", "pid": 7, "self": true}"#).unwrap();
+        assert!(matches!(
+            wire,
+            Request::Attach {
+                pid: 7,
+                itself: true,
+                ..
+            }
+        ));
+        let plain: Request = serde_json::from_str(r#"{"cmd": "attach", "pid": 7}"#).unwrap();
+        assert!(matches!(plain, Request::Attach { itself: false, .. }));
+        assert!(!serde_json::to_string(&plain).unwrap().contains("self"));
+    }
 }

@@ -163,9 +163,17 @@ class Client:
         if self.attached:
             return self._check_attached()
         request: Dict[str, Any] = {"cmd": "attach", "pid": self.pid, "name": self.name}
+        if self.pid == os.getpid():
+            # This process itself: in a container its pid is its namespace's, and the daemon takes
+            # the one that counts from the socket (this pid only has to agree with it).
+            request["self"] = True
         if self.config_file:
             request.update(config_file=self.config_file, profile=self.profile or "generic", keys=self.keys)
         reply = self._socket(request)
+        if reply is not None and not reply.get("ok") and "unknown field `self`" in str(reply.get("error")):
+            # A daemon older than the field: attached by the pid as this process sees it.
+            del request["self"]
+            reply = self._socket(request)
         if reply is None:
             return False
         if not reply.get("ok"):

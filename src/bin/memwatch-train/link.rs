@@ -80,8 +80,10 @@ impl Link {
         if Instant::now() < self.next_try {
             return false;
         }
+        // Itself: in a container the daemon knows it by another pid, which the socket gives.
         let req = Request::Attach {
             pid: std::process::id(),
+            itself: true,
             name: Some(self.name.clone()),
             config_file: Some(self.config_file.clone()),
             profile: Some("generic".into()),

@@ -339,6 +339,7 @@ fn attach(
 ) -> Result<(), Failure> {
     let request = || Request::Attach {
         pid,
+        itself: false,
         name: Some(name.to_owned()),
         config_file: config_file.clone(),
         profile: a.profile.clone(),

@@ -47,12 +47,21 @@ impl Engine {
         let result = match request {
             Request::Attach {
                 pid,
+                itself,
                 name,
                 config_file,
                 profile,
                 keys,
                 launch,
             } => {
+                let pid = if itself {
+                    match self.caller_itself(pid, caller) {
+                        Ok(peer) => peer,
+                        Err(refusal) => return Response::refused(refusal),
+                    }
+                } else {
+                    pid
+                };
                 let config = match config_file {
                     Some(file) => Some(ConfigAsk {
                         file,
@@ -240,6 +249,23 @@ impl Engine {
 
     /// Attaches the tree under `pid`; for Slurm job `slurm` when given (an adoption), to which the job
     /// belongs from its first event on.
+    /// The pid of a caller attaching itself, who says it is `said` in its own pid namespace: the
+    /// socket's peer, where the two agree (`Caller::itself`).
+    fn caller_itself(&self, said: u32, caller: Caller) -> Result<u32, Refusal> {
+        let nspid = match caller.pid.and_then(|p| u32::try_from(p).ok()) {
+            Some(peer) => {
+                self.view
+                    .status(peer)
+                    .map_err(|e| {
+                        Refusal::not_found(format!("cannot read the caller, pid {peer}: {e}"))
+                    })?
+                    .nspid
+            }
+            None => Vec::new(),
+        };
+        caller.itself(said, &nspid).map_err(Refusal::invalid)
+    }
+
     pub(super) fn attach_as(
         &mut self,
         pid: u32,

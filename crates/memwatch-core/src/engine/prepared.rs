@@ -39,17 +39,22 @@ pub enum Read {
 }
 
 impl Read {
-    /// What `request` needs read before the engine takes it; `None`: nothing.
-    pub fn of(request: &Request) -> Option<Read> {
+    /// What `request` from `caller` needs read before the engine takes it; `None`: nothing. A
+    /// process attaching itself is the socket's peer (the engine checks that it agrees).
+    pub fn of(request: &Request, caller: crate::control::Caller) -> Option<Read> {
         match request {
             Request::Attach {
                 pid,
+                itself,
                 config_file: Some(file),
                 profile,
                 keys,
                 ..
             } => Some(Read::Config {
-                pid: *pid,
+                pid: match caller.pid.and_then(|p| u32::try_from(p).ok()) {
+                    Some(peer) if *itself => peer,
+                    _ => *pid,
+                },
                 file: file.clone(),
                 profile: profile.clone().unwrap_or_else(|| DEFAULT_PROFILE.into()),
                 keys: keys.clone(),
@@ -105,11 +110,13 @@ pub struct ListedPids {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::control::Caller;
 
     #[test]
     fn an_attach_with_a_config_and_a_slurm_attach_need_reads_and_nothing_else_does() {
         let attach = |config: Option<&str>, profile: Option<&str>| Request::Attach {
             pid: 42,
+            itself: false,
             name: None,
             config_file: config.map(PathBuf::from),
             profile: profile.map(str::to_owned),
@@ -117,7 +124,7 @@ mod tests {
             launch: None,
         };
         assert_eq!(
-            Read::of(&attach(Some("/home/u/ds.json"), None)),
+            Read::of(&attach(Some("/home/u/ds.json"), None), Caller::ANONYMOUS),
             Some(Read::Config {
                 pid: 42,
                 file: "/home/u/ds.json".into(),
@@ -126,19 +133,43 @@ mod tests {
             })
         );
         assert!(matches!(
-            Read::of(&attach(Some("/a.yaml"), Some("hf"))),
+            Read::of(&attach(Some("/a.yaml"), Some("hf")), Caller::ANONYMOUS),
             Some(Read::Config { profile, .. }) if profile == "hf"
         ));
-        assert_eq!(Read::of(&attach(None, None)), None);
+        assert_eq!(Read::of(&attach(None, None), Caller::ANONYMOUS), None);
+        // A process attaching itself from a container says its namespace's pid: its config is
+        // read for the socket's peer.
+        let peer = Caller {
+            uid: 1000,
+            pid: Some(81234),
+        };
+        let mut itself = attach(Some("/work/ds.json"), None);
+        if let Request::Attach { itself: i, .. } = &mut itself {
+            *i = true;
+        }
+        assert!(matches!(
+            Read::of(&itself, peer),
+            Some(Read::Config { pid: 81234, .. })
+        ));
+        assert!(matches!(
+            Read::of(&attach(Some("/work/ds.json"), None), peer),
+            Some(Read::Config { pid: 42, .. })
+        ));
         assert_eq!(
-            Read::of(&Request::AttachSlurm {
-                job_id: "4242".into(),
-                name: None
-            }),
+            Read::of(
+                &Request::AttachSlurm {
+                    job_id: "4242".into(),
+                    name: None
+                },
+                Caller::ANONYMOUS
+            ),
             Some(Read::SlurmPids {
                 job_id: "4242".into()
             })
         );
-        assert_eq!(Read::of(&Request::Pause { target: "x".into() }), None);
+        assert_eq!(
+            Read::of(&Request::Pause { target: "x".into() }, Caller::ANONYMOUS),
+            None
+        );
     }
 }

@@ -34,7 +34,11 @@ pub fn cgroup_of(root: &Path, pid: u32) -> (Option<CgroupDir>, Option<crate::job
         }
         found
     });
-    (dir, crate::job::origin::of_membership(&m))
+    let origin = crate::job::origin::of_membership(&m).map(|mut o| {
+        o.name = super::runtime::name(root, &o);
+        o
+    });
+    (dir, origin)
 }
 
 /// Does NVML's `pid` belong to this process? NVML reports host pids; a process in a container has its

@@ -5,6 +5,7 @@
 pub mod measure;
 pub mod members;
 pub mod owner;
+pub mod runtime;
 
 pub use measure::{JobSample, ProcessSample};
 pub use memwatch_core::growth::Growth;

@@ -20,12 +20,21 @@ pub struct Origin {
     /// The Slurm step ("0", "batch", "extern" …).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<String>,
+    /// The name its runtime gives it, where the runtime's own records say (the host's view reads
+    /// them, `memwatch::job::runtime`): a Docker container's name ("trainer"), a Kubernetes pod's
+    /// container as "NAMESPACE.POD.CONTAINER".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl Origin {
-    /// A short name for people and for default job names: "docker-3f2a1b9c0d1e",
+    /// A short name for people and for default job names: the runtime's name where it is a valid
+    /// job name ("trainer", "ml.bert-7f9c.train"), else "docker-3f2a1b9c0d1e",
     /// "pod-1a2b3c4d-3f2a1b9c0d1e", "slurm-4242".
     pub fn short(&self) -> String {
+        if let Some(name) = self.name.as_deref().filter(|n| is_job_name(n)) {
+            return name.to_owned();
+        }
         let id: String = self.id.chars().take(12).collect();
         match (&self.pod, self.kind.as_str()) {
             (Some(pod), _) => format!("pod-{}-{id}", &pod[..pod.len().min(8)]),
@@ -33,6 +42,14 @@ impl Origin {
             (None, kind) => format!("{kind}-{id}"),
         }
     }
+}
+
+/// 1 to 64 letters, digits, '-', '_' or '.', not a number (the rule for a job's name).
+fn is_job_name(s: &str) -> bool {
+    (1..=64).contains(&s.len())
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        && s.parse::<u64>().is_err()
 }
 
 fn is_id(s: &str) -> bool {
@@ -64,6 +81,7 @@ pub fn of_path(path: &str) -> Option<Origin> {
             id: id.into(),
             pod: pod.clone(),
             step: None,
+            name: None,
         })
     };
     for (i, p) in parts.iter().enumerate().rev() {
@@ -80,6 +98,7 @@ pub fn of_path(path: &str) -> Option<Origin> {
                         .iter()
                         .find_map(|s| s.strip_prefix("step_"))
                         .map(str::to_owned),
+                    name: None,
                 });
             }
         }
@@ -190,6 +209,14 @@ mod tests {
         // The job's own cgroup names the job and no step.
         assert_eq!(of_path("/slurm/uid_0/job_7").unwrap().step, None);
         assert_eq!(fixture("none-v2"), None);
+        // The runtime's own name, where the host's records gave one that makes a job's name.
+        let mut named = fixture("docker-v2").unwrap();
+        named.name = Some("trainer".into());
+        assert_eq!(named.short(), "trainer");
+        named.name = Some("a/b".into());
+        assert_eq!(named.short(), "docker-3f2a1b9c0d1e");
+        named.name = Some("1234".into());
+        assert_eq!(named.short(), "docker-3f2a1b9c0d1e");
         // Not ids: a conmon scope, a short hex name, a job_ outside Slurm.
         assert_eq!(
             of_path(&format!("/machine.slice/libpod-conmon-{ID}.scope")),

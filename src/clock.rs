@@ -64,6 +64,23 @@ pub fn boot_id(root: &std::path::Path) -> Option<String> {
         .filter(|s| !s.is_empty() && s.len() <= 64)
 }
 
+/// The clock's anchor on the machine under `process_root`: `previous` (a state file's) when it
+/// belongs to this boot, else a fresh one. The daemon's at start, and the guardian's for the pauses
+/// it records, so that both count in the same engine time.
+pub fn anchor(
+    process_root: &std::path::Path,
+    previous: Option<&memwatch_core::record::ClockAnchor>,
+) -> memwatch_core::record::ClockAnchor {
+    let boot_id = boot_id(process_root).unwrap_or_default();
+    match previous {
+        Some(a) if !boot_id.is_empty() && a.boot_id == boot_id => a.clone(),
+        _ => memwatch_core::record::ClockAnchor {
+            boot_id,
+            anchor_ms: Clock::fresh_anchor(wall_ms(), boot_ms()),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

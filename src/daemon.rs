@@ -66,7 +66,10 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     // Recover first, before anything that can fail (a port in use): a predecessor's paused jobs are
     // resumed whatever happens next.
     let previous = previous_state(&config);
-    let anchor = clock_anchor(&config, previous.as_ref());
+    let anchor = crate::clock::anchor(
+        &config.host.process_root,
+        previous.as_ref().and_then(|p| p.clock.as_ref()),
+    );
     let clock = Clock::system(anchor.anchor_ms);
     // The reflexes the wake thread fires, disarmed by the engine's host driver before a stop of
     // its own.
@@ -181,17 +184,5 @@ fn notifications(config: &Config, shared: &Shared, engine: &mut Engine) {
     let host = crate::sample::hostname(&config.host.root).unwrap_or_else(|| "memwatch".into());
     if let Some(outbox) = crate::notify::start(&config.notify, host, shared.notify.clone()) {
         engine.set_outbox(Box::new(outbox));
-    }
-}
-
-/// The clock's anchor: the persisted one when it belongs to this boot, else a fresh one.
-fn clock_anchor(config: &Config, previous: Option<&persist::Persisted>) -> persist::ClockAnchor {
-    let boot_id = crate::clock::boot_id(&config.host.process_root).unwrap_or_default();
-    match previous.and_then(|p| p.clock.clone()) {
-        Some(a) if !boot_id.is_empty() && a.boot_id == boot_id => a,
-        _ => persist::ClockAnchor {
-            boot_id,
-            anchor_ms: Clock::fresh_anchor(crate::clock::wall_ms(), crate::clock::boot_ms()),
-        },
     }
 }

@@ -182,7 +182,11 @@ impl Gap {
     /// Records the pause of `job` the guardian just made: held, by the policy, for its cgroup.
     fn record(&self, job: &str) -> Result<(), RecordError> {
         let mut state = persist::load(&self.runtime_dir)?.ok_or(RecordError::Gone)?;
-        let since_ms = engine_now(&self.process_root, state.clock.as_ref());
+        // The engine clock now, as the dead daemon kept it.
+        let since_ms = crate::clock::Clock::system(
+            crate::clock::anchor(&self.process_root, state.clock.as_ref()).anchor_ms,
+        )
+        .now_ms();
         let j = state
             .jobs
             .iter_mut()
@@ -203,17 +207,6 @@ pub fn held_at_line(armed: PersistedPause, since_ms: u64) -> PersistedPause {
         reason: "held at its cgroup's critical line by the guardian while no daemon ran".into(),
         line: None,
         ..armed
-    }
-}
-
-/// The engine clock now, as the dead daemon kept it: its anchor for this boot plus the boot
-/// time; the wall clock where there is none.
-fn engine_now(process_root: &Path, anchor: Option<&persist::ClockAnchor>) -> u64 {
-    match anchor {
-        Some(a) if crate::clock::boot_id(process_root).as_deref() == Some(a.boot_id.as_str()) => {
-            crate::clock::Clock::system(a.anchor_ms).now_ms()
-        }
-        _ => crate::clock::wall_ms(),
     }
 }
 

@@ -58,17 +58,6 @@ struct Line {
     next: Instant,
 }
 
-/// What a look found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Held {
-    /// The job held at its line.
-    pub job: String,
-    /// Its unreclaimable memory when held (bytes).
-    pub unreclaimable: u64,
-    /// How far past its line (bytes; 0 when held at or under it by the time of the read).
-    pub past_line: u64,
-}
-
 impl Gap {
     /// Arms the line of every reflex recorded in the state file of `runtime_dir`: none when the file
     /// cannot be read (said in the log) or records none.
@@ -113,11 +102,6 @@ impl Gap {
         }
     }
 
-    /// The jobs whose lines it watches.
-    pub fn jobs(&self) -> Vec<String> {
-        self.lines.iter().map(|l| l.job.clone()).collect()
-    }
-
     /// When the next look is due, at most [`LOOK_MAX`] from `now`.
     pub fn next_look(&self, now: Instant) -> Duration {
         self.lines
@@ -129,9 +113,9 @@ impl Gap {
     }
 
     /// Looks at every line due at `now`, to be called with the state lock held (`_lock`): a job at
-    /// its line is stopped there, and its pause recorded as held before this returns.
-    pub fn look(&mut self, now: Instant, _lock: &persist::StateLock) -> Vec<Held> {
-        let mut held = Vec::new();
+    /// its line is stopped there, and its pause recorded as held before this returns (the log says
+    /// how far past its line it was).
+    pub fn look(&mut self, now: Instant, _lock: &persist::StateLock) {
         let mut i = 0;
         while i < self.lines.len() {
             let line = &mut self.lines[i];
@@ -151,16 +135,12 @@ impl Gap {
                 Crossing::Fired => {
                     let line = self.lines.remove(i);
                     for fired in self.armory.take_fired() {
-                        let h = Held {
-                            job: fired.job.clone(),
-                            unreclaimable: fired.unreclaimable(),
-                            past_line: fired.unreclaimable().saturating_sub(line.critical),
-                        };
+                        let unreclaimable = fired.unreclaimable();
                         match self.record(&fired.job) {
                             Ok(()) => tracing::warn!(
                                 job = %fired.job,
-                                unreclaimable = h.unreclaimable,
-                                past_line = h.past_line,
+                                unreclaimable,
+                                past_line = unreclaimable.saturating_sub(line.critical),
                                 took_us = fired.took_us,
                                 "no daemon runs: the guardian held the job at its critical line"
                             ),
@@ -168,7 +148,6 @@ impl Gap {
                                 tracing::error!(job = %fired.job, error = %e, "the guardian held the job at its line but could not record it: the next daemon will resume it")
                             }
                         }
-                        held.push(h);
                     }
                 }
                 Crossing::None => {
@@ -176,7 +155,6 @@ impl Gap {
                 }
             }
         }
-        held
     }
 
     /// Records the pause of `job` the guardian just made: held, by the policy, for its cgroup.

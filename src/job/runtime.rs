@@ -22,9 +22,6 @@ use serde_json::Value;
 
 use super::origin::Origin;
 
-/// The largest record read (a Docker container's config is a few KiB).
-const MAX_RECORD: u64 = 4 << 20;
-
 /// The runtime's name for the container `origin` names, if its records say.
 pub fn name(root: &Path, origin: &Origin) -> Option<String> {
     let id = origin.id.as_str();
@@ -40,12 +37,9 @@ pub fn name(root: &Path, origin: &Origin) -> Option<String> {
 const RUN_STORAGE: &str = "run/containers/storage/overlay-containers";
 const LIB_STORAGE: &str = "var/lib/containers/storage/overlay-containers";
 
+/// A runtime's JSON record (a few KiB; the first MiB is read).
 fn record(path: &Path) -> Option<Value> {
-    use std::io::Read as _;
-    let file = std::fs::File::open(path).ok()?;
-    let mut text = Vec::new();
-    file.take(MAX_RECORD).read_to_end(&mut text).ok()?;
-    serde_json::from_slice(&text).ok()
+    serde_json::from_str(&crate::sample::error::read_text(path).ok()?).ok()
 }
 
 /// "NAMESPACE.POD.CONTAINER" from a map of Kubernetes annotations or labels under `keys`.

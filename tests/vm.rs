@@ -7,14 +7,15 @@
 //! exposure, restart and stop), `freeze-v2` (a systemd unit's job growing toward its MemoryMax is
 //! frozen through cgroup.freeze, never OOM-killed, and thawed on detach), `launch-systemd` (`memwatch
 //! launch` as root and as an ordinary user runs the job in a transient scope of its own, removed when it
-//! ends, nothing at the root of the tree), `user-jobs` (a `systemd-run` service, a `--scope`, a
+//! ends, nothing at the root of the tree; the user with no user bus is served through the manager's
+//! private socket, and with no manager refused with what to do), `user-jobs` (a `systemd-run` service, a `--scope`, a
 //! container-style scope in machine.slice and an ordinary user's `systemd-run --user` service attached
 //! by that user: each paused by hand and by the policy, by the freezer where the attached tree owns its
 //! cgroup and by signals where it does not, resumed, detached, alive, never OOM-killed; the user may
-//! not attach or pause root's job), `reaction-v2` (20 runs into MemoryMax=512M with the package's
-//! config: none OOM-killed; 10 with a level-only policy: the crossing-to-pause times, a benchmark,
+//! not attach or pause root's job), `reaction-v2` (8 runs into MemoryMax=512M with the package's
+//! config: none OOM-killed; 4 with a level-only policy: the crossing-to-pause times, a benchmark,
 //! and the reflex, whose reads of memory.current freeze the job at its line, makes the stop in at
-//! least one of them; 10 more with the reflex off, side by side; an attached job that does reach
+//! least one of them; 4 more with the reflex off, side by side; an attached job that does reach
 //! its limit is reported
 //! OOM-killed; the PSI trigger on a job's cgroup wakes the daemon), `calm-v2` (with a calm v2 job
 //! attached the daemon stretches its full samples, the wake thread's reads of the job's usage
@@ -26,8 +27,8 @@
 //! swap the job's pages go out to, removed after; the swap step skipped, with its reason, for a unit
 //! with MemorySwapMax=0), `crash-under-systemd` (the
 //! daemon killed while it holds a frozen job, restarted by systemd: the new daemon holds the job),
-//! `crash-rounds` (the same 20 times in a row, SIGKILL, SIGABRT and SIGQUIT in turn, the cgroup read
-//! every 50 ms), `gap-rounds` (40 rounds, each a fresh job into MemoryMax=400M at 200 MiB/s with the
+//! `crash-rounds` (the same 8 times in a row, SIGKILL, SIGABRT and SIGQUIT in turn, the cgroup read
+//! every 50 ms), `gap-rounds` (10 rounds, each a fresh job into MemoryMax=400M at 200 MiB/s with the
 //! daemon SIGKILLed at the first sign of a pause, or up to 290 ms after it: no job OOM-killed, each
 //! held by the successor or running inside its limit; its per-round log is
 //! `target/vm/out/gap-rounds.log`), `restart-held` (`systemctl restart` and a package upgrade while the daemon holds a
@@ -35,7 +36,7 @@
 //! `guardian-no-restart` (the same with restarts off: the guardian thaws it after its grace). Each reports
 //! `VMRESULT SCENARIO ok|fail DETAIL` lines with the numbers it measured; they are printed here.
 //!
-//! Needs root (debootstrap, qemu's disks); skipped otherwise. The boot takes minutes under TCG.
+//! Needs root (debootstrap, qemu's disks); fails otherwise, unless `MEMWATCH_ALLOW_SKIP=vm`. The boot takes minutes under TCG.
 
 mod common;
 
@@ -70,13 +71,14 @@ const SCENARIOS: [&str; 15] = [
 ];
 
 /// Builds the package and memhog, boots the guest once for every test here, and returns its results;
-/// None when not root.
+/// None when not root and the run allows the VM tests to be skipped (`MEMWATCH_ALLOW_SKIP=vm`).
 fn vm() -> Option<&'static [Outcome]> {
     static RUN: OnceLock<Option<Vec<Outcome>>> = OnceLock::new();
     RUN.get_or_init(|| {
         if !nix::unistd::Uid::effective().is_root() {
-            eprintln!(
-                "skipped: the VM tests need root (debootstrap builds the guest, qemu boots it)"
+            common::skip::cannot_run(
+                "vm",
+                "the VM tests need root (debootstrap builds the guest, qemu boots it)",
             );
             return None;
         }
@@ -164,7 +166,7 @@ fn the_package_runs_under_systemd_and_freezes_with_cgroup_v2_on_debian_13() {
 
 /// Jobs as users start them (system and user services, scopes, a container's scope), each held by
 /// the mechanism its cgroup allows, by hand and by the policy, never OOM-killed; at the rates the
-/// guest reaches, 20 runs into a 512 MiB limit with the package's config, none OOM-killed (the
+/// guest reaches, 8 runs into a 512 MiB limit with the package's config, none OOM-killed (the
 /// level-only runs are figures, but the reflex must make the stop in some of them); an OOM kill
 /// memwatch let happen is reported; the job cgroup's PSI trigger wakes the daemon.
 #[test]
@@ -244,7 +246,7 @@ fn systemd_oomd_and_earlyoom_leave_a_job_memwatch_holds_alone() {
 }
 
 /// The daemon restarted (`systemctl restart`, a package upgrade) or crashed (SIGKILL once, then
-/// SIGKILL, SIGABRT and SIGQUIT 20 times in a row) while it holds a job frozen at its memory limit:
+/// SIGKILL, SIGABRT and SIGQUIT 8 times in a row) while it holds a job frozen at its memory limit:
 /// the new daemon goes on holding the job, never thawed into the OOM killer (the stopping daemon
 /// keeps the pause, the guardian waits for the successor); with restarts off, the guardian thaws
 /// the job once its grace (5 s) is over.
@@ -263,7 +265,7 @@ fn a_frozen_job_is_handed_to_the_restarted_daemon_or_thawed_after_the_grace() {
     );
 }
 
-/// The daemon killed at the first sign of each pause of a fresh job near its line (40 rounds): no
+/// The daemon killed at the first sign of each pause of a fresh job near its line (10 rounds): no
 /// job dies, each is held by the daemon systemd restarts, or by the guardian in the gap, or runs
 /// inside its limit. The rounds' log is printed.
 #[test]

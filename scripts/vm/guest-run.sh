@@ -4,6 +4,8 @@
 # timed out or printed no VMRESULT line gets a failing one. After a failure the journal's tail goes to
 # /mnt/out/journal-SCENARIO.txt (memwatch's unit and the whole boot).
 cd /mnt/in || exit 1
+# The sizes a benchmark run asked for (scripts/vm/run.sh writes them).
+[ -f env ] && . ./env
 for s in $(cat scenarios/list); do
   limit=$(sed -n 's/^# timeout: //p' "scenarios/$s.sh")
   start=$(awk '{ print $1 }' /proc/uptime)

@@ -75,6 +75,11 @@ pub fn main() -> ExitCode {
         );
     }
     if let Command::Launch(a) = &cli.command {
+        // Warnings and errors on stderr, beside the job's own (`--log-level`, `RUST_LOG` for more).
+        crate::logging::init(
+            cli.log_level.unwrap_or(LogLevel::Warn),
+            cli.log_format.unwrap_or(LogFormat::Text),
+        );
         return match launch::run(&cli, a) {
             Ok(code) => ExitCode::from(code),
             Err(f) => {

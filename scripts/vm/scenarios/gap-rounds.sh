@@ -12,13 +12,13 @@
 # alive, held by the new daemon or running inside its limit. One line per round goes to
 # /mnt/out/gap-rounds.log: how the kill was timed, what held the job at the kill, when the successor
 # took over, whether the guardian held it in the gap, the job's state and peak, and its OOM kills.
-# Then two rounds before the guardian held the line: the kill at the resume with the guardian killed
+# Then rounds before the guardian held the line (1; GAP_BEFORE): the kill at the resume with the guardian killed
 # first, so that nothing watches the gap; each must end in the OOM killer (else this scenario would
 # not reach the gap's hazard), and the line `before:` says how.
 . /mnt/in/lib.sh
 S=gap-rounds
-ROUNDS=${GAP_ROUNDS:-40}
-BEFORE=2
+ROUNDS=${GAP_ROUNDS:-10}
+BEFORE=${GAP_BEFORE:-1}
 LOG=$OUT/gap-rounds.log
 : >"$LOG"
 

@@ -2,7 +2,8 @@
 # `memwatch launch` where systemd runs the machine: as root and as an ordinary user (through the
 # user's own manager, no root), the job runs in a transient scope of its own (systemd knows it,
 # with the MemoryMax asked for), memwatch attaches it, and when it ends systemd removes the scope;
-# nothing is ever made at the root of the cgroup tree (/sys/fs/cgroup/memwatch).
+# nothing is ever made at the root of the cgroup tree (/sys/fs/cgroup/memwatch). A user without a
+# user bus is served through the manager's private socket; a user without a manager is told what to do.
 . /mnt/in/lib.sh
 S=launch-systemd
 
@@ -22,8 +23,10 @@ launch_check() {
     sleep 0.1
   done
   if [ -z "$job" ]; then
-    result $S fail "$who: never attached: $(cat /tmp/launch-$who.log)"
     wait $lpid
+    rc=$?
+    cp /tmp/launch-$who.log "$OUT/launch-$who.log"
+    result $S fail "$who: never attached (launch exited $rc; its output in launch-$who.log): $(tail -n 3 /tmp/launch-$who.log | tr '\n' ' ' | cut -c1-600)"
     return
   fi
   cg=$(sed -n 's/^0:://p' /proc/"$job"/cgroup)
@@ -51,4 +54,28 @@ uid=$(id -u mwuser)
 loginctl enable-linger mwuser
 wait_until 30 test -S /run/user/$uid/bus || { result $S fail "user: no user manager bus for mwuser"; exit 1; }
 launch_check user runuser -u mwuser -- env XDG_RUNTIME_DIR=/run/user/$uid DBUS_SESSION_BUS_ADDRESS=unix:path=/run/user/$uid/bus
+
+# No user manager at all (no login, no linger): launch fails at once and says what to do.
+loginctl disable-linger mwuser
+wait_until 30 sh -c "! test -e /run/user/$uid/systemd/private" || { result $S fail "user-nomanager: mwuser's manager still runs after disable-linger"; exit 1; }
+if runuser -u mwuser -- env XDG_RUNTIME_DIR=/run/user/$uid memwatch launch --name lj-none -- true >/tmp/launch-none.log 2>&1; then
+  result $S fail "user-nomanager: launch succeeded with no user manager: $(tail -n 2 /tmp/launch-none.log)"
+elif grep -q 'enable-linger' /tmp/launch-none.log; then
+  result $S ok "user-nomanager: launch refused: $(tail -n 1 /tmp/launch-none.log | cut -c1-300)"
+else
+  result $S fail "user-nomanager: the error does not say what to do: $(tail -n 2 /tmp/launch-none.log)"
+fi
+
+# The same user with no user bus (dbus-user-session removed, as on a minimal server, and the user's
+# runtime directory made afresh): launch reaches the user manager through its private socket, as
+# systemctl --user does.
+dpkg -r dbus-user-session >/tmp/dpkg.log 2>&1 || { result $S fail "user-nobus: dpkg -r dbus-user-session: $(tail -n 2 /tmp/dpkg.log)"; exit 1; }
+wait_until 30 sh -c "! test -d /run/user/$uid" || { result $S fail "user-nobus: /run/user/$uid outlived the user manager"; exit 1; }
+loginctl enable-linger mwuser
+wait_until 30 test -S /run/user/$uid/systemd/private || { result $S fail "user-nobus: no private socket for mwuser's manager"; exit 1; }
+if [ -e /run/user/$uid/bus ]; then
+  result $S fail "user-nobus: /run/user/$uid/bus is there without dbus-user-session"
+else
+  launch_check user-nobus runuser -u mwuser -- env XDG_RUNTIME_DIR=/run/user/$uid
+fi
 exit "${FAILED:-0}"

@@ -2,9 +2,9 @@
 # Survival and reaction on cgroup v2 at the rates this guest reaches: a unit (MemoryMax=512M, no swap)
 # whose memhog, asked for 4096 MiB/s, would outgrow its limit (600 MiB), attached to memwatch.
 # - With the package's own config (the prediction policy, `reaction_ms = 250`): never OOM-killed
-#   (pass/fail), 20 runs.
+#   (pass/fail), 8 runs (RUNS).
 # - With a level-only policy (`reaction_ms = 0`: it pauses when the job's cgroup crosses critical,
-#   95 %): a benchmark, 10 runs (LEVEL_RUNS; those that start within 420 s of the scenario's start). On v2 no kernel notification comes at a usage level: the
+#   95 %): a benchmark, 4 runs (LEVEL_RUNS; those that start within 420 s of the scenario's start). On v2 no kernel notification comes at a usage level: the
 #   reflex (`policy.reflex`, on in the package) reads the job's memory.current in the daemon's wake
 #   thread (every 3 ms next to the line of this 512 MiB limit) and freezes the job there; the engine's probe
 #   (every 10 ms near trouble) is the fallback. The 5 % margin lasts 60-70 ms at the 350-450 MiB/s the
@@ -19,8 +19,8 @@
 # PSI trigger on its cgroup wakes the daemon.
 . /mnt/in/lib.sh
 S=reaction-v2
-RUNS=${RUNS:-20}
-LEVEL_RUNS=${LEVEL_RUNS:-10}
+RUNS=${RUNS:-8}
+LEVEL_RUNS=${LEVEL_RUNS:-4}
 CONF=/etc/memwatch/memwatch.toml
 LIMIT_MIB=512
 

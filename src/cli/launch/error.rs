@@ -1,7 +1,6 @@
 //! Why `memwatch launch` cannot place or start the job: the path, unit or call, and what went wrong.
 
 use std::path::PathBuf;
-use std::process::ExitStatus;
 use std::time::Duration;
 
 /// Why the job cannot be put in its cgroup or scope, or made ready to start.
@@ -38,26 +37,48 @@ pub(super) enum LaunchError {
     /// The program is not on PATH.
     #[error("{0}: not found on PATH")]
     NotOnPath(String),
-    /// busctl could not be run or waited for.
-    #[error("cannot run busctl to ask systemd for a scope: {0}")]
-    Busctl(std::io::Error),
+    /// The runtime that talks to systemd could not be made.
+    #[error("cannot start the runtime that asks systemd for a scope: {0}")]
+    Runtime(std::io::Error),
+    /// Neither the manager's bus nor its private socket answered.
+    #[error("cannot reach systemd to start the job's scope (tried {tried}): {advice}")]
+    NoManager {
+        /// Each way tried and why it failed.
+        tried: String,
+        /// What to do.
+        advice: &'static str,
+    },
     /// systemd refused the scope.
-    #[error("systemd would not start the job's scope ({status}): {stderr} [{call}]")]
+    #[error("systemd would not start the job's scope {unit} (asked over {via}): {error}: {detail}")]
     ScopeRefused {
-        /// busctl's exit status.
-        status: ExitStatus,
-        /// What busctl printed.
-        stderr: String,
-        /// The call, as a command line.
-        call: String,
+        /// The scope's unit name.
+        unit: String,
+        /// The D-Bus error's name (`org.freedesktop.systemd1.UnitExists`, …).
+        error: String,
+        /// systemd's message.
+        detail: String,
+        /// How the manager was reached.
+        via: String,
+    },
+    /// The call failed below systemd (the connection, the message).
+    #[error("asking systemd for the job's scope {unit} over {via} failed: {error}")]
+    Bus {
+        /// The scope's unit name.
+        unit: String,
+        /// How the manager was reached.
+        via: String,
+        /// What went wrong.
+        error: String,
     },
     /// systemd did not answer in time.
-    #[error("systemd did not answer within {after:?} [{call}]")]
+    #[error("systemd did not start the job's scope {unit} within {after:?} (asked over {via})")]
     ScopeLate {
         /// How long it was given.
         after: Duration,
-        /// The call, as a command line.
-        call: String,
+        /// The scope's unit name.
+        unit: String,
+        /// How the manager was reached.
+        via: String,
     },
     /// systemd started the scope but the job never appeared in it.
     #[error("the job never appeared in its scope {unit} (its cgroup: {cgroup})")]

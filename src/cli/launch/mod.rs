@@ -17,6 +17,8 @@ use std::path::{Path, PathBuf};
 
 mod cgroup;
 mod error;
+mod manager;
+mod private;
 mod scope;
 
 use cgroup::JobCgroup;

@@ -7,6 +7,7 @@
 #   hierarchy: thawed, emptied (SIGKILL), removed deepest first;
 # - the network devices of the two-node Slurm test cluster (a bridge mwb<pid><letter>, veth pairs
 #   mwv<pid><letter><n>), of bridge and veth type only;
+# - containers the container tests ran (docker and podman, named mw-test-*);
 # - emergency swap (zram) left enabled, the users' lock file, the tests' files in /dev/shm and the
 #   private directories of killed launches;
 # - the daemon's default state and socket directories (/var/lib/memwatch, /run/memwatch), which a
@@ -28,6 +29,18 @@ for name in memwatch memwatch-train slurmctld slurmd slurmstepd munged prometheu
     kill -KILL "$pid" 2>/dev/null && said "killed $name ($pid)"
   done
 done
+
+# Containers the container tests ran (mw-test-*), if any outlived their run, before their cgroups go.
+if docker info >/dev/null 2>&1; then
+  for c in $(docker ps -aq --filter name=mw-test- 2>/dev/null); do
+    docker rm -f "$c" >/dev/null 2>&1 && said "removed docker container $c"
+  done
+fi
+if command -v podman >/dev/null 2>&1; then
+  for c in $(podman --cgroup-manager=cgroupfs --events-backend=file ps -aq --filter name=mw-test- 2>/dev/null); do
+    podman --cgroup-manager=cgroupfs --events-backend=file rm -f "$c" >/dev/null 2>&1 && said "removed podman container $c"
+  done
+fi
 
 # Cgroups, deepest first: thaw, kill what is inside, remove; again until it is gone (a process may be
 # between two hierarchies, or exiting, at the first try).

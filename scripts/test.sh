@@ -3,7 +3,8 @@
 # binary on fixture roots with the fake NVML. Runs as root (the tests make cgroups and users) with a Rust
 # toolchain on PATH, and installs what else the tests need when it is missing: a C/C++ compiler, python3
 # and its venv, promtool and prometheus, systemd-analyze, chromium, node/npm, tmux, fuse3 and python3-fusepy,
-# slurmctld, slurmd, slurm-client and munge, debootstrap and qemu-system-x86 for the VM tests (Debian),
+# slurmctld, slurmd, slurm-client and munge, debootstrap and qemu-system-x86 for the VM tests, docker.io
+# and podman for the container tests (Debian),
 # playwright-core (npm), kubernetes-validate (PyPI, for the manifest),
 # and torch 2.13.0 for the trainer plus the Python package's pinned test dependencies (PyPI).
 set -euo pipefail
@@ -87,6 +88,10 @@ have ip || missing+=(iproute2)
 have nsenter || missing+=(util-linux)
 # The VM tests (tests/vm.rs, scripts/vm/): debootstrap builds a Debian 13 guest, qemu boots it.
 have debootstrap || [ -x /usr/sbin/debootstrap ] || missing+=(debootstrap)
+# Jobs in real containers (tests/containers.rs): Debian's docker.io (dockerd, containerd, runc) and
+# podman; their image is built from a Debian root (scripts/container-image.sh), never pulled.
+have dockerd || missing+=(docker.io)
+have podman || missing+=(podman)
 # What builds and tests need beside cargo: a C and C++ compiler (the linker, torch-sys), python3 with
 # venv (the trainer's torch, kubernetes-validate, the Python package).
 have cc || missing+=(gcc)
@@ -95,12 +100,23 @@ have python3 || missing+=(python3)
 python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
 [ ${#missing[@]} -eq 0 ] || install_debian "${missing[@]}"
 # This machine's (Debian 12) qemu-system-x86 needs qemu-utils of its own version: a newer one (backports) is downgraded
-# to it. Only as root: tests/vm.rs skips without root.
+# to it. Only as root: tests/vm.rs needs root.
 if ! have qemu-system-x86_64 && [ "$(id -u)" = 0 ] && have apt-get; then
   apt-get update -qq
   qemu=$(apt-cache policy qemu-system-x86 | awk '/Candidate:/ { print $2 }')
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends --allow-downgrades \
     "qemu-system-x86=$qemu" "qemu-utils=$qemu" >/dev/null
+fi
+# The Docker engine, started where it is not running (without systemd: by hand, with no bridge or
+# iptables rules, as the tests' containers have no network).
+if ! docker info >/dev/null 2>&1; then
+  if [ -d /run/systemd/system ]; then
+    systemctl start docker
+  else
+    setsid dockerd --iptables=false --ip6tables=false --bridge=none >/var/log/memwatch-dockerd.log 2>&1 </dev/null &
+  fi
+  for _ in $(seq 150); do docker info >/dev/null 2>&1 && break; sleep 0.2; done
+  docker info >/dev/null 2>&1 || { echo "scripts/test.sh: dockerd did not start: $(tail -n 3 /var/log/memwatch-dockerd.log 2>/dev/null)" >&2; exit 1; }
 fi
 # playwright-core drives Debian's chromium (no browser download); the lock file pins it.
 [ -d tests/browser/node_modules/playwright-core ] || (cd tests/browser && npm ci --no-audit --no-fund --silent)

@@ -80,7 +80,7 @@ mod tests {
     #[test]
     fn root_without_dac_override_writes_a_users_file_with_the_users_rights() {
         if !nix::unistd::geteuid().is_root() {
-            eprintln!("skipped: needs root");
+            crate::test_skip::cannot_run("delegated", "needs root");
             return;
         }
         let dir = tempfile::tempdir().unwrap();
@@ -116,7 +116,7 @@ mod tests {
     #[test]
     fn a_file_root_owns_and_may_not_write_stays_refused() {
         if !nix::unistd::geteuid().is_root() {
-            eprintln!("skipped: needs root");
+            crate::test_skip::cannot_run("delegated", "needs root");
             return;
         }
         let dir = tempfile::tempdir().unwrap();

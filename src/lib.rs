@@ -27,6 +27,8 @@ pub mod sample;
 pub mod sd_notify;
 pub mod shared;
 pub mod slurm;
+#[cfg(test)]
+mod test_skip;
 pub mod view;
 pub mod wake;
 pub mod work;

@@ -37,7 +37,7 @@ fn a_job_at_its_limit_by_its_page_cache_is_not_paused_and_real_growth_is() {
 /// The job of the module's documentation, its dataset `mib` MiB read `epochs` times.
 fn epochs(mib: u64, epochs: u32) {
     let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
-    let Some((cg, d)) = common::cache::cgroup_and_daemon(256 * MIB) else {
+    let Some((cg, d)) = common::cache::cgroup_and_daemon("page_cache", 256 * MIB) else {
         return;
     };
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();

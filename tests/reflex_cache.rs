@@ -21,7 +21,7 @@ const MIB: u64 = 1 << 20;
 
 #[test]
 fn page_cache_over_the_line_is_frozen_ahead_only_for_a_read_and_never_paused() {
-    let Some((cg, d)) = common::cache::cgroup_and_daemon(256 * MIB) else {
+    let Some((cg, d)) = common::cache::cgroup_and_daemon("reflex_cache", 256 * MIB) else {
         return;
     };
     // 64 MiB, of which the job reads 24.

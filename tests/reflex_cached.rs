@@ -37,7 +37,7 @@ fn unreclaimable(cg: &common::cgroup::MemCgroup) -> u64 {
 #[test]
 fn a_job_over_its_line_by_a_little_cache_is_frozen_at_the_line_not_at_the_next_threshold() {
     let limit = 2048 * MIB;
-    let Some((cg, d)) = common::cache::cgroup_and_daemon(limit) else {
+    let Some((cg, d)) = common::cache::cgroup_and_daemon("reflex_cached", limit) else {
         return;
     };
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();

@@ -63,7 +63,7 @@ fn read_u64(path: &Path) -> u64 {
 
 #[test]
 fn a_ddp_job_over_two_nodes_takes_one_nodes_change_on_every_rank_at_the_same_step() {
-    let Some(python) = ready_python() else {
+    let Some(python) = ready_python("slurm_ddp") else {
         return;
     };
     let (nodes, d1, d2) = cluster_with(true, Some(NO_GPU_LOAD), [CONFIG, CONFIG], [None, None]);

@@ -166,7 +166,7 @@ fn a_protocol_trainer_takes_the_fix_now_on_an_emergency_swapfile() {
 }
 
 fn fix_now_on_swap(way_out: &str, kind: &str, scenario: &str) {
-    let Some(python) = ready_python() else {
+    let Some(python) = ready_python("way_out") else {
         return;
     };
     let config = format!(
@@ -244,7 +244,7 @@ fn fix_now_on_swap(way_out: &str, kind: &str, scenario: &str) {
 
 #[test]
 fn a_trainer_that_knows_nothing_is_checkpointed_stopped_and_relaunched() {
-    let Some(python) = ready_python() else {
+    let Some(python) = ready_python("way_out") else {
         return;
     };
     let d = Daemon::start(Opts {
@@ -372,7 +372,7 @@ fn limit_of(cg: &common::cgroup::MemCgroup) -> u64 {
 /// The lend step (opted in): the job's own limit is raised for the fix and put back once it fits.
 #[test]
 fn a_protocol_trainer_takes_the_fix_now_on_a_lent_limit() {
-    let Some(python) = ready_python() else {
+    let Some(python) = ready_python("way_out") else {
         return;
     };
     let d = Daemon::start(Opts {
@@ -448,7 +448,7 @@ fn crash_on_the_way_out(
     after_crash: impl Fn(&Path, &common::cgroup::MemCgroup),
     settled: impl Fn(&Path, &common::cgroup::MemCgroup) -> bool,
 ) {
-    let Some(python) = ready_python() else {
+    let Some(python) = ready_python("way_out") else {
         return;
     };
     let dir = common::tempdir();

@@ -77,7 +77,7 @@ def test_every_emitted_deepspeed_config_loads_with_its_world_size(
     report, code = check(params, per_node, nodes, "--gpu-memory-gib", str(gpu_gib), "--ram-gib", str(ram_gib))
     if code == 3:
         assert report["deepspeed"] is None and report["accelerate"] is None
-        pytest.skip("nothing fits: no config is emitted (checked)")
+        return  # nothing fits: no config is emitted (checked)
     ds = report["deepspeed"]
     chosen = report["report"]["recommendation"]["option"]
     assert ds["zero_optimization"]["stage"] == chosen["zero_stage"]

@@ -95,7 +95,10 @@ mod tests {
     #[test]
     fn the_kernel_decides_what_the_owner_may_signal_and_root_comes_back() {
         if !rustix::process::geteuid().is_root() {
-            eprintln!("skipped: needs root");
+            crate::test_skip::cannot_run(
+                "the_kernel_decides_what_the_owner_may_signal",
+                "needs root",
+            );
             return;
         }
         let uid = 65534;

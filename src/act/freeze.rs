@@ -4,6 +4,11 @@
 //! A job owns a cgroup when it is not a hierarchy's root, every process in it (and in its children)
 //! belongs to the job's tree, and memwatch itself is not among them. cgroup v2 (`cgroup.freeze`,
 //! confirmed by `cgroup.events`) is preferred; the v1 freezer controller (`freezer.state`) otherwise.
+//!
+//! A freezer someone else asked to freeze (`docker pause`, `podman pause`: runc writes the same file)
+//! is not memwatch's: it is never chosen, and a freeze that finds it so at the write does not write
+//! and says so (`CgroupError::FrozenByAnother`), so that memwatch stops the job by signals and never
+//! thaws the other's freeze at its resume.
 
 use crate::sample::cgroup::Version;
 use std::path::Path;
@@ -57,6 +62,9 @@ pub fn owned(root: &Path, tree: &[u32], owner: u32) -> Option<Frozen> {
     let mut walked = tree.to_vec();
     walked.sort_unstable();
     candidates.into_iter().find(|f| {
+        if asked_frozen(f) {
+            return false;
+        }
         let mut pids = Vec::new();
         pids_below(&f.dir, &mut pids)
             && !pids.is_empty()
@@ -132,6 +140,11 @@ impl Freezing for Frozen {
     }
 
     fn freeze(&self) -> Result<bool, CgroupError> {
+        if asked_frozen(self) {
+            return Err(CgroupError::FrozenByAnother {
+                dir: self.dir.clone(),
+            });
+        }
         write(self, true).map_err(|(path, e)| CgroupError::write(path, &e))?;
         Ok(self.settled_within(SETTLE_INLINE))
     }
@@ -154,6 +167,17 @@ impl Freezing for Frozen {
             Err((_, e)) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err((path, e)) => Err(CgroupError::write(path, &e)),
             Ok(()) => Ok(()),
+        }
+    }
+}
+
+/// Whether the cgroup's freezer has been asked to freeze, by anyone: v2's `cgroup.freeze` reads 1,
+/// v1's `freezer.state` is not THAWED (FREEZING or FROZEN). memwatch asks only of a thawed one.
+fn asked_frozen(cgroup: &Frozen) -> bool {
+    match cgroup.version {
+        Version::V2 => read_text(&cgroup.dir.join("cgroup.freeze")).is_ok_and(|t| t.trim() == "1"),
+        Version::V1 => {
+            read_text(&cgroup.dir.join("freezer.state")).is_ok_and(|t| t.trim() != "THAWED")
         }
     }
 }
@@ -271,7 +295,7 @@ mod tests {
     fn a_real_cgroup_with_a_root_process_is_out_of_a_users_reach() {
         let base = Path::new("/sys/fs/cgroup/freezer");
         if !rustix::process::geteuid().is_root() || !base.join("cgroup.procs").exists() {
-            eprintln!("skipped: needs root and a v1 freezer");
+            crate::test_skip::cannot_run("v1_freezer_reach", "needs root and a v1 freezer");
             return;
         }
         let dir = base.join(format!("memwatch-reach-{}", std::process::id()));
@@ -315,6 +339,43 @@ mod tests {
         // The cgroup is empty now: nothing in it is out of reach.
         assert!(reach(65534));
         fs::remove_dir(&dir).unwrap();
+    }
+
+    /// A cgroup someone else asked to freeze (`docker pause`) is not chosen, and a freeze that finds
+    /// it so writes nothing and says so; thawed again, it is the job's as before.
+    #[test]
+    fn a_cgroup_frozen_by_another_is_left_alone() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path();
+        process(root, 10, 1, 1000);
+        let dir = cgroup(root, &[10]);
+        fs::write(dir.join("cgroup.freeze"), "1\n").unwrap();
+        assert_eq!(owned(root, &[10], 1000), None, "v2, frozen by another");
+        let f = Frozen {
+            version: Version::V2,
+            dir: dir.clone(),
+        };
+        assert_eq!(
+            f.freeze(),
+            Err(CgroupError::FrozenByAnother { dir: dir.clone() })
+        );
+        assert_eq!(
+            fs::read_to_string(dir.join("cgroup.freeze")).unwrap(),
+            "1\n"
+        );
+        fs::write(dir.join("cgroup.freeze"), "0\n").unwrap();
+        assert_eq!(owned(root, &[10], 1000).map(|f| f.dir), Some(dir.clone()));
+        // v1: FROZEN or FREEZING is another's; THAWED is free.
+        let v1 = root.join("sys/fs/cgroup/freezer/job");
+        fs::create_dir_all(&v1).unwrap();
+        let f = Frozen {
+            version: Version::V1,
+            dir: v1.clone(),
+        };
+        for (state, theirs) in [("FROZEN", true), ("FREEZING", true), ("THAWED", false)] {
+            fs::write(v1.join("freezer.state"), format!("{state}\n")).unwrap();
+            assert_eq!(asked_frozen(&f), theirs, "{state}");
+        }
     }
 
     /// A freeze that cannot write the freezer's file says which file and why; a thaw of a cgroup

@@ -12,9 +12,11 @@
 //!   (nerdctl's `nerdctl/name`).
 //! - CRI-O: `/run/containers/storage/overlay-containers/ID/userdata/config.json`, annotations
 //!   `io.kubernetes.pod.namespace`, `io.kubernetes.pod.name` and `io.kubernetes.container.name`.
-//! - Podman keeps a container's name in its database, not in a file: only a pod played from
-//!   Kubernetes YAML (`podman kube play`) is named, from the same annotations in
-//!   `/var/lib/containers/storage/overlay-containers/ID/userdata/config.json`.
+//! - Podman (rootful): a pod played from Kubernetes YAML (`podman kube play`) by the same annotations
+//!   in `/var/lib/containers/storage/overlay-containers/ID/userdata/config.json`; any other
+//!   container by its first name in containers/storage's list of containers,
+//!   `/var/lib/containers/storage/overlay-containers/containers.json` (`vfs-containers/` with the
+//!   vfs driver).
 
 use std::path::Path;
 
@@ -29,7 +31,7 @@ pub fn name(root: &Path, origin: &Origin) -> Option<String> {
         "docker" => docker(root, id).or_else(|| containerd(root, id)),
         "containerd" | "kubernetes" => containerd(root, id).or_else(|| crio(root, id, RUN_STORAGE)),
         "cri-o" => crio(root, id, RUN_STORAGE),
-        "podman" => crio(root, id, LIB_STORAGE),
+        "podman" => crio(root, id, LIB_STORAGE).or_else(|| podman(root, id)),
         _ => None,
     }
 }
@@ -83,6 +85,20 @@ fn containerd(root: &Path, id: &str) -> Option<String> {
             )
             .or_else(|| Some(a["nerdctl/name"].as_str()?.to_owned()))
         })
+}
+
+/// containers/storage's list, `[{"id": …, "names": ["trainer"], …}, …]`, under each storage driver.
+fn podman(root: &Path, id: &str) -> Option<String> {
+    ["overlay", "vfs"].iter().find_map(|driver| {
+        let list = record(
+            &root
+                .join("var/lib/containers/storage")
+                .join(format!("{driver}-containers"))
+                .join("containers.json"),
+        )?;
+        let c = list.as_array()?.iter().find(|c| c["id"] == id)?;
+        Some(c["names"].get(0)?.as_str()?.to_owned())
+    })
 }
 
 fn crio(root: &Path, id: &str, storage: &str) -> Option<String> {
@@ -151,13 +167,22 @@ mod tests {
                 "io.kubernetes.pod.name": "gpt-1", "io.kubernetes.container.name": "w"}}"#,
         );
         assert_eq!(name(root, &origin("cri-o")).as_deref(), Some("ml.gpt-1.w"));
-        // A podman container outside a played pod has no name in a file.
+        // A podman container outside a played pod: by its name in containers/storage's list.
         put(
             root,
             &format!("{LIB_STORAGE}/{ID}/userdata/config.json"),
             r#"{"annotations": {"io.container.manager": "libpod"}}"#,
         );
         assert_eq!(name(root, &origin("podman")), None);
+        put(
+            root,
+            &format!("{LIB_STORAGE}/containers.json"),
+            &format!(
+                r#"[{{"id": "0{}", "names": ["other"]}}, {{"id": "{ID}", "names": ["trainer", "t2"], "image": "x"}}]"#,
+                &ID[1..]
+            ),
+        );
+        assert_eq!(name(root, &origin("podman")).as_deref(), Some("trainer"));
         assert_eq!(name(root, &origin("slurm")), None);
         // Garbage is no name, not an error (and no containerd task of that id either).
         std::fs::remove_dir_all(root.join("run/containerd")).unwrap();

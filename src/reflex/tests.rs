@@ -264,7 +264,7 @@ pub(crate) fn v1_reflex(job: &str, dir: &Path) -> Reflex {
 fn the_v1_freezer_is_kept_active_while_a_v1_freezer_reflex_is_armed_and_never_with_a_process() {
     let hierarchy = Path::new("/sys/fs/cgroup/freezer");
     if !rustix::process::geteuid().is_root() || !hierarchy.join("cgroup.procs").exists() {
-        eprintln!("skipped: needs root and a v1 freezer");
+        crate::test_skip::cannot_run("v1_freezer_reflex", "needs root and a v1 freezer");
         return;
     }
     let held = hierarchy.join(format!("memwatch-freezer-active.{}", std::process::id()));

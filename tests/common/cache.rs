@@ -12,13 +12,13 @@ use super::cgroup::MemCgroup;
 /// samples and probes every second and predicts nothing (`reaction_ms = 0`): only the lines decide.
 /// `None`, said on stderr, where this machine has no v1 memory and freezer controllers (the reflex
 /// rides on v1's thresholds).
-pub fn cgroup_and_daemon(limit: u64) -> Option<(MemCgroup, Daemon)> {
+pub fn cgroup_and_daemon(test: &str, limit: u64) -> Option<(MemCgroup, Daemon)> {
     let Some(mut cg) = MemCgroup::new(limit) else {
-        eprintln!("no memory cgroup to test in");
+        super::skip::cannot_run(test, "no memory cgroup to test in (needs root)");
         return None;
     };
     if cg.version != 1 || !cg.with_freezer() {
-        eprintln!("no v1 memory and freezer controllers");
+        super::skip::cannot_run(test, "no v1 memory and freezer controllers");
         return None;
     }
     Some((cg, Daemon::level_only()))

@@ -4,10 +4,12 @@
 pub mod cache;
 pub mod cgroup;
 pub mod command;
+pub mod containers;
 mod daemon;
 pub mod netns;
 pub mod prometheus;
 pub mod python;
+pub mod skip;
 pub mod slurm;
 pub mod slurm_nodes;
 pub mod tmux;

@@ -17,10 +17,18 @@ pub fn torch_python() -> Option<PathBuf> {
 }
 
 /// The Python with torch, its libraries loaded once outside any test cgroup (so that their page
-/// cache is not charged to one); `None` (the test is skipped, and says so) where there is none.
-pub fn ready_python() -> Option<PathBuf> {
+/// cache is not charged to one). Where there is none, the test named `test` fails, unless the run
+/// set none up on purpose (`MEMWATCH_SKIP_TRAINER`) or `MEMWATCH_ALLOW_SKIP` names it: `None`, said.
+pub fn ready_python(test: &str) -> Option<PathBuf> {
     let Some(python) = torch_python() else {
-        eprintln!("skipped: no python3 with torch (MEMWATCH_SKIP_TRAINER)");
+        if std::env::var_os("MEMWATCH_SKIP_TRAINER").is_some() {
+            eprintln!("skipped {test}: no python3 with torch, as MEMWATCH_SKIP_TRAINER asked");
+        } else {
+            super::skip::cannot_run(
+                test,
+                "no python3 with torch on PATH (scripts/test.sh sets one up)",
+            );
+        }
         return None;
     };
     warm(&python);

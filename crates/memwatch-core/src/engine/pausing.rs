@@ -14,7 +14,7 @@ use crate::audit::{Action, Reason};
 use crate::held::Frozen;
 use crate::held::Mechanism;
 use crate::job::{Pause, PausePhase};
-use crate::seam::{SlurmAnswer, SlurmCall};
+use crate::seam::{CgroupError, SlurmAnswer, SlurmCall};
 
 impl Engine {
     /// Records a pause of `name` and makes it (unless dry-run). Write-ahead: the pause, with the
@@ -170,6 +170,11 @@ impl Engine {
                         frozen: f,
                     });
                     Ok(())
+                }
+                Err(e @ CgroupError::FrozenByAnother { .. }) => {
+                    // Another's freeze is theirs to undo: no thaw here, ever.
+                    tracing::warn!(error = %e, "the job's cgroup is frozen by another; stopping it with signals");
+                    self.pause_by_signals(name)
                 }
                 Err(e) => {
                     tracing::warn!(cgroup = %f.dir.display(), error = %e, "cannot freeze the job's cgroup; stopping it with signals");

@@ -129,6 +129,13 @@ pub enum CgroupError {
     /// The unit's manager refused or did not answer (a unit's limit goes through systemd).
     #[error("{0}")]
     Systemd(CallError),
+    /// The cgroup's freezer was already asked to freeze by someone else (`docker pause`, `podman
+    /// pause`, a person): memwatch leaves it alone, neither freezing it as its own nor thawing it.
+    #[error("{}: already frozen by someone else (a container engine's pause?); memwatch leaves that freeze alone", dir.display())]
+    FrozenByAnother {
+        /// The cgroup's directory.
+        dir: PathBuf,
+    },
 }
 
 impl CgroupError {

@@ -527,7 +527,14 @@ impl Sim {
                 "{:?}: a pause left in the file: {r}",
                 self.kind
             ),
-            _ => {}
+            // Every pause is written ahead: a live one the file does not hold would be lost to a
+            // crash. A dry run's pause stops nothing and is written only as the view shows it.
+            (Some(p), None) => assert!(
+                p.dry_run,
+                "{:?}: a pause the state file does not hold: {p:?}",
+                self.kind
+            ),
+            (Some(_), Some(_)) | (None, None) => {}
         }
         if let Some(d) = self.engine.poll_timeout() {
             assert!(

@@ -384,6 +384,35 @@ fn engine_pause_beside_memwatch(e: &Engine) {
     assert_eq!(c.status(), "running");
     assert!(held(&d, &name, c).is_some(), "{:#}", job(&d, &name));
     t.still(&d, "held by memwatch after the engine's unpause");
+    // On a cgroup v2 host the engine's unpause writes the cgroup.freeze memwatch froze: done here by
+    // hand, memwatch finds its freeze undone at its next sample and makes it again.
+    let freeze = std::path::Path::new("/sys/fs/cgroup/unified")
+        .join(c.cgroup("").trim_start_matches('/'))
+        .join("cgroup.freeze");
+    std::fs::write(&freeze, "0").expect("write cgroup.freeze as an unpause would");
+    d.wait_for(
+        "memwatch's freeze made again",
+        || std::fs::read_to_string(&freeze).unwrap_or_default(),
+        |t| t.trim() == "1",
+    );
+    let said = d.wait_for(
+        "the event of the freeze made again",
+        || d.events(),
+        |ev| {
+            ev.iter()
+                .any(|e| e["reason"] == "freeze" && e["action"] == "pause")
+        },
+    );
+    eprintln!(
+        "{}: {}",
+        e.name,
+        said.iter()
+            .find(|e| e["reason"] == "freeze")
+            .map(|e| e["detail"].to_string())
+            .unwrap_or_default()
+    );
+    assert!(held(&d, &name, c).is_some(), "{:#}", job(&d, &name));
+    t.still(&d, "held by memwatch again after its freeze was undone");
     assert_eq!(d.ctl(&["resume", &name]).0, 0);
     t.ticks_on(&d, "resumed by memwatch");
     runs_unharmed(c);

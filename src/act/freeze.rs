@@ -182,6 +182,14 @@ fn asked_frozen(cgroup: &Frozen) -> bool {
     }
 }
 
+/// Whether the freezer memwatch froze is no longer asked to freeze: someone else wrote it thawed
+/// (`docker unpause`, `podman unpause`: on cgroup v2 the same `cgroup.freeze`). A cgroup that is gone
+/// or unreadable is not thawed by another.
+pub fn thawed_by_another(cgroup: &Frozen) -> bool {
+    let (file, _) = state_file(cgroup.version, true);
+    read_text(&cgroup.dir.join(file)).is_ok() && !asked_frozen(cgroup)
+}
+
 fn is_frozen(cgroup: &Frozen) -> bool {
     match cgroup.version {
         Version::V2 => read_text(&cgroup.dir.join("cgroup.events"))

@@ -85,12 +85,18 @@ pub(super) fn spawn_full(
                     .as_ref()
                     .and(p.cgroup.as_ref())
                     .map(|c| crate::slurm::suspended_here(&process_root, c));
+                // The freeze memwatch holds it by, still asked for? (One small read.)
+                let held_thawed = p
+                    .held_by
+                    .as_ref()
+                    .is_some_and(crate::act::freeze::thawed_by_another);
                 Measured {
                     name: p.name,
                     sample: m,
                     freezer,
                     slurm_suspended,
                     pinned,
+                    held_thawed,
                 }
             })
             .collect();

@@ -121,8 +121,10 @@ reasons! {
     /// the micro-batch it recovered at, staged in its config file for the next start (already
     /// applied)
     CudaOom = "cuda_oom" for "cuda_oom, rewrite",
-    /// the job's cgroup did not freeze and stopping it with signals failed too
-    Freeze = "freeze" for "error",
+    /// the job's cgroup did not freeze and stopping it with signals failed too; on `pause`, the freeze
+    /// memwatch held the job by was found undone by another (a container engine's unpause) and made
+    /// again
+    Freeze = "freeze" for "pause, error",
     /// the job's way out of its memory pause
     WayOut = "way_out" for "pause, resume, checkpoint, terminate, kill",
     /// the room did not come back within `way_out.decide_seconds`: the ladder starts

@@ -118,6 +118,9 @@ pub struct MeasurePlan {
     pub members_at_walk: Option<crate::job::members::Members>,
     /// Its processes pinned at the last walk: a walk keeps those still alive.
     pub pinned: Vec<crate::host::Pinned>,
+    /// The freezer memwatch holds the job by (a held pause by its cgroup's freezer): the shell
+    /// reads whether it is still asked to freeze (`Measured::held_thawed`).
+    pub held_by: Option<crate::held::Frozen>,
 }
 
 /// What the kernel should watch for one job (see `Engine::wake_plan`).
@@ -311,6 +314,7 @@ impl Engine {
                     // PSS is due at the detailed cadence, and only a walk reads it.
                     members_at_walk: (calm && !detailed).then(|| j.members.clone()).flatten(),
                     pinned: j.pinned.clone(),
+                    held_by: j.pause.as_ref().and_then(|p| p.held_freezer()).cloned(),
                 })
             })
             .collect()

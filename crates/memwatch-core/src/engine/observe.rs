@@ -22,6 +22,9 @@ pub struct Measured {
     pub slurm_suspended: Option<bool>,
     /// Its processes pinned at this walk (`None`: not walked, the last walk's stay).
     pub pinned: Option<Vec<crate::host::Pinned>>,
+    /// The freezer memwatch holds the job by (`MeasurePlan::held_by`) was found thawed: someone
+    /// else undid the freeze (`docker unpause` writes the same `cgroup.freeze` on cgroup v2).
+    pub held_thawed: bool,
 }
 use crate::policy::{
     self, GpuObservation, JobObservation, Observation, Projection, Reading, Resource, Temperature,
@@ -89,14 +92,19 @@ impl Engine {
             self.note_host(m.available_bytes, m.total_bytes, sampled_ms);
         }
         let mut killed: Vec<(String, u64)> = Vec::new();
+        let mut thawed: Vec<String> = Vec::new();
         for Measured {
             name,
             sample: measured,
             freezer,
             slurm_suspended,
             pinned,
+            held_thawed,
         } in jobs
         {
+            if held_thawed {
+                thawed.push(name.clone());
+            }
             if let (Some(j), Some(suspended)) = (self.jobs.get_mut(&name), slurm_suspended) {
                 j.slurm_suspended_since_ms = match (suspended, j.slurm_suspended_since_ms) {
                     (false, _) => None,
@@ -171,6 +179,9 @@ impl Engine {
                 ),
                 false,
             );
+        }
+        for name in thawed {
+            self.freeze_again(&name, now_ms);
         }
         self.verify(now_ms);
         self.renew_oomd_marks();

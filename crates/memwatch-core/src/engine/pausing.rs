@@ -203,6 +203,47 @@ impl Engine {
         self.view.freezer_of(&pids, owner)
     }
 
+    /// The freeze holding `name` was found undone by someone else (on cgroup v2 `docker unpause`
+    /// writes the same `cgroup.freeze`): made again, said in an event; a freeze that fails now
+    /// falls back to signals, as a first one would.
+    pub(super) fn freeze_again(&mut self, name: &str, now_ms: u64) {
+        let Some(f) = self
+            .jobs
+            .get(name)
+            .and_then(|j| j.pause.as_ref())
+            .and_then(|p| p.held_freezer())
+            .cloned()
+        else {
+            return;
+        };
+        self.record(
+            now_ms,
+            Action::Pause,
+            name,
+            Reason::Freeze,
+            format!(
+                "the freeze memwatch holds the job by was undone by another ({} thawed; a container \
+                 engine's unpause?): frozen again",
+                f.dir.display()
+            ),
+            false,
+        );
+        match self.host.freeze(&f) {
+            Ok(true) => {}
+            Ok(false) => self.emit(Effect::Settle {
+                job: name.to_owned(),
+                frozen: f,
+            }),
+            Err(e) => {
+                tracing::warn!(cgroup = %f.dir.display(), error = %e, "cannot freeze the job's cgroup again; stopping it with signals");
+                if !matches!(e, CgroupError::FrozenByAnother { .. }) {
+                    let _ = self.host.thaw(&f);
+                }
+                let _ = self.pause_by_signals(name);
+            }
+        }
+    }
+
     /// The pause of `name` now holds.
     fn set_held(&mut self, name: &str) {
         if let Some(p) = self.jobs.get_mut(name).and_then(|j| j.pause.as_mut()) {

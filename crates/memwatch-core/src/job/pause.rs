@@ -49,6 +49,20 @@ pub struct Pause {
     pub oom_killed: u64,
 }
 
+impl Pause {
+    /// The freezer a held pause (not a dry run's) holds the job by, if a freezer holds it.
+    pub fn held_freezer(&self) -> Option<&held::Frozen> {
+        match (&self.mechanism, self.phase, self.dry_run) {
+            (
+                held::Mechanism::FreezeV1(f) | held::Mechanism::FreezeV2(f),
+                PausePhase::Held,
+                false,
+            ) => Some(f),
+            _ => None,
+        }
+    }
+}
+
 /// Where a pause stands: a pause is a state with steps, not one act.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -289,6 +289,11 @@ impl Sim {
             freezer,
             slurm_suspended: self.slurm_suspended,
             pinned: None,
+            // As the shell reads it: the freezer held by, thawed behind the engine's back.
+            held_thawed: self
+                .pause()
+                .and_then(|p| p.held_freezer().cloned())
+                .is_some_and(|f| !self.host.frozen(&f.dir)),
         };
         self.engine
             .handle_sample(Arc::new(sample), vec![measured], self.now, self.now);
@@ -325,6 +330,7 @@ impl Sim {
             freezer: None,
             slurm_suspended: self.slurm_suspended,
             pinned: None,
+            held_thawed: false,
         };
         self.engine
             .handle_sample(Arc::new(sample), vec![measured], self.now, self.now);

@@ -166,3 +166,46 @@ fn a_restarted_daemon_reads_its_slurm_suspension_back_and_holds_the_job_again() 
         s.events()
     );
 }
+
+/// A freeze undone behind the engine's back (on cgroup v2 `docker unpause` writes the job's own
+/// `cgroup.freeze`): the next full sample finds it thawed, freezes it again and says so; a freeze
+/// that holds is left alone.
+#[test]
+fn a_freeze_undone_by_another_is_made_again_at_the_next_sample() {
+    for kind in [Kind::V2, Kind::V1] {
+        let mut s = Sim::new(kind);
+        s.sample(0.97);
+        let f = s
+            .pause()
+            .and_then(|p| p.held_freezer().cloned())
+            .unwrap_or_else(|| panic!("{kind:?}: held by a freezer: {:?}", s.pause()));
+        assert!(s.host.frozen(&f.dir));
+        s.now += 1000;
+        s.sample(0.97);
+        let again = |s: &Sim| {
+            s.engine
+                .view()
+                .events
+                .iter()
+                .filter(|e| e.reason == crate::reason::Reason::Freeze)
+                .count()
+        };
+        assert_eq!(again(&s), 0, "{kind:?}: a held freeze is left alone");
+        s.host.set_frozen(&f.dir, false);
+        s.now += 1000;
+        s.sample(0.97);
+        assert!(s.host.frozen(&f.dir), "{kind:?}: frozen again");
+        assert_eq!(again(&s), 1, "{kind:?}: {:?}", s.engine.view().events);
+        assert_eq!(
+            s.pause().map(|p| (p.phase, p.mechanism.name())),
+            Some((crate::job::PausePhase::Held, f_kind(kind)))
+        );
+    }
+}
+
+fn f_kind(kind: Kind) -> &'static str {
+    match kind {
+        Kind::V1 => "cgroup_v1_freezer",
+        _ => "cgroup_v2_freeze",
+    }
+}

@@ -90,6 +90,7 @@ fn a_job_the_oom_killer_ended_is_reported_as_oom_killed() {
             freezer: None,
             slurm_suspended: None,
             pinned: None,
+            held_thawed: false,
         };
         s.engine.handle_sample(
             std::sync::Arc::new(crate::sample::Sample::default()),

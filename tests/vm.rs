@@ -12,7 +12,10 @@
 //! container-style scope in machine.slice and an ordinary user's `systemd-run --user` service attached
 //! by that user: each paused by hand and by the policy, by the freezer where the attached tree owns its
 //! cgroup and by signals where it does not, resumed, detached, alive, never OOM-killed; the user may
-//! not attach or pause root's job), `reaction-v2` (8 runs into MemoryMax=512M with the package's
+//! not attach or pause root's job), `containers-v2` (Debian's docker.io under systemd: a container
+//! attached by host pid, named after it, paused and resumed; docker's own pause and unpause beside
+//! memwatch's freeze, which share `cgroup.freeze` on v2; a container at its `--memory` limit paused,
+//! never OOM-killed), `reaction-v2` (8 runs into MemoryMax=512M with the package's
 //! config: none OOM-killed; 4 with a level-only policy: the crossing-to-pause times, a benchmark,
 //! and the reflex, whose reads of memory.current freeze the job at its line, makes the stop in at
 //! least one of them; 4 more with the reflex off, side by side; an attached job that does reach
@@ -52,12 +55,13 @@ struct Outcome {
 }
 
 /// The scenarios of the one boot, in the order they run (the crashes last: they kill the daemon).
-const SCENARIOS: [&str; 15] = [
+const SCENARIOS: [&str; 16] = [
     "boot",
     "install",
     "freeze-v2",
     "launch-systemd",
     "user-jobs",
+    "containers-v2",
     "reaction-v2",
     "calm-v2",
     "oomd",
@@ -278,4 +282,15 @@ fn a_daemon_killed_at_a_pause_costs_no_job_its_life() {
         std::fs::read_to_string(&log).unwrap_or_else(|e| format!("unreadable: {e}"))
     );
     assert_ok(outcomes, &["gap-rounds"], &[]);
+}
+
+/// Docker containers on cgroup v2 with systemd: attached by host pid and named after their container
+/// in its `docker-ID.scope`, paused and resumed by hand with docker saying "running" after; held
+/// through `docker pause` and `docker unpause` of the same `cgroup.freeze` (runc refuses both); a user's
+/// `docker pause` left alone by memwatch's resume; a container at its `--memory` limit paused by the
+/// policy, never OOM-killed, resumed once `docker update` raised it.
+#[test]
+fn docker_containers_are_held_and_released_on_cgroup_v2_beside_dockers_own_pause() {
+    let Some(outcomes) = vm() else { return };
+    assert_ok(outcomes, &["containers-v2"], &[]);
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the guest the VM tests boot: Debian 13 (trixie: systemd 257, kernel 6.12, the closest to Ubuntu
-# 24.04) with cgroup v2 only, as memwatch's users run it, with systemd-oomd enabled (as Ubuntu has it) and
-# earlyoom installed but not started (the earlyoom scenario starts it). Prints the image's directory on its last line of stdout:
+# 24.04) with cgroup v2 only, as memwatch's users run it, with systemd-oomd enabled (as Ubuntu has it),
+# earlyoom installed but not started (the earlyoom scenario starts it) and docker.io installed but not
+# started (the containers-v2 scenario starts it and imports its image from the input disk). Prints the image's directory on its last line of stdout:
 #   base.img     the root filesystem (ext4, sparse, 3 GiB), made with mkfs.ext4 -d: no loop mounts
 #   vmlinuz, initrd.img, cmdline   the kernel, its initramfs and its command line, from the guest's /boot
 #
@@ -68,7 +69,7 @@ start=$(date +%s)
 
 log "debootstrap $suite from $mirror into $root"
 debootstrap --variant=minbase \
-  --include=systemd,systemd-sysv,systemd-oomd,udev,dbus,dbus-user-session,libpam-systemd,linux-image-amd64,procps,iproute2,curl,kmod,util-linux,e2fsprogs,jq,attr,earlyoom \
+  --include=systemd,systemd-sysv,systemd-oomd,udev,dbus,dbus-user-session,libpam-systemd,linux-image-amd64,procps,iproute2,curl,kmod,util-linux,e2fsprogs,jq,attr,earlyoom,docker.io,docker-cli \
   "$suite" "$root" "$mirror" >"$work/debootstrap.log" 2>&1 || {
   tail -n 30 "$work/debootstrap.log" >&2
   exit 1
@@ -90,6 +91,13 @@ for unit in getty.target serial-getty@ttyS0.service getty@tty1.service apt-daily
   ln -sf /dev/null "$root/etc/systemd/system/$unit"
 done
 ln -sf /lib/systemd/system/multi-user.target "$root/etc/systemd/system/default.target"
+# docker.io is installed but not started at boot (no scenario but containers-v2 wants it running).
+rm -f "$root/etc/systemd/system/multi-user.target.wants/docker.service" \
+  "$root/etc/systemd/system/sockets.target.wants/docker.socket" \
+  "$root/etc/systemd/system/multi-user.target.wants/containerd.service"
+# The guest has no network, nor do the tests' containers: no bridge, no iptables rules.
+mkdir -p "$root/etc/docker"
+printf '{"iptables": false, "ip6tables": false, "bridge": "none"}\n' >"$root/etc/docker/daemon.json"
 
 cat >"$root/usr/local/sbin/memwatch-vm-scenario" <<'RUNNER'
 #!/bin/sh

@@ -64,6 +64,13 @@ mv "$in/scenarios/lib.sh" "$in/lib.sh"
 cp scripts/vm/scenarios/*.awk "$in/"
 cp scripts/vm/guest-run.sh "$in/run.sh"
 printf '%s\n' "$@" >"$in/scenarios/list"
+# A scenario whose header says `# needs: container-rootfs` gets the container tests' image root
+# (scripts/container-image.sh, cached) on the input disk as rootfs.tar.
+for s in "$@"; do
+  if grep -q '^# needs: container-rootfs' "scripts/vm/scenarios/$s.sh" && [ ! -f "$in/rootfs.tar" ]; then
+    cp "$(./scripts/container-image.sh --rootfs | tail -n 1)" "$in/rootfs.tar"
+  fi
+done
 # The scenarios' sizes: each runs at the size that proves it by default (what CI runs); a benchmark
 # run asks for more through these, passed to the guest (e.g. GAP_ROUNDS=40 for BENCHMARKS.md's figures).
 for v in GAP_ROUNDS GAP_BEFORE CRASH_ROUNDS RUNS LEVEL_RUNS; do

@@ -270,3 +270,45 @@ fn leftovers_of_a_killed_launch_never_stop_a_new_one() {
     let left = std::fs::read_dir(tmp.path()).unwrap().count();
     assert_eq!(left, taken.len(), "launch left its directory behind");
 }
+
+/// `memwatch launch -- docker run …` would follow the docker client, not the container (which the
+/// engine's daemon starts): refused before anything starts, with what to do instead.
+#[test]
+fn a_container_run_is_refused_with_what_to_do() {
+    for cmd in [
+        &["docker", "run", "--rm", "img", "python", "train.py"][..],
+        &["/usr/bin/podman", "--cgroup-manager=cgroupfs", "run", "img"],
+        &["docker", "container", "run", "img"],
+    ] {
+        let out = Command::new(common::bin())
+            .args(["launch", "--socket", "/nonexistent.sock", "--"])
+            .args(cmd)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{cmd:?}: {stderr}");
+        assert!(
+            stderr.contains("memwatch attach $(")
+                && stderr.contains("inspect -f '{{.State.Pid}}' NAME)"),
+            "{cmd:?}: {stderr}"
+        );
+    }
+    // `docker ps` is not a run: it goes ahead (and fails here for want of a cgroup or daemon, not
+    // for this).
+    let out = Command::new(common::bin())
+        .args([
+            "launch",
+            "--socket",
+            "/nonexistent.sock",
+            "--",
+            "docker",
+            "ps",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("memwatch attach $("),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

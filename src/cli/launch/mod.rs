@@ -73,6 +73,22 @@ fn parse_size(s: &str) -> Result<u64, super::arg_error::ArgError> {
         .ok_or_else(|| super::arg_error::ArgError::Size(s.to_owned()))
 }
 
+/// The container engine whose `run` (or `container run`) `command` is: its container would not be
+/// the launched process's descendant.
+fn container_run(command: &[String]) -> Option<String> {
+    let engine = Path::new(command.first()?).file_name()?.to_str()?;
+    if !matches!(engine, "docker" | "podman" | "nerdctl") {
+        return None;
+    }
+    let rest: Vec<&str> = command[1..]
+        .iter()
+        .map(String::as_str)
+        .filter(|a| !a.starts_with('-'))
+        .take(2)
+        .collect();
+    matches!(rest.as_slice(), ["run", ..] | ["container", "run"]).then(|| engine.to_owned())
+}
+
 /// How one run ended.
 enum Ended {
     Finished,
@@ -101,6 +117,15 @@ pub fn run(cli: &super::Cli, a: &LaunchArgs) -> Result<u8, Failure> {
         .command
         .first()
         .ok_or_else(|| usage(anyhow::anyhow!("no command")))?;
+    if let Some(engine) = container_run(&a.command) {
+        return Err(usage(anyhow::anyhow!(
+            "`{engine} run` starts its container outside this process's tree (under the engine's \
+             daemon or conmon), so launch would follow the {engine} client, not the job: start the \
+             container, then `memwatch attach $({engine} inspect -f '{{{{.State.Pid}}}}' NAME)` (named \
+             after the container), or run memwatch's Python client inside it with the control socket \
+             mounted"
+        )));
+    }
     let name = a.name.clone().unwrap_or_else(|| {
         Path::new(program)
             .file_name()

@@ -91,8 +91,23 @@ fn a_checkpoint_before_a_cgroup_pause_has_reason_job_cgroup_and_every_reason_is_
     );
     let pause = find(&events, "pause", "qa").expect("a pause event");
     assert_eq!(pause["reason"], "job_cgroup", "{pause}");
-    let near = find(&events, "near_exhaustion", "qa").expect("a near_exhaustion event");
-    assert_eq!(near["reason"], "job_cgroup", "{near}");
+    // Its reason is the limit's it names: the job's cgroup's as it nears its limit, or the host's
+    // when the host's MemAvailable falls faster meanwhile (seen once in CI, before the job's growth
+    // was known: "host: 22Gi left, growing 253Mi/s: full in 91 s").
+    let near: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| e["action"] == "near_exhaustion" && e["job"] == "qa")
+        .collect();
+    assert!(!near.is_empty(), "no near_exhaustion event: {events:#?}");
+    for e in near {
+        let detail = e["detail"].as_str().unwrap_or_default();
+        let limit = match e["reason"].as_str() {
+            Some("job_cgroup") => "cgroup: ",
+            Some("host_memory") => "host: ",
+            other => panic!("near_exhaustion with reason {other:?}: {e}"),
+        };
+        assert!(detail.starts_with(limit), "{e}");
+    }
     // The job ignored its checkpoint signal and is still there, paused.
     assert!(common::proc_state(pid).is_some_and(|s| s != 'Z'));
 

@@ -67,7 +67,7 @@ pub(super) fn call(
         if started.elapsed() >= within {
             return Err(PrivateError::Late(within));
         }
-        let reply = read_message(&mut reader)?;
+        let reply = read_message(&mut reader, within)?;
         let parsed = parse(&reply)?;
         if parsed.reply_serial != Some(serial) {
             continue; // a signal, or another's: not our answer
@@ -90,13 +90,12 @@ pub(super) fn call(
 const METHOD_RETURN: u8 = 2;
 const ERROR: u8 = 3;
 
-/// One whole message off the socket: the fixed header, the header fields, the body.
-fn read_message(r: &mut impl Read) -> Result<Vec<u8>, PrivateError> {
+/// One whole message off the socket (read with a timeout of `within`): the fixed header, the
+/// header fields, the body.
+fn read_message(r: &mut impl Read, within: Duration) -> Result<Vec<u8>, PrivateError> {
     let mut buf = vec![0u8; 16];
     r.read_exact(&mut buf).map_err(|e| match e.kind() {
-        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
-            PrivateError::Late(Duration::ZERO)
-        }
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => PrivateError::Late(within),
         _ => PrivateError::Io(e),
     })?;
     let u32_at = |b: &[u8], at: usize| -> Option<u32> {
@@ -230,7 +229,7 @@ mod tests {
             .build(&("Unit memwatch-t-1-0.scope already exists.",))
             .unwrap();
         let bytes = with_sender(&err, "org.freedesktop.systemd1");
-        let got = read_message(&mut bytes.as_slice()).unwrap();
+        let got = read_message(&mut bytes.as_slice(), Duration::from_secs(1)).unwrap();
         assert_eq!(got, bytes);
         assert_eq!(
             parse(&got).unwrap(),
@@ -249,7 +248,7 @@ mod tests {
         let p = parse(&with_sender(&done, "org.freedesktop.systemd1")).unwrap();
         assert_eq!((p.kind, p.reply_serial), (METHOD_RETURN, Some(serial)));
         // Cut short: an error, never a panic.
-        assert!(read_message(&mut &bytes[..bytes.len() - 3]).is_err());
+        assert!(read_message(&mut &bytes[..bytes.len() - 3], Duration::from_secs(1)).is_err());
         assert!(parse(&bytes[..20]).is_err());
     }
 }

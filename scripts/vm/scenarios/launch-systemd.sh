@@ -66,16 +66,21 @@ else
   result $S fail "user-nomanager: the error does not say what to do: $(tail -n 2 /tmp/launch-none.log)"
 fi
 
-# The same user with no user bus (dbus-user-session removed, as on a minimal server, and the user's
-# runtime directory made afresh): launch reaches the user manager through its private socket, as
-# systemctl --user does.
-dpkg -r dbus-user-session >/tmp/dpkg.log 2>&1 || { result $S fail "user-nobus: dpkg -r dbus-user-session: $(tail -n 2 /tmp/dpkg.log)"; exit 1; }
+# The same user with no user bus (the user manager's dbus.socket masked, as on a server without
+# dbus-user-session, and the user's runtime directory made afresh): launch reaches the user manager
+# through its private socket, as systemctl --user does. The mask goes afterwards, and the user's
+# manager with it, so that later scenarios find the machine as it was.
+mkdir -p /etc/systemd/user
+ln -sf /dev/null /etc/systemd/user/dbus.socket
 wait_until 30 sh -c "! test -d /run/user/$uid" || { result $S fail "user-nobus: /run/user/$uid outlived the user manager"; exit 1; }
 loginctl enable-linger mwuser
 wait_until 30 test -S /run/user/$uid/systemd/private || { result $S fail "user-nobus: no private socket for mwuser's manager"; exit 1; }
 if [ -e /run/user/$uid/bus ]; then
-  result $S fail "user-nobus: /run/user/$uid/bus is there without dbus-user-session"
+  result $S fail "user-nobus: /run/user/$uid/bus is there with the user's dbus.socket masked"
 else
   launch_check user-nobus runuser -u mwuser -- env XDG_RUNTIME_DIR=/run/user/$uid
 fi
+rm -f /etc/systemd/user/dbus.socket
+loginctl disable-linger mwuser
+wait_until 30 sh -c "! test -d /run/user/$uid" || result $S fail "cleanup: mwuser's manager outlived disable-linger"
 exit "${FAILED:-0}"

@@ -51,17 +51,9 @@ if [ ! -f "$dir/done" ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
   }
-  # The mirror this machine's apt uses for bookworm (deb822 .sources or one-line .list files).
+  # The mirror this machine's apt uses (scripts/debian-mirror.sh).
   suite=bookworm
-  mirror=${MEMWATCH_CONTAINER_MIRROR:-}
-  if [ -z "$mirror" ]; then
-    mirror=$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '
-      /^URIs:/ { uri = $2 } /^Suites:/ { for (i = 2; i <= NF; i++) if ($i == "bookworm") { print uri; exit } }')
-  fi
-  if [ -z "$mirror" ]; then
-    mirror=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null |
-      awk '$1 == "deb" && $3 == "bookworm" { print $2; exit }')
-  fi
+  mirror=${MEMWATCH_CONTAINER_MIRROR:-$(./scripts/debian-mirror.sh || true)}
   [ -n "$mirror" ] || { log "no bookworm mirror in /etc/apt; set MEMWATCH_CONTAINER_MIRROR"; exit 1; }
 
   # Older builds go: they are keyed by older versions of this script.

@@ -14,21 +14,9 @@ use std::net::TcpListener;
 use std::process::Command;
 
 use common::containers::Engine;
-use yaml_rust2::{Yaml, YamlLoader};
+use common::manifest::of_kind;
 
 const MIB: u64 = 1 << 20;
-
-fn manifest() -> Vec<Yaml> {
-    let text =
-        std::fs::read_to_string(common::repo().join("deploy/kubernetes/memwatch.yaml")).unwrap();
-    YamlLoader::load_from_str(&text).expect("the manifest is YAML")
-}
-
-fn of_kind<'a>(docs: &'a [Yaml], kind: &str) -> &'a Yaml {
-    docs.iter()
-        .find(|d| d["kind"].as_str() == Some(kind))
-        .unwrap_or_else(|| panic!("no {kind} in the manifest"))
-}
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -101,7 +89,7 @@ fn the_daemonset_attaches_freezes_and_resumes_a_training_container_on_this_node(
         .to_owned();
 
     // The pod, from the manifest.
-    let docs = manifest();
+    let docs = common::manifest::docs();
     let ds = of_kind(&docs, "DaemonSet");
     let pod = &ds["spec"]["template"]["spec"];
     let c = &pod["containers"][0];

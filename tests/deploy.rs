@@ -5,19 +5,8 @@
 
 mod common;
 
-use yaml_rust2::{Yaml, YamlLoader};
-
-fn docs() -> Vec<Yaml> {
-    let text =
-        std::fs::read_to_string(common::repo().join("deploy/kubernetes/memwatch.yaml")).unwrap();
-    YamlLoader::load_from_str(&text).expect("the manifest is YAML")
-}
-
-fn of_kind<'a>(docs: &'a [Yaml], kind: &str) -> &'a Yaml {
-    docs.iter()
-        .find(|d| d["kind"].as_str() == Some(kind))
-        .unwrap_or_else(|| panic!("no {kind}"))
-}
+use common::manifest::{docs, of_kind};
+use yaml_rust2::Yaml;
 
 fn strs(y: &Yaml) -> Vec<String> {
     y.as_vec()

@@ -43,18 +43,9 @@ command -v mkfs.ext4 >/dev/null 2>&1 || {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends e2fsprogs >/dev/null
 }
 
-# The mirror this machine's apt uses for Debian (deb822 .sources or one-line .list files): the one that
-# carries its bookworm, which carries trixie too.
+# The mirror this machine's apt uses for Debian (scripts/debian-mirror.sh).
 suite=trixie
-mirror=${MEMWATCH_VM_MIRROR:-}
-if [ -z "$mirror" ]; then
-  mirror=$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '
-    /^URIs:/ { uri = $2 } /^Suites:/ { for (i = 2; i <= NF; i++) if ($i == "bookworm") { print uri; exit } }')
-fi
-if [ -z "$mirror" ]; then
-  mirror=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null |
-    awk '$1 == "deb" && $3 == "bookworm" { print $2; exit }')
-fi
+mirror=${MEMWATCH_VM_MIRROR:-$(./scripts/debian-mirror.sh || true)}
 [ -n "$mirror" ] || { log "no bookworm mirror in /etc/apt; set MEMWATCH_VM_MIRROR"; exit 1; }
 
 # Older builds of the image go: they are keyed by older versions of this script.

@@ -6,6 +6,7 @@ pub mod cgroup;
 pub mod command;
 pub mod containers;
 mod daemon;
+pub mod manifest;
 pub mod netns;
 pub mod prometheus;
 pub mod python;

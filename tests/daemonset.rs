@@ -55,38 +55,8 @@ fn the_daemonset_attaches_freezes_and_resumes_a_training_container_on_this_node(
         return;
     };
     // The image, from this repository.
-    let deb = Command::new(common::repo().join("scripts/build-deb.sh"))
-        .arg("--debug")
-        .current_dir(common::repo())
-        .output()
-        .expect("run scripts/build-deb.sh");
-    assert!(
-        deb.status.success(),
-        "build-deb: {}",
-        String::from_utf8_lossy(&deb.stderr)
-    );
-    let deb = String::from_utf8_lossy(&deb.stdout)
-        .trim()
-        .lines()
-        .last()
-        .unwrap_or("")
-        .to_owned();
-    let built = Command::new(common::repo().join("scripts/build-image.sh"))
-        .args(["--deb", &deb, "docker"])
-        .current_dir(common::repo())
-        .output()
-        .expect("run scripts/build-image.sh");
-    assert!(
-        built.status.success(),
-        "build-image: {}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    let image = String::from_utf8_lossy(&built.stdout)
-        .trim()
-        .lines()
-        .last()
-        .unwrap_or("")
-        .to_owned();
+    let deb = common::script_output("scripts/build-deb.sh", &["--debug"]);
+    let image = common::script_output("scripts/build-image.sh", &["--deb", &deb, "docker"]);
 
     // The pod, from the manifest.
     let docs = common::manifest::docs();

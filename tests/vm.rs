@@ -86,22 +86,7 @@ fn vm() -> Option<&'static [Outcome]> {
             );
             return None;
         }
-        let built = Command::new(common::repo().join("scripts/build-deb.sh"))
-            .arg("--debug")
-            .current_dir(common::repo())
-            .output()
-            .expect("run scripts/build-deb.sh");
-        assert!(
-            built.status.success(),
-            "scripts/build-deb.sh --debug: {}",
-            String::from_utf8_lossy(&built.stderr)
-        );
-        let deb = common::repo().join(
-            String::from_utf8_lossy(&built.stdout)
-                .lines()
-                .last()
-                .expect("the script names the .deb"),
-        );
+        let deb = common::repo().join(common::script_output("scripts/build-deb.sh", &["--debug"]));
         let started = std::time::Instant::now();
         let out = Command::new(common::repo().join("scripts/vm/run.sh"))
             .args(SCENARIOS)

@@ -176,6 +176,28 @@ pub fn memwatch(args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// Runs the repository's script `script` with `args` from the repository's root and returns the last
+/// line it printed (what the build scripts name: the .deb, the image); fails the test with its stderr.
+pub fn script_output(script: &str, args: &[&str]) -> String {
+    let out = Command::new(repo().join(script))
+        .args(args)
+        .current_dir(repo())
+        .output()
+        .unwrap_or_else(|e| panic!("run {script}: {e}"));
+    assert!(
+        out.status.success(),
+        "{script} {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap_or_else(|| panic!("{script} named nothing"))
+        .trim()
+        .to_owned()
+}
+
 /// The memhog test program, built once per test binary.
 pub fn memhog() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();

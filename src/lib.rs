@@ -9,6 +9,7 @@ pub mod adapt;
 pub mod cli;
 pub mod client;
 pub mod clock;
+pub mod command;
 pub mod control;
 pub mod daemon;
 pub mod delegated;

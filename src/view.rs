@@ -110,7 +110,14 @@ impl HostView for RootView {
         profile: &str,
         keys: &[String],
         owner: u32,
+        within: Option<u32>,
     ) -> Result<JobConfig, ConfigFileError> {
-        crate::work::adapt::open_config(file, profile, keys, owner)
+        crate::work::adapt::open_config(file, profile, keys, owner, within)
+    }
+
+    fn mount_namespace(&self, pid: u32) -> Option<u64> {
+        let link = std::fs::read_link(crate::proc::dir(&self.root, pid).join("ns/mnt")).ok()?;
+        let text = link.to_str()?;
+        text.strip_prefix("mnt:[")?.strip_suffix(']')?.parse().ok()
     }
 }

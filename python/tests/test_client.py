@@ -127,7 +127,13 @@ def test_MEMWATCH_JOB_names_the_job_and_never_means_launched(daemon_factory, tmp
     assert job is not None and job["pid"] == sleeper and job["config"]["knobs"]["micro_batch"] == 8, job
     assert c.directives(force=True) is not None
     # The marker counts only when it names an ancestor of this process.
-    for marker, launched in [(str(os.getppid()), True), (str(sleeper), False), ("", False), ("yes", False)]:
+    for marker, launched in [
+        (str(os.getppid()), True),
+        (str(sleeper), False),
+        ("", False),
+        ("yes", False),
+        ("container", True),
+    ]:
         monkeypatch.setenv("MEMWATCH_LAUNCHED", marker)
         assert memwatch.Client().launched is launched, marker
 

@@ -1,10 +1,9 @@
 //! Slurm's commands: the job-wide suspend, resume, requeue, cancel and signal through scontrol and
 //! scancel, each with a timeout. Where a job is on this node is `crate::slurm`'s.
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use wait_timeout::ChildExt;
+use crate::command::RunError;
 
 use super::driver::SlurmAnswer;
 use super::slurm_holds::{self, Holds};
@@ -15,41 +14,25 @@ pub use memwatch_core::seam::{HOLD_TRIES, SlurmError};
 /// Runs a Slurm command for at most `timeout`. Its stdout on success; otherwise what went wrong, with
 /// the command's own words.
 pub fn run(program: &str, args: &[&str], timeout: Duration) -> Result<String, SlurmError> {
-    let command = format!("{program} {}", args.join(" "));
-    let spawn = |e: std::io::Error| SlurmError::Spawn {
-        command: command.clone(),
-        reason: e.to_string(),
-    };
-    let mut child = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(spawn)?;
-    match child.wait_timeout(timeout) {
-        Ok(Some(status)) => {
-            let out = child.wait_with_output().map_err(spawn)?;
-            if status.success() {
-                Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-            } else {
-                Err(SlurmError::Failed {
-                    command,
-                    status: status.to_string(),
-                    stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-                })
-            }
-        }
-        Ok(None) => {
-            let _ = child.kill();
-            let _ = child.wait();
-            Err(SlurmError::Late {
-                command,
-                timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
-            })
-        }
-        Err(e) => Err(spawn(e)),
-    }
+    crate::command::run(program, args, timeout).map_err(|e| match e {
+        RunError::Spawn { command, source } => SlurmError::Spawn {
+            command,
+            reason: source.to_string(),
+        },
+        RunError::Failed {
+            command,
+            status,
+            stderr,
+        } => SlurmError::Failed {
+            command,
+            status: status.to_string(),
+            stderr,
+        },
+        RunError::Late { command, timeout } => SlurmError::Late {
+            command,
+            timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        },
+    })
 }
 
 /// A job's `JobState` from `scontrol show job -o`'s one line per job.
@@ -293,7 +276,7 @@ mod tests {
         let e = run("false", &[], Duration::from_secs(5)).unwrap_err();
         assert!(matches!(e, SlurmError::Failed { .. }), "{e}");
         let e = e.to_string();
-        assert!(e.contains("`false ` failed"), "{e}");
+        assert!(e.contains("`false` failed"), "{e}");
         let e = run("sleep", &["5"], Duration::from_millis(100)).unwrap_err();
         assert_eq!(
             e,

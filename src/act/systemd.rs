@@ -7,11 +7,9 @@
 //! The system manager is asked on the system bus; a user's manager on that user's bus, which busctl
 //! reaches as root by running as the user (`--user --machine=UID@.host`).
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use wait_timeout::ChildExt;
-
+use crate::command::RunError;
 use crate::job::held::Bus;
 
 /// How long the manager may take to answer.
@@ -89,38 +87,26 @@ pub fn set_memory_max(bus: Bus, unit: &str, bytes: u64) -> Result<(), CallError>
 }
 
 fn call(args: &[String], shown: &str, unit: &str, bytes: u64) -> Result<(), CallError> {
-    let mut child = Command::new("busctl")
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| CallError::Failed(format!("cannot run busctl: {e} [{shown}]")))?;
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     // busctl's own timeout bounds the call; this bounds busctl (a stuck bus connection).
-    match child.wait_timeout(TIMEOUT + Duration::from_secs(1)) {
-        Ok(Some(status)) if status.success() => Ok(()),
-        Ok(Some(status)) => {
-            let mut err = String::new();
-            if let Some(mut e) = child.stderr.take() {
-                let _ = std::io::Read::read_to_string(&mut e, &mut err);
-            }
-            let err = err.trim();
-            let what =
-                format!("systemd refused MemoryMax={bytes} for {unit} ({status}): {err} [{shown}]");
-            if err.contains("not loaded") || err.contains("NoSuchUnit") {
+    match crate::command::run("busctl", &args, TIMEOUT + Duration::from_secs(1)) {
+        Ok(_) => Ok(()),
+        Err(RunError::Failed { status, stderr, .. }) => {
+            let what = format!(
+                "systemd refused MemoryMax={bytes} for {unit} ({status}): {stderr} [{shown}]"
+            );
+            // busctl prints the D-Bus error's message, not its name: "Unit X not loaded." is
+            // org.freedesktop.systemd1.NoSuchUnit's.
+            if stderr.contains("not loaded") || stderr.contains("NoSuchUnit") {
                 Err(CallError::NoUnit(what))
             } else {
                 Err(CallError::Failed(what))
             }
         }
-        Ok(None) => {
-            let _ = child.kill();
-            let _ = child.wait();
-            Err(CallError::Failed(format!(
-                "systemd did not answer within {TIMEOUT:?} [{shown}]"
-            )))
-        }
-        Err(e) => Err(CallError::Failed(format!("busctl: {e} [{shown}]"))),
+        Err(RunError::Late { .. }) => Err(CallError::Failed(format!(
+            "systemd did not answer within {TIMEOUT:?} [{shown}]"
+        ))),
+        Err(e @ RunError::Spawn { .. }) => Err(CallError::Failed(format!("{e} [{shown}]"))),
     }
 }
 

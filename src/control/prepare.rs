@@ -57,6 +57,7 @@ impl Preparer {
                 file,
                 profile,
                 keys,
+                itself,
             } => {
                 let Ok(status) = self.view.status(pid) else {
                     return Prepared::default();
@@ -65,13 +66,18 @@ impl Preparer {
                 if !caller.is_root() && caller.uid != owner {
                     return Prepared::default();
                 }
-                let result = self.view.open_config(&file, &profile, &keys, owner);
+                let Ok(within) = memwatch_core::engine::config_root(&self.view, itself, caller)
+                else {
+                    return Prepared::default();
+                };
+                let result = self.view.open_config(&file, &profile, &keys, owner, within);
                 Prepared {
                     config: Some(OpenedConfig {
                         file,
                         profile,
                         keys,
                         owner,
+                        within,
                         result,
                     }),
                     slurm_pids: None,

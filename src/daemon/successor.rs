@@ -9,30 +9,14 @@
 //! by a timeout. Any failure (not a systemd service, no bus, a manager that does not answer) counts
 //! as a plain stop, which resumes everything: the behaviour of a stop without this check.
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
-
-use wait_timeout::ChildExt;
 
 /// Why systemd's answer about this unit's job could not be had.
 #[derive(Debug, thiserror::Error)]
 enum AskError {
-    /// busctl could not be run or read.
-    #[error("busctl: {0}")]
-    Spawn(std::io::Error),
-    /// busctl did not finish in time (and was killed).
-    #[error("busctl {0}: no answer in time")]
-    Late(String),
-    /// busctl failed.
-    #[error("busctl {call}: {status}: {stderr}")]
-    Failed {
-        /// Its arguments.
-        call: String,
-        /// Its exit status.
-        status: std::process::ExitStatus,
-        /// What it printed.
-        stderr: String,
-    },
+    /// busctl could not be run, failed, or did not answer in time (and was killed).
+    #[error(transparent)]
+    Busctl(#[from] crate::command::RunError),
     /// busctl's output is not JSON.
     #[error("busctl {call}: {source}")]
     Json {
@@ -123,31 +107,12 @@ fn job_type() -> Result<String, AskError> {
 
 /// `busctl --system -j ARGS…`, its output parsed as JSON.
 fn busctl(args: &[&str]) -> Result<serde_json::Value, AskError> {
-    let mut child = Command::new("busctl")
-        .args(["--system", "--json=short", "--timeout=2"])
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(AskError::Spawn)?;
-    let status = match child.wait_timeout(ASK + Duration::from_secs(1)) {
-        Ok(Some(status)) => status,
-        Ok(None) | Err(_) => {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(AskError::Late(args.join(" ")));
-        }
-    };
-    let out = child.wait_with_output().map_err(AskError::Spawn)?;
-    if !status.success() {
-        return Err(AskError::Failed {
-            call: args.join(" "),
-            status,
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-        });
-    }
-    serde_json::from_slice(&out.stdout).map_err(|source| AskError::Json {
+    let all: Vec<&str> = ["--system", "--json=short", "--timeout=2"]
+        .into_iter()
+        .chain(args.iter().copied())
+        .collect();
+    let out = crate::command::run("busctl", &all, ASK + Duration::from_secs(1))?;
+    serde_json::from_str(&out).map_err(|source| AskError::Json {
         call: args.join(" "),
         source,
     })

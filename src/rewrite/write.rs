@@ -49,6 +49,26 @@ pub enum Owner {
     /// Root by hand: the owner is the file's own, found on the opened descriptor; the directory is
     /// reached with root's rights, noting whether every directory and link on the way is root's.
     FileOwner,
+    /// As `Uid`, the path inside the root of process `pid` (a container's mount namespace):
+    /// `/proc/PID/root` opened with the owner's rights (which the kernel grants only to who may
+    /// ptrace the process), the directory resolved under it with `RESOLVE_IN_ROOT`, so `..` and
+    /// absolute links stay inside.
+    Within {
+        /// The file's owner.
+        uid: u32,
+        /// The process whose root the path is in.
+        pid: u32,
+    },
+}
+
+impl Owner {
+    /// User `uid`'s file, its path in the daemon's root or in that of process `within`.
+    pub fn of(uid: u32, within: Option<u32>) -> Owner {
+        match within {
+            Some(pid) => Owner::Within { uid, pid },
+            None => Owner::Uid(uid),
+        }
+    }
 }
 
 /// One config file operation at a time, process-wide: it bounds the memory config work can take.
@@ -282,6 +302,32 @@ fn with_file<T: Send>(
             set_fs_ids(uid, read.stat.st_gid)?;
             then(&dfd, name, read)
         }),
+        Owner::Within { uid, pid } => as_user(uid, NO_GROUP, || {
+            let root = format!("/proc/{pid}/root");
+            let rfd = rustix::fs::open(
+                root.as_str(),
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(errno(Path::new(&root)))?;
+            let inside = dir.strip_prefix("/").unwrap_or(dir);
+            let inside = if inside.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                inside
+            };
+            let dfd = rustix::fs::openat2(
+                &rfd,
+                inside,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+                rustix::fs::ResolveFlags::IN_ROOT | rustix::fs::ResolveFlags::NO_MAGICLINKS,
+            )
+            .map_err(errno(dir))?;
+            let read = read_in(&dfd, name, path, Some(uid))?;
+            set_fs_ids(uid, read.stat.st_gid)?;
+            then(&dfd, name, read)
+        }),
         Owner::FileOwner => {
             let (dfd, trusted) = open_dir_tracking_trust(dir)?;
             let read = read_in(&dfd, name, path, None)?;
@@ -305,14 +351,14 @@ fn with_file<T: Send>(
 pub fn read_values(
     path: &Path,
     format: Format,
-    owner: u32,
+    owner: Owner,
     paths: &[&str],
 ) -> Result<Vec<Option<Scalar>>, RewriteError> {
     let content = |error| RewriteError::Content {
         path: path.to_owned(),
         error,
     };
-    with_file(path, Owner::Uid(owner), |_, _, read| {
+    with_file(path, owner, |_, _, read| {
         let doc = parse(format, &read.text).map_err(content)?;
         paths.iter().map(|p| doc.get(p).map_err(content)).collect()
     })

@@ -21,6 +21,7 @@ pub fn open_config(
     profile: &str,
     keys: &[String],
     owner: u32,
+    within: Option<u32>,
 ) -> Result<JobConfig, ConfigFileError> {
     if !file.is_absolute() {
         return Err(ConfigFileError::NotAbsolute(file.to_owned()));
@@ -28,7 +29,7 @@ pub fn open_config(
     let file = file.to_owned();
     let format = Format::of(&file).ok_or_else(|| ConfigFileError::UnknownFormat(file.clone()))?;
     let profile = Profile::build(profile, keys)?;
-    let knobs = read_knobs(&file, format, &profile, owner)?;
+    let knobs = read_knobs(&file, format, &profile, write::Owner::of(owner, within))?;
     if knobs.is_empty() {
         return Err(ConfigFileError::NoKnobs {
             keys: profile
@@ -42,6 +43,7 @@ pub fn open_config(
     }
     Ok(JobConfig {
         file,
+        within,
         format,
         profile,
         token: crate::adapt::new_token()?,
@@ -63,7 +65,7 @@ fn read_knobs(
     file: &Path,
     format: Format,
     profile: &Profile,
-    owner: u32,
+    owner: write::Owner,
 ) -> Result<BTreeMap<Knob, Scalar>, write::RewriteError> {
     let paths: Vec<&str> = profile.keys.iter().map(|(_, p)| p.as_str()).collect();
     let values = write::read_values(file, format, owner, &paths)?;
@@ -85,7 +87,12 @@ pub fn run_adapt_task(t: AdaptTask) -> AdaptDone {
         staged,
         oom: t.oom.clone().map(Box::new),
     };
-    let knobs = match read_knobs(&t.file, t.format, &t.profile, t.owner) {
+    let knobs = match read_knobs(
+        &t.file,
+        t.format,
+        &t.profile,
+        write::Owner::of(t.owner, t.within),
+    ) {
         Ok(k) => k,
         Err(e) => return done(Err(e), Staged::Nothing),
     };
@@ -177,7 +184,12 @@ fn write_directive(
             Staged::Refused(format!("cannot journal the change first: {e}")),
         );
     }
-    match write::rewrite(&t.file, t.format, write::Owner::Uid(t.owner), &edits) {
+    match write::rewrite(
+        &t.file,
+        t.format,
+        write::Owner::of(t.owner, t.within),
+        &edits,
+    ) {
         Ok(_) => {
             let written = serde_json::json!({ "job": t.job, "directive": d });
             if let Err(e) = journal(&t.journal, &written) {

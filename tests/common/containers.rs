@@ -18,9 +18,9 @@ pub struct Engine {
     /// "docker" or "podman".
     pub name: &'static str,
     /// Options before the subcommand.
-    global: &'static [&'static str],
+    pub global: &'static [&'static str],
     /// Options of every `run`.
-    run: &'static [&'static str],
+    pub run: &'static [&'static str],
     /// `memwatch-test:KEY`.
     pub image: String,
 }

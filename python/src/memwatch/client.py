@@ -13,6 +13,11 @@ that pid (the job's root, a torchrun rank, a DataLoader worker) takes the job as
 token file, socket and URL in `MEMWATCH_TOKEN_FILE`, `MEMWATCH_SOCKET` and `MEMWATCH_URL`, and does not
 attach again: `attach` only checks once that the daemon knows the job and takes this client for it.
 `MEMWATCH_JOB` names the job, launched or not: set by hand, it never means "already attached".
+
+A container that `memwatch launch -- docker run …` started (or podman's) cannot see launch across its
+pid namespace: launch marks it `MEMWATCH_LAUNCHED=container` and attaches the container's process
+from the host once the engine has started it, so a client there takes the job as attached and waits
+(up to `CONTAINER_ATTACH_SECONDS`) for the daemon to know it.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ LAUNCHED = "MEMWATCH_LAUNCHED"
 
 # The refusals that say this client's job is not what it takes it for: a mistake to fix, not an outage.
 _WRONG_JOB = ("not_found", "forbidden")
+CONTAINER_ATTACH_SECONDS = 30.0
+"""How long a client in a container launch started waits for launch to attach it from the host."""
 _HTTP_KINDS = {400: "invalid", 403: "forbidden", 404: "not_found", 409: "conflict", 429: "limit", 503: "unavailable"}
 
 
@@ -189,7 +196,18 @@ class Client:
         """Asks for the directives once, as the job's trainer: a job the daemon does not know, or a
         token it does not take, raises `MemwatchError` with what to fix."""
         path = f"directives?since={self.generation}"
-        reply = self._request({"cmd": "directives", "since": self.generation}, "GET", path)
+        deadline = time.monotonic() + CONTAINER_ATTACH_SECONDS
+        while True:
+            reply = self._request({"cmd": "directives", "since": self.generation}, "GET", path)
+            # In a container, launch attaches the job from the host just after the engine starts it.
+            if not (
+                reply is not None
+                and reply.get("kind") == "not_found"
+                and os.environ.get(LAUNCHED) == "container"
+                and time.monotonic() < deadline
+            ):
+                break
+            time.sleep(0.1)
         if reply is None:
             return False
         if reply.get("ok") is False:
@@ -399,8 +417,11 @@ class Client:
 
 def launched_by_memwatch(env: Mapping[str, str]) -> bool:
     """Whether `memwatch launch` started this process's tree: `MEMWATCH_LAUNCHED` holds the pid of
-    the `memwatch launch` process, and this process descends from it."""
+    the `memwatch launch` process, and this process descends from it; or it is `container`, set by
+    launch in the container it started through an engine's `run`."""
     marker = env.get(LAUNCHED, "").strip()
+    if marker == "container":
+        return True
     return marker.isdigit() and _proc.descends_from(int(marker))
 
 

@@ -16,6 +16,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 
 mod cgroup;
+mod container;
 mod error;
 mod manager;
 mod private;
@@ -73,22 +74,6 @@ fn parse_size(s: &str) -> Result<u64, super::arg_error::ArgError> {
         .ok_or_else(|| super::arg_error::ArgError::Size(s.to_owned()))
 }
 
-/// The container engine whose `run` (or `container run`) `command` is: its container would not be
-/// the launched process's descendant.
-fn container_run(command: &[String]) -> Option<String> {
-    let engine = Path::new(command.first()?).file_name()?.to_str()?;
-    if !matches!(engine, "docker" | "podman" | "nerdctl") {
-        return None;
-    }
-    let rest: Vec<&str> = command[1..]
-        .iter()
-        .map(String::as_str)
-        .filter(|a| !a.starts_with('-'))
-        .take(2)
-        .collect();
-    matches!(rest.as_slice(), ["run", ..] | ["container", "run"]).then(|| engine.to_owned())
-}
-
 /// How one run ended.
 enum Ended {
     Finished,
@@ -117,13 +102,12 @@ pub fn run(cli: &super::Cli, a: &LaunchArgs) -> Result<u8, Failure> {
         .command
         .first()
         .ok_or_else(|| usage(anyhow::anyhow!("no command")))?;
-    if let Some(engine) = container_run(&a.command) {
+    let container = container::ContainerRun::parse(&a.command);
+    if let (Some(c), Some(_)) = (&container, a.memory_max) {
         return Err(usage(anyhow::anyhow!(
-            "`{engine} run` starts its container outside this process's tree (under the engine's \
-             daemon or conmon), so launch would follow the {engine} client, not the job: start the \
-             container, then `memwatch attach $({engine} inspect -f '{{{{.State.Pid}}}}' NAME)` (named \
-             after the container), or run memwatch's Python client inside it with the control socket \
-             mounted"
+            "the container's engine sets its limit: give `{} run` --memory instead of launch's \
+             --memory-max",
+            c.engine()
         )));
     }
     let name = a.name.clone().unwrap_or_else(|| {
@@ -154,6 +138,12 @@ pub fn run(cli: &super::Cli, a: &LaunchArgs) -> Result<u8, Failure> {
         env.push(("MEMWATCH_URL".to_owned(), super::daemon_url(c)));
     }
     let daemon = Daemon { socket, env };
+    if let Some(c) = container {
+        let runtime = private_dir()?;
+        let result = container::runs(&c, a, config_file, &runtime, &daemon);
+        let _ = std::fs::remove_dir_all(&runtime);
+        return result;
+    }
     // Inside a Slurm allocation, Slurm's cgroup; where systemd runs the machine, a scope of its own
     // per run; else a cgroup of its own.
     let place = match slurm_allocation() {
@@ -163,19 +153,24 @@ pub fn run(cli: &super::Cli, a: &LaunchArgs) -> Result<u8, Failure> {
         None if scope::systemd_runs_here() => Place::Scope,
         None => Place::Cgroup(JobCgroup::create(&name, a.memory_max).map_err(anyhow::Error::from)?),
     };
-    // A private directory of a new name (mkdtemp: mode 0700, never an existing one): a launch killed
-    // before it could remove its own leaves it behind, and its pid comes round again.
-    let template = std::env::temp_dir().join("memwatch-launch-XXXXXX");
-    let runtime = nix::unistd::mkdtemp(&template).map_err(|e| {
-        anyhow::anyhow!(
-            "cannot make a private directory like {}: {e}",
-            template.display()
-        )
-    })?;
+    let runtime = private_dir()?;
     let token_file = runtime.join("token");
     let result = runs(a, &name, config_file, &place, &token_file, &daemon);
     let _ = std::fs::remove_dir_all(&runtime);
     result
+}
+
+/// A private directory of a new name (mkdtemp: mode 0700, never an existing one): a launch killed
+/// before it could remove its own leaves it behind, and its pid comes round again.
+fn private_dir() -> Result<PathBuf, Failure> {
+    let template = std::env::temp_dir().join("memwatch-launch-XXXXXX");
+    nix::unistd::mkdtemp(&template).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot make a private directory like {}: {e}",
+            template.display()
+        )
+        .into()
+    })
 }
 
 /// Where the job runs: one cgroup for every run, or a systemd scope made for each.
@@ -267,7 +262,7 @@ fn runs(
         let attached = attach(
             &daemon.socket,
             a,
-            name,
+            Some(name),
             child,
             config_file.clone(),
             token_file,
@@ -354,20 +349,21 @@ fn wait_detached(socket: &Path, name: &str) -> Vec<crate::job::EndedJob> {
     ended
 }
 
-/// Attaches the waiting child (retrying while the previous run's job is still being dropped).
+/// Attaches the waiting child (retrying while the previous run's job is still being dropped): the
+/// job's name, as given or as the daemon chose it.
 fn attach(
     socket: &Path,
     a: &LaunchArgs,
-    name: &str,
+    name: Option<&str>,
     pid: u32,
     config_file: Option<PathBuf>,
     token_file: &Path,
     launched: &crate::job::Launched,
-) -> Result<(), Failure> {
+) -> Result<String, Failure> {
     let request = || Request::Attach {
         pid,
         itself: false,
-        name: Some(name.to_owned()),
+        name: name.map(str::to_owned),
         config_file: config_file.clone(),
         profile: a.profile.clone(),
         keys: a.keys.clone(),
@@ -394,7 +390,11 @@ fn attach(
             std::fs::write(token_file, format!("{t}\n"))
                 .map_err(|e| anyhow::anyhow!("{}: {e}", token_file.display()))?;
         }
-        return Ok(());
+        return Ok(r
+            .job
+            .map(|j| j.name)
+            .or_else(|| name.map(str::to_owned))
+            .unwrap_or_default());
     }
     Err(anyhow::anyhow!("cannot attach the job: {last}").into())
 }

@@ -100,6 +100,11 @@ pub struct Progress {
 pub struct JobConfig {
     /// The trainer's config file (absolute).
     pub file: PathBuf,
+    /// The process whose root the file's path is in, where that is not the daemon's: a job in a
+    /// container that attached itself with a path of its own mount namespace. Read and written
+    /// through `/proc/PID/root`, the path resolved inside that root (links cannot leave it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub within: Option<u32>,
     /// Its format (JSON, YAML or TOML), from its extension.
     pub format: Format,
     /// Which key in the file is which knob.

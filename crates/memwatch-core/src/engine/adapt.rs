@@ -33,6 +33,8 @@ pub struct AdaptTask {
     pub profile: Profile,
     /// The job's user: the file is read and written with its rights.
     pub owner: u32,
+    /// The process whose root the file's path is in (`JobConfig::within`).
+    pub within: Option<u32>,
     /// What the rules go by.
     pub signals: Signals,
     /// Since when the job has had lots of room (ms), carried to the next task.
@@ -262,6 +264,7 @@ impl Engine {
             format: c.format,
             profile: c.profile.clone(),
             owner: job.owner_uid,
+            within: c.within,
             signals,
             roomy_since,
             hold: c.pending().next().is_some() || settling,

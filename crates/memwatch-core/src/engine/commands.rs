@@ -16,6 +16,7 @@ pub(super) struct ConfigAsk {
     profile: String,
     keys: Vec<String>,
     opened: Option<OpenedConfig>,
+    within: Option<u32>,
 }
 
 impl ConfigAsk {
@@ -27,8 +28,8 @@ impl ConfigAsk {
         owner: u32,
     ) -> Result<crate::adapt::JobConfig, Refusal> {
         let result = match self.opened {
-            Some(o) if o.is(&self.file, &self.profile, &self.keys, owner) => o.result,
-            _ => view.open_config(&self.file, &self.profile, &self.keys, owner),
+            Some(o) if o.is(&self.file, &self.profile, &self.keys, owner, self.within) => o.result,
+            _ => view.open_config(&self.file, &self.profile, &self.keys, owner, self.within),
         };
         result.map_err(|e| Refusal::invalid(e.to_string()))
     }
@@ -68,6 +69,10 @@ impl Engine {
                         profile: profile.unwrap_or_else(|| super::DEFAULT_PROFILE.into()),
                         keys,
                         opened: prepared.config,
+                        within: match super::config_root(self.view.as_ref(), itself, caller) {
+                            Ok(w) => w,
+                            Err(e) => return Response::refused(Refusal::invalid(e)),
+                        },
                     }),
                     None if profile.is_some() || !keys.is_empty() => {
                         return Response::error("--profile and --key need --config-file");

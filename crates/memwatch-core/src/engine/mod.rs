@@ -27,7 +27,7 @@ pub use calm::{Wake, WakeAnswer};
 pub use effect::{Effect, Ending, Outcome, SlurmRequest};
 pub use effects::PauseError;
 pub use observe::Measured;
-pub use prepared::{DEFAULT_PROFILE, ListedPids, OpenedConfig, Prepared, Read};
+pub use prepared::{DEFAULT_PROFILE, ListedPids, OpenedConfig, Prepared, Read, config_root};
 pub use reflex::{ArmError, Armed, ReflexHow, ReflexPlan};
 pub use settings::Settings;
 pub use stores::{LeftBehind, Stores};

@@ -30,6 +30,8 @@ pub enum Read {
         profile: String,
         /// KNOB=dotted.path overrides.
         keys: Vec<String>,
+        /// The process attaches itself (its path may be in its own mount namespace).
+        itself: bool,
     },
     /// Slurm job `job_id`'s pids on this node, where its job cgroup is not found here.
     SlurmPids {
@@ -58,6 +60,7 @@ impl Read {
                 file: file.clone(),
                 profile: profile.clone().unwrap_or_else(|| DEFAULT_PROFILE.into()),
                 keys: keys.clone(),
+                itself: *itself,
             }),
             Request::AttachSlurm { job_id, .. } => Some(Read::SlurmPids {
                 job_id: job_id.clone(),
@@ -87,14 +90,55 @@ pub struct OpenedConfig {
     pub keys: Vec<String>,
     /// Whose rights it was read with (the process's owner, read from its status).
     pub owner: u32,
+    /// The process whose root the path was resolved in ([`config_root`]).
+    pub within: Option<u32>,
     /// The config, or why it cannot be one.
     pub result: Result<JobConfig, ConfigFileError>,
 }
 
 impl OpenedConfig {
-    /// Whether this is the read of `file`, `profile` and `keys` with `owner`'s rights.
-    pub fn is(&self, file: &std::path::Path, profile: &str, keys: &[String], owner: u32) -> bool {
-        self.file == file && self.profile == profile && self.keys == keys && self.owner == owner
+    /// Whether this is the read of `file`, `profile` and `keys` with `owner`'s rights, in the root
+    /// of `within`.
+    pub fn is(
+        &self,
+        file: &std::path::Path,
+        profile: &str,
+        keys: &[String],
+        owner: u32,
+        within: Option<u32>,
+    ) -> bool {
+        self.file == file
+            && self.profile == profile
+            && self.keys == keys
+            && self.owner == owner
+            && self.within == within
+    }
+}
+
+/// Where an attach's config path is: `None`, in the daemon's own mount namespace; `Some(pid)`, in
+/// that of the caller `pid`, a job attaching itself from another (a container's), whose root the
+/// path is then resolved in for as long as it runs. A path from another namespace given by a
+/// caller that is not the job would outlive its caller: refused.
+pub fn config_root(
+    view: &dyn crate::seam::HostView,
+    itself: bool,
+    caller: crate::control::Caller,
+) -> Result<Option<u32>, String> {
+    let Some(peer) = caller.pid.and_then(|p| u32::try_from(p).ok()) else {
+        return Ok(None);
+    };
+    let (mine, theirs) = (
+        view.mount_namespace(view.own_pid()),
+        view.mount_namespace(peer),
+    );
+    match (mine, theirs) {
+        (Some(m), Some(t)) if m != t && itself => Ok(Some(peer)),
+        (Some(m), Some(t)) if m != t => Err(format!(
+            "the config file's path is in the caller's mount namespace (pid {peer}), not the \
+             daemon's: let the job attach itself with it (the Python client, memwatch-train), or \
+             attach from the host with the host's path"
+        )),
+        _ => Ok(None),
     }
 }
 
@@ -130,6 +174,7 @@ mod tests {
                 file: "/home/u/ds.json".into(),
                 profile: DEFAULT_PROFILE.into(),
                 keys: vec!["batch_size=train.batch".into()],
+                itself: false,
             })
         );
         assert!(matches!(

@@ -58,16 +58,21 @@ pub trait HostView: Send + Sync {
     /// cgroup plugin is not used). The daemon makes this read before the command reaches the engine
     /// (`engine::Prepared`); the engine asks here only where a command came without it.
     fn slurm_listpids(&self, ctl: &Slurmctl, id: &str) -> Result<Vec<u32>, SlurmError>;
-    /// A job's training config at attach: `file` (absolute) read with user `owner`'s rights, its
-    /// knobs found by `profile` and `keys`, and a new token for the job. Like `slurm_listpids`, read
-    /// by the daemon before the command (`engine::Prepared`), and here only where it was not.
+    /// A job's training config at attach: `file` (absolute, inside the root of process `within`
+    /// where given) read with user `owner`'s rights, its knobs found by `profile` and `keys`, and a
+    /// new token for the job. Like `slurm_listpids`, read by the daemon before the command
+    /// (`engine::Prepared`), and here only where it was not.
     fn open_config(
         &self,
         file: &Path,
         profile: &str,
         keys: &[String],
         owner: u32,
+        within: Option<u32>,
     ) -> Result<JobConfig, ConfigFileError>;
+
+    /// The mount namespace process `pid` is in (the inode of `/proc/PID/ns/mnt`), if it can be read.
+    fn mount_namespace(&self, pid: u32) -> Option<u64>;
 
     /// Whether a process of user `owner` could signal `pid` itself ([`may_signal`]): false when
     /// its status cannot be read.

@@ -21,6 +21,7 @@ fn opened(owner: u32, token: &str) -> Prepared {
     let profile = Profile::build("generic", &keys()).expect("a profile");
     let config = JobConfig {
         file: FILE.into(),
+        within: None,
         format: Format::Json,
         profile,
         token: token.into(),
@@ -42,6 +43,7 @@ fn opened(owner: u32, token: &str) -> Prepared {
             profile: "generic".into(),
             keys: keys(),
             owner,
+            within: None,
             result: Ok::<_, ConfigFileError>(config),
         }),
         slurm_pids: None,

@@ -197,7 +197,13 @@ impl HostView for FakeHost {
         _profile: &str,
         _keys: &[String],
         _owner: u32,
+        _within: Option<u32>,
     ) -> Result<JobConfig, ConfigFileError> {
         Err(ConfigFileError::NotAbsolute(file.to_owned()))
+    }
+
+    /// One mount namespace for every process of the simulated host.
+    fn mount_namespace(&self, _pid: u32) -> Option<u64> {
+        Some(1)
     }
 }

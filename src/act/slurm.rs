@@ -6,8 +6,8 @@ use std::time::Duration;
 use crate::command::RunError;
 
 use super::driver::SlurmAnswer;
-use super::slurm_holds::{self, Holds};
 pub use crate::job::held::{Slurmctl, Suspended};
+use memwatch_core::slurm::protocol::{self, Node};
 
 pub use memwatch_core::seam::{HOLD_TRIES, SlurmError};
 
@@ -33,13 +33,6 @@ pub fn run(program: &str, args: &[&str], timeout: Duration) -> Result<String, Sl
             timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
         },
     })
-}
-
-/// A job's `JobState` from `scontrol show job -o`'s one line per job.
-fn parse_job_state(text: &str) -> Option<&str> {
-    text.split_whitespace()
-        .find_map(|w| w.strip_prefix("JobState="))
-        .filter(|s| !s.is_empty())
 }
 
 /// Now, in Unix seconds (the holds' clock: Slurm's nodes keep their clocks together, as munge's
@@ -98,63 +91,19 @@ pub trait Scontrol {
 
 impl Scontrol for Slurmctl {
     fn suspend(&self, id: &str) -> Result<(), SlurmError> {
-        checked(self, &["suspend", id], id, "SUSPENDED")?;
-        take_hold(self, id);
-        Ok(())
+        protocol::suspend(&Real(self), Node::of(self, unix_now()), id)
     }
 
     fn resume(&self, id: &str) -> Result<SlurmAnswer, SlurmError> {
-        if !self.holder.is_empty() {
-            let now = unix_now();
-            let released = update_holds(
-                self,
-                id,
-                |h| h.without(&self.holder, now),
-                |h| h.of(&self.holder, now).is_none(),
-            );
-            match released {
-                Ok(h) => {
-                    let others = h.others(&self.holder, now);
-                    if !others.is_empty() {
-                        return Ok(SlurmAnswer::KeptBy(others));
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(slurm_job_id = id, error = %e, "cannot read or release the holds on the Slurm job's suspension; resuming it")
-                }
-            }
-        }
-        checked(self, &["resume", id], id, "RUNNING").map(|()| SlurmAnswer::Done)
+        protocol::resume(&Real(self), Node::of(self, unix_now()), id)
     }
 
     fn hold(&self, id: &str) -> Result<SlurmAnswer, SlurmError> {
-        let line = show(self, id)?;
-        let now = unix_now();
-        let holds = Holds::parse(slurm_holds::admin_comment(&line));
-        match parse_job_state(&line) {
-            Some("SUSPENDED") => {
-                let fresh = holds
-                    .of(&self.holder, now)
-                    .is_some_and(|h| h.until >= now + self.hold_seconds / 2);
-                let mut holders = holds.others(&self.holder, now);
-                if !self.holder.is_empty() {
-                    if !fresh {
-                        take_hold(self, id);
-                    }
-                    holders.insert(0, self.holder.clone());
-                }
-                Ok(SlurmAnswer::Holders(holders))
-            }
-            Some("RUNNING") => self.suspend(id).map(|()| SlurmAnswer::Resuspended),
-            Some(state) => Err(SlurmError::State(state.to_owned())),
-            None => Err(SlurmError::NoState),
-        }
+        protocol::hold(&Real(self), Node::of(self, unix_now()), id)
     }
 
     fn holders(&self, id: &str) -> Result<SlurmAnswer, SlurmError> {
-        let line = show(self, id)?;
-        let holds = Holds::parse(slurm_holds::admin_comment(&line));
-        Ok(SlurmAnswer::Holders(holds.others("", unix_now())))
+        protocol::holders(&Real(self), Node::of(self, unix_now()), id)
     }
 
     fn requeue(&self, id: &str) -> Result<(), SlurmError> {
@@ -179,57 +128,12 @@ impl Scontrol for Slurmctl {
     }
 }
 
-/// The job's one line from `scontrol show job -o`.
-fn show(ctl: &Slurmctl, id: &str) -> Result<String, SlurmError> {
-    scontrol(ctl, &["show", "job", "-o", id])
-}
+/// The real scontrol of a `Slurmctl`, as the hold protocol reaches Slurm.
+struct Real<'a>(&'a Slurmctl);
 
-/// The job's holds as Slurm has them.
-fn read_holds(ctl: &Slurmctl, id: &str) -> Result<Holds, SlurmError> {
-    show(ctl, id).map(|line| Holds::parse(slurm_holds::admin_comment(&line)))
-}
-
-/// Writes `change` of the job's holds, read back until it is there (another node may write the
-/// comment between our read and our write); the holds as last read.
-fn update_holds(
-    ctl: &Slurmctl,
-    id: &str,
-    change: impl Fn(&Holds) -> Holds,
-    there: impl Fn(&Holds) -> bool,
-) -> Result<Holds, SlurmError> {
-    let mut holds = read_holds(ctl, id)?;
-    for _ in 0..HOLD_TRIES {
-        if there(&holds) {
-            return Ok(holds);
-        }
-        let value = format!("AdminComment={}", change(&holds).render());
-        scontrol(ctl, &["update", &format!("JobId={id}"), &value])?;
-        holds = read_holds(ctl, id)?;
-    }
-    if there(&holds) {
-        Ok(holds)
-    } else {
-        Err(SlurmError::HoldsRace)
-    }
-}
-
-/// Records ctl node's hold on the job's suspension (renewed: it counts `hold_seconds` from
-/// now). A failure is logged: the suspension is made all the same, and the holds only decide
-/// who may resume it.
-fn take_hold(ctl: &Slurmctl, id: &str) {
-    if ctl.holder.is_empty() {
-        return;
-    }
-    let now = unix_now();
-    let until = now + ctl.hold_seconds;
-    let written = update_holds(
-        ctl,
-        id,
-        |h| h.with(&ctl.holder, until, now),
-        |h| h.of(&ctl.holder, now).is_some_and(|h| h.until >= until),
-    );
-    if let Err(e) = written {
-        tracing::warn!(slurm_job_id = id, node = ctl.holder, error = %e, "cannot record ctl node's hold on the Slurm job's suspension");
+impl protocol::Scontrol for Real<'_> {
+    fn scontrol(&self, args: &[&str]) -> Result<String, SlurmError> {
+        scontrol(self.0, args)
     }
 }
 
@@ -237,39 +141,10 @@ fn scontrol(ctl: &Slurmctl, args: &[&str]) -> Result<String, SlurmError> {
     run(&ctl.scontrol, args, Duration::from_millis(ctl.timeout_ms))
 }
 
-/// Runs `args`; when it fails or does not finish in time (slurmctld busy: the request may have
-/// been carried out all the same; a resume of a job another node already resumed), reads the
-/// job's state back and counts the call done when the job is in `wanted`, failed otherwise. What
-/// ctl cannot see: a request still queued in slurmctld that takes effect after the read.
-fn checked(ctl: &Slurmctl, args: &[&str], id: &str, wanted: &str) -> Result<(), SlurmError> {
-    let timeout = Duration::from_millis(ctl.timeout_ms);
-    match run(&ctl.scontrol, args, timeout) {
-        Ok(_) => Ok(()),
-        Err(e) => {
-            let shown = run(&ctl.scontrol, &["show", "job", "-o", id], timeout);
-            let not_as_asked = |state| SlurmError::NotAsAsked {
-                call: Box::new(e.clone()),
-                state: Box::new(state),
-            };
-            match shown.as_deref().map(parse_job_state) {
-                Ok(Some(state)) if state == wanted => {
-                    tracing::warn!(slurm_job_id = id, error = %e, state, "Slurm answered late or not at all, but the job is as asked: done");
-                    Ok(())
-                }
-                Ok(Some(state)) => Err(not_as_asked(SlurmError::State(state.to_owned()))),
-                Ok(None) => Err(not_as_asked(SlurmError::NoState)),
-                Err(q) => Err(SlurmError::Unreadable {
-                    call: Box::new(e),
-                    read: Box::new(q.clone()),
-                }),
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use memwatch_core::slurm::holds::Holds;
 
     #[test]
     fn a_command_that_fails_or_hangs_says_so() {
@@ -343,10 +218,10 @@ mod tests {
             "{e}"
         );
         assert_eq!(
-            parse_job_state("JobId=7 JobState=RUNNING Reason=None"),
+            protocol::job_state("JobId=7 JobState=RUNNING Reason=None"),
             Some("RUNNING")
         );
-        assert_eq!(parse_job_state("JobId=7 JobState= x"), None);
+        assert_eq!(protocol::job_state("JobId=7 JobState= x"), None);
     }
 
     /// A scontrol that keeps a job's state and AdminComment in files, as slurmctld would.

@@ -110,8 +110,10 @@ reasons! {
     OomKill = "oom_kill" for "detach, resume",
     /// a Slurm job attached by id: its attach (the prolog's, before its first task ran here, and the
     /// adoption of that task), its detach (the epilog's), a Slurm call that failed; on `pause`, a job
-    /// this node holds suspended was found running (resumed behind its back) and suspended again
-    Slurm = "slurm" for "attach, detach, pause, error",
+    /// this node holds suspended was found running (resumed behind its back) and suspended again; on
+    /// `resume`, a job Slurm held suspended whose every hold had run out (its holders died holding
+    /// it) resumed by a node that did not hold it
+    Slurm = "slurm" for "attach, detach, pause, resume, error",
     /// the trainer, over the protocol (its checkpoint saved, changes acknowledged and seen to take
     /// effect or not)
     Trainer = "trainer" for "checkpoint, applied, declined, verified, unverified",

@@ -435,6 +435,21 @@ impl Engine {
                 self.slurm.checking.remove(name);
                 match result {
                     Ok(SlurmAnswer::Holders(nodes)) => self.note_slurm_holders(name, nodes, now_ms),
+                    Ok(SlurmAnswer::Orphaned(dead)) => {
+                        self.note_slurm_holders(name, Vec::new(), now_ms);
+                        self.record(
+                            now_ms,
+                            Action::Resume,
+                            name,
+                            Reason::Slurm,
+                            format!(
+                                "Slurm job {id} was held suspended only by holds that had run out \
+                                 (node(s) {}, gone without releasing them): resumed it",
+                                dead.join(", ")
+                            ),
+                            false,
+                        );
+                    }
                     Ok(_) => {}
                     Err(e) => {
                         tracing::debug!(job = name, slurm_job_id = id, error = %e, "cannot read which nodes hold the Slurm job");

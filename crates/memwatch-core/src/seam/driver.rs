@@ -47,6 +47,10 @@ pub enum SlurmAnswer {
     /// The nodes whose holds keep the job suspended now (a `Hold` that found it suspended, after
     /// renewing this node's; `Holders`).
     Holders(Vec<String>),
+    /// A `Holders` read found every hold on the job's suspension run out (these nodes died holding
+    /// it, or lost Slurm for longer than their hold counts): the holds were cleared and the job
+    /// resumed.
+    Orphaned(Vec<String>),
 }
 
 impl std::fmt::Display for SlurmCall {

@@ -4,6 +4,7 @@
 //! cgroup and reads the tasks.
 
 pub mod holds;
+pub mod protocol;
 
 use crate::proc::Stat;
 use crate::sample::cgroup::CgroupDir;

@@ -76,6 +76,11 @@ pub struct Sim {
     pub gone: bool,
     /// The members of the job's cgroup each walk reports (`None`: they do not hold the tree).
     pub members: Option<crate::job::members::Members>,
+    /// A Slurm in memory that this node shares with others (`pair.rs`): its calls run the hold
+    /// protocol against it, and each full sample finds the job suspended here as it says.
+    pub shared_slurm: Option<super::pair::FakeSlurm>,
+    /// This node's Slurm name.
+    pub node: String,
     config: String,
 }
 
@@ -96,6 +101,11 @@ impl Sim {
     /// A job of `kind` (a root and one worker of `OWNER`, plus `strangers`: processes of other
     /// uids in its cgroup), attached by its owner, with `extra` config.
     pub fn with(kind: Kind, extra: &str, strangers: &[(u32, u32)]) -> Sim {
+        Sim::on_node(kind, extra, strangers, NODE)
+    }
+
+    /// As [`Sim::with`], on the Slurm node named `node`.
+    pub fn on_node(kind: Kind, extra: &str, strangers: &[(u32, u32)], node: &str) -> Sim {
         let r = Path::new(ROOT);
         let host = FakeHost::new(r);
         let membership = match kind {
@@ -150,7 +160,7 @@ impl Sim {
             "[host]\nroot = {ROOT:?}\nprocess_root = {ROOT:?}\n[control]\nstate_dir = {STATE_DIR:?}\n{extra}"
         );
         let config = text.clone();
-        let engine = Sim::engine(&host, &text);
+        let engine = Sim::engine_on(&host, &text, node);
         let mut sim = Sim {
             host,
             engine,
@@ -167,6 +177,8 @@ impl Sim {
             cgroup_limit: None,
             gone: false,
             members: None,
+            shared_slurm: None,
+            node: node.to_owned(),
             config,
         };
         let r = sim.cmd(serde_json::json!({"cmd": "attach", "pid": PID, "name": "sim"}));
@@ -178,7 +190,7 @@ impl Sim {
     /// replaced by one that recovers from the file.
     pub fn restart(&mut self) {
         let state = self.host.load_state();
-        self.engine = Sim::engine(&self.host, &self.config);
+        self.engine = Sim::engine_on(&self.host, &self.config, &self.node);
         self.engine.recover(state, self.now);
         self.drain();
         self.check();
@@ -187,15 +199,28 @@ impl Sim {
     /// An engine with `config` on `host`, its stores the host's: its state file and its audit log
     /// (the events logged so far loaded), nothing left beside them.
     pub fn engine(host: &Arc<FakeHost>, config: &str) -> Engine {
-        Sim::engine_of(host, Settings::from(&crate::config::parse(config).unwrap()))
+        Sim::engine_on(host, config, NODE)
+    }
+
+    /// As [`Sim::engine`], on the Slurm node named `node`.
+    pub fn engine_on(host: &Arc<FakeHost>, config: &str, node: &str) -> Engine {
+        Sim::engine_node(
+            host,
+            Settings::from(&crate::config::parse(config).unwrap()),
+            node,
+        )
     }
 
     /// An engine with `settings` on `host`, as [`Sim::engine`].
     pub fn engine_of(host: &Arc<FakeHost>, settings: Settings) -> Engine {
+        Sim::engine_node(host, settings, NODE)
+    }
+
+    fn engine_node(host: &Arc<FakeHost>, settings: Settings, node: &str) -> Engine {
         let stores = Stores::new(
             host.store(),
             Audit::new(host.logged(), host.sink()),
-            NODE.into(),
+            node.into(),
             LeftBehind {
                 swaps: Vec::new(),
                 intents: Intents::of_lines([]),
@@ -378,6 +403,13 @@ impl Sim {
                                 .unwrap()
                                 .push(format!("Slurm job {id} suspended with no pause recorded"));
                         }
+                    }
+                    if let Some(slurm) = &self.shared_slurm {
+                        let result = slurm.call(&request.ctl, &call, &id, self.now);
+                        self.slurm.push((call, id));
+                        self.engine
+                            .handle_outcome(request.outcome(result), self.now);
+                        continue;
                     }
                     let answer = match self.slurm_answers.front() {
                         Some((c, _)) if *c == call => {

@@ -14,6 +14,7 @@ pub(super) mod host;
 mod kills;
 mod lifecycle;
 mod oomd;
+pub(super) mod pair;
 mod predicted;
 mod prepared;
 mod reflex;

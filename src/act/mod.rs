@@ -12,6 +12,7 @@ pub mod oomd;
 pub mod pause;
 pub mod persist;
 pub mod pin;
+pub mod reclaim;
 pub mod recover;
 pub mod signal;
 pub mod slurm;

@@ -201,6 +201,7 @@ fn way_out(o: &mut String, w: &crate::job::way_out::WayOut, now_ms: u64) {
     use crate::job::way_out::Phase;
     let phase = match w.phase {
         Phase::MakingSwap => "making emergency swap",
+        Phase::Reclaiming => "pushing its memory out to swap while it is held",
         Phase::Fixing => "running on emergency room until its fix applies",
         Phase::Clearing => "fixed; giving the emergency room back",
         Phase::Checkpointing => "waiting for its checkpoint",
@@ -218,6 +219,15 @@ fn way_out(o: &mut String, w: &crate::job::way_out::WayOut, now_ms: u64) {
             "limit lent {} → {}",
             human(l.original),
             human(l.raised)
+        ));
+    }
+    if let Some(r) = &w.reclaimed {
+        room.push(format!(
+            "{} pushed out while held ({} → {} in {} ms)",
+            human(r.moved()),
+            human(r.usage_before),
+            human(r.usage_after),
+            r.ms
         ));
     }
     let room = if room.is_empty() {

@@ -135,6 +135,9 @@ reasons! {
     Lend = "lend" for "way_out",
     /// the checkpoint step
     Checkpoint = "checkpoint" for "way_out",
+    /// the swap step for a job no fix can help now: its frozen memory pushed out to swap (how much,
+    /// how fast, its cgroup's usage before and after), or why not
+    Reclaim = "reclaim" for "way_out",
     /// the urgent fix did not make the job fit (paused again, declined, too late)
     Fix = "fix" for "way_out",
     /// the urgent fix was applied and the job fits: the room is given back

@@ -14,6 +14,8 @@ use crate::held::{self as swap, Loan};
 pub enum Phase {
     /// Emergency swap is being made (off the owner task).
     MakingSwap,
+    /// The paused job's memory is being pushed out to swap while it is held (off the owner task).
+    Reclaiming,
     /// Resumed with emergency room: the trainer applies the urgent fix.
     Fixing,
     /// The fix held: the room is given back once RAM can take it.
@@ -30,8 +32,9 @@ pub enum Phase {
 
 impl Phase {
     /// Every phase, in ladder order.
-    pub const ALL: [Phase; 7] = [
+    pub const ALL: [Phase; 8] = [
         Phase::MakingSwap,
+        Phase::Reclaiming,
         Phase::Fixing,
         Phase::Clearing,
         Phase::Checkpointing,
@@ -44,6 +47,7 @@ impl Phase {
     pub fn as_str(self) -> &'static str {
         match self {
             Phase::MakingSwap => "making_swap",
+            Phase::Reclaiming => "reclaiming",
             Phase::Fixing => "fixing",
             Phase::Clearing => "clearing",
             Phase::Checkpointing => "checkpointing",
@@ -98,6 +102,40 @@ pub struct WayOut {
     pub loan: Option<Loan>,
     /// The urgent directive the job was resumed to apply.
     pub fix_generation: Option<u64>,
+    /// What was pushed out to swap of the job's memory while it was held, over this way out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reclaimed: Option<Reclaimed>,
+    /// How many times its held memory was pushed out in this way out.
+    #[serde(default)]
+    pub pushes: u32,
+    /// What those pushes moved, in all (bytes).
+    #[serde(default)]
+    pub pushed_bytes: u64,
+}
+
+/// A held job's memory pushed out to swap (`memory.reclaim` on cgroup v2, `memory.force_empty` on
+/// v1), as measured around the push.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reclaimed {
+    /// How: "memory.reclaim" or "memory.force_empty".
+    pub how: String,
+    /// The cgroup's usage before and after (bytes).
+    pub usage_before: u64,
+    /// After.
+    pub usage_after: u64,
+    /// What the cgroup had in swap after (bytes).
+    pub swap_after: u64,
+    /// How long the push took (ms).
+    pub ms: u64,
+    /// The cgroup's `workingset_refault_anon` right after: its refaults since are counted from it.
+    pub refaults_at: Option<u64>,
+}
+
+impl Reclaimed {
+    /// What moved out (bytes).
+    pub fn moved(&self) -> u64 {
+        self.usage_before.saturating_sub(self.usage_after)
+    }
 }
 
 impl WayOut {

@@ -275,6 +275,8 @@ fresh sample when the last is older than interval_ms. At or below interval_ms: n
         "way_out.steps",
         "The ladder, in order. \"swap\": emergency swap sized to the shortfall, the job resumed to apply an\n\
          urgent fix (a trainer speaking the protocol); the swap is cleared once RAM can take it back.\n\
+         A job no fix can help now has its held memory pushed out to swap instead, and is resumed into\n\
+         that room.\n\
          \"lend\": the same with the job's own cgroup limit raised for a while (only where `lend` or\n\
          `memwatch launch --lend` allows). \"checkpoint\": ask for a checkpoint, then stop the whole job\n\
          cleanly (`memwatch launch` relaunches it with the adapted config). [] disables the ladder.",

@@ -35,7 +35,8 @@ impl Step {
 pub struct WayOut {
     /// The ladder, in order. "swap": emergency swap sized to the shortfall, the job resumed to
     /// apply an urgent fix (a trainer speaking the protocol); the swap is cleared once RAM can take
-    /// it back. "lend": the same with the job's own cgroup limit raised for a while (only where
+    /// it back; a job no fix can help now has its held memory pushed out to swap instead, and is
+    /// resumed into that room. "lend": the same with the job's own cgroup limit raised for a while (only where
     /// `lend` or `memwatch launch --lend` allows). "checkpoint": ask for a checkpoint, then stop
     /// the whole job cleanly (`memwatch launch` relaunches it with the adapted config). [] disables
     /// the ladder.

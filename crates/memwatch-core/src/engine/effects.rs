@@ -117,6 +117,11 @@ impl Engine {
                 self.record(now_ms, Action::Pause, &job, why, reason, dry);
             }
             Decision::Resume { job, why, reason } => {
+                // Room a push to swap is making is the way out's to resume into, once it is made:
+                // a job let go halfway would bring back what is still being pushed out.
+                if why == crate::policy::Resumed::Recovered && self.pushing(&job) {
+                    return;
+                }
                 // Room the OOM killer made by ending processes of the job is no recovery: the
                 // job may have lost a rank or a worker, and says so.
                 let killed = self
@@ -358,10 +363,14 @@ impl Engine {
                 .view
                 .stat(pj.root.pid)
                 .is_ok_and(|s| s.start_time == pj.root.start_time && s.state != 'Z');
-            let swap_lost = pj
-                .way_out
-                .as_ref()
-                .is_some_and(|w| w.phase == crate::way_out::Phase::MakingSwap);
+            let swap_lost = pj.way_out.as_ref().is_some_and(|w| {
+                // A swap being made may be lost; a reclaim cut short leaves the job whole,
+                // resumed into what was pushed out so far.
+                matches!(
+                    w.phase,
+                    crate::way_out::Phase::MakingSwap | crate::way_out::Phase::Reclaiming
+                )
+            });
             let kept = pj
                 .paused
                 .as_ref()

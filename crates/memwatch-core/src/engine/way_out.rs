@@ -8,6 +8,7 @@
 
 use super::Engine;
 
+mod reclaim;
 mod room;
 mod spared;
 mod steps;
@@ -34,6 +35,15 @@ pub enum WayOutTask {
         /// How (zram or a swapfile, and where records go).
         plan: SwapPlan,
     },
+    /// Push up to `bytes` of the held job's memory in cgroup `dir` out to swap.
+    Reclaim {
+        /// The job.
+        job: String,
+        /// Its memory cgroup.
+        dir: crate::sample::cgroup::CgroupDir,
+        /// How much to push out at most (v1's `memory.force_empty` pushes what it can).
+        bytes: u64,
+    },
     /// `job`: `None` for a device left by a job that ended or by a killed daemon.
     Clear {
         /// The job it was made for, if it is still attached.
@@ -54,6 +64,13 @@ pub enum WayOutDone {
         job: String,
         /// The device, or why there is none.
         result: Result<Record, SwapError>,
+    },
+    /// The held job's memory was pushed out, or why not.
+    Reclaimed {
+        /// The job.
+        job: String,
+        /// What moved, or why nothing could.
+        result: Result<crate::way_out::Reclaimed, String>,
     },
     /// Emergency swap was cleared, or why not.
     Cleared {
@@ -201,10 +218,13 @@ impl Engine {
                     }
                 }
             }
-            Some(Phase::MakingSwap) => {}
+            Some(Phase::MakingSwap) | Some(Phase::Reclaiming) => {}
             Some(Phase::Fixing) => self.fixing(name, used, now_ms),
             Some(Phase::Clearing) => {
-                if paused_since.is_some() {
+                if paused_since.is_some() && self.reclaimed_run(name) {
+                    // Resumed into room a push made: pushed out again while it does not thrash.
+                    self.reclaim_again(name, now_ms);
+                } else if paused_since.is_some() {
                     // The fix did not hold: on down the ladder, the room kept.
                     self.taken(
                         name,
@@ -299,6 +319,9 @@ impl Engine {
             swap_peak_bytes: previous.as_ref().map_or(0, |p| p.swap_peak_bytes),
             loan: previous.and_then(|p| p.loan),
             fix_generation: None,
+            reclaimed: None,
+            pushes: 0,
+            pushed_bytes: 0,
         };
         if let Some(j) = self.jobs.get_mut(name) {
             j.way_out = Some(way_out);

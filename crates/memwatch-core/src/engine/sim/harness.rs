@@ -81,6 +81,9 @@ pub struct Sim {
     pub shared_slurm: Option<super::pair::FakeSlurm>,
     /// This node's Slurm name.
     pub node: String,
+    /// Swap work the engine handed off, kept for the case to answer (`None`: such work is a
+    /// violation, as for a job with no way out).
+    pub way_out_tasks: Option<VecDeque<crate::engine::WayOutTask>>,
     config: String,
 }
 
@@ -179,6 +182,7 @@ impl Sim {
             members: None,
             shared_slurm: None,
             node: node.to_owned(),
+            way_out_tasks: None,
             config,
         };
         let r = sim.cmd(serde_json::json!({"cmd": "attach", "pid": PID, "name": "sim"}));
@@ -434,6 +438,11 @@ impl Sim {
                         self.engine.handle_outcome(outcome, self.now);
                     }
                 }
+                Effect::WayOut(t) if self.way_out_tasks.is_some() => {
+                    if let Some(q) = self.way_out_tasks.as_mut() {
+                        q.push_back(t);
+                    }
+                }
                 Effect::WayOut(_) | Effect::Adapt(_) => self
                     .host
                     .violations
@@ -451,6 +460,13 @@ impl Sim {
             self.drain();
             self.check();
         }
+    }
+
+    /// Swap work comes back: `done` answers the oldest task handed off.
+    pub fn way_out_done(&mut self, done: crate::engine::WayOutDone) {
+        self.engine.handle_outcome(Outcome::WayOut(done), self.now);
+        self.drain();
+        self.check();
     }
 
     /// The oldest freeze still settling settles (or not).

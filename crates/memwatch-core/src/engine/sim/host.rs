@@ -180,6 +180,13 @@ impl FakeHost {
         );
     }
 
+    /// The cgroup at `dir`'s file `name` says `text` now.
+    pub fn set_cgroup_file(&self, dir: &Path, name: &str, text: &str) {
+        if let Some(g) = self.groups.lock().unwrap().get_mut(dir) {
+            g.files.insert(name.to_owned(), text.to_owned());
+        }
+    }
+
     /// Process `pid` joins the cgroup at `dir`.
     pub fn join_cgroup(&self, dir: &Path, pid: u32) {
         if let Some(g) = self.groups.lock().unwrap().get_mut(dir) {

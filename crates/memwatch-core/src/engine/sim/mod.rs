@@ -17,6 +17,7 @@ mod oomd;
 pub(super) mod pair;
 mod predicted;
 mod prepared;
+mod reclaim;
 mod reflex;
 mod spared;
 mod thermal;
@@ -421,7 +422,15 @@ fn a_skipped_step_says_why_not() {
         assert_eq!(
             outcomes,
             [
-                ("swap".to_owned(), format!("skipped: {}", WhyNot::NoConfig)),
+                (
+                    "swap".to_owned(),
+                    format!(
+                        "skipped: {}",
+                        WhyNot::NothingToReclaim {
+                            no_fix: Box::new(WhyNot::NoConfig)
+                        }
+                    )
+                ),
                 (
                     "lend".to_owned(),
                     format!("skipped: {}", WhyNot::LendNotAllowed)

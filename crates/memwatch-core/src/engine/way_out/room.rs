@@ -299,9 +299,16 @@ impl Engine {
                             now_ms,
                             format!("{} MiB on {}", record.bytes >> 20, record.device),
                         );
-                        if phase == Some(Phase::MakingSwap)
-                            && self.jobs.get(&job).is_some_and(|j| j.pause.is_some())
-                        {
+                        let paused = self.jobs.get(&job).is_some_and(|j| j.pause.is_some());
+                        let fix = self
+                            .jobs
+                            .get(&job)
+                            .and_then(|j| j.way_out.as_ref())
+                            .and_then(|w| w.fix_generation);
+                        if phase == Some(Phase::MakingSwap) && paused && fix.is_none() {
+                            // Swap for a job no fix helps: its held memory goes out to it first.
+                            self.start_reclaim(&job, now_ms);
+                        } else if phase == Some(Phase::MakingSwap) && paused {
                             self.resume_with_room(&job, now_ms);
                         } else {
                             // Room came back by itself meanwhile: give it back.
@@ -317,6 +324,7 @@ impl Engine {
                     }
                 }
             }
+            WayOutDone::Reclaimed { job, result } => self.reclaimed(&job, result, now_ms),
             WayOutDone::Cleared {
                 job,
                 record,

@@ -86,10 +86,15 @@ impl Engine {
     }
 
     pub(in crate::engine) fn try_swap(&mut self, name: &str, now_ms: u64) -> Result<(), WhyNot> {
-        let generation = self.urgent_fix(name)?;
         if let Some(why) = self.swap_forbidden(name) {
             return Err(why);
         }
+        let generation = match self.urgent_fix(name) {
+            Ok(g) => g,
+            // No fix can be applied now: the job only needs room, which its held memory pushed out
+            // to swap makes.
+            Err(no_fix) => return self.try_reclaim(name, no_fix, now_ms),
+        };
         let available = self.readings.host_memory.map_or(0, |(a, _)| a);
         let mut bytes = self
             .room_bytes(name)

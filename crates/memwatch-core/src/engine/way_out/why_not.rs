@@ -84,6 +84,25 @@ pub enum WhyNot {
     /// Raising the limit failed.
     #[error(transparent)]
     Limit(#[from] CgroupError),
+    /// No fix, and no held memory of its own to push out (no memory cgroup, or little in it).
+    #[error("{no_fix}, and the job has no memory of its own cgroup to push out to swap")]
+    NothingToReclaim {
+        /// Why no fix applies.
+        no_fix: Box<WhyNot>,
+    },
+    /// No fix, and nowhere to push the held job's memory out to.
+    #[error(
+        "{no_fix}, and its memory has nowhere to go: the host's swap has {free_mib} MiB free, and neither zram (way_out.zram, /sys/class/zram-control) nor way_out.swapfile_dir can make more"
+    )]
+    NoSwapTarget {
+        /// Why no fix applies.
+        no_fix: Box<WhyNot>,
+        /// The host's free swap (MiB).
+        free_mib: u64,
+    },
+    /// The emergency swap made for an earlier push has no room for another.
+    #[error("its emergency swap {0} has too little room left for another push")]
+    SwapUsedUp(String),
     /// Nothing would save or restart the job.
     #[error(
         "nothing would save or restart the job (no trainer asking for directives, no policy.checkpoint_signal, not started by memwatch launch, not a Slurm job with slurm.requeue)"

@@ -197,11 +197,18 @@ fn a_calm_v2_job_is_watched_by_the_daemons_own_reads_and_lets_it_be_calm() {
 /// The way out under systemd: a limit lent to a unit through its manager (`systemctl show` has it,
 /// `daemon-reload` and `set-property` keep it) and given back; zram swap the job's pages go out to,
 /// the job resumed alive and the device removed; a unit with MemorySwapMax=0 skips the swap step and
-/// says why.
+/// says why; a plain unit no fix can help is pushed out to swap while frozen (`memory.reclaim`),
+/// resumed, and finishes with no OOM kill.
 #[test]
 fn the_way_out_lends_through_systemd_and_swaps_where_the_unit_allows() {
     let Some(outcomes) = vm() else { return };
     assert_ok(outcomes, &["way-out-v2"], &[]);
+    assert!(
+        outcomes
+            .iter()
+            .any(|o| o.scenario == "way-out-v2" && o.ok && o.detail.starts_with("reclaim: ")),
+        "way-out-v2: no ok line on a plain unit pushed out while held"
+    );
 }
 
 /// Beside systemd-oomd: a job under MemoryHigh= alone in a slice oomd watches is killed by oomd

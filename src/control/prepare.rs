@@ -66,7 +66,8 @@ impl Preparer {
                 if !caller.is_root() && caller.uid != owner {
                     return Prepared::default();
                 }
-                let Ok(within) = memwatch_core::engine::config_root(&self.view, itself, caller)
+                let Ok(within) =
+                    memwatch_core::engine::config_root(&self.view, pid, itself, caller)
                 else {
                     return Prepared::default();
                 };

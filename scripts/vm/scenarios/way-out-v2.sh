@@ -1,4 +1,4 @@
-# timeout: 420
+# timeout: 600
 # The way out on cgroup v2 under systemd, configured as a user would (/etc/memwatch/memwatch.toml, the
 # packaged emergency-swap drop-in). Each job is a systemd unit (MemoryMax=400M) running memhog: 4
 # workers of 60 MiB, then its main process grows to 180 MiB at 64 MiB/s, more than the unit allows; a
@@ -9,7 +9,8 @@
 #     written to the cgroup's file: shown on a control unit), and goes back to the unit's own once the job fits;
 # (ii) swap: a zram device is made, the job's pages go out (memory.swap.current > 0), the job is
 #     resumed and survives, and the device is removed after;
-# (iii) a unit with MemorySwapMax=0: the swap step is skipped, with the reason in memwatch's events.
+# (iii) a unit with MemorySwapMax=0: the swap step is skipped, with the reason in memwatch's events;
+# (iv) a plain unit no fix can help: pushed out to swap while frozen (memory.reclaim), resumed, finishes.
 . /mnt/in/lib.sh
 S=way-out-v2
 EV=/var/lib/memwatch/events.jsonl
@@ -214,6 +215,38 @@ else
     result $S fail "no-swap: \"$why\", devices made $made, alive $alive; events: $(events wn | tail -n 6 | tr '\n' '|')"
   fi
   end_job wn
+fi
+
+# (iv) a plain unit (no config file, no trainer) that needs more than its MemoryMax: no fix can be
+# applied, so its held memory is pushed out to swap through memory.reclaim while it stays frozen; it
+# is resumed into that room and finishes, with no OOM kill.
+rm -f /run/wr-go
+systemd-run --quiet --unit=wr -p MemoryMax=400M -p RemainAfterExit=yes "$IN/memhog" --rate-mib 64 \
+  --total-mib 560 --hold-ms 2000 --wait-file /run/wr-go
+if ! wait_until 10 sh -c '[ "$(systemctl show -p MainPID --value wr)" -gt 0 ]' ||
+  ! memwatch attach "$(main_pid wr)" --name wr >/run/wr.attach 2>&1; then
+  result $S fail "reclaim: setup: wr.service did not start or attach (unit $(systemctl is-active wr): $(cat /run/wr.attach 2>/dev/null))"
+else
+  t0=$(now_ms)
+  touch /run/wr-go
+  wait_until 240 sh -c '[ "$(systemctl show -p SubState --value wr)" = exited ]'
+  done_at=$(($(now_ms) - t0))
+  code=$(systemctl show -p ExecMainCode --value wr)
+  status=$(systemctl show -p ExecMainStatus --value wr)
+  pushed=$(events wr | grep -m1 'pushed out to swap while held')
+  before=$(echo "$pushed" | sed -n 's/.*its cgroup \([0-9]*\) → \([0-9]*\) MiB.*/\1/p')
+  after=$(echo "$pushed" | sed -n 's/.*its cgroup \([0-9]*\) → \([0-9]*\) MiB.*/\2/p')
+  killed=$(events wr | grep -c '^oom_kill/')
+  detail="memhog to 560 MiB under MemoryMax=400M, no config: finished at +$done_at ms (ExecMainCode $code, status $status); \"$pushed\"; oom_kill events $killed"
+  if [ "$code" = 1 ] && [ "$status" = 0 ] && echo "$pushed" | grep -q 'memory.reclaim' &&
+    [ -n "$after" ] && [ "$after" -lt "$before" ] && [ "$killed" = 0 ]; then
+    result $S ok "reclaim: $detail"
+  else
+    result $S fail "reclaim: $detail; events: $(events wr | tail -n 8 | tr '\n' '|')"
+  fi
+  memwatch detach wr >/dev/null 2>&1
+  systemctl stop wr >/dev/null 2>&1
+  systemctl reset-failed wr >/dev/null 2>&1
 fi
 
 # As the next scenarios expect: the package's config, no drop-in.

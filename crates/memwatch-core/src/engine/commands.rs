@@ -69,7 +69,7 @@ impl Engine {
                         profile: profile.unwrap_or_else(|| super::DEFAULT_PROFILE.into()),
                         keys,
                         opened: prepared.config,
-                        within: match super::config_root(self.view.as_ref(), itself, caller) {
+                        within: match super::config_root(self.view.as_ref(), pid, itself, caller) {
                             Ok(w) => w,
                             Err(e) => return Response::refused(Refusal::invalid(e)),
                         },

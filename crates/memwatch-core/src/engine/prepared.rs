@@ -115,31 +115,39 @@ impl OpenedConfig {
     }
 }
 
-/// Where an attach's config path is: `None`, in the daemon's own mount namespace; `Some(pid)`, in
-/// that of the caller `pid`, a job attaching itself from another (a container's), whose root the
-/// path is then resolved in for as long as it runs. A path from another namespace given by a
-/// caller that is not the job would outlive its caller: refused.
+/// Where an attach's config path is, as the caller gave it: `None`, in the daemon's own mount
+/// namespace; `Some(pid)`, in that of process `pid`, whose root the path is then resolved in for as
+/// long as the job runs. A job attaching itself from another namespace (a container) names its own;
+/// a caller in another namespace than the daemon's (a daemon under systemd has one of its own)
+/// attaching job `pid` from the job's namespace names the job's, which outlives the caller. A path
+/// from a third namespace, given for another process, would outlive its caller: refused.
 pub fn config_root(
     view: &dyn crate::seam::HostView,
+    pid: u32,
     itself: bool,
     caller: crate::control::Caller,
 ) -> Result<Option<u32>, String> {
     let Some(peer) = caller.pid.and_then(|p| u32::try_from(p).ok()) else {
         return Ok(None);
     };
-    let (mine, theirs) = (
-        view.mount_namespace(view.own_pid()),
-        view.mount_namespace(peer),
-    );
-    match (mine, theirs) {
-        (Some(m), Some(t)) if m != t && itself => Ok(Some(peer)),
-        (Some(m), Some(t)) if m != t => Err(format!(
-            "the config file's path is in the caller's mount namespace (pid {peer}), not the \
-             daemon's: let the job attach itself with it (the Python client, memwatch-train), or \
-             attach from the host with the host's path"
-        )),
-        _ => Ok(None),
+    let ns = |p: u32| view.mount_namespace(p);
+    let (Some(mine), Some(theirs)) = (ns(view.own_pid()), ns(peer)) else {
+        return Ok(None);
+    };
+    if mine == theirs {
+        return Ok(None);
     }
+    if itself {
+        return Ok(Some(peer));
+    }
+    if ns(pid) == Some(theirs) {
+        return Ok(Some(pid));
+    }
+    Err(format!(
+        "the config file's path is in the caller's mount namespace (pid {peer}), which is neither \
+         the daemon's nor the job's: let the job attach itself with it (the Python client, \
+         memwatch-train), or attach from the job's or the daemon's side"
+    ))
 }
 
 /// `scontrol listpids`' answer for Slurm job `job_id`.

@@ -92,6 +92,9 @@ pub struct FakeHost {
     groups: Mutex<BTreeMap<PathBuf, Group>>,
     /// Whether the v2 hierarchy accounts memory (`cgroup.controllers` names it).
     v2_memory: Mutex<bool>,
+    /// Processes in a mount namespace of their own (a container's), by pid; every other one is in
+    /// namespace 1, the daemon's.
+    pub mount_ns: Mutex<BTreeMap<u32, u64>>,
     pub acts: Mutex<Vec<Act>>,
     pub violations: Mutex<Vec<String>>,
     pub faults: Mutex<Faults>,
@@ -132,6 +135,7 @@ impl FakeHost {
             procs: Mutex::new(BTreeMap::new()),
             groups: Mutex::new(BTreeMap::new()),
             v2_memory: Mutex::new(false),
+            mount_ns: Mutex::new(BTreeMap::new()),
             acts: Mutex::new(Vec::new()),
             violations: Mutex::new(Vec::new()),
             faults: Mutex::new(Faults::default()),

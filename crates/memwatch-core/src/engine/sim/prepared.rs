@@ -105,3 +105,37 @@ fn a_slurm_jobs_pids_listed_before_the_request_are_taken_for_that_job_only() {
     assert_eq!(job.slurm.as_deref(), Some(SLURM_ID));
     s.check();
 }
+
+/// Where an attach's config path is resolved: the daemon's own view for a caller beside it; the
+/// caller's root for a job attaching itself from a container; the job's root for a caller in the
+/// job's namespace but not the daemon's (the CLI on a host whose daemon systemd sandboxes); refused
+/// for a caller in a third namespace attaching another process.
+#[test]
+fn a_config_path_is_resolved_in_its_callers_namespace() {
+    use crate::engine::config_root;
+    let s = Sim::new(Kind::Signals);
+    let caller = |pid: i32| crate::control::Caller {
+        uid: 0,
+        pid: Some(pid),
+    };
+    let (job, boxed, cli) = (PID, 7001u32, 7002u32);
+    let view = s.host.as_ref();
+    assert_eq!(config_root(view, job, false, caller(cli as i32)), Ok(None));
+    s.host.mount_ns.lock().unwrap().insert(boxed, 2);
+    assert_eq!(
+        config_root(view, boxed, true, caller(boxed as i32)),
+        Ok(Some(boxed))
+    );
+    // The daemon sandboxed in a namespace of its own: the CLI and the job share the host's.
+    s.host
+        .mount_ns
+        .lock()
+        .unwrap()
+        .insert(super::host::DAEMON_PID, 5);
+    assert_eq!(
+        config_root(view, job, false, caller(cli as i32)),
+        Ok(Some(job))
+    );
+    s.host.mount_ns.lock().unwrap().insert(cli, 3);
+    assert!(config_root(view, job, false, caller(cli as i32)).is_err());
+}

@@ -202,8 +202,15 @@ impl HostView for FakeHost {
         Err(ConfigFileError::NotAbsolute(file.to_owned()))
     }
 
-    /// One mount namespace for every process of the simulated host.
-    fn mount_namespace(&self, _pid: u32) -> Option<u64> {
-        Some(1)
+    /// Namespace 1 (the daemon's) unless the case put the process in another.
+    fn mount_namespace(&self, pid: u32) -> Option<u64> {
+        Some(
+            self.mount_ns
+                .lock()
+                .unwrap()
+                .get(&pid)
+                .copied()
+                .unwrap_or(1),
+        )
     }
 }

@@ -215,6 +215,72 @@ fn open_dir_tracking_trust(dir: &Path) -> Result<(OwnedFd, bool), RewriteError> 
     Ok((fd, trusted))
 }
 
+/// Opens directory `path` under `root` as `RESOLVE_IN_ROOT` would: one component at a time, never
+/// following a link by the kernel; a link's target is walked from `root` when absolute, and `..`
+/// never climbs above `root`.
+fn walk_in_root(root: &OwnedFd, path: &Path) -> Result<OwnedFd, Errno> {
+    let here = |fd: &OwnedFd| {
+        rustix::fs::openat(
+            fd,
+            ".",
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+    };
+    let mut stack = vec![here(root)?];
+    let mut todo: Vec<OsString> = Vec::new();
+    let push_all = |todo: &mut Vec<OsString>, p: &Path| {
+        for c in p.components().rev() {
+            match c {
+                Component::Normal(n) => todo.push(n.to_owned()),
+                Component::ParentDir => todo.push("..".into()),
+                Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+            }
+        }
+    };
+    push_all(&mut todo, path);
+    let mut links = 0;
+    while let Some(name) = todo.pop() {
+        if name == ".." {
+            if stack.len() > 1 {
+                stack.pop();
+            }
+            continue;
+        }
+        let cur = stack.last().ok_or(Errno::NOENT)?;
+        let next = rustix::fs::openat(
+            cur,
+            name.as_os_str(),
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        let st = rustix::fs::fstat(&next)?;
+        match rustix::fs::FileType::from_raw_mode(st.st_mode) {
+            rustix::fs::FileType::Directory => stack.push(next),
+            rustix::fs::FileType::Symlink => {
+                links += 1;
+                if links > 40 {
+                    return Err(Errno::LOOP);
+                }
+                let target = rustix::fs::readlinkat(&next, "", Vec::new())?;
+                let target = PathBuf::from(std::ffi::OsStr::from_bytes(target.as_bytes()));
+                if target.is_absolute() {
+                    stack.truncate(1);
+                }
+                push_all(&mut todo, &target);
+            }
+            _ => return Err(Errno::NOTDIR),
+        }
+    }
+    let cur = stack.last().ok_or(Errno::NOENT)?;
+    rustix::fs::openat(
+        cur,
+        ".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+}
+
 /// What was read: the text and the identity it was read under.
 struct Read {
     text: String,
@@ -316,13 +382,18 @@ fn with_file<T: Send>(
             } else {
                 inside
             };
-            let dfd = rustix::fs::openat2(
+            let dfd = match rustix::fs::openat2(
                 &rfd,
                 inside,
                 OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
                 Mode::empty(),
                 rustix::fs::ResolveFlags::IN_ROOT | rustix::fs::ResolveFlags::NO_MAGICLINKS,
-            )
+            ) {
+                // No openat2 (a kernel before 5.6, or a seccomp filter that does not know it, as
+                // systemd's answers ENOSYS): the same walk by hand.
+                Err(Errno::NOSYS | Errno::PERM) => walk_in_root(&rfd, inside),
+                r => r,
+            }
             .map_err(errno(dir))?;
             let read = read_in(&dfd, name, path, Some(uid))?;
             set_fs_ids(uid, read.stat.st_gid)?;

@@ -217,3 +217,41 @@ fn refuses_files_over_the_bound_whole() {
     assert_eq!(std::fs::read_to_string(&f).unwrap(), text);
     assert!(!dir.path().join("big.yaml.memwatch-orig").exists());
 }
+
+/// The walk by hand that stands in for openat2's `RESOLVE_IN_ROOT` keeps every path inside the root:
+/// `..` stops at it, an absolute link is read from it, and a link out of it leads nowhere outside.
+#[test]
+fn a_walk_in_a_root_never_leaves_it() {
+    let top = tempfile::tempdir().unwrap();
+    let root = top.path().join("root");
+    std::fs::create_dir_all(root.join("a/b")).unwrap();
+    std::fs::create_dir_all(top.path().join("outside")).unwrap();
+    std::os::unix::fs::symlink("/a/b", root.join("abs")).unwrap();
+    std::os::unix::fs::symlink("../../../..", root.join("a/up")).unwrap();
+    std::os::unix::fs::symlink("../outside", root.join("out")).unwrap();
+    let rfd = rustix::fs::open(
+        &root,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .unwrap();
+    let ino = |fd: &OwnedFd| rustix::fs::fstat(fd).unwrap().st_ino;
+    let of = |p: &Path| std::fs::metadata(p).map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+    let ab = of(&root.join("a/b")).unwrap();
+    assert_eq!(ino(&walk_in_root(&rfd, Path::new("a/b")).unwrap()), ab);
+    assert_eq!(ino(&walk_in_root(&rfd, Path::new("abs")).unwrap()), ab);
+    assert_eq!(
+        ino(&walk_in_root(&rfd, Path::new("a/up/a/b")).unwrap()),
+        ab,
+        "`..` stops at the root"
+    );
+    assert_eq!(
+        ino(&walk_in_root(&rfd, Path::new("../../a")).unwrap()),
+        of(&root.join("a")).unwrap()
+    );
+    assert_eq!(
+        walk_in_root(&rfd, Path::new("out")).unwrap_err(),
+        Errno::NOENT,
+        "the root's own ../outside, which it does not have"
+    );
+}

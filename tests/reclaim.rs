@@ -20,10 +20,11 @@ use std::time::{Duration, Instant};
 use common::{Daemon, Opts, eventually};
 
 /// The plain job: says `ready`; once file `argv[2]` exists, writes `argv[1]` MiB in 16 MiB chunks
-/// (chunk i is SHAKE-256 of "i", so any run makes the same bytes), then checks each chunk against
-/// the same bytes made again and lets it go; prints how much was intact and the SHA-256 of it all.
+/// of anonymous memory of their own (`mmap`, so that a chunk let go goes back to the kernel; chunk i
+/// is SHAKE-256 of "i", so any run makes the same bytes), then checks each chunk against the same
+/// bytes made again and lets it go; prints how much was intact and the SHA-256 of it all.
 const PLAIN: &str = r#"
-import hashlib, os, sys, time
+import hashlib, mmap, os, sys, time
 mib = int(sys.argv[1])
 print("ready", flush=True)
 while not os.path.exists(sys.argv[2]):
@@ -31,13 +32,17 @@ while not os.path.exists(sys.argv[2]):
 make = lambda i: hashlib.shake_256(b"%d" % i).digest(16 << 20)
 chunks = []
 for i in range(mib // 16):
-    chunks.append(make(i))
+    m = mmap.mmap(-1, 16 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    m.write(make(i))
+    chunks.append(m)
     time.sleep(0.01)
 ok, whole = 0, hashlib.sha256()
 for i in range(len(chunks)):
-    whole.update(chunks[i])
-    ok += chunks[i] == make(i)
-    chunks[i] = None
+    b = chunks[i][:]
+    whole.update(b)
+    ok += b == make(i)
+    chunks[i].close()
+    chunks[i] = b = None
 print("intact", ok * 16, "of", mib, "MiB", whole.hexdigest(), flush=True)
 sys.exit(0 if ok == len(chunks) else 3)
 "#;

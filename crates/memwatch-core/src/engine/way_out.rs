@@ -221,6 +221,13 @@ impl Engine {
             Some(Phase::MakingSwap) | Some(Phase::Reclaiming) => {}
             Some(Phase::Fixing) => self.fixing(name, used, now_ms),
             Some(Phase::Clearing) => {
+                if paused_since.is_some() {
+                    // Paused again while its room is being given back: the way out holds the job
+                    // again, so the policy's longest pause does not resume it behind the ladder.
+                    if let Some(js) = self.policy.jobs.get_mut(name) {
+                        js.managed = true;
+                    }
+                }
                 if paused_since.is_some() && self.reclaimed_run(name) {
                     // Resumed into room a push made: pushed out again while it does not thrash.
                     self.reclaim_again(name, now_ms);

@@ -200,8 +200,12 @@ impl Engine {
         let Some(w) = self.jobs.get(name).and_then(|j| j.way_out.clone()) else {
             return;
         };
+        // Pushed out while held, the job lives on that swap: a cgroup that looks roomy just after
+        // the push would take it all back with a swapoff. It goes once the job has little left there
+        // (it let go of what it pushed out, or brought it back as it needed it), or with the job.
+        let lives_on_it = w.reclaimed.is_some() && self.cgroup_swap(name) >= CLEAR_MARGIN;
         if let Some(r) = &w.swap {
-            if !w.swap_busy && self.swap_clearable(Some(name), r) {
+            if !w.swap_busy && !lives_on_it && self.swap_clearable(Some(name), r) {
                 let plan = self.swap_plan();
                 self.emit(crate::engine::Effect::WayOut(WayOutTask::Clear {
                     job: Some(name.to_owned()),

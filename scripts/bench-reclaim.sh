@@ -67,6 +67,7 @@ time.sleep(3600)' "$HOLD_MIB" >"$out/ready" &
   rmdir "$M" "$F"
 }
 
+if [ -z "${SKIP_A:-}" ]; then
 echo "== A: the kernel's ways on cgroup v1 ($HOLD_MIB MiB held, frozen, into zram; $N runs each, alternating)"
 for i in $(seq "$N"); do
   push_once limit | tee -a "$out/a"
@@ -81,6 +82,7 @@ for way in ("limit", "force_empty"):
     print(f"{way}: moved p50 {statistics.median(m for _, m in r):.0f} MiB in p50 {statistics.median(ms for ms, _ in r):.0f} ms, "
           f"max {max(ms for ms, _ in r)} ms; MiB/s p50 {statistics.median(rates):.0f}, min {rates[0]:.0f}, max {rates[-1]:.0f} (n={len(r)})")
 PY
+fi
 
 echo "== B: through memwatch ($TOTAL_MIB MiB needed in $LIMIT_MIB MiB; $N runs)"
 cargo build --quiet --tests

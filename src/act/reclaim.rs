@@ -1,9 +1,9 @@
 //! A held job's memory pushed out to swap, run off the owner task (the way out's swap step for a job
 //! no fix helps: `engine::WayOutTask::Reclaim`).
 //!
-//! - cgroup v2: `memory.reclaim`, in steps of [`STEP`], anonymous memory first (`swappiness=max`
+//! - cgroup v2: `memory.reclaim`, in steps of `STEP`, anonymous memory first (`swappiness=max`
 //!   where the kernel takes it, 6.11 and later; plain before), until `bytes` moved, a step frees
-//!   almost nothing, or [`LIMIT`] has passed.
+//!   almost nothing, or `LIMIT` has passed.
 //! - cgroup v1: `memory.force_empty`, which on a populated cgroup reclaims everything it can (its
 //!   page cache dropped, its anonymous memory swapped). v1 has nothing that stops at an amount
 //!   without changing a setting: lowering `memory.limit_in_bytes` does, but a daemon killed before

@@ -5,4 +5,5 @@
 
 pub use memwatch_core::rewrite::*;
 
+mod root;
 pub mod write;

@@ -20,12 +20,13 @@
 use std::ffi::OsString;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags};
 use rustix::io::Errno;
 
+use super::root::push_all;
 use super::{ContentError, Format, Scalar, apply_parsed, parse};
 
 pub use memwatch_core::rewrite::file::{MAX_BYTES, RewriteError, TRIES};
@@ -160,15 +161,6 @@ fn open_dir_tracking_trust(dir: &Path) -> Result<(OwnedFd, bool), RewriteError> 
     )
     .map_err(&err)?;
     let mut todo: Vec<OsString> = Vec::new();
-    let push_all = |todo: &mut Vec<OsString>, p: &Path| {
-        for c in p.components().rev() {
-            match c {
-                Component::Normal(n) => todo.push(n.to_owned()),
-                Component::ParentDir => todo.push("..".into()),
-                Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
-            }
-        }
-    };
     push_all(&mut todo, dir);
     let mut links = 0;
     while let Some(name) = todo.pop() {
@@ -213,72 +205,6 @@ fn open_dir_tracking_trust(dir: &Path) -> Result<(OwnedFd, bool), RewriteError> 
     )
     .map_err(&err)?;
     Ok((fd, trusted))
-}
-
-/// Opens directory `path` under `root` as `RESOLVE_IN_ROOT` would: one component at a time, never
-/// following a link by the kernel; a link's target is walked from `root` when absolute, and `..`
-/// never climbs above `root`.
-fn walk_in_root(root: &OwnedFd, path: &Path) -> Result<OwnedFd, Errno> {
-    let here = |fd: &OwnedFd| {
-        rustix::fs::openat(
-            fd,
-            ".",
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-    };
-    let mut stack = vec![here(root)?];
-    let mut todo: Vec<OsString> = Vec::new();
-    let push_all = |todo: &mut Vec<OsString>, p: &Path| {
-        for c in p.components().rev() {
-            match c {
-                Component::Normal(n) => todo.push(n.to_owned()),
-                Component::ParentDir => todo.push("..".into()),
-                Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
-            }
-        }
-    };
-    push_all(&mut todo, path);
-    let mut links = 0;
-    while let Some(name) = todo.pop() {
-        if name == ".." {
-            if stack.len() > 1 {
-                stack.pop();
-            }
-            continue;
-        }
-        let cur = stack.last().ok_or(Errno::NOENT)?;
-        let next = rustix::fs::openat(
-            cur,
-            name.as_os_str(),
-            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )?;
-        let st = rustix::fs::fstat(&next)?;
-        match rustix::fs::FileType::from_raw_mode(st.st_mode) {
-            rustix::fs::FileType::Directory => stack.push(next),
-            rustix::fs::FileType::Symlink => {
-                links += 1;
-                if links > 40 {
-                    return Err(Errno::LOOP);
-                }
-                let target = rustix::fs::readlinkat(&next, "", Vec::new())?;
-                let target = PathBuf::from(std::ffi::OsStr::from_bytes(target.as_bytes()));
-                if target.is_absolute() {
-                    stack.truncate(1);
-                }
-                push_all(&mut todo, &target);
-            }
-            _ => return Err(Errno::NOTDIR),
-        }
-    }
-    let cur = stack.last().ok_or(Errno::NOENT)?;
-    rustix::fs::openat(
-        cur,
-        ".",
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
 }
 
 /// What was read: the text and the identity it was read under.
@@ -391,7 +317,7 @@ fn with_file<T: Send>(
             ) {
                 // No openat2 (a kernel before 5.6, or a seccomp filter that does not know it, as
                 // systemd's answers ENOSYS): the same walk by hand.
-                Err(Errno::NOSYS | Errno::PERM) => walk_in_root(&rfd, inside),
+                Err(Errno::NOSYS | Errno::PERM) => super::root::walk_in_root(&rfd, inside),
                 r => r,
             }
             .map_err(errno(dir))?;

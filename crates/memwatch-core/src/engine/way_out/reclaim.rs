@@ -96,16 +96,7 @@ impl Engine {
                 available_mib: available >> 20,
             });
         }
-        let plan = self.swap_plan();
-        self.emit(crate::engine::Effect::WayOut(WayOutTask::Make {
-            job: name.to_owned(),
-            bytes,
-            plan,
-        }));
-        if let Some(w) = self.jobs.get_mut(name).and_then(|j| j.way_out.as_mut()) {
-            w.swap_busy = true;
-        }
-        self.set_phase(name, Phase::MakingSwap, now_ms);
+        self.make_swap(name, bytes, now_ms);
         self.record(
             now_ms,
             Action::WayOut,

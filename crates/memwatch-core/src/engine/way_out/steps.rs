@@ -110,16 +110,7 @@ impl Engine {
             });
         }
         self.mark_urgent(name, generation);
-        let plan = self.swap_plan();
-        self.emit(crate::engine::Effect::WayOut(WayOutTask::Make {
-            job: name.to_owned(),
-            bytes,
-            plan,
-        }));
-        if let Some(w) = self.jobs.get_mut(name).and_then(|j| j.way_out.as_mut()) {
-            w.swap_busy = true;
-        }
-        self.set_phase(name, Phase::MakingSwap, now_ms);
+        self.make_swap(name, bytes, now_ms);
         self.record(
             now_ms,
             Action::WayOut,
@@ -133,6 +124,20 @@ impl Engine {
             false,
         );
         Ok(())
+    }
+
+    /// Hands off making `bytes` of emergency swap for the job, which waits for it (`MakingSwap`).
+    pub(in crate::engine) fn make_swap(&mut self, name: &str, bytes: u64, now_ms: u64) {
+        let plan = self.swap_plan();
+        self.emit(crate::engine::Effect::WayOut(WayOutTask::Make {
+            job: name.to_owned(),
+            bytes,
+            plan,
+        }));
+        if let Some(w) = self.jobs.get_mut(name).and_then(|j| j.way_out.as_mut()) {
+            w.swap_busy = true;
+        }
+        self.set_phase(name, Phase::MakingSwap, now_ms);
     }
 
     pub(in crate::engine) fn try_lend(&mut self, name: &str, now_ms: u64) -> Result<(), WhyNot> {

@@ -311,3 +311,57 @@ impl Drop for Container {
         self.engine.remove(&self.name);
     }
 }
+
+/// A daemon on this machine (root `/`, no GPU).
+pub fn daemon() -> super::Daemon {
+    super::Daemon::start(super::Opts {
+        root: "/".into(),
+        gpu_state: None,
+        ..super::Opts::default()
+    })
+}
+
+/// A container name unique to this test process.
+pub fn container_name(e: &Engine, tag: &str) -> String {
+    format!("mw-test-{}-{tag}-{}", e.name, std::process::id())
+}
+
+/// The job `name` in `memwatch jobs --json` (Null when not attached).
+pub fn job(d: &super::Daemon, name: &str) -> serde_json::Value {
+    d.jobs()
+        .into_iter()
+        .find(|j| j["name"] == name)
+        .unwrap_or(serde_json::Value::Null)
+}
+
+/// Each test for each engine, as `docker::NAME` and `podman::NAME` (`Engine` in scope where it is
+/// used).
+#[allow(unused_macros)]
+macro_rules! for_each_engine {
+    ($($(#[$meta:meta])* $test:ident;)*) => {
+        mod docker {
+            $(
+                #[test]
+                $(#[$meta])*
+                fn $test() {
+                    if let Some(e) = super::Engine::get("docker") {
+                        super::$test(&e);
+                    }
+                }
+            )*
+        }
+        mod podman {
+            $(
+                #[test]
+                $(#[$meta])*
+                fn $test() {
+                    if let Some(e) = super::Engine::get("podman") {
+                        super::$test(&e);
+                    }
+                }
+            )*
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use for_each_engine;

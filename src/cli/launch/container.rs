@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 use std::time::Duration;
 
-use super::{Daemon, Ended, LaunchArgs, attach, wait_detached};
+use super::{Daemon, Ended, LaunchArgs, account_for, attach, gave_up, wait_detached};
 use crate::cli::Failure;
 use crate::command::RunError;
 
@@ -327,41 +327,12 @@ pub(super) fn runs(
             Some(e) => Ended::Stopped(e.how),
             None => describe(code, oom),
         };
-        match ended {
-            Ended::Finished => {
-                account.push(format!("run {}: finished", n + 1));
-                eprintln!("memwatch launch: {}", account.join("; "));
-                return Ok(0);
-            }
-            Ended::Failed(code) => {
-                account.push(format!("run {}: exited with {code}", n + 1));
-                eprintln!(
-                    "memwatch launch: {}; not relaunched (the job failed on its own)",
-                    account.join("; ")
-                );
-                return Ok(u8::try_from(code).unwrap_or(1));
-            }
-            Ended::Stopped(why) => {
-                account.push(format!("run {}: stopped, {why}", n + 1));
-                if n < a.max_restarts {
-                    eprintln!(
-                        "memwatch launch: run {} stopped ({why}); relaunching its container with \
-                         {{resume}} = 1 ({} of {})",
-                        n + 1,
-                        n + 1,
-                        a.max_restarts
-                    );
-                }
-                previous = Some(id);
-            }
+        if let Some(code) = account_for(ended, n, a.max_restarts, &mut account, " its container") {
+            return Ok(code);
         }
+        previous = Some(id);
     }
-    eprintln!(
-        "memwatch launch: {}; gave up after {} restart(s)",
-        account.join("; "),
-        a.max_restarts
-    );
-    Ok(1)
+    Ok(gave_up(&account, a.max_restarts))
 }
 
 #[cfg(test)]

@@ -294,39 +294,59 @@ fn runs(
             Some(e) => Ended::Stopped(e.how),
             None => describe(status, oom),
         };
-        match ended {
-            Ended::Finished => {
-                account.push(format!("run {}: finished", run + 1));
-                eprintln!("memwatch launch: {}", account.join("; "));
-                return Ok(0);
-            }
-            Ended::Failed(code) => {
-                account.push(format!("run {}: exited with {code}", run + 1));
-                eprintln!(
-                    "memwatch launch: {}; not relaunched (the job failed on its own)",
-                    account.join("; ")
-                );
-                return Ok(u8::try_from(code).unwrap_or(1));
-            }
-            Ended::Stopped(why) => {
-                account.push(format!("run {}: stopped, {why}", run + 1));
-                if run < a.max_restarts {
-                    eprintln!(
-                        "memwatch launch: run {} stopped ({why}); relaunching with {{resume}} = 1 ({} of {})",
-                        run + 1,
-                        run + 1,
-                        a.max_restarts
-                    );
-                }
-            }
+        if let Some(code) = account_for(ended, run, a.max_restarts, &mut account, "") {
+            return Ok(code);
         }
     }
+    Ok(gave_up(&account, a.max_restarts))
+}
+
+/// Adds how run `run` (0 first) ended to `account` and says so: `Some(exit code)` when launch ends
+/// here, `None` when it relaunches (`what` is what it relaunches, after "relaunching").
+fn account_for(
+    ended: Ended,
+    run: u32,
+    max_restarts: u32,
+    account: &mut Vec<String>,
+    what: &str,
+) -> Option<u8> {
+    match ended {
+        Ended::Finished => {
+            account.push(format!("run {}: finished", run + 1));
+            eprintln!("memwatch launch: {}", account.join("; "));
+            Some(0)
+        }
+        Ended::Failed(code) => {
+            account.push(format!("run {}: exited with {code}", run + 1));
+            eprintln!(
+                "memwatch launch: {}; not relaunched (the job failed on its own)",
+                account.join("; ")
+            );
+            Some(u8::try_from(code).unwrap_or(1))
+        }
+        Ended::Stopped(why) => {
+            account.push(format!("run {}: stopped, {why}", run + 1));
+            if run < max_restarts {
+                eprintln!(
+                    "memwatch launch: run {} stopped ({why}); relaunching{what} with {{resume}} = 1 ({} of {})",
+                    run + 1,
+                    run + 1,
+                    max_restarts
+                );
+            }
+            None
+        }
+    }
+}
+
+/// Launch's end after its last relaunch stopped too: said, and exit code 1.
+fn gave_up(account: &[String], max_restarts: u32) -> u8 {
     eprintln!(
         "memwatch launch: {}; gave up after {} restart(s)",
         account.join("; "),
-        a.max_restarts
+        max_restarts
     );
-    Ok(1)
+    1
 }
 
 /// Waits (at most 10 s) until the daemon no longer lists a job named `name` — it must have dropped

@@ -6,65 +6,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::Pinned;
-use super::error::{CgroupError, SignalError, SlurmError};
+use super::error::{CgroupError, SignalError};
 use super::view::HostView;
 use crate::config::SignalName;
 use crate::held::{Fired, Frozen, Loan, Mechanism, OomdMark, ReflexPlan, Slurmctl};
 use crate::host::ProcRef;
 use crate::sample::cgroup::CgroupDir;
-
-/// A call memwatch makes to Slurm for a whole job, on every node.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SlurmCall {
-    /// `scontrol suspend`.
-    Suspend,
-    /// `scontrol resume`.
-    Resume,
-    /// `scontrol requeue`.
-    Requeue,
-    /// `scancel`.
-    Cancel,
-    /// `scancel --full --signal=NAME` (a name such as "USR1").
-    Signal(String),
-    /// While this node holds the job: its state and holds read back (`scontrol show job`), this
-    /// node's hold renewed, and the job suspended again if it was resumed behind this node's back.
-    Hold,
-    /// While Slurm holds the job suspended and this node does not: which nodes hold it (`scontrol
-    /// show job`, read only).
-    Holders,
-}
-
-/// What Slurm did with a call that went through.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SlurmAnswer {
-    /// What was asked.
-    Done,
-    /// A resume that was not made: these other nodes still hold the job suspended. This node's
-    /// hold is released.
-    KeptBy(Vec<String>),
-    /// A `Hold` found the job running and suspended it again.
-    Resuspended,
-    /// The nodes whose holds keep the job suspended now (a `Hold` that found it suspended, after
-    /// renewing this node's; `Holders`).
-    Holders(Vec<String>),
-    /// A `Holders` read found every hold on the job's suspension run out (these nodes died holding
-    /// it, or lost Slurm for longer than their hold counts): the holds were cleared and the job
-    /// resumed.
-    Orphaned(Vec<String>),
-}
-
-impl std::fmt::Display for SlurmCall {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            SlurmCall::Suspend => f.write_str("scontrol suspend"),
-            SlurmCall::Resume => f.write_str("scontrol resume"),
-            SlurmCall::Requeue => f.write_str("scontrol requeue"),
-            SlurmCall::Cancel => f.write_str("scancel"),
-            SlurmCall::Signal(s) => write!(f, "scancel --signal={s}"),
-            SlurmCall::Hold | SlurmCall::Holders => f.write_str("scontrol show job"),
-        }
-    }
-}
+use crate::slurm::call::{SlurmAnswer, SlurmCall, SlurmError};
 
 /// What memwatch does to the host on a job's behalf. Every method acts on exactly what it is given
 /// (a process named by pid and start time, a cgroup directory, a recorded loan); who may be acted on

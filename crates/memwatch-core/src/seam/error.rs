@@ -5,10 +5,6 @@ use std::path::PathBuf;
 
 use crate::host::Errno;
 
-/// How often a hold is written before memwatch gives up on it (another node wrote the comment in
-/// between: its read, our write, its write).
-pub const HOLD_TRIES: usize = 3;
-
 /// Why a signal was not delivered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SignalError {
@@ -26,65 +22,6 @@ pub enum SignalError {
         /// The OS's words.
         reason: String,
     },
-}
-
-/// Why a Slurm call gave no answer to go by: which command, and what Slurm (or the machine) said.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SlurmError {
-    /// The command could not run: nothing was done.
-    #[error("cannot run `{command}`: {reason}")]
-    Spawn {
-        /// The command line.
-        command: String,
-        /// The OS's words.
-        reason: String,
-    },
-    /// It ran and failed: nothing was done.
-    #[error("`{command}` failed ({status}): {stderr}")]
-    Failed {
-        /// The command line.
-        command: String,
-        /// How it exited.
-        status: String,
-        /// What it said.
-        stderr: String,
-    },
-    /// It did not finish in time and was killed: slurmctld may still have carried it out.
-    #[error("`{command}` did not finish within {timeout_ms} ms")]
-    Late {
-        /// The command line.
-        command: String,
-        /// The timeout.
-        timeout_ms: u64,
-    },
-    /// The job is in a state the call cannot act on.
-    #[error("the job is {0}")]
-    State(String),
-    /// `scontrol show job` named no state.
-    #[error("`scontrol show job` gave no JobState")]
-    NoState,
-    /// The call gave no answer, and the job's state read back is not what it asked for.
-    #[error("{call}; {state}")]
-    NotAsAsked {
-        /// The call's own failure.
-        call: Box<SlurmError>,
-        /// What the read back found (the job's state, or no state).
-        state: Box<SlurmError>,
-    },
-    /// The call gave no answer, and the job's state cannot be read back.
-    #[error("{call}; the job's state cannot be read back: {read}")]
-    Unreadable {
-        /// The call's own failure.
-        call: Box<SlurmError>,
-        /// The read's.
-        read: Box<SlurmError>,
-    },
-    /// The daemon's Slurm thread has too many calls queued: this one was not made.
-    #[error("too many Slurm calls are waiting")]
-    Busy,
-    /// Other nodes kept rewriting the job's holds.
-    #[error("the job's holds changed under every one of {HOLD_TRIES} writes")]
-    HoldsRace,
 }
 
 /// What came of a call the manager refused or never answered.

@@ -10,8 +10,9 @@ mod view;
 
 pub use crate::host::Errno;
 pub use crate::host::{Pinned, pinned_open};
-pub use driver::{HostDriver, Released, SlurmAnswer, SlurmCall, release, undo_pause, unmark};
-pub use error::{CallError, CgroupError, HOLD_TRIES, SignalError, SlurmError};
+pub use crate::slurm::call::{HOLD_TRIES, SlurmAnswer, SlurmCall, SlurmError};
+pub use driver::{HostDriver, Released, release, undo_pause, unmark};
+pub use error::{CallError, CgroupError, SignalError};
 pub use view::{HostView, may_signal};
 
 #[cfg(test)]

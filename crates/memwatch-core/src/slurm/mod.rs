@@ -3,6 +3,7 @@
 //! suspension as the job's `AdminComment` keeps it (`holds`). memwatch's `slurm` finds the
 //! cgroup and reads the tasks.
 
+pub mod call;
 pub mod holds;
 pub mod protocol;
 

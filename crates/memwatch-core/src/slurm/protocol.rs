@@ -10,7 +10,7 @@
 
 use super::holds::{self, Holds};
 use crate::held::Slurmctl;
-use crate::seam::{HOLD_TRIES, SlurmAnswer, SlurmError};
+use super::call::{HOLD_TRIES, SlurmAnswer, SlurmError};
 
 /// Slurm as the protocol reaches it: `scontrol` with its arguments, its stdout back.
 pub trait Scontrol {

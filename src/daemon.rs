@@ -62,6 +62,9 @@ async fn shutdown_signal() {
 /// those a restart hands to the next daemon.
 pub async fn run(config: Config) -> Result<(), DaemonError> {
     let _lock = lock(&config).await?;
+    // The guardian's pipe next, on low descriptors (see `guardian::Pipe`), told of each state write.
+    let pipe = crate::guardian::Pipe::new();
+    persist::after_write(crate::guardian::state_written);
     crate::act::pin::raise_nofile();
     // Recover first, before anything that can fail (a port in use): a predecessor's paused jobs are
     // resumed whatever happens next.
@@ -81,7 +84,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let mut engine = Engine::with_host(settings, Some(anchor), Arc::new(host), view, stores);
     engine.recover(previous, clock.now_ms());
     let bound = servers::bind(&config).await?;
-    let guardian = guardian(&config);
+    let guardian = guardian(&config, pipe);
     let shared = Arc::new(Shared::new(&config.sampling));
     notifications(&config, &shared, &mut engine);
     shared.publish_view(engine.view());
@@ -161,13 +164,17 @@ fn previous_state(config: &Config) -> Option<persist::Persisted> {
 }
 
 /// The guardian that undoes this daemon's pauses if it dies; none if it cannot start.
-fn guardian(config: &Config) -> Option<Guardian> {
+fn guardian(config: &Config, pipe: std::io::Result<crate::guardian::Pipe>) -> Option<Guardian> {
     let grace = Duration::from_millis(config.control.successor_grace_ms);
-    match Guardian::spawn(
-        &config.control.runtime_dir(),
-        &config.host.process_root,
-        grace,
-    ) {
+    match pipe.and_then(|pipe| {
+        Guardian::spawn(
+            pipe,
+            &config.control.runtime_dir(),
+            &config.host.process_root,
+            grace,
+            config.policy.reflex_priority,
+        )
+    }) {
         Ok(g) => {
             tracing::info!(pid = g.pid(), "guardian started");
             Some(g)

@@ -3,8 +3,15 @@
 //!
 //! How it knows: its standard input is the read end of a pipe whose only write end the daemon holds
 //! (close-on-exec, so no other program inherits it). The kernel closes that end when the daemon exits
-//! for any reason, SIGKILL and the OOM killer included, and the guardian's blocked `read` returns 0.
-//! It costs nothing while it waits: one sleeping process, no timer, no polling.
+//! for any reason, SIGKILL and the OOM killer included, and the guardian's wait on it ends. That can
+//! be late: a dying daemon keeps its descriptors until its last thread has left an uninterruptible
+//! call (16–33 ms after a kill at a resume, see `death`), so the guardian also takes the signal the
+//! kernel sends when the daemon's thread that started it exits, a thread that does nothing else
+//! (`death::spawner`), and checks that the daemon is dying. It waits at the daemon's real-time
+//! priority where the kernel allows it. While the daemon lives it arms the lines the state file
+//! records, again after each write of it (the daemon writes a byte to the pipe), so that a death finds
+//! them ready: one sleeping process, no timer, no polling, and a re-read of the state file per
+//! write.
 //!
 //! What it does then: it gives a successor `control.successor_grace_ms` (5 s) to take over, watching
 //! the runtime directory's lock (`daemon.lock`) every 50 ms. A successor — the daemon systemd restarts
@@ -15,12 +22,11 @@
 //! idempotent recovery a restarted daemon runs for the pauses it does not keep, see `act::recover`),
 //! marks them undone, and exits. So after a death with no successor every job runs again within the
 //! grace (plus the 50 ms of a look). A daemon starting while the guardian recovers waits for the lock.
-//! The pipe's end closes before the dying daemon's last descriptors, its lock among them, so the
-//! guardian first waits (up to 2 s) until the kernel has reparented it. Even then the lock may still
-//! be the dying daemon's (the kernel reparents children when the first of its threads exits with no
-//! live thread left, while another thread may close the descriptors last; a slow guest showed it: a
-//! guardian took the dead daemon's lock for a successor's and left the job frozen). So a held lock
-//! counts as a successor's only when `daemon.lock` names another pid (each holder writes its own).
+//! The guardian hears of the death before the dying daemon's lock is closed (a slow guest once showed
+//! a guardian that took the dead daemon's lock for a successor's and left the job frozen). So a held
+//! lock counts as a successor's only when `daemon.lock` names another pid (each holder writes its
+//! own); while the dying daemon still holds it, no successor can, and the guardian looks at the
+//! lines all the same.
 //!
 //! Under systemd the unit uses `KillMode=process`: systemd then restarts the daemon without killing
 //! the guardian first (with `control-group` it would wait for the whole cgroup to empty, and the
@@ -50,69 +56,149 @@ use std::time::Duration;
 
 use crate::act::persist::{self, StateLock};
 
+mod death;
 pub mod gap;
 pub use gap::Gap;
 
+/// How soon the guardian tries again for a lock the dying daemon still holds.
+const DEAD_LOCK_AGAIN: Duration = Duration::from_micros(100);
+
 /// What the daemon writes to the pipe before a clean exit.
 const STAND_DOWN: &[u8] = b"S";
+/// What the daemon writes to the pipe after each write of the state file: the guardian arms the
+/// lines it records again, ahead of any death.
+const REARM: &[u8] = b"A";
 
-/// The daemon's handle on its guardian: the child, and the pipe end whose closing wakes it.
+/// The write end of the current guardian's pipe (non-blocking): the only one, so that the guardian
+/// hears the daemon's end when it closes. Held here rather than by [`Guardian`] so that the state
+/// writer reaches it ([`state_written`]); a dropped `Guardian` closes it.
+static EAR: std::sync::Mutex<Option<(u64, std::fs::File)>> = std::sync::Mutex::new(None);
+
+/// The number of the guardian whose pipe the [`EAR`] holds (each spawn takes the next).
+static SPAWNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The write end `write` under the number of `old`'s descriptor, where there was one (a restarted
+/// guardian's pipe keeps its predecessor's low number); else `write` as it is.
+fn in_place_of(old: Option<std::fs::File>, write: std::os::fd::OwnedFd) -> std::fs::File {
+    if let Some(old) = old {
+        let mut old = std::os::fd::OwnedFd::from(old);
+        if nix::unistd::dup3(&write, &mut old, nix::fcntl::OFlag::O_CLOEXEC).is_ok() {
+            return std::fs::File::from(old);
+        }
+    }
+    std::fs::File::from(write)
+}
+
+/// Writes `bytes` to the guardian's pipe, if there is one.
+fn tell(bytes: &[u8]) {
+    use std::io::Write;
+    if let Ok(Some((_, ear))) = EAR.lock().as_deref_mut() {
+        let _ = ear.write(bytes);
+    }
+}
+
+/// Tells the daemon's guardian, if it has one, that the state file was just written, so that it
+/// arms the recorded lines now rather than after the daemon's death (a job resumed at memory speed
+/// crosses the 16 MiB between its line and its limit in a few milliseconds). Never blocks: a full
+/// pipe already holds a byte that wakes the guardian.
+pub fn state_written() {
+    tell(REARM);
+}
+
+/// The daemon's handle on its guardian: the child (the pipe end whose closing wakes it is the
+/// pipe's write end, kept where the state writer reaches it).
 pub struct Guardian {
     child: Child,
-    wake: std::fs::File,
+    /// Which spawn this is: its pipe is the [`EAR`]'s while no later one replaced it.
+    spawn: u64,
     runtime_dir: PathBuf,
     process_root: PathBuf,
     grace: Duration,
+    priority: u8,
+}
+
+/// The pipe between a daemon and its guardian, made before the daemon opens anything else: its
+/// write end then has a low descriptor number, and the kernel, which closes a dead process's
+/// descriptors in order, closes it (and the state lock, opened just before) ahead of the slow ones
+/// (each PSI trigger waits out an RCU grace period as it closes: a killed daemon took 16–23 ms to
+/// close them all), so the guardian hears of the death that much sooner.
+pub struct Pipe {
+    read: std::os::fd::OwnedFd,
+    write: std::os::fd::OwnedFd,
+}
+
+impl Pipe {
+    /// A close-on-exec pipe whose write end never blocks (the read end, the guardian's standard
+    /// input, does).
+    pub fn new() -> std::io::Result<Pipe> {
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        nix::fcntl::fcntl(
+            &write,
+            nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+        )?;
+        Ok(Pipe { read, write })
+    }
 }
 
 impl Guardian {
-    /// Starts `memwatch guardian` for this runtime directory and process root, giving a successor
-    /// `grace` to take over.
+    /// Starts `memwatch guardian` for this runtime directory and process root on `pipe`, giving a
+    /// successor `grace` to take over, at real-time `priority` where the kernel lets it (from a
+    /// thread that only starts guardians, whose end at the daemon's death signals the guardian).
     pub fn spawn(
+        pipe: Pipe,
         runtime_dir: &Path,
         process_root: &Path,
         grace: Duration,
+        priority: u8,
     ) -> std::io::Result<Guardian> {
         use std::os::unix::process::CommandExt;
-        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
-        let exe = std::env::current_exe()?;
-        let mut cmd = Command::new(exe);
-        // SAFETY: between fork and exec only signal(2), which is async-signal-safe. An ignored
-        // disposition survives exec, so the guardian ignores these from its first instruction on.
-        unsafe {
-            cmd.pre_exec(|| {
-                for sig in [nix::libc::SIGTERM, nix::libc::SIGINT, nix::libc::SIGHUP] {
-                    nix::libc::signal(sig, nix::libc::SIG_IGN);
-                }
-                Ok(())
-            });
+        let Pipe { read, write } = pipe;
+        let (runtime, root) = (runtime_dir.to_owned(), process_root.to_owned());
+        // Started from the spawner thread, whose end at the daemon's death signals the guardian.
+        let child = death::spawner(priority, move || -> std::io::Result<Child> {
+            let exe = std::env::current_exe()?;
+            let mut cmd = Command::new(exe);
+            // SAFETY: between fork and exec only signal(2), which is async-signal-safe. An ignored
+            // disposition survives exec, so the guardian ignores these from its first instruction on.
+            unsafe {
+                cmd.pre_exec(|| {
+                    for sig in [nix::libc::SIGTERM, nix::libc::SIGINT, nix::libc::SIGHUP] {
+                        nix::libc::signal(sig, nix::libc::SIG_IGN);
+                    }
+                    Ok(())
+                });
+            }
+            cmd.arg("guardian")
+                .arg("--runtime-dir")
+                .arg(&runtime)
+                .arg("--process-root")
+                .arg(&root)
+                .arg("--successor-grace-ms")
+                .arg(grace.as_millis().to_string())
+                .stdin(Stdio::from(read))
+                .stdout(Stdio::null())
+                .process_group(0)
+                .spawn()
+        })
+        .unwrap_or_else(|| Err(std::io::Error::other("the guardian's spawner thread died")))?;
+        let spawn = SPAWNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        if let Ok(mut ear) = EAR.lock() {
+            *ear = Some((spawn, in_place_of(ear.take().map(|(_, f)| f), write)));
         }
-        let child = cmd
-            .arg("guardian")
-            .arg("--runtime-dir")
-            .arg(runtime_dir)
-            .arg("--process-root")
-            .arg(process_root)
-            .arg("--successor-grace-ms")
-            .arg(grace.as_millis().to_string())
-            .stdin(Stdio::from(read))
-            .stdout(Stdio::null())
-            .process_group(0)
-            .spawn()?;
         Ok(Guardian {
             child,
-            wake: std::fs::File::from(write),
+            spawn,
             runtime_dir: runtime_dir.to_owned(),
             process_root: process_root.to_owned(),
             grace,
+            priority,
         })
     }
 
     /// Tells the guardian the daemon is stopping cleanly, everything resumed: it leaves as soon as
     /// the daemon has gone, without waiting for a successor.
     pub fn stand_down(&mut self) {
-        use std::io::Write;
-        let _ = self.wake.write_all(STAND_DOWN);
+        tell(STAND_DOWN);
     }
 
     /// The guardian's pid.
@@ -124,7 +210,15 @@ impl Guardian {
     pub fn keep_alive(&mut self) -> bool {
         match self.child.try_wait() {
             Ok(None) => false,
-            _ => match Guardian::spawn(&self.runtime_dir, &self.process_root, self.grace) {
+            _ => match Pipe::new().and_then(|p| {
+                Guardian::spawn(
+                    p,
+                    &self.runtime_dir,
+                    &self.process_root,
+                    self.grace,
+                    self.priority,
+                )
+            }) {
                 Ok(g) => {
                     tracing::warn!(pid = g.pid(), restarted = true, "guardian started");
                     *self = g;
@@ -135,6 +229,17 @@ impl Guardian {
                     false
                 }
             },
+        }
+    }
+}
+
+impl Drop for Guardian {
+    /// Closes the pipe, unless a later guardian's took its place: the guardian hears the end.
+    fn drop(&mut self) {
+        if let Ok(mut ear) = EAR.lock()
+            && ear.as_ref().is_some_and(|(n, _)| *n == self.spawn)
+        {
+            *ear = None;
         }
     }
 }
@@ -150,33 +255,27 @@ pub fn run(runtime_dir: &Path, process_root: &Path, grace: Duration) -> ExitCode
         // SAFETY: SIG_IGN installs no handler code.
         let _ = unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigIgn) };
     }
-    // The daemon: our parent until it has died whole.
+    // The daemon (our parent's process) until it has died.
     let daemon = nix::unistd::getppid();
     let mut stdin = std::io::stdin().lock();
-    let mut buf = [0u8; 64];
-    let mut stood_down = false;
-    loop {
-        match stdin.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => stood_down |= buf[..n].contains(&STAND_DOWN[0]),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => break,
-        }
-    }
-    // The pipe's end closes while the dying daemon still holds its other descriptors, the state lock
-    // among them: until the kernel has reparented us, its lock would pass for a successor's.
-    let dying = std::time::Instant::now();
-    while nix::unistd::getppid() == daemon && dying.elapsed() < Duration::from_secs(2) {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let grace = if stood_down { Duration::ZERO } else { grace };
+    // The lines of the reflexes the daemon has armed, armed here too while it lives (again after
+    // each write of its state file), so that its death finds them ready to be looked at.
+    let mut gap = Gap::arm(runtime_dir, process_root);
     let dead = u32::try_from(daemon.as_raw()).unwrap_or(0);
-    // Until a successor takes over, the lines of the reflexes the dead daemon had armed.
-    let mut gap = if stood_down {
-        Gap::idle(runtime_dir, process_root)
-    } else {
-        Gap::arm(runtime_dir, process_root)
-    };
+    let stood_down = until_death(&mut stdin, daemon, &mut gap, runtime_dir, process_root);
+    // The dying daemon may still hold its descriptors, its lock among them: one still held is told
+    // from a successor's by the pid in it.
+    let dying = std::time::Instant::now();
+    let grace = if stood_down { Duration::ZERO } else { grace };
+    // Until a successor takes over, the lines of the reflexes the dead daemon had armed: armed
+    // already, unless the state file changed after the last arming (the daemon died between its
+    // write and its word to us).
+    if stood_down {
+        gap = Gap::idle(runtime_dir, process_root);
+    } else if gap.stale() {
+        gap = Gap::arm(runtime_dir, process_root);
+    }
+    gap.announce(dying);
     if successor_within(runtime_dir, grace, dead, &mut gap) {
         tracing::info!("a new memwatch daemon took over; it holds the paused jobs");
         return ExitCode::SUCCESS;
@@ -199,6 +298,45 @@ pub fn run(runtime_dir: &Path, process_root: &Path, grace: Duration) -> ExitCode
     }
 }
 
+/// Waits on `stdin`, the daemon's pipe, until the daemon `daemon` has died (the pipe's end, or the
+/// death signal with the daemon dying), arming `gap` again at each word that the state file was
+/// written. Returns whether the daemon stood its guardian down first (a clean stop).
+fn until_death(
+    stdin: &mut std::io::StdinLock<'_>,
+    daemon: nix::unistd::Pid,
+    gap: &mut Gap,
+    runtime_dir: &Path,
+    process_root: &Path,
+) -> bool {
+    let dead = u32::try_from(daemon.as_raw()).unwrap_or(0);
+    if death::listen(daemon) {
+        return death::drain(stdin).1.contains(&STAND_DOWN[0]);
+    }
+    let (mut buf, mut stood_down) = ([0u8; 64], false);
+    loop {
+        if !death::wait(stdin) {
+            if death::heard_of(dead) {
+                // What it wrote last (a stand-down comes before a clean exit).
+                let (_, rest) = death::drain(stdin);
+                stood_down |= rest.contains(&STAND_DOWN[0]);
+                return stood_down;
+            }
+            continue;
+        }
+        match stdin.read(&mut buf) {
+            Ok(0) => return stood_down,
+            Ok(n) => {
+                stood_down |= buf[..n].contains(&STAND_DOWN[0]);
+                if !stood_down && buf[..n].contains(&REARM[0]) {
+                    *gap = Gap::arm(runtime_dir, process_root);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return stood_down,
+        }
+    }
+}
+
 /// Whether a daemon other than `dead` holds the state lock within `grace` (looked at every 50 ms,
 /// or as often as `gap`'s lines need): a lock still held by `dead`'s own descriptors (its last
 /// thread has not closed them yet, though we were reparented) is no successor's. A lock taken for a
@@ -207,13 +345,20 @@ pub fn run(runtime_dir: &Path, process_root: &Path, grace: Duration) -> ExitCode
 fn successor_within(runtime_dir: &Path, grace: Duration, dead: u32, gap: &mut Gap) -> bool {
     let start = std::time::Instant::now();
     loop {
-        match StateLock::acquire_existing(runtime_dir, Duration::ZERO) {
+        let again = match StateLock::acquire_existing(runtime_dir, Duration::ZERO) {
             // Held by another: a successor runs, unless it is the dead daemon's lock.
             Ok(None) if persist::lock_holder(runtime_dir) != Some(dead) => return true,
-            Ok(None) => {}
+            // Still the dying daemon's: it closes in a moment. Meanwhile no successor can take it,
+            // and the dying daemon acts no more: the lines are looked at all the same.
+            Ok(None) => {
+                gap.look(std::time::Instant::now());
+                gap.next_look(std::time::Instant::now())
+                    .min(DEAD_LOCK_AGAIN)
+            }
             Ok(Some(lock)) => {
-                gap.look(std::time::Instant::now(), &lock);
+                gap.look(std::time::Instant::now());
                 drop(lock);
+                gap.next_look(std::time::Instant::now())
             }
             // The directory (or its lock) was removed: nothing is left to guard, or to hand over.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return false,
@@ -221,11 +366,11 @@ fn successor_within(runtime_dir: &Path, grace: Duration, dead: u32, gap: &mut Ga
                 tracing::error!(error = %e, "cannot look at the state lock; not waiting for a successor");
                 return false;
             }
-        }
+        };
         if start.elapsed() >= grace {
             return false;
         }
-        std::thread::sleep(gap.next_look(std::time::Instant::now()));
+        std::thread::sleep(again);
     }
 }
 

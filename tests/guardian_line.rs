@@ -50,6 +50,8 @@ fn phase(runtime: &Path, job: &str) -> Option<String> {
 
 /// One round's outcome.
 struct Round {
+    /// How long after the kill the guardian could look at the hog's line (its log's word).
+    guardian_ready_ms: Option<f64>,
     rate_mib: u64,
     by_freezer: bool,
     oom_kills: u64,
@@ -125,6 +127,7 @@ fn round(state: &Path, cg: &MemCgroup, n: usize, rate_mib: u64, guardian_too: bo
         std::thread::sleep(Duration::from_micros(200));
     }
     let killed = Instant::now();
+    let killed_at = std::time::SystemTime::now();
     if guardian_too {
         d.kill_both();
     } else {
@@ -139,7 +142,9 @@ fn round(state: &Path, cg: &MemCgroup, n: usize, rate_mib: u64, guardian_too: bo
     if std::env::var_os("GAP_LOG").is_some() {
         eprintln!("round {n}: the log:\n{}", d.log_text());
     }
+    let guardian_ready_ms = guardian_ready(&d.log_text(), killed_at);
     let mut out = Round {
+        guardian_ready_ms,
         rate_mib,
         by_freezer: cg.freezer.is_some(),
         oom_kills: cg.oom_kills() - oom_before,
@@ -171,7 +176,8 @@ fn round(state: &Path, cg: &MemCgroup, n: usize, rate_mib: u64, guardian_too: bo
 fn report(n: usize, r: &Round) {
     eprintln!(
         "round {n}: {} MiB/s by {}: OOM kills {}, at the end of the gap {} at {:.1} MiB ({:+.1} MiB from \
-         the line), record {}, successor adopted it paused {}, resumed it given room {}",
+         the line), record {}, successor adopted it paused {}, resumed it given room {}, the guardian \
+         looking {} after the kill",
         r.rate_mib,
         if r.by_freezer {
             "the freezer"
@@ -194,7 +200,52 @@ fn report(n: usize, r: &Round) {
             .unwrap_or_else(|| "none".into()),
         r.adopted_paused,
         r.resumed_with_room,
+        r.guardian_ready_ms
+            .map_or("(not said)".to_owned(), |ms| format!("{ms:.2} ms")),
     );
+}
+
+/// When the guardian said it holds the job's line (the timestamp its log line starts with, UTC),
+/// in ms after `killed`.
+fn guardian_ready(log: &str, killed: std::time::SystemTime) -> Option<f64> {
+    let line = log
+        .lines()
+        .find(|l| l.contains("the guardian holds the job's line"))?;
+    let at = utc(line.split_whitespace().next()?)?;
+    let killed = killed
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?
+        .as_secs_f64();
+    Some((at - killed) * 1e3)
+}
+
+/// Seconds since the epoch of an RFC 3339 UTC time such as `2026-12-07T19:58:53.037766Z`.
+fn utc(t: &str) -> Option<f64> {
+    let (date, time) = t.strip_suffix('Z')?.split_once('T')?;
+    let mut d = date.splitn(3, '-').map(|p| p.parse::<i64>().ok());
+    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+    let mut h = time.splitn(3, ':');
+    let (hh, mm) = (
+        h.next()?.parse::<f64>().ok()?,
+        h.next()?.parse::<f64>().ok()?,
+    );
+    let ss = h.next()?.parse::<f64>().ok()?;
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days as f64 * 86_400.0 + hh * 3600.0 + mm * 60.0 + ss)
+}
+
+#[test]
+fn a_log_time_is_read_as_utc() {
+    assert_eq!(utc("1970-01-01T00:00:01.5Z"), Some(1.5));
+    assert_eq!(utc("2026-12-07T19:58:53Z"), Some(1_796_673_533.0));
+    assert_eq!(utc("2000-03-01T00:00:00Z"), Some(951_868_800.0));
+    assert_eq!(utc("not a time"), None);
 }
 
 #[test]

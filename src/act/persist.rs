@@ -61,6 +61,14 @@ pub fn save(dir: &Path, state: &Persisted) -> std::io::Result<()> {
     write_atomic(&dir.join(STATE_FILE), &bytes)
 }
 
+/// Called after each write of the state file (the daemon's: its guardian's word to arm again).
+static AFTER_WRITE: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// Has `tell` called after each write a [`StateWriter`] makes, from now on (once per process).
+pub fn after_write(tell: fn()) {
+    let _ = AFTER_WRITE.set(tell);
+}
+
 /// A write of the state file slower than this is logged: on a tmpfs one takes about 0.1 ms.
 const SLOW_WRITE: std::time::Duration = std::time::Duration::from_millis(10);
 
@@ -121,6 +129,9 @@ impl StateStore for StateWriter {
         let began = std::time::Instant::now();
         private_dir(&self.dir)?;
         write_renamed(&self.dir.join(STATE_FILE), &bytes, false)?;
+        if let Some(tell) = AFTER_WRITE.get() {
+            tell();
+        }
         let took = began.elapsed();
         if took >= SLOW_WRITE {
             // Every write is ahead of a signal or a freeze, on the owner task: a job growing at

@@ -3,7 +3,8 @@
 //! daemon had just resumed near its line would run into its cgroup's limit, where the kernel's only
 //! answer is the OOM killer. So the guardian holds the line meanwhile: each reflex the dead daemon
 //! had armed (a pause record in phase `armed`, which names its line since state file version 5) is
-//! armed again here, the same [`Reflex`] the wake thread would hold (the job's freezer cgroup, or a
+//! armed here too, while the daemon lives (after each write of the state file) and again at its
+//! death if the file changed since, the same [`Reflex`] the wake thread would hold (the job's freezer cgroup, or a
 //! SIGSTOP to its root through a pidfd the guardian pins itself), and looked at on a timer: the time
 //! growth at [`GAP_GROWTH`] takes to cover the room left to the line, from [`LOOK_MIN`] to
 //! [`LOOK_MAX`] (the guardian also looks for a successor that often). That is four times the growth
@@ -12,11 +13,11 @@
 //! waits out the removal of the dead daemon's, hundreds of ms), so it reads every millisecond within
 //! 16 MiB of the line. The gap lasts seconds; a read costs microseconds.
 //!
-//! A reflex fires only while the guardian holds the state lock, and its pause is recorded (phase
-//! `held`, by the policy, for the job's cgroup) before the lock is let go: a successor that takes
-//! the lock finds the job held and goes on holding it, as after any crash, its way out included.
-//! One that fired while the lock was someone else's could be undone by a successor that read the
-//! state file before it. A job the guardian holds when no successor comes is resumed with every
+//! A reflex fires only while no successor can hold the state lock (the guardian holds it, or the
+//! dying daemon still does), and its pause is recorded (phase `held`, by the policy, for the job's
+//! cgroup) at once: a successor that takes the lock finds the job held and goes on holding it, as
+//! after any crash, its way out included. One that read the record as `armed` undoes the stop (an
+//! armed reflex may have fired) and arms its own, which stops the job again at the line. A job the guardian holds when no successor comes is resumed with every
 //! other pause when the grace is over: a job is never left frozen.
 //!
 //! What it costs: nothing while a daemon runs (the record's line is a few more bytes); in the gap, a
@@ -50,6 +51,31 @@ pub struct Gap {
     armory: Armory,
     /// Each armed job's line and when to look at it next.
     lines: Vec<Line>,
+    /// The state file these lines were armed from, as it was then.
+    armed_from: Option<Stamp>,
+}
+
+/// A state file's identity and version: it is replaced by a rename at every write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    ino: u64,
+    len: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+}
+
+impl Stamp {
+    fn of(runtime_dir: &Path) -> Option<Stamp> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(runtime_dir.join(persist::STATE_FILE)).ok()?;
+        let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
+        Some(Stamp {
+            ino: m.ino(),
+            len: m.len(),
+            mtime_ns: ns(m.mtime(), m.mtime_nsec()),
+            ctime_ns: ns(m.ctime(), m.ctime_nsec()),
+        })
+    }
 }
 
 struct Line {
@@ -63,6 +89,7 @@ impl Gap {
     /// cannot be read (said in the log) or records none.
     pub fn arm(runtime_dir: &Path, process_root: &Path) -> Gap {
         let mut gap = Gap::idle(runtime_dir, process_root);
+        gap.armed_from = Stamp::of(runtime_dir);
         let state = match persist::load(runtime_dir) {
             Ok(Some(state)) => state,
             Ok(None) => return gap,
@@ -81,7 +108,7 @@ impl Gap {
                         critical,
                         next: now,
                     });
-                    tracing::info!(job = %job.name, "the guardian holds the job's line until a daemon takes over");
+                    tracing::debug!(job = %job.name, "the guardian armed the job's line");
                 }
                 Ok(None) => {}
                 Err(why) => {
@@ -99,6 +126,21 @@ impl Gap {
             process_root: process_root.to_owned(),
             armory: Armory::default(),
             lines: Vec::new(),
+            armed_from: None,
+        }
+    }
+
+    /// Whether the state file is no longer the one these lines were armed from.
+    pub fn stale(&self) -> bool {
+        Stamp::of(&self.runtime_dir) != self.armed_from
+    }
+
+    /// Says in the log which lines it holds now that no daemon runs (since `ended`), and how long
+    /// after the daemon's end it could first look at them.
+    pub fn announce(&self, ended: Instant) {
+        let after_us = u64::try_from(ended.elapsed().as_micros()).unwrap_or(u64::MAX);
+        for line in &self.lines {
+            tracing::info!(job = %line.job, critical = line.critical, after_us, "the guardian holds the job's line until a daemon takes over");
         }
     }
 
@@ -112,10 +154,10 @@ impl Gap {
             .min(LOOK_MAX)
     }
 
-    /// Looks at every line due at `now`, to be called with the state lock held (`_lock`): a job at
-    /// its line is stopped there, and its pause recorded as held before this returns (the log says
-    /// how far past its line it was).
-    pub fn look(&mut self, now: Instant, _lock: &persist::StateLock) {
+    /// Looks at every line due at `now`: a job at its line is stopped there, and its pause recorded
+    /// as held before this returns (the log says how far past its line it was). To be called while
+    /// no successor can take the state lock: the guardian holds it, or the dying daemon still does.
+    pub fn look(&mut self, now: Instant) {
         let mut i = 0;
         while i < self.lines.len() {
             let line = &mut self.lines[i];

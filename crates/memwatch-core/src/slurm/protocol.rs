@@ -8,9 +8,9 @@
 //! Slurm is reached through [`Scontrol`] (the daemon's is the real `scontrol`, the simulator's a
 //! Slurm in memory shared by several engines), so the rules here are what both run.
 
+use super::call::{HOLD_TRIES, SlurmAnswer, SlurmError};
 use super::holds::{self, Holds};
 use crate::held::Slurmctl;
-use super::call::{HOLD_TRIES, SlurmAnswer, SlurmError};
 
 /// Slurm as the protocol reaches it: `scontrol` with its arguments, its stdout back.
 pub trait Scontrol {

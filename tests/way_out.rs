@@ -5,7 +5,9 @@
 //! (a) a trainer speaking the protocol applies the cut mid-epoch on emergency swap (zram), finishes every
 //!     epoch with the effective batch kept and no OOM kill, and the swap is cleared and removed;
 //! (b) a trainer that knows nothing of memwatch, under `memwatch launch`, saves its checkpoint when asked
-//!     (SIGUSR1), is stopped cleanly, relaunched with 2 workers from the rewritten config, and finishes;
+//!     (SIGUSR1), is stopped cleanly, relaunched with 2 workers from the rewritten config, and finishes
+//!     (its ladder without the swap rung, which would push its held memory out and resume it whole
+//!     before any checkpoint: `tests/reclaim.rs`);
 //! (c) with every way out disabled the job ends at the maximum pause with a clear account, and no
 //!     process of it is left stopped;
 //! and a daemon killed while the job runs on emergency swap leaves, after a restart, no swap device.
@@ -71,6 +73,16 @@ fn devices_made(events: &str) -> Vec<String> {
         .collect();
     out.dedup();
     out
+}
+
+/// Held by a test while it makes emergency swap: zram numbers are reused, so a device another test
+/// made at once could pass for one this test's daemon left behind.
+static SWAP_MAKERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn making_swap() -> std::sync::MutexGuard<'static, ()> {
+    SWAP_MAKERS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Which of `devices` are still swap devices (in /proc/swaps) or still exist.
@@ -166,6 +178,7 @@ fn a_protocol_trainer_takes_the_fix_now_on_an_emergency_swapfile() {
 }
 
 fn fix_now_on_swap(way_out: &str, kind: &str, scenario: &str) {
+    let _alone = making_swap();
     let Some(python) = ready_python("way_out") else {
         return;
     };
@@ -251,7 +264,8 @@ fn a_trainer_that_knows_nothing_is_checkpointed_stopped_and_relaunched() {
         root: "/".into(),
         gpu_state: None,
         extra_config: "[policy]\nmax_pause_seconds = 120\ncheckpoint_signal = \"SIGUSR1\"\n\
-                       [way_out]\ndecide_seconds = 2\ncheckpoint_grace_seconds = 3\n",
+                       [way_out]\nsteps = [\"lend\", \"checkpoint\"]\ndecide_seconds = 2\n\
+                       checkpoint_grace_seconds = 3\n",
         ..Opts::default()
     });
     let cfg = write_config(d.dir.path(), 3);
@@ -404,6 +418,7 @@ fn a_protocol_trainer_takes_the_fix_now_on_a_lent_limit() {
 
 #[test]
 fn a_daemon_killed_on_emergency_swap_leaves_no_swap_after_restart() {
+    let _alone = making_swap();
     let config = "[policy]\nmax_pause_seconds = 120\n\
                   [way_out]\nsteps = [\"swap\"]\ndecide_seconds = 2\nfix_seconds = 60\n";
     // Killed as soon as the swap is on: while the job runs on it to its fix.

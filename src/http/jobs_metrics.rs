@@ -255,7 +255,11 @@ fn series(w: &mut Writer, v: &View) {
             "Attached job identity; the value is always 1.",
         );
         for j in &v.jobs {
-            let limit = j.tightest.as_ref().map(|l| l.limit.as_str()).unwrap_or("");
+            let limit = j
+                .tightest
+                .as_ref()
+                .map(|l| l.limit.to_string())
+                .unwrap_or_default();
             let o = j.origin.as_ref();
             let (container, slurm) = match o {
                 Some(o) if o.kind == "slurm" => (String::new(), o.id.as_str()),
@@ -268,7 +272,7 @@ fn series(w: &mut Writer, v: &View) {
                     ("job_name", &j.name),
                     ("pid", &pid),
                     ("uid", &uid),
-                    ("tightest_limit", limit),
+                    ("tightest_limit", &limit),
                     ("origin", o.map_or("", |o| o.kind.as_str())),
                     ("container", &container),
                     ("pod", o.and_then(|o| o.pod.as_deref()).unwrap_or("")),

@@ -74,8 +74,8 @@ pub struct Taken {
 pub struct WayOut {
     /// When the ladder began (engine clock, ms).
     pub started_ms: u64,
-    /// The limit that ran out: "cgroup" or "host".
-    pub limit: String,
+    /// The limit that ran out ("cgroup" or "host" in the record).
+    pub limit: crate::policy::LimitKind,
     /// What the job would add while its fix comes (growth at the pause × `fix_seconds`).
     pub shortfall_bytes: u64,
     /// The growth rate at the pause (bytes/s).

@@ -8,6 +8,7 @@ use crate::config::OnCritical;
 use crate::growth::Growth;
 use crate::job::Limit;
 use crate::job::Measurement;
+use crate::policy::LimitKind;
 
 /// One job's full measurement, from the blocking pool.
 pub struct Measured {
@@ -368,7 +369,7 @@ impl Engine {
                 v.push((
                     Resource::JobCgroup(j.name.clone()),
                     Limit::new(
-                        "cgroup".into(),
+                        LimitKind::Cgroup,
                         limit.saturating_sub(cg.unreclaimable_bytes()),
                         rate(&j.cgroup_growth),
                     ),
@@ -379,7 +380,7 @@ impl Engine {
             v.push((
                 Resource::HostMemory,
                 Limit::new(
-                    "host".into(),
+                    LimitKind::Host,
                     available,
                     if sustained {
                         self.readings.host_used.sustained_rate_per_second()
@@ -398,7 +399,7 @@ impl Engine {
                     v.push((
                         Resource::GpuMemory(*idx),
                         Limit::new(
-                            format!("gpu {idx}"),
+                            LimitKind::Gpu(*idx),
                             total.saturating_sub(used),
                             rate(&j.gpu_growth),
                         ),
@@ -409,12 +410,12 @@ impl Engine {
         v
     }
 
-    fn action_of(&self, limit: &str) -> OnCritical {
+    fn action_of(&self, limit: LimitKind) -> OnCritical {
         let p = &self.cfg.policy;
         match limit {
-            "cgroup" => p.job_cgroup.action,
-            "host" => p.host_memory.action,
-            _ => p.gpu_memory.action,
+            LimitKind::Cgroup => p.job_cgroup.action,
+            LimitKind::Host => p.host_memory.action,
+            LimitKind::Gpu(_) => p.gpu_memory.action,
         }
     }
 
@@ -490,13 +491,13 @@ impl Engine {
                 let limits: Vec<Limit> = self
                     .limits_with(j, true)
                     .into_iter()
-                    .filter(|l| self.action_of(&l.limit) == OnCritical::Pause)
-                    .filter(|l| !(on_room && (l.limit == "cgroup" || l.limit == "host")))
+                    .filter(|l| self.action_of(l.limit) == OnCritical::Pause)
+                    .filter(|l| !(on_room && l.limit.is_ram()))
                     .collect();
                 let projections = limits
                     .iter()
                     .map(|l| Projection {
-                        limit: l.limit.clone(),
+                        limit: l.limit,
                         headroom_bytes: l.headroom_bytes,
                         growth_bytes_per_second: l.growth_bytes_per_second,
                     })

@@ -20,7 +20,7 @@ pub use why_not::{NoSwap, WhyNot};
 use crate::audit::{Action, Reason};
 use crate::config::{OnMaxPause, Step};
 use crate::held::Record;
-use crate::policy::{Cause, Resource};
+use crate::policy::{Cause, LimitKind, Resource};
 use crate::way_out::{Phase, SwapError, SwapPlan, Taken, WayOut};
 
 /// Blocking swap work, run off the owner task (`memwatch::work::way_out::run_way_out_task`).
@@ -135,32 +135,30 @@ impl Engine {
 
     /// The limit and growth rate behind a job's pause, when it is a memory pause the way out can help
     /// (the job's cgroup or the host; not a GPU or a temperature).
-    pub(in crate::engine) fn memory_pause(&self, name: &str) -> Option<(String, f64)> {
+    pub(in crate::engine) fn memory_pause(&self, name: &str) -> Option<(LimitKind, f64)> {
         let j = self.jobs.get(name)?;
         let p = j.policy_pause()?;
         let mut limit = None;
         for r in &p.held.reasons {
             let l = match r {
-                Cause::Resource(Resource::JobCgroup(job)) if job == name => "cgroup",
-                Cause::Resource(Resource::HostMemory) => "host",
-                Cause::Predicted | Cause::WayOut => {
-                    match p.held.projected.as_ref().map(|(l, _)| l.as_str()) {
-                        Some(l @ ("cgroup" | "host")) => l,
-                        _ => return None,
-                    }
-                }
+                Cause::Resource(Resource::JobCgroup(job)) if job == name => LimitKind::Cgroup,
+                Cause::Resource(Resource::HostMemory) => LimitKind::Host,
+                Cause::Predicted | Cause::WayOut => match p.held.projected.as_ref() {
+                    Some((l, _)) if l.is_ram() => *l,
+                    _ => return None,
+                },
                 _ => return None,
             };
             limit.get_or_insert(l);
         }
-        let limit = limit?.to_owned();
-        let measured = if limit == "cgroup" {
+        let limit = limit?;
+        let measured = if limit == LimitKind::Cgroup {
             j.cgroup_growth.sustained_rate_per_second()
         } else {
             self.readings.host_used.sustained_rate_per_second()
         };
         // Measured while paused, the growth is nil: the rate when the pause began counts too.
-        let at_start = if limit == "cgroup" {
+        let at_start = if limit == LimitKind::Cgroup {
             p.growth_at_start.cgroup
         } else {
             p.growth_at_start.host
@@ -292,7 +290,7 @@ impl Engine {
     pub(in crate::engine) fn start_ladder(
         &mut self,
         name: &str,
-        limit: String,
+        limit: LimitKind,
         rate: f64,
         now_ms: u64,
     ) {
@@ -312,7 +310,7 @@ impl Engine {
         let taken = again.map(|p| p.taken.clone()).unwrap_or_default();
         let way_out = WayOut {
             started_ms: now_ms,
-            limit: limit.clone(),
+            limit,
             shortfall_bytes: shortfall,
             rate,
             phase: Phase::NoWayOut,

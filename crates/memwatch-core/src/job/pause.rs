@@ -92,7 +92,7 @@ pub struct Held {
     /// What caused it.
     pub reasons: Vec<crate::policy::Cause>,
     /// The limit and growth rate when a projection caused it.
-    pub projected: Option<(String, f64)>,
+    pub projected: Option<(crate::policy::LimitKind, f64)>,
     /// The maximum pause was reached and the job stays paused.
     pub expired: bool,
     /// Resuming needs room for the rate seen at the pause (every pause on a projection, and the way
@@ -107,7 +107,7 @@ impl Pause {
             since_ms: self.since_ms,
             by: self.by,
             reasons: self.held.reasons.clone(),
-            projected: self.held.projected.clone(),
+            projected: self.held.projected,
             expired: self.held.expired,
             strict: self.held.strict,
         }

@@ -9,8 +9,8 @@ use crate::{held, way_out};
 /// Where a job's memory is heading against one limit.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Limit {
-    /// "cgroup", "host" or "gpu N".
-    pub limit: String,
+    /// Which limit ("cgroup", "host" or "gpu N" in the API).
+    pub limit: crate::policy::LimitKind,
     /// Bytes left before the limit.
     pub headroom_bytes: u64,
     /// Growth toward it, bytes/s (negative while shrinking).
@@ -21,9 +21,13 @@ pub struct Limit {
 
 impl Limit {
     /// A limit's projection from its headroom and growth.
-    pub fn new(limit: String, headroom_bytes: u64, growth_bytes_per_second: f64) -> Self {
+    pub fn new(
+        limit: crate::policy::LimitKind,
+        headroom_bytes: u64,
+        growth_bytes_per_second: f64,
+    ) -> Self {
         let tte = crate::policy::Projection {
-            limit: limit.clone(),
+            limit,
             headroom_bytes,
             growth_bytes_per_second,
         }

@@ -5,6 +5,7 @@
 //! `tests.rs` run scenarios (sequences of observations) and check the decisions after each.
 
 mod level;
+mod limit;
 mod resource;
 mod room;
 mod spared;
@@ -17,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{OnCritical, OnMaxPause, Policy, RatioPolicy, TempPolicy};
 pub use level::{Level, LevelState, Reading, Thresholds};
+pub use limit::{LimitKind, UnknownLimit};
 pub use resource::{Cause, HostSources, KeyError, Resource, Resumed};
 pub use spared::{Spared, spare};
 
@@ -45,8 +47,8 @@ pub struct GpuObservation {
 /// Where a job's memory is heading: the tightest limit, the room left under it and the growth rate.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Projection {
-    /// Which limit: "cgroup", "host" or "gpu N".
-    pub limit: String,
+    /// Which limit.
+    pub limit: LimitKind,
     /// Bytes left before the limit.
     pub headroom_bytes: u64,
     /// Growth toward it, bytes/s.
@@ -132,7 +134,7 @@ pub struct PauseState {
     /// What caused it.
     pub reasons: Vec<Cause>,
     /// The limit and growth rate when a projection caused the pause.
-    pub projected: Option<(String, f64)>,
+    pub projected: Option<(LimitKind, f64)>,
     /// Set once the maximum pause was reached and the job stays paused.
     pub expired: bool,
     /// Resuming needs room for the rate seen at the pause, not the (nil) growth of a job that is
@@ -427,7 +429,7 @@ pub fn evaluate(prev: &State, obs: &Observation, cfg: &Policy) -> (State, Vec<De
                                     reasons: keys,
                                     projected: soonest
                                         .filter(|_| predicted)
-                                        .map(|(p, _)| (p.limit.clone(), p.growth_bytes_per_second)),
+                                        .map(|(p, _)| (p.limit, p.growth_bytes_per_second)),
                                     expired: false,
                                     strict: predicted,
                                 },
@@ -534,7 +536,7 @@ pub fn run_through(state: &mut State, job: &str, keys: &[Resource]) {
 /// The engine pauses a job itself (its emergency room ran out, or its fix did not come): it stays
 /// paused until `limit` has room for `rate` again, like a pause on a projection. Returns
 /// the pause for the job's record.
-pub fn hold(state: &mut State, job: &str, now_ms: u64, limit: &str, rate: f64) -> PauseState {
+pub fn hold(state: &mut State, job: &str, now_ms: u64, limit: LimitKind, rate: f64) -> PauseState {
     let js = state.jobs.entry(job.to_owned()).or_default();
     js.overridden.clear();
     js.checkpoint_deadline_ms = None;
@@ -542,7 +544,7 @@ pub fn hold(state: &mut State, job: &str, now_ms: u64, limit: &str, rate: f64) -
         since_ms: now_ms,
         by: By::Policy,
         reasons: vec![Cause::WayOut],
-        projected: Some((limit.to_owned(), rate)),
+        projected: Some((limit, rate)),
         expired: false,
         strict: true,
     }

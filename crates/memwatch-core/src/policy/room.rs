@@ -45,7 +45,7 @@ pub(super) fn room_to_resume(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{By, Cause, Projection, Reading};
+    use crate::policy::{By, Cause, LimitKind, Projection, Reading};
 
     const MIB: f64 = 1048576.0;
 
@@ -55,7 +55,7 @@ mod tests {
             since_ms: 0,
             by: By::Policy,
             reasons: vec![Cause::Predicted],
-            projected: Some(("cgroup".into(), 148.0 * MIB)),
+            projected: Some((LimitKind::Cgroup, 148.0 * MIB)),
             expired: false,
             strict: false,
         }
@@ -68,7 +68,7 @@ mod tests {
             cgroup: Reading::Absent,
             gpus: None,
             projections: vec![Projection {
-                limit: "cgroup".into(),
+                limit: LimitKind::Cgroup,
                 headroom_bytes: (headroom * MIB) as u64,
                 growth_bytes_per_second: rate * MIB,
             }],
@@ -98,7 +98,7 @@ mod tests {
         assert!(room_to_resume(&p, &job(300.0, 300.0), 1_000, &cfg));
         // The projected limit unknown now: no room.
         let mut gone = job(1e6, 0.0);
-        gone.projections[0].limit = "host".into();
+        gone.projections[0].limit = LimitKind::Host;
         assert!(!room_to_resume(&p, &gone, 1_000, &cfg));
         // A pause no projection caused is the levels' to end.
         let level = PauseState {

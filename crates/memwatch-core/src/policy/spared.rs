@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::LimitKind;
 use super::{
     By, Cause, JobObservation, JobState, Level, LevelState, PauseState, Reading, Resource,
 };
@@ -36,15 +37,12 @@ pub struct Spared {
     pub running_since_ms: u64,
 }
 
-/// The level of a projection's limit, by its name ("cgroup", "host", "gpu N").
-fn line_of(job: &str, limit: &str) -> Option<Resource> {
+/// The level of a projection's limit.
+fn line_of(job: &str, limit: LimitKind) -> Resource {
     match limit {
-        "cgroup" => Some(Resource::JobCgroup(job.to_owned())),
-        "host" => Some(Resource::HostMemory),
-        _ => limit
-            .strip_prefix("gpu ")
-            .and_then(|i| i.parse().ok())
-            .map(Resource::GpuMemory),
+        LimitKind::Cgroup => Resource::JobCgroup(job.to_owned()),
+        LimitKind::Host => Resource::HostMemory,
+        LimitKind::Gpu(i) => Resource::GpuMemory(i),
     }
 }
 
@@ -92,7 +90,7 @@ pub fn spare(
         return false;
     }
     js.spared = Some(Spared {
-        line: line_of(job, limit),
+        line: Some(line_of(job, *limit)),
         at_ms: now_ms,
         running_since_ms: now_ms,
     });
@@ -130,6 +128,7 @@ pub(super) fn upkeep(
 
 #[cfg(test)]
 mod tests {
+    use super::LimitKind;
     use super::*;
 
     /// Paused at 0 ms on `train`'s cgroup projection.
@@ -138,7 +137,7 @@ mod tests {
             since_ms: 0,
             by: By::Policy,
             reasons: vec![Cause::Predicted],
-            projected: Some(("cgroup".into(), 148.0 * 1048576.0)),
+            projected: Some((LimitKind::Cgroup, 148.0 * 1048576.0)),
             expired: false,
             strict: true,
         }
@@ -212,8 +211,8 @@ mod tests {
             &cfg
         ));
         assert_eq!(
-            line_of("train", "gpu 3"),
-            Some(Resource::GpuMemory(3)),
+            line_of("train", LimitKind::Gpu(3)),
+            Resource::GpuMemory(3),
             "a GPU's limit is its memory's level"
         );
     }

@@ -112,7 +112,7 @@ fn cgroup_critical(o: &mut Observation) {
 fn growing_fast(o: &mut Observation) {
     o.jobs[0].cgroup = Reading::Value(0.5);
     o.jobs[0].projections = vec![Projection {
-        limit: "cgroup".into(),
+        limit: LimitKind::Cgroup,
         headroom_bytes: 200 << 20,
         growth_bytes_per_second: (1u64 << 30) as f64,
     }];
@@ -120,7 +120,7 @@ fn growing_fast(o: &mut Observation) {
 fn paused_little_room(o: &mut Observation) {
     o.jobs[0].cgroup = Reading::Value(0.6);
     o.jobs[0].projections = vec![Projection {
-        limit: "cgroup".into(),
+        limit: LimitKind::Cgroup,
         headroom_bytes: 200 << 20,
         growth_bytes_per_second: 0.0,
     }];
@@ -128,7 +128,7 @@ fn paused_little_room(o: &mut Observation) {
 fn limit_raised(o: &mut Observation) {
     o.jobs[0].cgroup = Reading::Value(0.2);
     o.jobs[0].projections = vec![Projection {
-        limit: "cgroup".into(),
+        limit: LimitKind::Cgroup,
         headroom_bytes: 4 << 30,
         growth_bytes_per_second: 0.0,
     }];
@@ -136,7 +136,7 @@ fn limit_raised(o: &mut Observation) {
 fn still_growing_host_has_room(o: &mut Observation) {
     growing_fast(o);
     o.jobs[0].projections.push(Projection {
-        limit: "host".into(),
+        limit: LimitKind::Host,
         headroom_bytes: 20 << 30,
         growth_bytes_per_second: 0.0,
     });

@@ -207,7 +207,7 @@ impl PersistedPause {
             hold: HoldRecord::from(&p.mechanism),
             stopped: p.stopped.clone(),
             causes: p.held.reasons.iter().map(ToString::to_string).collect(),
-            projected: p.held.projected.clone(),
+            projected: p.held.projected.map(|(l, r)| (l.to_string(), r)),
             strict: p.held.strict,
             expired: p.held.expired,
             oomd_omit: p.oomd_omit.clone(),
@@ -235,7 +235,10 @@ impl PersistedPause {
             oom_killed: 0,
             held: crate::job::Held {
                 reasons: self.causes.iter().filter_map(|c| c.parse().ok()).collect(),
-                projected: self.projected.clone(),
+                projected: self
+                    .projected
+                    .as_ref()
+                    .and_then(|(l, r)| l.parse().ok().map(|l| (l, *r))),
                 expired: self.expired,
                 strict: self.strict,
             },

@@ -5,6 +5,7 @@ use crate::audit::{Action, Reason};
 use crate::engine::Engine;
 use crate::held::Record;
 use crate::host::Version;
+use crate::policy::LimitKind;
 use crate::way_out::Phase;
 
 use super::{CLEAR_MARGIN, SETTLED_RATE, SWAP_FULL, WayOutDone, WayOutTask};
@@ -80,7 +81,7 @@ impl Engine {
         }
         // Settled: new workers fill their caches too; the room goes back once the growth stopped.
         let settled = self.jobs.get(name).is_some_and(|j| {
-            if w.limit == "cgroup" {
+            if w.limit == LimitKind::Cgroup {
                 j.cgroup_growth.sustained_rate_per_second() < SETTLED_RATE
             } else {
                 self.readings.host_used.sustained_rate_per_second() < SETTLED_RATE
@@ -170,7 +171,7 @@ impl Engine {
         let Some(w) = j.way_out.as_ref() else {
             return false;
         };
-        if w.limit == "cgroup" {
+        if w.limit == LimitKind::Cgroup {
             let Some(cg) = j.cgroup() else {
                 return false;
             };

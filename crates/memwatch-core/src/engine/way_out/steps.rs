@@ -5,6 +5,7 @@ use crate::audit::{Action, Reason};
 use crate::engine::Engine;
 use crate::host::Version;
 use crate::policy;
+use crate::policy::LimitKind;
 use crate::way_out::Phase;
 
 use super::{NoSwap, WayOutTask, WhyNot};
@@ -145,7 +146,10 @@ impl Engine {
         if !self.cfg.way_out.lend && !j.launch.as_ref().is_some_and(|l| l.lend) {
             return Err(WhyNot::LendNotAllowed);
         }
-        if j.way_out.as_ref().is_some_and(|w| w.limit != "cgroup") {
+        if j.way_out
+            .as_ref()
+            .is_some_and(|w| w.limit != LimitKind::Cgroup)
+        {
             return Err(WhyNot::HostRanOut);
         }
         let dir = j.cgroup_dir.clone().ok_or(WhyNot::NoCgroup)?;
@@ -359,8 +363,8 @@ impl Engine {
             .jobs
             .get(name)
             .and_then(|j| j.way_out.as_ref())
-            .map_or(("cgroup".to_owned(), 0.0), |w| (w.limit.clone(), w.rate));
-        let state = policy::hold(&mut self.policy, name, now_ms, &limit, rate);
+            .map_or((LimitKind::Cgroup, 0.0), |w| (w.limit, w.rate));
+        let state = policy::hold(&mut self.policy, name, now_ms, limit, rate);
         if let Some(js) = self.policy.jobs.get_mut(name) {
             js.managed = true;
         }

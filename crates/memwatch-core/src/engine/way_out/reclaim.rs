@@ -83,32 +83,12 @@ impl Engine {
                 free_mib: free_swap >> 20,
             });
         }
-        let available = self.readings.host_memory.map_or(0, |(a, _)| a);
-        let mut bytes = wanted
-            .saturating_add(margin)
-            .min(self.cfg.way_out.swap_max_mib << 20);
-        if zram {
-            // Compressed pages live in RAM: never plan for more than half of what is left.
-            bytes = bytes.min(available / 2);
-        }
-        if bytes < MOVED_AT_LEAST {
-            return Err(WhyNot::TooLittleForSwap {
-                available_mib: available >> 20,
-            });
-        }
-        self.make_swap(name, bytes, now_ms);
-        self.record(
-            now_ms,
-            Action::WayOut,
-            name,
-            Reason::Swap,
+        let (bytes, zram) = self.swap_size(wanted.saturating_add(margin))?;
+        self.make_swap(name, bytes, zram, now_ms, |making| {
             format!(
-                "no fix can be applied now ({no_fix}); making {} MiB of emergency swap ({}) to push the held job's memory out to",
-                bytes >> 20,
-                if zram { "zram" } else { "swapfile" }
-            ),
-            false,
-        );
+                "no fix can be applied now ({no_fix}); {making} to push the held job's memory out to"
+            )
+        });
         Ok(())
     }
 

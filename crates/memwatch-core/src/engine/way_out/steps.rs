@@ -10,6 +10,9 @@ use crate::way_out::Phase;
 
 use super::{NoSwap, WayOutTask, WhyNot};
 
+/// Emergency swap smaller than this is not worth a device.
+pub(in crate::engine) const MIN_SWAP: u64 = 16 << 20;
+
 impl Engine {
     /// The urgent fix a job could take now: the generation of its newest pending change, if its
     /// trainer asks for directives.
@@ -96,39 +99,56 @@ impl Engine {
             // to swap makes.
             Err(no_fix) => return self.try_reclaim(name, no_fix, now_ms),
         };
+        let (bytes, zram) = self.swap_size(self.room_bytes(name))?;
+        self.mark_urgent(name, generation);
+        self.make_swap(name, bytes, zram, now_ms, |making| {
+            format!("{making} so the job can apply generation {generation} now")
+        });
+        Ok(())
+    }
+
+    /// The emergency swap to make for `wanted` bytes, and whether it is zram: at most
+    /// `swap_max_mib`, and with zram never more than half of what RAM has left (compressed pages live
+    /// in RAM); less than [`MIN_SWAP`] is not worth a device.
+    pub(in crate::engine) fn swap_size(&self, wanted: u64) -> Result<(u64, bool), WhyNot> {
         let available = self.readings.host_memory.map_or(0, |(a, _)| a);
-        let mut bytes = self
-            .room_bytes(name)
-            .min(self.cfg.way_out.swap_max_mib << 20);
         let zram = self.cfg.way_out.zram && self.view.zram_control();
+        let mut bytes = wanted.min(self.cfg.way_out.swap_max_mib << 20);
         if zram {
-            // Compressed pages live in RAM: never plan for more than half of what is left.
             bytes = bytes.min(available / 2);
         }
-        if bytes < 16 << 20 {
+        if bytes < MIN_SWAP {
             return Err(WhyNot::TooLittleForSwap {
                 available_mib: available >> 20,
             });
         }
-        self.mark_urgent(name, generation);
-        self.make_swap(name, bytes, now_ms);
+        Ok((bytes, zram))
+    }
+
+    /// Hands off making `bytes` of emergency swap (`zram`, else a swapfile) for the job, which waits
+    /// for it (`MakingSwap`), and records it: `why` words the event around "making N MiB of
+    /// emergency swap (zram)".
+    pub(in crate::engine) fn make_swap(
+        &mut self,
+        name: &str,
+        bytes: u64,
+        zram: bool,
+        now_ms: u64,
+        why: impl FnOnce(String) -> String,
+    ) {
+        let making = format!(
+            "making {} MiB of emergency swap ({})",
+            bytes >> 20,
+            if zram { "zram" } else { "swapfile" }
+        );
         self.record(
             now_ms,
             Action::WayOut,
             name,
             Reason::Swap,
-            format!(
-                "making {} MiB of emergency swap ({}) so the job can apply generation {generation} now",
-                bytes >> 20,
-                if zram { "zram" } else { "swapfile" }
-            ),
+            why(making),
             false,
         );
-        Ok(())
-    }
-
-    /// Hands off making `bytes` of emergency swap for the job, which waits for it (`MakingSwap`).
-    pub(in crate::engine) fn make_swap(&mut self, name: &str, bytes: u64, now_ms: u64) {
         let plan = self.swap_plan();
         self.emit(crate::engine::Effect::WayOut(WayOutTask::Make {
             job: name.to_owned(),
